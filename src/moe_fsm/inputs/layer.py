@@ -1,0 +1,81 @@
+"""The MoE layer as the selector sees it: shapes, quantization and options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from enum import Enum
+
+from moe_fsm.errors import InputError
+from moe_fsm.inputs.quant import FLOAT_DTYPES, QuantFamily, QuantScheme
+
+
+class Activation(str, Enum):
+    """Gated activations: w1 holds gate then up, and act(gate) * up feeds w2."""
+
+    SILU = "silu"
+    SWIGLUOAI = "swigluoai"
+    GELU = "gelu"
+
+
+@dataclass(frozen=True)
+class MoELayer:
+    """One MoE layer. ``intermediate_size`` is N in w1 = [E, 2N, K], w2 = [E, K, N]."""
+
+    quant: QuantScheme = field(default_factory=QuantScheme.unquantized)
+    num_experts: int = 8
+    top_k: int = 2
+    hidden_size: int = 1024
+    intermediate_size: int = 512
+    activation: Activation = Activation.SILU
+    swiglu_limit: float | None = None
+    lora: bool = False
+    router_weight_on_input: bool = False
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"{name} must be a positive integer, got {value!r}")
+        if self.top_k > self.num_experts:
+            raise InputError(f"top_k={self.top_k} exceeds num_experts={self.num_experts}")
+        if not isinstance(self.activation, Activation):
+            try:
+                object.__setattr__(self, "activation", Activation(self.activation))
+            except ValueError:
+                raise InputError(
+                    f"activation {self.activation!r} is not one of {[a.value for a in Activation]}"
+                ) from None
+        if self.dtype not in FLOAT_DTYPES:
+            raise InputError(f"dtype {self.dtype!r} is not one of {list(FLOAT_DTYPES)}")
+        if self.swiglu_limit is not None:
+            if isinstance(self.swiglu_limit, bool) or not isinstance(self.swiglu_limit, (int, float)) or self.swiglu_limit <= 0:
+                raise InputError(f"swiglu_limit must be a positive number or None, got {self.swiglu_limit!r}")
+            object.__setattr__(self, "swiglu_limit", float(self.swiglu_limit))
+        if self.router_weight_on_input and self.top_k != 1:
+            raise InputError("router_weight_on_input needs top_k == 1 (the weight scales the one expert's input)")
+        if self.quant.family is QuantFamily.NVFP4 and self.hidden_size % 16:
+            raise InputError(f"NVFP4 needs hidden_size divisible by 16, got {self.hidden_size}")
+
+    @property
+    def family(self) -> QuantFamily:
+        return self.quant.family
+
+    def to_json(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["quant"] = self.quant.to_json()
+        data["activation"] = self.activation.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "MoELayer":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(f"unknown layer field(s) {unknown}; accepted: {sorted(known)}")
+        values = dict(data)
+        if "quant" in values:
+            values["quant"] = QuantScheme.from_json(values["quant"])
+        if "activation" in values:
+            values["activation"] = Activation(values["activation"]) if values["activation"] in [a.value for a in Activation] else values["activation"]
+        return cls(**values)

@@ -1,0 +1,165 @@
+"""The modular-kernel contract: prepare/finalize moves tokens, experts compute.
+
+vLLM splits a fused MoE layer into a prepare/finalize object (quantize the
+activations and move tokens to the ranks that own their experts, then bring
+the results back and reduce over top-k) and an experts object (the grouped
+GEMMs and the activation). We keep that split so that the selection engine can
+pair any experts kernel with any token-movement strategy that shares its
+activation format, and so each side can be tested alone.
+
+Tensor conventions (E experts, M tokens, K hidden, N intermediate):
+  hidden_states  [M, K]       float (bf16/fp16/fp32)
+  w1             [E, 2N, K]   gate rows first, then up rows; fp8 e4m3, or uint8 [E, 2N, K//2] for NVFP4
+  w2             [E, K, N]    likewise; NVFP4 uint8 [E, K, N//2]
+  topk_ids       [M, top_k]   int, global expert ids
+  topk_weights   [M, top_k]   float32
+  output         [M, K]       hidden_states' dtype
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from enum import Enum
+from typing import Optional, Protocol
+
+import torch
+
+
+class ActivationFormat(str, Enum):
+    """Standard: tokens as rows [M, K]. Batched: per local expert [E_local, max_tokens, K]."""
+
+    STANDARD = "standard"
+    BATCHED = "batched"
+
+
+class WeightAndReduce(str, Enum):
+    """Who applies the top-k weights and sums over top-k.
+
+    EXPERTS: the experts already produced the reduced [M, K] output.
+    CONTIGUOUS: the experts produced unweighted [M, top_k, K]; finalize reduces.
+    BATCHED: the experts produced unweighted [E_local, max_tokens, K]; finalize scatters back.
+    """
+
+    EXPERTS = "experts"
+    CONTIGUOUS = "contiguous"
+    BATCHED = "batched"
+
+
+@dataclass(frozen=True)
+class ExpertScales:
+    """Every scale a quantized expert set can carry; the scheme says which are present.
+
+    FP8: w1_scale/w2_scale are [E] (per tensor), [E, 2N] / [E, K] (per channel) or
+    [E, ceil(2N/128), ceil(K/128)] / [E, ceil(K/128), ceil(N/128)] (128x128 blocks);
+    a1_scale/a2_scale are the static activation scales (scalar, or [M]/[1] per token).
+    NVFP4: w1_scale/w2_scale are e4m3 block scales [E, 2N, K//16] / [E, K, N//16];
+    w1_global_scale/w2_global_scale are fp32 [E] (dequantize: value * block_scale * global);
+    a1_global_scale/a2_global_scale are the fp32 activation quantization multipliers [E] or scalar.
+    """
+
+    w1_scale: Optional[torch.Tensor] = None
+    w2_scale: Optional[torch.Tensor] = None
+    w1_global_scale: Optional[torch.Tensor] = None
+    w2_global_scale: Optional[torch.Tensor] = None
+    a1_scale: Optional[torch.Tensor] = None
+    a2_scale: Optional[torch.Tensor] = None
+    a1_global_scale: Optional[torch.Tensor] = None
+    a2_global_scale: Optional[torch.Tensor] = None
+
+
+class InputQuantizer(Protocol):
+    """Quantizes activations as the experts expect; prepare calls it (before or after moving tokens)."""
+
+    def __call__(self, hidden: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]: ...
+
+
+@dataclass
+class PreparedTokens:
+    """What prepare hands to the experts.
+
+    Standard: ``hidden`` [M', K] (M' tokens on this rank after dispatch), ``topk_ids``
+    local expert ids (-1 for slots another rank computes), ``topk_weights`` alike.
+    Batched: ``hidden`` [E_local, max_tokens, K] and ``expert_num_tokens`` [E_local].
+    ``scale`` is the activation scale when ``hidden`` is quantized. ``state`` is
+    private to the prepare/finalize object that made it (what finalize needs to undo
+    the dispatch).
+    """
+
+    hidden: torch.Tensor
+    scale: Optional[torch.Tensor]
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+    expert_num_tokens: Optional[torch.Tensor] = None
+    state: object = None
+
+
+class PrepareFinalize(ABC):
+    """Moves tokens to the experts and back."""
+
+    name: str = "PrepareFinalize"
+
+    @property
+    @abstractmethod
+    def activation_format(self) -> ActivationFormat: ...
+
+    @abstractmethod
+    def prepare(
+        self,
+        hidden_states: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        *,
+        num_experts: int,
+        expert_map: Optional[torch.Tensor],
+        apply_router_weight_on_input: bool,
+        quantize: Optional[InputQuantizer],
+    ) -> PreparedTokens: ...
+
+    @abstractmethod
+    def finalize(
+        self,
+        output: torch.Tensor,
+        expert_output: torch.Tensor,
+        prepared: PreparedTokens,
+        *,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        apply_router_weight_on_input: bool,
+        reduce: WeightAndReduce,
+    ) -> None:
+        """Write the layer's result for this rank's tokens into ``output`` [M, K]."""
+
+
+class Experts(ABC):
+    """Computes w2 . act(w1 . x) for the tokens routed to each local expert."""
+
+    name: str = "Experts"
+
+    @property
+    @abstractmethod
+    def activation_format(self) -> ActivationFormat: ...
+
+    @property
+    def weight_and_reduce(self) -> WeightAndReduce:
+        return WeightAndReduce.CONTIGUOUS if self.activation_format is ActivationFormat.STANDARD else WeightAndReduce.BATCHED
+
+    def input_quantizer(self) -> Optional[InputQuantizer]:
+        """How prepare should quantize activations; None: the experts take them unquantized."""
+        return None
+
+    def workspace_bytes(self, num_tokens: int) -> int:
+        """Scratch memory one call needs for ``num_tokens`` tokens (for capacity planning)."""
+        return 0
+
+    @abstractmethod
+    def apply(
+        self,
+        prepared: PreparedTokens,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        scales: ExpertScales,
+        *,
+        apply_router_weight_on_input: bool,
+    ) -> torch.Tensor:
+        """Return the expert output in the layout ``weight_and_reduce`` names."""
