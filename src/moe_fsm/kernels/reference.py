@@ -1,0 +1,42 @@
+"""The float64 reference every kernel is checked against.
+
+Plain per-(token, slot) math in float64 on dense float weights: slow, obviously
+right, and independent of how any kernel groups tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_fsm.kernels.activations import apply_activation
+
+
+def moe_reference(
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    swiglu_limit: float | None = None,
+    apply_router_weight_on_input: bool = False,
+) -> torch.Tensor:
+    """out[t] = sum_j g[t,j] * w2[e] @ act(w1[e] @ x[t]), e = topk_ids[t,j], in float64.
+
+    ``w1`` [E, 2N, K] and ``w2`` [E, K, N] are dense float (dequantize quantized weights
+    first). With ``apply_router_weight_on_input`` the weight scales the input instead
+    (top-k 1). Returns float64 [M, K].
+    """
+    x = hidden_states.to(torch.float64)
+    g = topk_weights.to(torch.float64)
+    ids = topk_ids.long()
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64, device=x.device)
+    for e in torch.unique(ids).tolist():
+        token, slot = (ids == e).nonzero(as_tuple=True)
+        weight = g[token, slot].unsqueeze(1)
+        xin = x[token] * weight if apply_router_weight_on_input else x[token]
+        h = xin @ w1[e].to(torch.float64).T
+        y = apply_activation(activation, h, swiglu_limit) @ w2[e].to(torch.float64).T
+        out.index_add_(0, token, y if apply_router_weight_on_input else y * weight)
+    return out
