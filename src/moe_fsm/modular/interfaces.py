@@ -81,7 +81,10 @@ class PreparedTokens:
     Standard: ``hidden`` [M', K] (M' tokens on this rank after dispatch), ``topk_ids``
     local expert ids (-1 for slots another rank computes), ``topk_weights`` alike.
     Batched: ``hidden`` [E_local, max_tokens, K] and ``expert_num_tokens`` [E_local].
-    ``scale`` is the activation scale when ``hidden`` is quantized. ``state`` is
+    ``scale`` is the activation scale when ``hidden`` is quantized: 2-D means one row of
+    scales per row of ``hidden`` (per token, per 1x128 group, NVFP4 block scales), so
+    dispatch must move it with the tokens; 0-D or 1-D means one scale shared by all
+    rows (per tensor). ``state`` is
     private to the prepare/finalize object that made it (what finalize needs to undo
     the dispatch).
     """
@@ -144,8 +147,13 @@ class Experts(ABC):
     def weight_and_reduce(self) -> WeightAndReduce:
         return WeightAndReduce.CONTIGUOUS if self.activation_format is ActivationFormat.STANDARD else WeightAndReduce.BATCHED
 
-    def input_quantizer(self) -> Optional[InputQuantizer]:
-        """How prepare should quantize activations; None: the experts take them unquantized."""
+    def input_quantizer(self, scales: Optional[ExpertScales] = None) -> Optional[InputQuantizer]:
+        """How prepare should quantize activations; None: the experts take them unquantized.
+
+        ``scales`` are the call's expert scales: static schemes read their activation
+        scale from them (a1_scale for FP8, a1_global_scale for NVFP4), so the modular
+        kernel passes the scales it was called with.
+        """
         return None
 
     def workspace_bytes(self, num_tokens: int) -> int:
