@@ -1,0 +1,208 @@
+"""Variable-size collectives built from primitives that gloo and NCCL both run.
+
+Data parallelism gives every rank its own number of tokens, and expert
+parallelism sends every rank a different number of rows, so the prepare/finalize
+objects need all-gather-v, reduce-scatter-v and all-to-all-v. torch.distributed
+has only the equal-size forms everywhere, and gloo on CPU has lacked
+``reduce_scatter`` in several releases and cannot carry float8 tensors at all.
+So:
+
+* sizes travel first (one small all-gather or all-to-all of int64 counts);
+* all-gather-v pads every rank's rows to the largest count and runs an equal-size
+  all-gather (``all_gather_into_tensor`` on NCCL, the list form on gloo);
+* reduce-scatter-v is an ``all_to_all_single`` that sends rank j the partial
+  rows of rank j's tokens, followed by a local sum over the sources (the same
+  bytes on the wire as a reduce-scatter, summed in float32 in rank order, so the
+  result does not depend on the backend);
+* several row-aligned tensors travel as one byte matrix (:func:`pack_rows`), so a
+  dispatch is one collective whatever the dtypes (fp8, packed fp4, int ids,
+  float weights).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from moe_fsm.distributed.group import group_rank_and_size
+from moe_fsm.errors import KernelInputError
+
+
+@dataclass(frozen=True)
+class RowField:
+    """One tensor inside a packed byte row: its dtype, trailing shape and byte span."""
+
+    dtype: torch.dtype
+    trailing: tuple[int, ...]
+    start: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """How :func:`pack_rows` laid out its tensors, so :func:`unpack_rows` can undo it."""
+
+    fields: tuple[RowField, ...]
+    row_bytes: int
+
+
+def row_layout(tensors: Sequence[torch.Tensor]) -> RowLayout:
+    """The byte layout of one row of ``tensors`` (each [M, ...], same M)."""
+    fields = []
+    start = 0
+    for t in tensors:
+        if t.dim() == 0:
+            raise KernelInputError("pack_rows needs row-aligned tensors [M, ...]; got a 0-d tensor")
+        trailing = tuple(t.shape[1:])
+        nbytes = math.prod(trailing) * t.element_size()
+        fields.append(RowField(t.dtype, trailing, start, nbytes))
+        start += nbytes
+    return RowLayout(tuple(fields), start)
+
+
+def pack_rows(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, RowLayout]:
+    """Concatenate row-aligned tensors of any dtypes into one uint8 matrix [M, row_bytes]."""
+    if not tensors:
+        raise KernelInputError("pack_rows needs at least one tensor")
+    rows = tensors[0].shape[0] if tensors[0].dim() else 0
+    layout = row_layout(tensors)
+    for t in tensors:
+        if t.shape[0] != rows:
+            raise KernelInputError(
+                f"pack_rows needs tensors with the same number of rows; got {[tuple(x.shape) for x in tensors]}"
+            )
+    parts = [t.contiguous().reshape(rows, math.prod(t.shape[1:])).view(torch.uint8) for t in tensors]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), layout
+
+
+def unpack_rows(packed: torch.Tensor, layout: RowLayout) -> list[torch.Tensor]:
+    """Split a byte matrix [R, row_bytes] from :func:`pack_rows` back into typed tensors [R, ...]."""
+    if packed.dim() != 2 or packed.dtype != torch.uint8 or packed.shape[1] != layout.row_bytes:
+        raise KernelInputError(
+            f"expected packed rows uint8 [R, {layout.row_bytes}], got {packed.dtype} {tuple(packed.shape)}"
+        )
+    rows = packed.shape[0]
+    out = []
+    for f in layout.fields:
+        chunk = packed[:, f.start : f.start + f.nbytes].contiguous()
+        out.append(chunk.view(f.dtype).reshape(rows, *f.trailing))
+    return out
+
+
+def exchange_sizes(count: int, *, group: Optional[dist.ProcessGroup] = None, device: torch.device) -> list[int]:
+    """All-gather one integer per rank (e.g. its token count); every rank gets the list."""
+    _, world = group_rank_and_size(group)
+    mine = torch.tensor([count], dtype=torch.int64, device=device)
+    gathered = torch.empty(world, dtype=torch.int64, device=device)
+    _all_gather_equal(gathered, mine, group)
+    return [int(v) for v in gathered.tolist()]
+
+
+def exchange_counts(send_counts: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """All-to-all of per-destination counts [W]: returns how many rows each source will send here."""
+    _, world = group_rank_and_size(group)
+    if send_counts.shape != (world,):
+        raise KernelInputError(f"send_counts must have one entry per rank ({world}), got shape {tuple(send_counts.shape)}")
+    send = send_counts.to(torch.int64).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return recv
+
+
+def all_gather_v(
+    rows: torch.Tensor, sizes: Sequence[int], *, group: Optional[dist.ProcessGroup] = None
+) -> torch.Tensor:
+    """Concatenate every rank's rows [sizes[r], ...] in rank order; ``sizes`` from :func:`exchange_sizes`."""
+    rank, world = group_rank_and_size(group)
+    _check_sizes(sizes, world)
+    if rows.shape[0] != sizes[rank]:
+        raise KernelInputError(f"rank {rank} holds {rows.shape[0]} rows but sizes says {sizes[rank]}")
+    longest = max(sizes)
+    if longest == 0:
+        return rows.new_empty((0, *rows.shape[1:]))
+    send = rows.contiguous()
+    if send.shape[0] < longest:
+        padded = send.new_zeros((longest, *send.shape[1:]))
+        padded[: send.shape[0]] = send
+        send = padded
+    gathered = send.new_empty((world * longest, *send.shape[1:]))
+    _all_gather_equal(gathered, send, group)
+    if all(s == longest for s in sizes):
+        return gathered
+    return torch.cat([gathered[r * longest : r * longest + s] for r, s in enumerate(sizes)], dim=0)
+
+
+def reduce_scatter_v(
+    rows: torch.Tensor,
+    sizes: Sequence[int],
+    *,
+    group: Optional[dist.ProcessGroup] = None,
+    out_dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """Sum every rank's partial rows [sum(sizes), ...] and keep this rank's block [sizes[rank], ...].
+
+    Rows are laid out in rank order as :func:`all_gather_v` produced them. The
+    partials travel in ``rows``' dtype and are summed in float32 (``out_dtype``
+    defaults to ``rows.dtype``).
+    """
+    rank, world = group_rank_and_size(group)
+    _check_sizes(sizes, world)
+    total = sum(sizes)
+    if rows.shape[0] != total:
+        raise KernelInputError(f"reduce_scatter_v expects {total} rows (sum of sizes {list(sizes)}), got {rows.shape[0]}")
+    mine = sizes[rank]
+    received = all_to_all_v(rows, list(sizes), [mine] * world, group=group)
+    summed = received.reshape(world, mine, *rows.shape[1:]).to(torch.float32).sum(dim=0)
+    return summed.to(out_dtype or rows.dtype)
+
+
+def all_to_all_v(
+    rows: torch.Tensor,
+    send_counts: Sequence[int],
+    recv_counts: Sequence[int],
+    *,
+    group: Optional[dist.ProcessGroup] = None,
+) -> torch.Tensor:
+    """Send ``rows[offsets[d]:offsets[d]+send_counts[d]]`` to rank d; receive ``recv_counts[s]`` rows from s.
+
+    Rows must already be grouped by destination. Float8 and other dtypes gloo
+    cannot carry go as bytes; the result has ``rows``' dtype.
+    """
+    _, world = group_rank_and_size(group)
+    _check_sizes(send_counts, world)
+    _check_sizes(recv_counts, world)
+    if rows.shape[0] != sum(send_counts):
+        raise KernelInputError(f"all_to_all_v has {rows.shape[0]} rows but send_counts sum to {sum(send_counts)}")
+    send = rows.contiguous()
+    wire = _wire_view(send)
+    out = wire.new_empty((sum(recv_counts), *wire.shape[1:]))
+    dist.all_to_all_single(out, wire, output_split_sizes=list(recv_counts), input_split_sizes=list(send_counts), group=group)
+    if wire.dtype == send.dtype:
+        return out
+    return out.view(send.dtype).reshape(out.shape[0], *send.shape[1:])
+
+
+def _wire_view(t: torch.Tensor) -> torch.Tensor:
+    """float8 tensors travel as uint8 bytes (gloo rejects float8 dtypes); others as they are."""
+    if t.dtype.is_floating_point and t.element_size() == 1:
+        return t.view(torch.uint8)
+    return t
+
+
+def _all_gather_equal(out: torch.Tensor, send: torch.Tensor, group: Optional[dist.ProcessGroup]) -> None:
+    """Equal-size all-gather into ``out`` [W * rows, ...]: the tensor form on NCCL, the list form elsewhere."""
+    wire_out, wire_send = _wire_view(out), _wire_view(send)
+    if dist.get_backend(group) == "nccl":
+        dist.all_gather_into_tensor(wire_out, wire_send, group=group)
+    else:
+        world = dist.get_world_size(group)
+        dist.all_gather(list(wire_out.chunk(world, dim=0)), wire_send, group=group)
+
+
+def _check_sizes(sizes: Sequence[int], world: int) -> None:
+    if len(sizes) != world or any((not isinstance(s, int)) or s < 0 for s in sizes):
+        raise KernelInputError(f"expected {world} non-negative integer sizes (one per rank), got {list(sizes)}")

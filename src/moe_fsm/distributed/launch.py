@@ -1,0 +1,76 @@
+"""Re-run a command as N ranks under torch.distributed.run, and name per-rank files.
+
+``moe-fsm run --nproc N ...`` calls :func:`launch` with the command line it
+would have run itself (minus ``--nproc``); torch.distributed.run starts N copies
+with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK set, and each copy calls
+:func:`moe_fsm.distributed.init_from_env`. ``--standalone`` makes the launcher
+pick a free local rendezvous port, so two launches on one machine do not collide.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from moe_fsm.distributed.group import is_launched
+from moe_fsm.errors import InputError
+
+
+def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
+    """The torch.distributed.run command line that runs ``argv`` as ``nproc`` local ranks.
+
+    ``argv`` is the per-rank command. A first element ending in ``.py`` runs as a
+    script with this interpreter; anything else (``moe-fsm``, ``python -m ...``,
+    a path to an executable) runs verbatim through ``--no-python``.
+    """
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise InputError(f"nproc must be a positive integer, got {nproc!r}")
+    argv = [str(a) for a in argv]
+    if not argv:
+        raise InputError("launch needs the per-rank command to run (argv is empty)")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--max-restarts",
+        "0",
+    ]
+    if argv[0].endswith(".py"):
+        return cmd + argv
+    return cmd + ["--no-python"] + argv
+
+
+def launch(nproc: int, argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None) -> int:
+    """Run ``argv`` as ``nproc`` ranks on this machine and return the launcher's exit status.
+
+    The ranks inherit this environment (plus ``env``), so $MOE_FSM_DIST_BACKEND
+    and $MOE_FSM_DIST_TIMEOUT reach them. Refused inside a launched rank: a rank
+    that launched again would start N*N processes.
+    """
+    if is_launched():
+        raise InputError(
+            "launch() was called inside a rank that torch.distributed.run already started "
+            f"(RANK={os.environ.get('RANK')}); run the per-rank command directly instead"
+        )
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return subprocess.call(torchrun_command(nproc, argv), env=full_env)
+
+
+def rank_trace_path(path: str | os.PathLike[str], rank: int) -> Path:
+    """``traces/run.json`` -> ``traces/run.rank1.json``: one trace file per rank, rank in the name."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise InputError(f"rank must be a non-negative integer, got {rank!r}")
+    p = Path(path)
+    if p.suffix:
+        return p.with_name(f"{p.stem}.rank{rank}{p.suffix}")
+    return p.with_name(f"{p.name}.rank{rank}")
