@@ -1,0 +1,101 @@
+"""The modular kernel: prepare -> experts -> finalize, for one MoE layer.
+
+What the selection engine's decision builds: a prepare/finalize object and an
+experts object that share an activation format, joined for a layer. A call
+validates everything it was handed first (so bad input fails before any kernel
+runs, with a reason), then quantizes and dispatches through prepare, computes
+through the experts and reduces through finalize.
+
+    kernel = ModularKernel(LocalPrepareFinalize(), TorchExperts(layer), layer)
+    out = kernel(hidden_states, w1, w2, topk_weights, topk_ids, scales=scales)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from moe_fsm.errors import KernelInputError
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales, Experts, PrepareFinalize, WeightAndReduce
+from moe_fsm.modular.validation import validate_call
+
+_REDUCE_FOR_FORMAT = {
+    ActivationFormat.STANDARD: (WeightAndReduce.EXPERTS, WeightAndReduce.CONTIGUOUS),
+    ActivationFormat.BATCHED: (WeightAndReduce.BATCHED,),
+}
+
+
+def check_pairing(prepare_finalize: PrepareFinalize, experts: Experts, layer: MoELayer) -> None:
+    """The construction-time checks: formats agree, the reduction fits the format, one layer."""
+    pf_format, ex_format = prepare_finalize.activation_format, experts.activation_format
+    if pf_format is not ex_format:
+        raise KernelInputError(
+            f"{prepare_finalize.name} moves tokens in the {pf_format.value} activation format but "
+            f"{experts.name} computes in the {ex_format.value} format; pair experts and prepare/finalize of the same format"
+        )
+    accepted = _REDUCE_FOR_FORMAT[ex_format]
+    if experts.weight_and_reduce not in accepted:
+        raise KernelInputError(
+            f"{experts.name} declares weight-and-reduce {experts.weight_and_reduce.value!r}, which the "
+            f"{ex_format.value} format does not take; accepted: {[r.value for r in accepted]}"
+        )
+    built_for = getattr(experts, "layer", None)
+    if built_for is not None and built_for != layer:
+        raise KernelInputError(f"{experts.name} was built for a different layer than this kernel's; build both from one MoELayer")
+
+
+class ModularKernel:
+    """``kernel(hidden_states, w1, w2, topk_weights, topk_ids, *, scales, expert_map) -> [M, K]``."""
+
+    def __init__(self, prepare_finalize: PrepareFinalize, experts: Experts, layer: MoELayer) -> None:
+        check_pairing(prepare_finalize, experts, layer)
+        self.prepare_finalize = prepare_finalize
+        self.experts = experts
+        self.layer = layer
+
+    @property
+    def name(self) -> str:
+        return f"{self.prepare_finalize.name}+{self.experts.name}"
+
+    def __call__(
+        self,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        *,
+        scales: Optional[ExpertScales] = None,
+        expert_map: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """The layer's output for this rank's tokens, in hidden_states' dtype.
+
+        Zero tokens still pass through prepare and finalize (a distributed
+        prepare/finalize must join its collectives) and yield ``[0, K]``.
+        """
+        scales = scales or ExpertScales()
+        validate_call(self.layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map)
+        on_input = self.layer.router_weight_on_input
+        prepared = self.prepare_finalize.prepare(
+            hidden_states,
+            topk_weights,
+            topk_ids,
+            num_experts=self.layer.num_experts,
+            expert_map=expert_map,
+            apply_router_weight_on_input=on_input,
+            quantize=self.experts.input_quantizer(scales),
+        )
+        expert_output = self.experts.apply(prepared, w1, w2, scales, apply_router_weight_on_input=on_input)
+        output = torch.empty(hidden_states.shape, dtype=hidden_states.dtype, device=hidden_states.device)
+        self.prepare_finalize.finalize(
+            output,
+            expert_output,
+            prepared,
+            topk_weights=prepared.topk_weights,
+            topk_ids=prepared.topk_ids,
+            apply_router_weight_on_input=on_input,
+            reduce=self.experts.weight_and_reduce,
+        )
+        return output

@@ -1,0 +1,166 @@
+"""Checks on a modular-kernel call, run before any kernel so that bad input fails with a reason.
+
+A kernel handed the wrong shape either crashes deep inside a GEMM or, worse,
+computes something plausible. Each check here names the tensor, what it got and
+what the layer accepts. Expected shapes come from the layer and the scheme's
+weight table entry, so a new weight format is validated without new code here.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from moe_fsm.errors import KernelInputError
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.quant import Granularity
+from moe_fsm.modular.interfaces import ExpertScales
+from moe_fsm.quantize.activations import activation_quant
+from moe_fsm.quantize.weights import weight_format
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return list(t.shape)
+
+
+def _expect_shape(name: str, t: torch.Tensor, expected: Sequence[int], meaning: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise KernelInputError(f"{name} has shape {_shape(t)}; this layer accepts {list(expected)} ({meaning})")
+
+
+def _expect_dtype(name: str, t: torch.Tensor, accepted: Sequence[torch.dtype]) -> None:
+    if t.dtype not in accepted:
+        raise KernelInputError(f"{name} has dtype {t.dtype}; accepted: {', '.join(str(d) for d in accepted)}")
+
+
+def _expect_device(name: str, t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        raise KernelInputError(f"{name} is on {t.device}; every tensor must be on hidden_states' device {device}")
+
+
+def check_hidden(hidden: torch.Tensor, layer: MoELayer) -> None:
+    if hidden.dim() != 2 or hidden.shape[1] != layer.hidden_size:
+        raise KernelInputError(f"hidden_states has shape {_shape(hidden)}; this layer accepts [M, {layer.hidden_size}] (M tokens, K hidden)")
+    _expect_dtype("hidden_states", hidden, [getattr(torch, layer.dtype)])
+
+
+def check_weights(w1: torch.Tensor, w2: torch.Tensor, layer: MoELayer, num_local: int) -> None:
+    k, n = layer.hidden_size, layer.intermediate_size
+    fmt = weight_format(layer.quant)
+    storage = fmt.storage_dtype if fmt else getattr(torch, layer.dtype)
+    if fmt is not None and n % fmt.column_multiple:
+        raise KernelInputError(f"{fmt.key} weights need intermediate_size divisible by {fmt.column_multiple}; got {n}")
+    packing = fmt.packing if fmt else 1
+    last = (lambda dim: f"{dim}/{packing}, {packing} values per byte") if packing > 1 else (lambda dim: dim)
+    _expect_shape("w1", w1, (num_local, 2 * n, k // packing), f"[E, 2N, {last('K')}]")
+    _expect_shape("w2", w2, (num_local, k, n // packing), f"[E, K, {last('N')}]")
+    _expect_dtype("w1", w1, [storage])
+    _expect_dtype("w2", w2, [storage])
+
+
+def check_routing(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_tokens: int, layer: MoELayer, has_map: bool) -> None:
+    expected = (num_tokens, layer.top_k)
+    _expect_shape("topk_ids", topk_ids, expected, "[M, top_k]")
+    _expect_shape("topk_weights", topk_weights, expected, "[M, top_k]")
+    _expect_dtype("topk_ids", topk_ids, INDEX_DTYPES)
+    if not topk_weights.is_floating_point():
+        raise KernelInputError(f"topk_weights has dtype {topk_weights.dtype}; accepted: a floating dtype (float32 preferred)")
+    if topk_ids.numel() == 0:
+        return
+    low, high = int(topk_ids.min()), int(topk_ids.max())
+    lowest = -1 if has_map else 0
+    if low < lowest or high >= layer.num_experts:
+        bad = low if low < lowest else high
+        accepted = f"0..{layer.num_experts - 1}" + (" or -1 (slot skipped)" if has_map else " (-1 only with an expert_map)")
+        raise KernelInputError(f"topk_ids holds expert id {bad}; accepted: {accepted}")
+
+
+def check_expert_map(expert_map: torch.Tensor, layer: MoELayer, num_local: int) -> None:
+    _expect_shape("expert_map", expert_map, (layer.num_experts,), "[E] global -> local expert id, -1 if not local")
+    _expect_dtype("expert_map", expert_map, INDEX_DTYPES)
+    local = expert_map[expert_map >= 0]
+    if bool(((expert_map < -1) | (expert_map >= num_local)).any()):
+        raise KernelInputError(f"expert_map values must lie in -1..{num_local - 1} (w1 holds {num_local} local experts)")
+    if local.numel() != num_local or torch.unique(local).numel() != num_local:
+        raise KernelInputError(
+            f"expert_map must name each of the {num_local} local experts exactly once; it maps {local.numel()} "
+            f"global experts to {torch.unique(local).numel()} distinct local ids"
+        )
+
+
+def _scale(scales: ExpertScales, field: str, why: str) -> torch.Tensor:
+    value = getattr(scales, field)
+    if value is None:
+        raise KernelInputError(f"ExpertScales.{field} is missing; {why} needs it")
+    return value
+
+
+def check_weight_scales(scales: ExpertScales, layer: MoELayer, num_local: int) -> None:
+    fmt = weight_format(layer.quant)
+    if fmt is None:
+        return
+    k, n = layer.hidden_size, layer.intermediate_size
+    why = f"weight quantization {fmt.key}"
+    for prefix, rows, cols in (("w1", 2 * n, k), ("w2", k, n)):
+        scale = _scale(scales, f"{prefix}_scale", why)
+        _expect_shape(f"ExpertScales.{prefix}_scale", scale, (num_local, *fmt.scale_shape(rows, cols)), f"{fmt.key} scales of {prefix}")
+        _expect_dtype(f"ExpertScales.{prefix}_scale", scale, [fmt.scale_dtype])
+        if fmt.has_global_scale:
+            g = _scale(scales, f"{prefix}_global_scale", why)
+            _expect_shape(f"ExpertScales.{prefix}_global_scale", g, (num_local,), "one fp32 dequantization multiplier per expert")
+            _expect_dtype(f"ExpertScales.{prefix}_global_scale", g, [torch.float32])
+
+
+def check_activation_scales(scales: ExpertScales, layer: MoELayer, num_tokens: int, num_local: int) -> None:
+    quant = activation_quant(layer.quant)
+    if quant is None or quant.fields is None:
+        return
+    for stage, field in enumerate(quant.fields):
+        value = _scale(scales, field, f"activation quantization {quant.key}")
+        accepted = {1}
+        if stage == 0 and quant.key.granularity is Granularity.TOKEN:
+            accepted.add(num_tokens)
+        if quant.key.granularity is Granularity.GROUP_1x16:
+            accepted.add(num_local)
+        if value.numel() not in accepted:
+            raise KernelInputError(
+                f"ExpertScales.{field} has {value.numel()} elements; {quant.key} accepts {sorted(accepted)} "
+                f"(one shared value{', one per token' if num_tokens in accepted and num_tokens != 1 else ''}"
+                f"{', one per local expert' if quant.key.granularity is Granularity.GROUP_1x16 else ''})"
+            )
+        _expect_dtype(f"ExpertScales.{field}", value, [torch.float32])
+        if value.numel() and not bool(torch.isfinite(value).all() and (value > 0).all()):
+            raise KernelInputError(f"ExpertScales.{field} must be finite and positive; got {value.flatten()[:4].tolist()}")
+
+
+def check_devices(hidden: torch.Tensor, named: dict[str, Optional[torch.Tensor]]) -> None:
+    for name, t in named.items():
+        if t is not None:
+            _expect_device(name, t, hidden.device)
+
+
+def validate_call(
+    layer: MoELayer,
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    scales: ExpertScales,
+    expert_map: Optional[torch.Tensor],
+) -> None:
+    """Every check, cheapest first; raises KernelInputError on the first problem."""
+    scale_tensors = {f"ExpertScales.{k}": v for k, v in vars(scales).items()}
+    check_devices(hidden_states, {"w1": w1, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids, "expert_map": expert_map, **scale_tensors})
+    check_hidden(hidden_states, layer)
+    num_local = w1.shape[0] if expert_map is not None and w1.dim() == 3 else layer.num_experts
+    check_weights(w1, w2, layer, num_local)
+    if expert_map is not None:
+        check_expert_map(expert_map, layer, num_local)
+    num_tokens = hidden_states.shape[0]
+    check_routing(topk_weights, topk_ids, num_tokens, layer, expert_map is not None)
+    check_weight_scales(scales, layer, num_local)
+    check_activation_scales(scales, layer, num_tokens, num_local)

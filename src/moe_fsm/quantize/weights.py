@@ -1,0 +1,176 @@
+"""Float experts to FP8 or NVFP4 form and back, one table entry per weight key.
+
+``quantize_weights`` is what a checkpoint loader would have produced: w1 [E, 2N, K]
+and w2 [E, K, N] in the scheme's storage dtype plus their scales in ExpertScales.
+``calibrate_activation_scales`` adds the static activation scales a scheme reads
+(FP8 static ``a1_scale``/``a2_scale``, NVFP4 ``a1_global_scale``/``a2_global_scale``)
+from a sample batch. ``dequantize_weights`` is the float view the float64
+reference runs on, so a quantized kernel is judged against the weights it
+actually holds.
+
+NVFP4 stores ``w*_global_scale`` as the *dequantization* multiplier
+``amax / (448 * 6)`` (vLLM's ``weight_scale_2``): w = e2m1 * block_scale * global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+import torch
+
+from moe_fsm.errors import KernelInputError
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.quant import FP8_STATIC_BLOCK128, FP8_STATIC_CHANNEL, FP8_STATIC_TENSOR, NVFP4_STATIC, QuantKey, QuantScheme
+from moe_fsm.kernels import fp8, nvfp4
+from moe_fsm.kernels.activations import apply_activation
+from moe_fsm.modular.interfaces import ExpertScales
+from moe_fsm.quantize.activations import activation_quant
+
+Quantized = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """One weight key: storage, scale layout, and the quantize/dequantize pair.
+
+    ``quantize(w [.., R, C]) -> (q, scale, global_scale | None)`` and
+    ``dequantize(q, scale, global_scale, dtype) -> [.., R, C]``. ``scale_shape(R, C)``
+    is the per-expert scale shape; ``packing`` values share one stored element, so
+    q is ``[.., R, C / packing]``.
+    """
+
+    key: QuantKey
+    storage_dtype: torch.dtype
+    scale_dtype: torch.dtype
+    scale_shape: Callable[[int, int], tuple[int, ...]]
+    quantize: Callable[[torch.Tensor], Quantized]
+    dequantize: Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.dtype], torch.Tensor]
+    has_global_scale: bool = False
+    packing: int = 1
+    column_multiple: int = 1
+
+    def stored_shape(self, rows: int, cols: int) -> tuple[int, int]:
+        return rows, cols // self.packing
+
+
+def _no_global(quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> Callable[[torch.Tensor], Quantized]:
+    return lambda w: (*quantize(w), None)
+
+
+def _ignore_global(dequantize: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    return lambda q, scale, _global, dtype: dequantize(q, scale, dtype)
+
+
+def _blocks(rows: int, cols: int) -> tuple[int, int]:
+    return -(-rows // fp8.BLOCK_SIZE), -(-cols // fp8.BLOCK_SIZE)
+
+
+WEIGHT_FORMATS: dict[QuantKey, WeightFormat] = {
+    FP8_STATIC_TENSOR: WeightFormat(
+        FP8_STATIC_TENSOR, fp8.FP8_DTYPE, torch.float32, lambda r, c: (),
+        _no_global(fp8.quantize_weight_per_tensor), _ignore_global(fp8.dequantize_weight_per_tensor),
+    ),
+    FP8_STATIC_CHANNEL: WeightFormat(
+        FP8_STATIC_CHANNEL, fp8.FP8_DTYPE, torch.float32, lambda r, c: (r,),
+        _no_global(fp8.quantize_weight_per_channel), _ignore_global(fp8.dequantize_weight_per_channel),
+    ),
+    FP8_STATIC_BLOCK128: WeightFormat(
+        FP8_STATIC_BLOCK128, fp8.FP8_DTYPE, torch.float32, _blocks,
+        _no_global(fp8.quantize_weight_block), _ignore_global(fp8.dequantize_weight_block),
+    ),
+    NVFP4_STATIC: WeightFormat(
+        NVFP4_STATIC, torch.uint8, nvfp4.SCALE_DTYPE, lambda r, c: (r, c // nvfp4.BLOCK),
+        nvfp4.quantize_weight, nvfp4.dequantize_weight,
+        has_global_scale=True, packing=2, column_multiple=nvfp4.BLOCK,
+    ),
+}
+
+
+def weight_format(scheme: QuantScheme) -> Optional[WeightFormat]:
+    """The scheme's weight entry; None for unquantized weights."""
+    if scheme.weight is None:
+        return None
+    try:
+        return WEIGHT_FORMATS[scheme.weight]
+    except KeyError:
+        accepted = sorted(str(k) for k in WEIGHT_FORMATS)
+        raise KernelInputError(f"weight quantization {scheme.weight} has no emulation; accepted: {accepted}") from None
+
+
+def _check_float_experts(w1: torch.Tensor, w2: torch.Tensor) -> None:
+    if w1.dim() != 3 or w2.dim() != 3 or w1.shape[0] != w2.shape[0] or w1.shape[1] != 2 * w2.shape[2] or w1.shape[2] != w2.shape[1]:
+        raise KernelInputError(
+            f"float experts must be w1 [E, 2N, K] and w2 [E, K, N]; got w1 {list(w1.shape)}, w2 {list(w2.shape)}"
+        )
+    if not (w1.is_floating_point() and w2.is_floating_point()):
+        raise KernelInputError(f"float experts must be floating point; got w1 {w1.dtype}, w2 {w2.dtype}")
+
+
+def quantize_weights(w1: torch.Tensor, w2: torch.Tensor, scheme: QuantScheme) -> tuple[torch.Tensor, torch.Tensor, ExpertScales]:
+    """``(w1q, w2q, scales)`` with the weight scales of ``scheme``; unquantized returns the inputs."""
+    _check_float_experts(w1, w2)
+    fmt = weight_format(scheme)
+    if fmt is None:
+        return w1, w2, ExpertScales()
+    for name, w in (("w1", w1), ("w2", w2)):
+        if w.shape[-1] % fmt.column_multiple:
+            raise KernelInputError(f"{fmt.key} needs {name}'s last dim divisible by {fmt.column_multiple}; got {list(w.shape)}")
+    w1q, w1s, w1g = fmt.quantize(w1)
+    w2q, w2s, w2g = fmt.quantize(w2)
+    return w1q, w2q, ExpertScales(w1_scale=w1s, w2_scale=w2s, w1_global_scale=w1g, w2_global_scale=w2g)
+
+
+def dequantize_weights(
+    w1q: torch.Tensor, w2q: torch.Tensor, scales: Optional[ExpertScales], scheme: QuantScheme, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float weights the quantized ones stand for: ``[E, 2N, K]`` and ``[E, K, N]`` in ``dtype``."""
+    fmt = weight_format(scheme)
+    if fmt is None:
+        return w1q.to(dtype), w2q.to(dtype)
+    scales = scales or ExpertScales()
+    return (
+        fmt.dequantize(w1q, scales.w1_scale, scales.w1_global_scale, dtype),
+        fmt.dequantize(w2q, scales.w2_scale, scales.w2_global_scale, dtype),
+    )
+
+
+def intermediate_amax(
+    sample: torch.Tensor, w1: torch.Tensor, activation: str, swiglu_limit: Optional[float]
+) -> torch.Tensor:
+    """amax of act(w1[e] @ x) over every expert and sample token: routing-independent, so it never under-covers."""
+    x = sample.to(torch.float32)
+    amax = torch.zeros((), dtype=torch.float32, device=x.device)
+    for e in range(w1.shape[0]):
+        inter = apply_activation(activation, x @ w1[e].to(torch.float32).T, swiglu_limit)
+        amax = torch.maximum(amax, fp8.abs_max(inter))
+    return amax
+
+
+def calibrate_activation_scales(
+    w1q: torch.Tensor, w2q: torch.Tensor, scales: ExpertScales, layer: MoELayer, sample: torch.Tensor
+) -> ExpertScales:
+    """``scales`` plus the static activation values the layer's scheme reads, from ``sample`` [M, K]."""
+    quant = activation_quant(layer.quant)
+    if quant is None or quant.fields is None:
+        return scales
+    w1, _ = dequantize_weights(w1q, w2q, scales, layer.quant)
+    input_amax = fp8.abs_max(sample.to(torch.float32))
+    inter_amax = intermediate_amax(sample, w1, layer.activation.value, layer.swiglu_limit)
+    a1, a2 = quant.fields
+    return replace(scales, **{a1: quant.calibrate(input_amax), a2: quant.calibrate(inter_amax)})
+
+
+def quantize_experts(
+    w1: torch.Tensor, w2: torch.Tensor, layer: MoELayer, sample: Optional[torch.Tensor] = None
+) -> tuple[torch.Tensor, torch.Tensor, ExpertScales]:
+    """Weights in the layer's scheme plus, when it has static activation parts, scales calibrated on ``sample``."""
+    w1q, w2q, scales = quantize_weights(w1, w2, layer.quant)
+    quant = activation_quant(layer.quant)
+    if quant is None or quant.fields is None:
+        return w1q, w2q, scales
+    if sample is None:
+        raise KernelInputError(
+            f"activation quantization {quant.key} reads static scales {list(quant.fields)}; pass a sample batch to calibrate them"
+        )
+    return w1q, w2q, calibrate_activation_scales(w1q, w2q, scales, layer, sample)
