@@ -19,7 +19,11 @@ class Activation(str, Enum):
 
 @dataclass(frozen=True)
 class MoELayer:
-    """One MoE layer. ``intermediate_size`` is N in w1 = [E, 2N, K], w2 = [E, K, N]."""
+    """One MoE layer. ``intermediate_size`` is N in w1 = [E, 2N, K], w2 = [E, K, N].
+
+    ``allow_vllm_cutlass`` is the FP8 oracle's switch that compressed-tensors
+    checkpoints turn on; other FP8 checkpoints leave vLLM's CUTLASS kernels out.
+    """
 
     quant: QuantScheme = field(default_factory=QuantScheme.unquantized)
     num_experts: int = 8
@@ -31,6 +35,7 @@ class MoELayer:
     lora: bool = False
     router_weight_on_input: bool = False
     dtype: str = "bfloat16"
+    allow_vllm_cutlass: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):

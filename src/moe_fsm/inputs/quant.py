@@ -42,8 +42,7 @@ class QuantKey:
     static: bool
 
     def __str__(self) -> str:
-        kind = "static" if self.static else "dynamic"
-        return f"{self.dtype}:{kind}:{self.granularity.value}"
+        return _KEY_TEXT.get(self) or f"{self.dtype}:{'static' if self.static else 'dynamic'}:{self.granularity.value}"
 
     def to_json(self) -> dict:
         return {"dtype": self.dtype, "granularity": self.granularity.value, "static": self.static}
@@ -80,6 +79,12 @@ FP8_ACTIVATION_SCALES = {
 }
 
 FLOAT_DTYPES = ("bfloat16", "float16", "float32")
+
+_KEY_TEXT: dict = {}
+_KEY_TEXT.update({
+    key: f"{key.dtype}:{'static' if key.static else 'dynamic'}:{key.granularity.value}"
+    for key in (*FP8_WEIGHT_SCALES.values(), *FP8_ACTIVATION_SCALES.values(), NVFP4_STATIC, NVFP4_DYNAMIC)
+})
 
 
 @dataclass(frozen=True)

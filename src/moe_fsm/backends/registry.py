@@ -1,0 +1,126 @@
+"""The public backend registry: ask any backend's verdict for any input.
+
+Built-in kernels and backends come from ``catalog.py``. Third-party backends
+register through the ``moe_fsm.backends`` entry-point group: each entry point
+names a callable that receives the registry and calls ``register_kernel`` /
+``register_backend`` (the out-of-tree registration vLLM's FP8 oracle leaves
+as a TODO). Registered backends are accepted by explicit choice and, when
+``auto_select`` is set, tried after the built-ins in the auto scan.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+
+from moe_fsm.backends.catalog import BACKENDS, FALLBACK_KERNELS, KERNELS, BackendSpec, KernelSpec
+from moe_fsm.backends.verdict import BackendVerdict, Check, SupportContext, Verdict
+from moe_fsm.errors import InputError
+from moe_fsm.inputs.quant import QuantFamily
+
+ENTRY_POINT_GROUP = "moe_fsm.backends"
+
+
+@dataclass
+class Registry:
+    kernels: dict[str, KernelSpec] = field(default_factory=dict)
+    backends: dict[QuantFamily, dict[str, BackendSpec]] = field(default_factory=dict)
+    extension_names: dict[QuantFamily, dict[str, str]] = field(default_factory=dict)
+    builtin: frozenset[tuple[QuantFamily, str]] = frozenset()
+    _verdicts: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def builtin_only(cls) -> "Registry":
+        return cls(
+            kernels=dict(KERNELS),
+            backends={fam: dict(specs) for fam, specs in BACKENDS.items()},
+            extension_names={fam: {} for fam in QuantFamily},
+            builtin=frozenset((fam, name) for fam, specs in BACKENDS.items() for name in specs),
+        )
+
+    def register_kernel(self, spec: KernelSpec) -> None:
+        existing = self.kernels.get(spec.name)
+        if existing is not None and existing != spec:
+            raise InputError(f"kernel {spec.name!r} is already registered with a different configuration")
+        self.kernels[spec.name] = spec
+
+    def register_backend(self, spec: BackendSpec, user_name: str) -> None:
+        """Add a backend to a family; ``user_name`` is what --backend accepts for it."""
+        family_specs = self.backends[spec.family]
+        if (spec.family, spec.name) in self.builtin:
+            raise InputError(f"cannot register {spec.family.value} backend {spec.name!r}: the name is reserved by a built-in backend")
+        if spec.name in family_specs and family_specs[spec.name] != spec:
+            raise InputError(f"{spec.family.value} backend {spec.name!r} is already registered with a different configuration")
+        missing = [k for k in spec.kernels if k not in self.kernels]
+        if missing:
+            raise InputError(f"backend {spec.name!r} names unregistered kernel(s) {missing}; register them first")
+        family_specs[spec.name] = spec
+        self._verdicts.clear()
+        self.extension_names[spec.family][user_name] = spec.name
+
+    def load_entry_points(self) -> list[str]:
+        """Run every installed plugin's registration; returns the entry-point names loaded."""
+        loaded = []
+        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            ep.load()(self)
+            loaded.append(ep.name)
+        return loaded
+
+    def spec(self, family: QuantFamily, backend: str) -> BackendSpec:
+        try:
+            return self.backends[family][backend]
+        except KeyError:
+            raise InputError(f"{family.value} has no backend {backend!r}; known: {sorted(self.backends[family])}") from None
+
+    def extensions(self, family: QuantFamily) -> list[BackendSpec]:
+        """Plugin backends of a family, in registration order."""
+        return [self.backends[family][name] for name in self.extension_names[family].values()]
+
+    def kernel_verdict(self, kernel: str, ctx: SupportContext, extra=()) -> Verdict:
+        spec = self.kernels[kernel]
+        checks = tuple(Check(r, r.failure(ctx)) for r in (*extra, *spec.requirements))
+        return Verdict(kernel, checks)
+
+    def memo_for(self, ctx: SupportContext) -> dict:
+        """The verdict memo of one context: verdicts are pure, and an engine asks the same ones for every layer."""
+        per_ctx = self._verdicts.get(ctx)
+        if per_ctx is None:
+            if len(self._verdicts) >= 1024:
+                self._verdicts.clear()
+            per_ctx = self._verdicts[ctx] = {}
+        return per_ctx
+
+    def verdict(self, family: QuantFamily, backend: str, ctx: SupportContext, memo: dict | None = None) -> BackendVerdict:
+        per_ctx = self.memo_for(ctx) if memo is None else memo
+        key = (family, backend)
+        if key not in per_ctx:
+            spec = self.spec(family, backend)
+            per_ctx[key] = BackendVerdict(backend, tuple(self.kernel_verdict(k, ctx, spec.extra) for k in spec.kernels))
+        return per_ctx[key]
+
+    def fallback_verdicts(self, ctx: SupportContext) -> BackendVerdict:
+        """What runs a layer the oracle leaves to the platform (FP8 NONE)."""
+        kernels = FALLBACK_KERNELS.get(ctx.platform.vendor, ())
+        return BackendVerdict("NONE", tuple(self.kernel_verdict(k, ctx) for k in kernels))
+
+    def implementation(self, kernel: str):
+        """Import the experts class behind a kernel; None when moe-fsm only models it."""
+        impl = self.kernels[kernel].impl
+        if impl is None:
+            return None
+        module, _, attr = impl.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+_DEFAULT: Registry | None = None
+
+
+def default_registry() -> Registry:
+    """Built-ins plus installed plugins, loaded once per process."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        registry = Registry.builtin_only()
+        registry.load_entry_points()
+        _DEFAULT = registry
+    return _DEFAULT

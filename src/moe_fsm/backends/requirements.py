@@ -1,0 +1,234 @@
+"""The small predicates kernel support is made of.
+
+Each requirement is a frozen value that says in words what it asks
+(``describe``) and, evaluated on a SupportContext, returns None or the reason it
+fails. Kernel specs in ``catalog.py`` are lists of these, so support conditions
+read as data and every rejection explains itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable
+
+from moe_fsm.backends.verdict import SupportContext
+from moe_fsm.inputs.layer import Activation
+from moe_fsm.inputs.platform import Library, Vendor
+from moe_fsm.inputs.quant import QuantKey
+from moe_fsm.modular.interfaces import ActivationFormat
+
+
+class Requirement:
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    @cached_property
+    def description(self) -> str:
+        """``describe()`` computed once: requirements are immutable."""
+        return self.describe()
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class OnVendor(Requirement):
+    vendors: tuple[Vendor, ...]
+
+    def describe(self) -> str:
+        return "runs on " + " or ".join(v.value for v in self.vendors)
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        if ctx.platform.vendor in self.vendors:
+            return None
+        return f"needs a {' or '.join(v.value for v in self.vendors)} device, this is {ctx.platform.describe()}"
+
+
+@dataclass(frozen=True)
+class CudaCapability(Requirement):
+    """A CUDA capability rule: ``exact`` (9,0) pairs, ``families`` majors, or ``minimum``.
+
+    Non-CUDA vendors listed in ``also`` pass without a capability (ROCm for Triton).
+    """
+
+    exact: tuple[tuple[int, int], ...] = ()
+    families: tuple[int, ...] = ()
+    minimum: tuple[int, int] | None = None
+    also: tuple[Vendor, ...] = ()
+
+    def _wanted(self) -> str:
+        parts = [f"{a}.{b}" for a, b in self.exact] + [f"{m}.x" for m in self.families]
+        if self.minimum:
+            parts.append(f"{self.minimum[0]}.{self.minimum[1]} or newer")
+        return " or ".join(parts)
+
+    def describe(self) -> str:
+        extra = "".join(f" (or {v.value})" for v in self.also)
+        return f"CUDA compute capability {self._wanted()}{extra}"
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        p = ctx.platform
+        if p.vendor in self.also:
+            return None
+        if p.vendor is not Vendor.CUDA:
+            allowed = ["cuda"] + [v.value for v in self.also]
+            return f"needs a {' or '.join(allowed)} device, this is {p.describe()}"
+        ok = (
+            any(p.is_capability(*c) for c in self.exact)
+            or any(p.is_capability_family(f) for f in self.families)
+            or (self.minimum is not None and p.has_capability(*self.minimum))
+        )
+        return None if ok else f"needs compute capability {self._wanted()}, this is {p.capability_text()}"
+
+
+@dataclass(frozen=True)
+class Importable(Requirement):
+    library: Library
+
+    def describe(self) -> str:
+        return f"{self.library.value} importable"
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        if ctx.platform.has(self.library):
+            return None
+        return f"{self.library.value} is not installed (not importable on this platform)"
+
+
+Scheme = tuple[QuantKey | None, QuantKey | None]
+
+
+@dataclass(frozen=True)
+class QuantSchemes(Requirement):
+    """Accepted (weight, activation) key pairs; ``fp8_needs_device`` gates FP8 pairs on FP8 hardware.
+
+    ``weight_only`` accepts any activation key (Marlin dequantizes weights and runs 16-bit).
+    ``gated`` adds pairs that hold only on some platforms: (condition text, predicate, pairs).
+    """
+
+    pairs: tuple[Scheme, ...]
+    weight_only: bool = False
+    gated: tuple[tuple[str, Callable[[SupportContext], bool], tuple[Scheme, ...]], ...] = ()
+
+    def describe(self) -> str:
+        text = ", ".join(_scheme_text(p) for p in self.pairs)
+        for cond, _, pairs in self.gated:
+            text += f"; {cond}: " + ", ".join(_scheme_text(p) for p in pairs)
+        return ("weight-only " if self.weight_only else "") + "quantization schemes " + text
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        scheme = (ctx.layer.quant.weight, ctx.layer.quant.activation)
+        accepted = list(self.pairs)
+        for _, condition, pairs in self.gated:
+            if condition(ctx):
+                accepted.extend(pairs)
+        if self.weight_only:
+            if any(w == scheme[0] for w, _ in accepted):
+                return None
+        elif scheme in accepted:
+            return None
+        return f"kernel does not support quantization scheme {_scheme_text(scheme)}"
+
+
+def _scheme_text(pair: Scheme) -> str:
+    w, a = pair
+    return f"{w or 'none'} x {a or 'none'}"
+
+
+@dataclass(frozen=True)
+class Activations(Requirement):
+    allowed: tuple[Activation, ...]
+
+    def describe(self) -> str:
+        return "activations " + ", ".join(a.value for a in self.allowed)
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        if ctx.layer.activation in self.allowed:
+            return None
+        return f"kernel does not support {ctx.layer.activation.value} activation"
+
+
+@dataclass(frozen=True)
+class InputDtypes(Requirement):
+    dtypes: tuple[str, ...]
+
+    def describe(self) -> str:
+        return "input dtype " + " or ".join(self.dtypes)
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        if ctx.layer.dtype in self.dtypes:
+            return None
+        return f"kernel does not support {ctx.layer.dtype} input/output dtype"
+
+
+@dataclass(frozen=True)
+class Format(Requirement):
+    activation_format: ActivationFormat
+
+    def describe(self) -> str:
+        return f"{self.activation_format.value} activation format"
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        if ctx.activation_format is self.activation_format:
+            return None
+        return f"kernel does not support {ctx.activation_format.value} activation format"
+
+
+@dataclass(frozen=True)
+class NoLoRA(Requirement):
+    def describe(self) -> str:
+        return "no LoRA"
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        return "kernel does not support LoRA" if ctx.layer.lora else None
+
+
+@dataclass(frozen=True)
+class ParallelRule(Requirement):
+    """A parallel-config condition, given as text plus a predicate on ParallelConfig."""
+
+    text: str
+    holds: Callable[..., bool]
+
+    def describe(self) -> str:
+        return self.text
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        if self.holds(ctx.parallel):
+            return None
+        p = ctx.parallel
+        return (
+            f"kernel does not support parallel config tp={p.tp_size} dp={p.dp_size} ep={p.ep_size} "
+            f"all2all={p.all2all.value} (needs {self.text})"
+        )
+
+
+@dataclass(frozen=True)
+class MaxExperts(Requirement):
+    limit: int
+    why: str
+
+    def describe(self) -> str:
+        return f"fewer than {self.limit} experts ({self.why})"
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        padded = -(-ctx.layer.num_experts // 32) * 32
+        if padded < self.limit:
+            return None
+        return f"{self.why} requires fewer than {self.limit} padded experts, this layer pads to {padded}"
+
+
+@dataclass(frozen=True)
+class EnvEnabled(Requirement):
+    """Enabled by env switches that must all read true (vLLM's AITER rule)."""
+
+    names: tuple[str, ...]
+
+    def describe(self) -> str:
+        return " and ".join(f"{n}=1" for n in self.names)
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        off = [n for n in self.names if not ctx.env.value(n)]
+        if not off:
+            return None
+        return f"it is not enabled — set {' and '.join(f'{n}=1' for n in self.names)} to enable it"

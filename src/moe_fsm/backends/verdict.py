@@ -1,0 +1,109 @@
+"""A support verdict: yes or no, with the human reason and every check behind it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.inputs.platform import PlatformFacts
+from moe_fsm.modular.interfaces import ActivationFormat
+
+
+@dataclass(frozen=True)
+class SupportContext:
+    """Everything a support predicate may read; nothing else is consulted."""
+
+    layer: MoELayer
+    parallel: ParallelConfig
+    platform: PlatformFacts
+    env: EnvSnapshot
+    activation_format: ActivationFormat
+
+
+@dataclass(frozen=True)
+class Check:
+    """One requirement as evaluated: the requirement, and why it failed (None when it passed)."""
+
+    requirement: object  # a backends.requirements.Requirement
+    failure: str | None
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    def to_json(self) -> dict:
+        return {"requirement": self.requirement.description, "passed": self.passed, "reason": self.failure}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A kernel's answer for one context; ``reason`` is the first failing check's text."""
+
+    subject: str
+    checks: tuple[Check, ...]
+    failures: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "failures", tuple(c.failure for c in self.checks if c.failure is not None))
+
+    @property
+    def supported(self) -> bool:
+        return not self.failures
+
+    @property
+    def reason(self) -> str | None:
+        return self.failures[0] if self.failures else None
+
+    def to_json(self) -> dict:
+        return {
+            "kernel": self.subject,
+            "supported": self.supported,
+            "reason": self.reason,
+            "checks": [c.to_json() for c in self.checks],
+        }
+
+
+@dataclass(frozen=True)
+class BackendVerdict:
+    """A backend's answer: the first kernel class that accepts, else the last reason (as vLLM)."""
+
+    backend: str
+    kernel_verdicts: tuple[Verdict, ...]
+    kernel: str | None = field(init=False)
+    reason: str | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        kernel = next((v.subject for v in self.kernel_verdicts if v.supported), None)
+        if kernel is not None:
+            reason = None
+        elif self.kernel_verdicts:
+            reason = self.kernel_verdicts[-1].reason
+        else:
+            reason = "no kernel class is registered for it"
+        object.__setattr__(self, "kernel", kernel)
+        object.__setattr__(self, "reason", reason)
+
+    @property
+    def supported(self) -> bool:
+        return self.kernel is not None
+
+    def summary(self) -> dict:
+        """The trace's view: each kernel's failing checks (passing ones are implied)."""
+        return {
+            "backend": self.backend,
+            "supported": self.supported,
+            "kernel": self.kernel,
+            "reason": self.reason,
+            "kernels": [{"kernel": v.subject, "supported": v.supported, "failed": list(v.failures)} for v in self.kernel_verdicts],
+        }
+
+    def to_json(self) -> dict:
+        return {
+            "backend": self.backend,
+            "supported": self.supported,
+            "kernel": self.kernel,
+            "reason": self.reason,
+            "kernels": [v.to_json() for v in self.kernel_verdicts],
+        }

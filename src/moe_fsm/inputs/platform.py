@@ -1,0 +1,215 @@
+"""Facts about the machine a layer will run on.
+
+Support predicates read only these facts, never the live machine, so a
+decision can be replayed elsewhere and "what would an H100 pick?" is a
+question with an answer on a laptop. ``probe()`` is the one place that looks
+at the real machine.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
+
+from moe_fsm.errors import InputError
+
+
+class Vendor(str, Enum):
+    CUDA = "cuda"
+    ROCM = "rocm"
+    XPU = "xpu"
+    CPU = "cpu"
+    TPU = "tpu"
+    OUT_OF_TREE = "oot"
+
+
+class Library(str, Enum):
+    """Kernel libraries and entry points a backend may need importable."""
+
+    TRITON = "triton"
+    FLASHINFER = "flashinfer"
+    FLASHINFER_CUTLASS_MOE = "flashinfer.cutlass_fused_moe"
+    FLASHINFER_TRTLLM_MOE = "flashinfer.trtllm_fused_moe"
+    FLASHINFER_CUTEDSL_MOE = "flashinfer.cutedsl_moe"
+    FLASHINFER_B12X_MOE = "flashinfer.b12x_moe"
+    DEEP_GEMM = "deep_gemm"
+    AITER = "aiter"
+    VLLM_OPS = "vllm._custom_ops"
+    TORCH_GROUPED_MM = "torch._grouped_mm"
+    TORCH_SCALED_GROUPED_MM = "torch._scaled_grouped_mm"
+
+
+@dataclass(frozen=True)
+class PlatformFacts:
+    """Vendor, device capability and importable libraries.
+
+    ``capability`` is the CUDA compute capability (major, minor); ``gcn_arch`` the
+    ROCm architecture (e.g. gfx942). Both are None elsewhere.
+    """
+
+    vendor: Vendor = Vendor.CPU
+    capability: tuple[int, int] | None = None
+    gcn_arch: str | None = None
+    device_name: str = "cpu"
+    libraries: frozenset[Library] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.vendor, Vendor):
+            try:
+                object.__setattr__(self, "vendor", Vendor(self.vendor))
+            except ValueError:
+                raise InputError(f"vendor {self.vendor!r} is not one of {[v.value for v in Vendor]}") from None
+        if self.capability is not None:
+            cap = tuple(self.capability)
+            if len(cap) != 2 or not all(isinstance(c, int) and c >= 0 for c in cap):
+                raise InputError(f"capability must be (major, minor) integers, got {self.capability!r}")
+            object.__setattr__(self, "capability", cap)
+        if self.vendor is Vendor.CUDA and self.capability is None:
+            raise InputError("a CUDA platform needs its compute capability, e.g. (9, 0)")
+        if self.vendor is not Vendor.CUDA and self.capability is not None:
+            raise InputError(f"capability is a CUDA fact; vendor {self.vendor.value} has none")
+        libs = set()
+        for lib in self.libraries:
+            try:
+                libs.add(lib if isinstance(lib, Library) else Library(lib))
+            except ValueError:
+                raise InputError(f"library {lib!r} is not one of {[l.value for l in Library]}") from None
+        object.__setattr__(self, "libraries", frozenset(libs))
+
+    # The three capability questions vLLM's predicates ask.
+    def is_capability(self, major: int, minor: int) -> bool:
+        return self.capability == (major, minor)
+
+    def is_capability_family(self, major: int) -> bool:
+        return self.capability is not None and self.capability[0] == major
+
+    def has_capability(self, major: int, minor: int = 0) -> bool:
+        return self.capability is not None and self.capability >= (major, minor)
+
+    def has(self, library: Library) -> bool:
+        return library in self.libraries
+
+    @property
+    def supports_fp8(self) -> bool:
+        """FP8 tensor-core math: CUDA 8.9+ or ROCm MI300-class (gfx94x/gfx95x)."""
+        if self.vendor is Vendor.CUDA:
+            return self.has_capability(8, 9)
+        return self.vendor is Vendor.ROCM and (self.gcn_arch or "").startswith(("gfx94", "gfx95"))
+
+    def describe(self) -> str:
+        if self.vendor is Vendor.CUDA:
+            return f"CUDA {self.capability[0]}.{self.capability[1]} ({self.device_name})"
+        if self.vendor is Vendor.ROCM:
+            return f"ROCm {self.gcn_arch} ({self.device_name})"
+        return f"{self.vendor.value} ({self.device_name})"
+
+    def capability_text(self) -> str:
+        if self.capability is None:
+            return f"a {self.vendor.value} platform with no CUDA capability"
+        return f"{self.capability[0]}.{self.capability[1]}"
+
+    def to_json(self) -> dict:
+        return {
+            "vendor": self.vendor.value,
+            "capability": list(self.capability) if self.capability else None,
+            "gcn_arch": self.gcn_arch,
+            "device_name": self.device_name,
+            "libraries": sorted(lib.value for lib in self.libraries),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PlatformFacts":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(f"unknown platform field(s) {unknown}; accepted: {sorted(known)}")
+        values = dict(data)
+        if values.get("capability") is not None:
+            values["capability"] = tuple(values["capability"])
+        values["libraries"] = frozenset(values.get("libraries", ()))
+        return cls(**values)
+
+
+_FLASHINFER_ALL = frozenset({
+    Library.FLASHINFER, Library.FLASHINFER_CUTLASS_MOE, Library.FLASHINFER_TRTLLM_MOE,
+    Library.FLASHINFER_CUTEDSL_MOE, Library.FLASHINFER_B12X_MOE,
+})
+_CUDA_COMMON = frozenset({Library.TRITON, Library.VLLM_OPS})
+_GROUPED_MM = frozenset({Library.TORCH_GROUPED_MM, Library.TORCH_SCALED_GROUPED_MM})
+
+PRESETS: dict[str, PlatformFacts] = {
+    "sm80": PlatformFacts(Vendor.CUDA, (8, 0), None, "NVIDIA A100", _CUDA_COMMON | {Library.FLASHINFER, Library.TORCH_GROUPED_MM}),
+    "sm89": PlatformFacts(Vendor.CUDA, (8, 9), None, "NVIDIA L40S", _CUDA_COMMON | {Library.FLASHINFER}),
+    "sm90": PlatformFacts(Vendor.CUDA, (9, 0), None, "NVIDIA H100", _CUDA_COMMON | _FLASHINFER_ALL | _GROUPED_MM | {Library.DEEP_GEMM}),
+    "sm90-bare": PlatformFacts(Vendor.CUDA, (9, 0), None, "NVIDIA H100 (torch and triton only)", frozenset({Library.TRITON}) | _GROUPED_MM),
+    "sm100": PlatformFacts(Vendor.CUDA, (10, 0), None, "NVIDIA B200", _CUDA_COMMON | _FLASHINFER_ALL | _GROUPED_MM | {Library.DEEP_GEMM}),
+    "sm120": PlatformFacts(Vendor.CUDA, (12, 0), None, "NVIDIA RTX PRO 6000", _CUDA_COMMON | _FLASHINFER_ALL | _GROUPED_MM),
+    "sm121": PlatformFacts(Vendor.CUDA, (12, 1), None, "NVIDIA GB10 (DGX Spark)", _CUDA_COMMON | _FLASHINFER_ALL | _GROUPED_MM),
+    "rocm-mi300": PlatformFacts(Vendor.ROCM, None, "gfx942", "AMD Instinct MI300X", frozenset({Library.TRITON, Library.AITER, Library.VLLM_OPS})),
+    "rocm-mi355": PlatformFacts(Vendor.ROCM, None, "gfx950", "AMD Instinct MI355X", frozenset({Library.TRITON, Library.AITER, Library.VLLM_OPS})),
+    "xpu": PlatformFacts(Vendor.XPU, None, None, "Intel Data Center GPU Max", frozenset({Library.TRITON})),
+    "cpu": PlatformFacts(Vendor.CPU, None, None, "cpu", frozenset()),
+    "tpu": PlatformFacts(Vendor.TPU, None, None, "TPU v5e", frozenset()),
+    "oot": PlatformFacts(Vendor.OUT_OF_TREE, None, None, "out-of-tree platform plugin", frozenset()),
+}
+
+
+def preset(name: str) -> PlatformFacts:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise InputError(f"platform preset {name!r} is not one of {sorted(PRESETS)} (or 'probe')") from None
+
+
+def with_libraries(facts: PlatformFacts, add: set[Library] = frozenset(), remove: set[Library] = frozenset()) -> PlatformFacts:
+    """A what-if variant: the same machine with libraries installed or removed."""
+    return replace(facts, libraries=(facts.libraries | frozenset(add)) - frozenset(remove))
+
+
+# Where each library's entry point lives: (module, attribute or None).
+_ENTRY_POINTS: dict[Library, tuple[str, str | None]] = {
+    Library.TRITON: ("triton", None),
+    Library.FLASHINFER: ("flashinfer", None),
+    Library.FLASHINFER_CUTLASS_MOE: ("flashinfer.fused_moe", "cutlass_fused_moe"),
+    Library.FLASHINFER_TRTLLM_MOE: ("flashinfer.fused_moe", "trtllm_fp8_block_scale_moe"),
+    Library.FLASHINFER_CUTEDSL_MOE: ("flashinfer.cute_dsl", "grouped_gemm_nt_masked"),
+    Library.FLASHINFER_B12X_MOE: ("flashinfer.fused_moe", "B12xNvfp4Runner"),
+    Library.DEEP_GEMM: ("deep_gemm", None),
+    Library.AITER: ("aiter", None),
+    Library.VLLM_OPS: ("vllm._custom_ops", None),
+}
+
+
+def _importable(module: str, attribute: str | None) -> bool:
+    top = module.split(".")[0]
+    if importlib.util.find_spec(top) is None:
+        return False
+    if module == top and attribute is None:
+        return True
+    try:
+        mod = importlib.import_module(module)
+    except Exception:
+        return False
+    return attribute is None or hasattr(mod, attribute)
+
+
+def probe() -> PlatformFacts:
+    """Read the real machine: torch's device, then which kernel entry points import."""
+    import torch
+
+    libraries = {lib for lib, (module, attr) in _ENTRY_POINTS.items() if _importable(module, attr)}
+    if hasattr(torch, "_grouped_mm"):
+        libraries.add(Library.TORCH_GROUPED_MM)
+    if hasattr(torch, "_scaled_grouped_mm"):
+        libraries.add(Library.TORCH_SCALED_GROUPED_MM)
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        if torch.version.hip:
+            arch = torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
+            return PlatformFacts(Vendor.ROCM, None, arch, name, frozenset(libraries))
+        return PlatformFacts(Vendor.CUDA, torch.cuda.get_device_capability(0), None, name, frozenset(libraries))
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return PlatformFacts(Vendor.XPU, None, None, torch.xpu.get_device_name(0), frozenset(libraries))
+    return PlatformFacts(Vendor.CPU, None, None, "cpu", frozenset(libraries))
