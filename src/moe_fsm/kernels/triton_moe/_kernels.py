@@ -1,0 +1,315 @@
+"""The Triton kernels of the fused-MoE experts (imported only where Triton is).
+
+Four kernels make one MoE layer:
+
+* ``align_count_kernel`` / ``align_scatter_kernel``: the alignment step. Each
+  (token, slot) pair gets its rank inside its expert from an atomic counter, then
+  its slot in a list sorted by expert in which every expert's rows are padded to
+  BLOCK_M, so that one program of a GEMM sees one expert only. Buffers are sized
+  for the worst case on the host, so nothing waits on the device.
+* ``moe_gemm_kernel``: one grouped GEMM over the sorted rows; for w1 it loads the
+  gate and the up rows of a column tile together (one [BLOCK_K, 2*BLOCK_N] operand,
+  one tensor-core stream) and writes act(gate) * up, optionally quantized to FP8
+  in 1x128 groups; for w2 it scales rows by their top-k weight.
+* ``topk_sum_kernel``: the top-k reduction, skipping slots another rank owns.
+* ``group_quant_kernel`` / ``row_quant_kernel``: FP8 activation quantization.
+
+Pointer offsets that can pass 2**31 elements (an expert's offset in a 256-expert
+weight tensor, say) are computed in int64.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FP8_MAX = 448.0
+SCALE_EPS = 1e-10
+
+# constexpr codes shared with the launchers (fused.py)
+ACT_SILU, ACT_GELU, ACT_SWIGLUOAI = 0, 1, 2
+A_SCALE_NONE, A_SCALE_TENSOR, A_SCALE_TOKEN, A_SCALE_GROUP = 0, 1, 2, 3
+W_SCALE_NONE, W_SCALE_TENSOR, W_SCALE_CHANNEL, W_SCALE_BLOCK = 0, 1, 2, 3
+OUT_PLAIN, OUT_FP8_TENSOR, OUT_FP8_GROUP = 0, 1, 2
+
+
+@triton.jit
+def align_count_kernel(
+    topk_ids_ptr, counts_ptr, rank_ptr, sorted_ids_ptr, num_pairs, max_padded, num_experts, BLOCK: tl.constexpr
+):
+    """Rank each local pair inside its expert and fill the sorted list with the pad sentinel."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(sorted_ids_ptr + offs, tl.zeros((BLOCK,), tl.int32) + num_pairs, mask=offs < max_padded)
+    in_range = offs < num_pairs
+    expert = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
+    local = in_range & (expert >= 0) & (expert < num_experts)
+    rank = tl.atomic_add(counts_ptr + expert, tl.full((BLOCK,), 1, tl.int32), mask=local)
+    tl.store(rank_ptr + offs, rank, mask=local)
+
+
+@triton.jit
+def align_scatter_kernel(
+    topk_ids_ptr,
+    counts_ptr,
+    rank_ptr,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    num_pairs,
+    num_experts,
+    num_row_blocks,
+    BLOCK_M: tl.constexpr,
+    E_POW2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCKS_PER_PROGRAM: tl.constexpr,
+):
+    """Place each pair at its expert's padded start plus its rank; map row blocks to experts.
+
+    Every program recomputes the padded prefix sum over the (at most a few hundred)
+    expert counts: cheaper than a third launch, and no program waits on another.
+    """
+    pid = tl.program_id(0)
+    experts = tl.arange(0, E_POW2)
+    counts = tl.load(counts_ptr + experts, mask=experts < num_experts, other=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    if pid == 0:
+        tl.store(num_padded_ptr, tl.sum(padded, 0))
+
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    in_range = offs < num_pairs
+    expert = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
+    local = in_range & (expert >= 0) & (expert < num_experts)
+    rank = tl.load(rank_ptr + offs, mask=local, other=0)
+    start = tl.gather(starts, tl.where(local, expert, 0), 0)
+    tl.store(sorted_ids_ptr + start + rank, offs, mask=local)
+
+    blocks = pid * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
+    first_row = blocks * BLOCK_M
+    # the owner of a block is the number of experts whose padded range ends at or before it
+    owner = tl.sum((ends[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
+    owner = tl.where(owner < num_experts, owner, -1)
+    tl.store(block_expert_ptr + blocks, owner, mask=blocks < num_row_blocks)
+
+
+@triton.jit
+def moe_gemm_kernel(
+    a_ptr,
+    a_scale_ptr,
+    w_ptr,
+    w_scale_ptr,
+    out_ptr,
+    out_scale_ptr,
+    out_static_scale_ptr,
+    row_weight_ptr,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    expert_num_tokens_ptr,
+    N,
+    K,
+    num_valid_rows,
+    num_row_blocks,
+    swiglu_limit,
+    stride_ae,
+    stride_am,
+    stride_ak,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_oe,
+    stride_om,
+    stride_on,
+    stride_ase,
+    stride_asm,
+    stride_ask,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    stride_ose,
+    stride_osm,
+    stride_osn,
+    A_ROW_DIV: tl.constexpr,
+    BATCHED: tl.constexpr,
+    GATED: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_LIMIT: tl.constexpr,
+    WEIGHT_ROWS: tl.constexpr,
+    A_SCALE: tl.constexpr,
+    W_SCALE: tl.constexpr,
+    OUT_MODE: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """out[rows, n-tile] = epilogue(a[rows] @ w[expert, cols]^T) for one row block of one expert.
+
+    N is this GEMM's output width (the intermediate size for w1, hidden for w2). For
+    w1 (GATED) the tile reads weight rows n..n+BLOCK_N (gate) and N+n.. (up).
+    Standard: rows come from the sorted list (pad rows hold ``num_valid_rows``) and
+    the A row is ``pair // A_ROW_DIV``. Batched: program axis 1 is the expert and
+    rows are ``0..expert_num_tokens[e]``.
+    """
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_in_group = GROUP_M * num_pid_n
+    first_m = (pid // num_in_group) * GROUP_M
+    group_rows = min(num_row_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % num_in_group) % group_rows
+    pid_n = (pid % num_in_group) // group_rows
+
+    offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if BATCHED:
+        expert = tl.program_id(1).to(tl.int64)
+        n_rows = tl.load(expert_num_tokens_ptr + expert)
+        if pid_m * BLOCK_M >= n_rows:
+            return
+        row_ok = offs_r < n_rows
+        rows = offs_r.to(tl.int64)
+        a_rows = rows
+        a_base = a_ptr + expert * stride_ae
+        as_base = a_scale_ptr + expert * stride_ase
+        out_base = out_ptr + expert * stride_oe
+        os_base = out_scale_ptr + expert * stride_ose
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+            return
+        rows = tl.load(sorted_ids_ptr + offs_r).to(tl.int64)
+        row_ok = rows < num_valid_rows
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        a_rows = rows // A_ROW_DIV
+        a_base = a_ptr
+        as_base = a_scale_ptr
+        out_base = out_ptr
+        os_base = out_scale_ptr
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = offs_n < N
+    if GATED:
+        j = tl.arange(0, 2 * BLOCK_N)
+        # gate rows first, then the matching up rows; wrapped into range, masked on store
+        w_rows = ((pid_n * BLOCK_N + j % BLOCK_N) % N + (j // BLOCK_N) * N).to(tl.int64)
+    else:
+        w_rows = (offs_n % N).to(tl.int64)
+
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_base + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    w_ptrs = w_ptr + expert * stride_we + w_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    if W_SCALE == 3:
+        as_ptrs = as_base + a_rows * stride_asm
+        ws_ptrs = w_scale_ptr + expert * stride_wse + (w_rows // 128) * stride_wsn
+
+    if GATED:
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            b = tl.load(w_ptrs)
+        else:
+            k_left = K - ki * BLOCK_K
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & (offs_k[None, :] < k_left), other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if W_SCALE == 3:
+            k_group = (ki * BLOCK_K) // 128
+            a_s = tl.load(as_ptrs + k_group * stride_ask, mask=row_ok, other=0.0)
+            w_s = tl.load(ws_ptrs + k_group * stride_wsk)
+            acc += tl.dot(a, b) * a_s[:, None] * w_s[None, :]
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        w_ptrs += BLOCK_K * stride_wk
+
+    if A_SCALE == 1:
+        acc = acc * tl.load(a_scale_ptr)
+    elif A_SCALE == 2:
+        acc = acc * tl.load(as_base + a_rows * stride_asm, mask=row_ok, other=0.0)[:, None]
+    if W_SCALE == 1:
+        acc = acc * tl.load(w_scale_ptr + expert * stride_wse)
+    elif W_SCALE == 2:
+        acc = acc * tl.load(w_scale_ptr + expert * stride_wse + w_rows * stride_wsn)[None, :]
+    if WEIGHT_ROWS:
+        acc = acc * tl.load(row_weight_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+
+    if GATED:
+        gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+        if HAS_LIMIT:
+            gate = tl.minimum(gate, swiglu_limit)
+            up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
+        if ACTIVATION == 0:
+            y = gate * tl.sigmoid(gate) * up
+        elif ACTIVATION == 1:
+            y = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up
+        else:
+            y = (up + 1.0) * (gate * tl.sigmoid(1.702 * gate))
+    else:
+        y = acc
+
+    out_ptrs = out_base + rows[:, None] * stride_om + offs_n[None, :] * stride_on
+    out_mask = row_ok[:, None] & col_ok[None, :]
+    if OUT_MODE == 0:
+        tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
+    elif OUT_MODE == 1:
+        q = tl.clamp(y / tl.load(out_static_scale_ptr), -448.0, 448.0)
+        tl.store(out_ptrs, q.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        GROUPS: tl.constexpr = BLOCK_N // 128
+        y = tl.where(col_ok[None, :], y, 0.0)
+        y3 = tl.reshape(y, (BLOCK_M, GROUPS, 128))
+        scale = tl.maximum(tl.max(tl.abs(y3), axis=2), 1e-10) / 448.0
+        q = tl.reshape(tl.clamp(y3 / scale[:, :, None], -448.0, 448.0), (BLOCK_M, BLOCK_N))
+        tl.store(out_ptrs, q.to(out_ptr.dtype.element_ty), mask=out_mask)
+        groups = pid_n * GROUPS + tl.arange(0, GROUPS)
+        scale_ptrs = os_base + rows[:, None] * stride_osm + groups[None, :] * stride_osn
+        tl.store(scale_ptrs, scale, mask=row_ok[:, None] & (groups[None, :] * 128 < N))
+
+
+@triton.jit
+def topk_sum_kernel(
+    y_ptr, topk_ids_ptr, out_ptr, K, num_experts, stride_ym, stride_om, TOP_K: tl.constexpr, TOPK_POW2: tl.constexpr, BLOCK: tl.constexpr
+):
+    """out[m] = sum over local slots j of y[m * TOP_K + j] (rows of slots owned elsewhere were never written)."""
+    m = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    slots = tl.arange(0, TOPK_POW2)
+    expert = tl.load(topk_ids_ptr + m * TOP_K + slots, mask=slots < TOP_K, other=-1)
+    ok = (slots < TOP_K) & (expert >= 0) & (expert < num_experts)
+    y_ptrs = y_ptr + (m * TOP_K + slots)[:, None] * stride_ym + offs[None, :]
+    y = tl.load(y_ptrs, mask=ok[:, None] & (offs[None, :] < K), other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + offs, tl.sum(y, axis=0).to(out_ptr.dtype.element_ty), mask=offs < K)
+
+
+@triton.jit
+def group_quant_kernel(
+    x_ptr, q_ptr, s_ptr, K, num_groups, stride_xm, stride_qm, stride_sm, GROUPS: tl.constexpr, GROUP: tl.constexpr
+):
+    """Dynamic per-token, per-GROUP-columns FP8: scale = max(amax, eps) / 448."""
+    m = tl.program_id(0).to(tl.int64)
+    groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = cols < K
+    x = tl.load(x_ptr + m * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10) / 448.0
+    q = tl.clamp(x / scale[:, None], -448.0, 448.0)
+    tl.store(q_ptr + m * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + m * stride_sm + groups, scale, mask=groups < num_groups)
+
+
+@triton.jit
+def row_quant_kernel(x_ptr, q_ptr, s_ptr, static_scale_ptr, K, stride_xm, stride_qm, PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """FP8 rows: dynamic per-row scale (PER_ROW), or one given scale for the tensor."""
+    m = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < K
+    x = tl.load(x_ptr + m * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    if PER_ROW:
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10) / 448.0
+        tl.store(s_ptr + m, scale)
+    else:
+        scale = tl.load(static_scale_ptr)
+    q = tl.clamp(x / scale, -448.0, 448.0)
+    tl.store(q_ptr + m * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,99 @@
+"""The alignment step: (token, slot) pairs sorted by expert, each expert padded to BLOCK_M.
+
+A grouped GEMM program handles BLOCK_M consecutive rows of one expert, so the
+pairs routed to each expert are listed contiguously and each expert's run is
+padded up to a multiple of BLOCK_M with a sentinel (``num_pairs``) that the GEMMs
+mask out. Everything happens on the device and every buffer is sized from the
+shapes alone (at most ``P + min(E, P) * (BLOCK_M - 1)`` rows for P pairs, since
+at most min(E, P) experts are non-empty and each wastes fewer than BLOCK_M rows),
+so nothing waits for the device and the step can be captured in a CUDA graph.
+
+Slots whose id is -1 (owned by another rank) or outside [0, E) are not placed:
+no GEMM row computes them. Pairs of one expert appear in atomic-counter order,
+which varies run to run; each row is computed independently of its position in
+the block, so results do not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moe_fsm.errors import KernelInputError
+from moe_fsm.kernels.triton_moe._runtime import kernels, require_device
+
+_PAIRS_PER_PROGRAM = 1024
+
+
+@dataclass(frozen=True)
+class AlignedRouting:
+    """Where each GEMM row block reads from.
+
+    ``sorted_ids`` [max_padded] int32: pair index t * top_k + j, or ``num_pairs`` for pads.
+    ``block_expert`` [num_row_blocks] int32: the expert of each row block, -1 past the end.
+    ``num_padded`` [1] int32: rows in use (a device value, never read on the host).
+    """
+
+    sorted_ids: torch.Tensor
+    block_expert: torch.Tensor
+    num_padded: torch.Tensor
+    block_m: int
+    num_pairs: int
+    top_k: int
+
+    @property
+    def num_row_blocks(self) -> int:
+        return self.block_expert.numel()
+
+
+def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Worst-case rows after padding: every non-empty expert wastes at most block_m - 1."""
+    return num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+
+
+def align_tokens(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedRouting:
+    """Sort the pairs of ``topk_ids`` [M, top_k] by expert with per-expert padding to ``block_m``."""
+    require_device(topk_ids)
+    if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise KernelInputError(
+            f"topk_ids must be int32/int64 [M, top_k]; got {topk_ids.dtype} {tuple(topk_ids.shape)}"
+        )
+    if block_m < 1 or block_m & (block_m - 1):
+        raise KernelInputError(f"block_m must be a power of two, got {block_m}")
+    ids = topk_ids.contiguous()
+    num_tokens, top_k = ids.shape
+    num_pairs = num_tokens * top_k
+    max_padded = max(max_padded_rows(num_pairs, num_experts, block_m), block_m)
+    num_row_blocks = -(-max_padded // block_m)
+    device = ids.device
+
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+    rank = torch.empty(max(num_pairs, 1), dtype=torch.int32, device=device)
+    sorted_ids = torch.empty(num_row_blocks * block_m, dtype=torch.int32, device=device)
+    block_expert = torch.empty(num_row_blocks, dtype=torch.int32, device=device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+
+    k = kernels()
+    k.align_count_kernel[(-(-sorted_ids.numel() // _PAIRS_PER_PROGRAM),)](
+        ids, counts, rank, sorted_ids, num_pairs, sorted_ids.numel(), num_experts, BLOCK=_PAIRS_PER_PROGRAM
+    )
+    e_pow2 = max(16, 1 << (num_experts - 1).bit_length())
+    blocks_per_program = max(16, min(128, 16384 // e_pow2))
+    grid = max(-(-num_pairs // _PAIRS_PER_PROGRAM), -(-num_row_blocks // blocks_per_program), 1)
+    k.align_scatter_kernel[(grid,)](
+        ids,
+        counts,
+        rank,
+        sorted_ids,
+        block_expert,
+        num_padded,
+        num_pairs,
+        num_experts,
+        num_row_blocks,
+        BLOCK_M=block_m,
+        E_POW2=e_pow2,
+        BLOCK=_PAIRS_PER_PROGRAM,
+        BLOCKS_PER_PROGRAM=blocks_per_program,
+    )
+    return AlignedRouting(sorted_ids, block_expert, num_padded, block_m, num_pairs, top_k)

@@ -1,0 +1,474 @@
+"""Host side of the Triton fused-MoE experts: checks, buffers and launches.
+
+``fused_experts`` is the whole layer for tokens as rows: align the (token, slot)
+pairs by expert, quantize the input if the layer is FP8, run the w1 GEMM with the
+gated activation fused (and the intermediate's FP8 quantization too where it is
+per-group or static), run the w2 GEMM with the top-k weights applied, and sum
+over top-k. ``fused_experts_batched`` is the same pair of GEMMs on the batched
+layout [E, max_tokens, K], whose output is left unweighted and unreduced for the
+prepare/finalize object to scatter back.
+
+Neither reads a device value on the host, so both can be captured in a CUDA
+graph. Shapes and dtypes are checked on the host; ids are not (that would
+synchronize): a slot whose expert id is negative or >= E contributes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from moe_fsm.errors import KernelInputError
+from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, require_device
+from moe_fsm.kernels.triton_moe.align import AlignedRouting, align_tokens
+from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, get_config, validate_config
+from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE, quantize_activation
+
+ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
+COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
+WEIGHT_GRANULARITIES = ("tensor", "channel", "block")
+ACTIVATION_GRANULARITIES = ("tensor", "token", "group")
+
+
+@dataclass(frozen=True)
+class Fp8Spec:
+    """FP8 w8a8 layout: weight scales per tensor/channel/128x128 block, activation scales per tensor/token/1x128 group.
+
+    Block weights pair with group activations (the DeepSeek-V3 recipe) and only with them,
+    because the kernel applies both scales inside the K loop, one 128-wide step at a time.
+    """
+
+    weight: str
+    activation: str
+
+    def __post_init__(self) -> None:
+        if self.weight not in WEIGHT_GRANULARITIES:
+            raise KernelInputError(f"FP8 weight granularity {self.weight!r} is not one of {list(WEIGHT_GRANULARITIES)}")
+        if self.activation not in ACTIVATION_GRANULARITIES:
+            raise KernelInputError(
+                f"FP8 activation granularity {self.activation!r} is not one of {list(ACTIVATION_GRANULARITIES)}"
+            )
+        if (self.weight == "block") != (self.activation == "group"):
+            raise KernelInputError(
+                f"FP8 weight={self.weight} with activation={self.activation}: 128x128 block weights go with "
+                "1x128 group activations and only with them; tensor/channel weights go with tensor/token activations"
+            )
+
+    @property
+    def block(self) -> bool:
+        return self.weight == "block"
+
+
+@dataclass(frozen=True)
+class BatchedRows:
+    """Row source of the batched layout: expert e owns rows 0..expert_num_tokens[e] of its slab."""
+
+    expert_num_tokens: torch.Tensor
+    max_tokens: int
+    block_m: int
+
+    @property
+    def num_row_blocks(self) -> int:
+        return -(-self.max_tokens // self.block_m)
+
+
+RowSource = Union[AlignedRouting, BatchedRows]
+
+
+def _weight_scale(
+    spec: Optional[Fp8Spec], scale: Optional[torch.Tensor], num_experts: int, rows: int, cols: int, name: str
+) -> tuple[int, Optional[torch.Tensor], tuple[int, int, int]]:
+    """(kernel scale mode, fp32 scale tensor, its (expert, row, K-block) strides)."""
+    if spec is None:
+        return 0, None, (0, 0, 0)
+    if scale is None:
+        raise KernelInputError(f"FP8 weights need {name}; got None")
+    s = scale.to(torch.float32)
+    if spec.weight == "tensor":
+        if s.numel() != num_experts:
+            raise KernelInputError(f"per-tensor {name} has one value per expert ({num_experts}); got shape {tuple(scale.shape)}")
+        s = s.reshape(num_experts).contiguous()
+        return 1, s, (1, 0, 0)
+    if spec.weight == "channel":
+        if s.numel() != num_experts * rows:
+            raise KernelInputError(f"per-channel {name} is [E={num_experts}, {rows}]; got shape {tuple(scale.shape)}")
+        s = s.reshape(num_experts, rows).contiguous()
+        return 2, s, (s.stride(0), s.stride(1), 0)
+    expected = (num_experts, -(-rows // FP8_GROUP), -(-cols // FP8_GROUP))
+    if tuple(s.shape) != expected:
+        raise KernelInputError(f"128x128 block {name} is {list(expected)}; got {list(scale.shape)}")
+    return 3, s, (s.stride(0), s.stride(1), s.stride(2))
+
+
+def _activation_scale_mode(spec: Optional[Fp8Spec], scale: Optional[torch.Tensor]) -> int:
+    if spec is None:
+        return 0
+    if spec.activation == "group":
+        return 3
+    return 1 if scale is not None and scale.numel() == 1 else 2
+
+
+def _scale_strides(mode: int, scale: Optional[torch.Tensor], batched: bool) -> tuple[int, int, int]:
+    """(expert, row, group) strides of an activation scale tensor in the kernel's addressing."""
+    if mode in (0, 1):
+        return 0, 0, 0
+    if mode == 2:
+        return (scale.stride(0), scale.stride(1), 0) if batched else (0, scale.stride(0), 0)
+    return (scale.stride(0), scale.stride(1), scale.stride(2)) if batched else (0, scale.stride(0), scale.stride(1))
+
+
+def _launch(
+    a: torch.Tensor,
+    a_scale: Optional[torch.Tensor],
+    w: torch.Tensor,
+    w_scale_info: tuple[int, Optional[torch.Tensor], tuple[int, int, int]],
+    out: torch.Tensor,
+    out_scale: Optional[torch.Tensor],
+    out_static_scale: Optional[torch.Tensor],
+    out_mode: int,
+    rows: RowSource,
+    row_weights: Optional[torch.Tensor],
+    *,
+    spec: Optional[Fp8Spec],
+    n_out: int,
+    k_in: int,
+    gated: bool,
+    activation: str,
+    swiglu_limit: Optional[float],
+    a_row_div: int,
+    config: GemmConfig,
+) -> None:
+    batched = isinstance(rows, BatchedRows)
+    a_mode = _activation_scale_mode(spec, a_scale)
+    w_mode, w_scale, (sws_e, sws_n, sws_k) = w_scale_info
+    dummy = out if out_scale is None else out_scale
+    as_e, as_m, as_k = _scale_strides(a_mode, a_scale, batched)
+    if out_mode == 2:
+        os_e, os_m, os_n = (out_scale.stride(0), out_scale.stride(1), out_scale.stride(2)) if batched else (0, out_scale.stride(0), out_scale.stride(1))
+    else:
+        os_e = os_m = os_n = 0
+    if batched:
+        ae, am, ak = a.stride()
+        oe, om, on = out.stride()
+        grid = (rows.num_row_blocks * -(-n_out // config.block_n), a.shape[0])
+        sorted_ids = block_expert = num_padded = rows.expert_num_tokens
+        expert_num_tokens, num_valid = rows.expert_num_tokens, 0
+    else:
+        ae, (am, ak) = 0, a.stride()
+        oe, (om, on) = 0, out.stride()
+        grid = (rows.num_row_blocks * -(-n_out // config.block_n),)
+        sorted_ids, block_expert, num_padded = rows.sorted_ids, rows.block_expert, rows.num_padded
+        expert_num_tokens, num_valid = rows.num_padded, rows.num_pairs
+    we, wn, wk = w.stride()
+    kernels().moe_gemm_kernel[grid](
+        a,
+        dummy if a_scale is None else a_scale,
+        w,
+        dummy if w_scale is None else w_scale,
+        out,
+        dummy,
+        dummy if out_static_scale is None else out_static_scale,
+        dummy if row_weights is None else row_weights,
+        sorted_ids,
+        block_expert,
+        num_padded,
+        expert_num_tokens,
+        n_out,
+        k_in,
+        num_valid,
+        rows.num_row_blocks,
+        float(swiglu_limit) if swiglu_limit is not None else 0.0,
+        ae, am, ak,
+        we, wn, wk,
+        oe, om, on,
+        as_e, as_m, as_k,
+        sws_e, sws_n, sws_k,
+        os_e, os_m, os_n,
+        A_ROW_DIV=a_row_div,
+        BATCHED=batched,
+        GATED=gated,
+        ACTIVATION=ACTIVATIONS[activation],
+        HAS_LIMIT=swiglu_limit is not None,
+        WEIGHT_ROWS=row_weights is not None,
+        A_SCALE=a_mode,
+        W_SCALE=w_mode,
+        OUT_MODE=out_mode,
+        EVEN_K=k_in % config.block_k == 0,
+        BLOCK_M=rows.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+def w1_gemm(
+    a: torch.Tensor,
+    a_scale: Optional[torch.Tensor],
+    w1: torch.Tensor,
+    w1_scale: Optional[torch.Tensor],
+    rows: RowSource,
+    *,
+    spec: Optional[Fp8Spec],
+    activation: str,
+    swiglu_limit: Optional[float],
+    row_weights: Optional[torch.Tensor],
+    a2_scale: Optional[torch.Tensor],
+    config: GemmConfig,
+    out_dtype: torch.dtype,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """act(a @ w1[e]^T) per row, quantized for the w2 GEMM when the layer is FP8.
+
+    Standard rows give [num_pairs, N] (row = pair index); batched rows give [E, T, N].
+    ``row_weights`` (flattened top-k weights) scale the rows before the activation:
+    that is the router weight applied on the input, since w1 is linear.
+    """
+    num_experts, two_n, k_dim = w1.shape
+    n = two_n // 2
+    batched = isinstance(rows, BatchedRows)
+    lead = (a.shape[0], a.shape[1]) if batched else (rows.num_pairs,)
+    w_info = _weight_scale(spec, w1_scale, num_experts, two_n, k_dim, "w1_scale")
+    out_scale = out_static = None
+    if spec is None:
+        out_mode, inter_dtype = 0, out_dtype
+    elif spec.block:
+        out_mode, inter_dtype = 2, FP8_DTYPE
+        out_scale = torch.empty(*lead, -(-n // FP8_GROUP), dtype=torch.float32, device=a.device)
+    elif a2_scale is not None and a2_scale.numel() == 1:
+        out_mode, inter_dtype = 1, FP8_DTYPE
+        out_static = a2_scale.to(torch.float32).reshape(1)
+    else:
+        out_mode, inter_dtype = 0, out_dtype
+    # a dynamic per-tensor scale reads every row, so rows no program writes (slots of other
+    # ranks, batched rows past an expert's count) must hold zeros rather than stale memory
+    alloc = torch.zeros if spec is not None and out_mode == 0 and spec.activation == "tensor" else torch.empty
+    inter = alloc(*lead, n, dtype=inter_dtype, device=a.device)
+    _launch(
+        a, a_scale, w1, w_info, inter, out_scale, out_static, out_mode, rows, row_weights,
+        spec=spec, n_out=n, k_in=k_dim, gated=True, activation=activation, swiglu_limit=swiglu_limit,
+        a_row_div=1 if batched else rows.top_k, config=config,
+    )
+    if spec is None or out_mode != 0:
+        return inter, out_scale if out_mode == 2 else out_static
+    return quantize_activation(inter, spec.activation)
+
+
+def w2_gemm(
+    inter: torch.Tensor,
+    inter_scale: Optional[torch.Tensor],
+    w2: torch.Tensor,
+    w2_scale: Optional[torch.Tensor],
+    rows: RowSource,
+    *,
+    spec: Optional[Fp8Spec],
+    row_weights: Optional[torch.Tensor],
+    config: GemmConfig,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """inter @ w2[e]^T per row, times the row's top-k weight when given."""
+    num_experts, k_dim, n = w2.shape
+    batched = isinstance(rows, BatchedRows)
+    lead = (inter.shape[0], inter.shape[1]) if batched else (rows.num_pairs,)
+    w_info = _weight_scale(spec, w2_scale, num_experts, k_dim, n, "w2_scale")
+    y = torch.empty(*lead, k_dim, dtype=out_dtype, device=inter.device)
+    _launch(
+        inter, inter_scale, w2, w_info, y, None, None, 0, rows, row_weights,
+        spec=spec, n_out=k_dim, k_in=n, gated=False, activation="silu", swiglu_limit=None,
+        a_row_div=1, config=config,
+    )
+    return y
+
+
+def topk_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, out: torch.Tensor) -> torch.Tensor:
+    """out[m] = sum of y[m * top_k + j] over the slots j whose expert is in [0, num_experts)."""
+    num_tokens, top_k = topk_ids.shape
+    k_dim = y.shape[-1]
+    block = min(1024, max(16, 1 << (k_dim - 1).bit_length()))
+    if num_tokens:
+        kernels().topk_sum_kernel[(num_tokens, -(-k_dim // block))](
+            y, topk_ids.contiguous(), out, k_dim, num_experts, y.stride(0), out.stride(0),
+            TOP_K=top_k, TOPK_POW2=max(2, 1 << (top_k - 1).bit_length()), BLOCK=block,
+        )
+    return out
+
+
+def _check_weights(w1: torch.Tensor, w2: torch.Tensor, k_dim: int, spec: Optional[Fp8Spec]) -> tuple[int, int]:
+    if w1.dim() != 3 or w2.dim() != 3:
+        raise KernelInputError(f"w1 must be [E, 2N, K] and w2 [E, K, N]; got {tuple(w1.shape)} and {tuple(w2.shape)}")
+    num_experts, two_n, w1_k = w1.shape
+    n = two_n // 2
+    if two_n % 2 or w1_k != k_dim or tuple(w2.shape) != (num_experts, k_dim, n):
+        raise KernelInputError(
+            f"shapes disagree: hidden K={k_dim}, w1 {tuple(w1.shape)} (want [E, 2N, K]), "
+            f"w2 {tuple(w2.shape)} (want [E, K, N] = [{num_experts}, {k_dim}, {n}])"
+        )
+    want = FP8_DTYPE if spec is not None else None
+    for name, w in (("w1", w1), ("w2", w2)):
+        if want is not None and w.dtype != want:
+            raise KernelInputError(f"FP8 layers need {name} in float8_e4m3fn; got {w.dtype}")
+        if want is None and w.dtype not in COMPUTE_DTYPES:
+            raise KernelInputError(f"{name} must be bfloat16 or float16 (or FP8 with an Fp8Spec); got {w.dtype}")
+        if w.stride(-1) != 1:
+            raise KernelInputError(f"{name} must be contiguous along its last (reduction) dimension")
+    return num_experts, n
+
+
+def _prepare_input(
+    hidden: torch.Tensor, a1_scale: Optional[torch.Tensor], spec: Optional[Fp8Spec], out_dtype: Optional[torch.dtype]
+) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.dtype]:
+    """(A operand, its scale, the output dtype); quantizes float input for FP8 layers."""
+    if hidden.dtype == FP8_DTYPE:
+        if spec is None:
+            raise KernelInputError("FP8 hidden states need an Fp8Spec (the weights' and activations' scale layouts)")
+        if a1_scale is None:
+            raise KernelInputError("FP8 hidden states need their a1_scale")
+        return hidden, a1_scale.to(torch.float32), out_dtype or torch.bfloat16
+    if hidden.dtype not in COMPUTE_DTYPES:
+        raise KernelInputError(f"hidden states must be bfloat16, float16 or float8_e4m3fn; got {hidden.dtype}")
+    if out_dtype is not None and out_dtype != hidden.dtype:
+        raise KernelInputError(f"out_dtype {out_dtype} differs from the hidden states' {hidden.dtype}")
+    if spec is None:
+        if a1_scale is not None:
+            raise KernelInputError("a1_scale was given but the layer is not FP8 (no Fp8Spec)")
+        return hidden, None, hidden.dtype
+    static = a1_scale if spec.activation != "group" else None
+    if a1_scale is not None and spec.activation == "group":
+        raise KernelInputError("1x128 group activation scales are dynamic; a static a1_scale is not accepted")
+    q, scale = quantize_activation(hidden, spec.activation, static)
+    return q, scale, hidden.dtype
+
+
+def fused_experts(
+    hidden: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "silu",
+    swiglu_limit: Optional[float] = None,
+    apply_router_weight_on_input: bool = False,
+    fp8: Optional[Fp8Spec] = None,
+    w1_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    a1_scale: Optional[torch.Tensor] = None,
+    a2_scale: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
+    config: Optional[MoEConfig] = None,
+) -> torch.Tensor:
+    """The MoE layer, out[t] = sum_j g[t,j] * w2[e] @ act(w1[e] @ x[t]) with e = topk_ids[t,j]: [M, K].
+
+    ``hidden`` is [M, K] bf16/fp16, or FP8 already quantized (then ``a1_scale`` is its scale and
+    ``out_dtype`` the output's dtype, bf16 by default). FP8 layers pass ``fp8`` and the weight
+    scales (see ``Fp8Spec``); a2_scale, when given with one element, is the static scale of the
+    intermediate, otherwise it is quantized dynamically. With ``apply_router_weight_on_input``
+    (top-k 1) the weight scales the input (as ``moe_reference`` does) and not the output.
+    """
+    require_device(hidden, w1, w2, topk_weights, topk_ids)
+    if activation not in ACTIVATIONS:
+        raise KernelInputError(f"activation {activation!r} is not one of {sorted(ACTIVATIONS)}")
+    if hidden.dim() != 2:
+        raise KernelInputError(f"hidden states must be [M, K]; got shape {tuple(hidden.shape)}")
+    num_tokens, k_dim = hidden.shape
+    num_experts, n = _check_weights(w1, w2, k_dim, fp8)
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != num_tokens or tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise KernelInputError(
+            f"topk_ids and topk_weights must both be [M={num_tokens}, top_k]; got "
+            f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}"
+        )
+    top_k = topk_ids.shape[1]
+    if apply_router_weight_on_input and top_k != 1:
+        raise KernelInputError(f"apply_router_weight_on_input needs top_k == 1, got top_k={top_k}")
+    a, a_scale, result_dtype = _prepare_input(hidden, a1_scale, fp8, out_dtype)
+    if out is None:
+        out = torch.empty(num_tokens, k_dim, dtype=result_dtype, device=hidden.device)
+    elif tuple(out.shape) != (num_tokens, k_dim) or out.dtype != result_dtype or out.stride(-1) != 1:
+        raise KernelInputError(
+            f"out must be a row-contiguous [{num_tokens}, {k_dim}] {result_dtype} tensor; got "
+            f"{tuple(out.shape)} {out.dtype}"
+        )
+    if num_tokens == 0:
+        return out
+    if config is None:
+        config = get_config(
+            device_name(hidden.device), num_experts, n, k_dim, top_k, num_tokens,
+            str(result_dtype).removeprefix("torch."), fp8.weight if fp8 else None,
+        )
+    else:
+        validate_config(config, block_fp8=fp8 is not None and fp8.block)
+    routing = align_tokens(topk_ids, num_experts, config.block_m)
+    flat_weights = topk_weights.reshape(-1)
+    inter, inter_scale = w1_gemm(
+        a, a_scale, w1, w1_scale, routing, spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
+        row_weights=flat_weights if apply_router_weight_on_input else None, a2_scale=a2_scale,
+        config=config.w1, out_dtype=result_dtype,
+    )
+    y = w2_gemm(
+        inter, inter_scale, w2, w2_scale, routing, spec=fp8,
+        row_weights=None if apply_router_weight_on_input else flat_weights,
+        config=config.w2, out_dtype=result_dtype,
+    )
+    return topk_sum(y, topk_ids, num_experts, out)
+
+
+def fused_experts_batched(
+    hidden: torch.Tensor,
+    expert_num_tokens: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    *,
+    activation: str = "silu",
+    swiglu_limit: Optional[float] = None,
+    fp8: Optional[Fp8Spec] = None,
+    w1_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    a1_scale: Optional[torch.Tensor] = None,
+    a2_scale: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
+    config: Optional[MoEConfig] = None,
+) -> torch.Tensor:
+    """Batched layout: hidden [E, T, K] with expert_num_tokens [E] -> unweighted [E, T, K].
+
+    Rows at or past ``expert_num_tokens[e]`` are left unwritten. Router weights are not
+    applied here: prepare scales the input when the weight goes on the input, finalize
+    applies it otherwise. FP8 input scales (pre-quantized) are [1], [E, T] or [E, T, K/128].
+    """
+    require_device(hidden, w1, w2, expert_num_tokens)
+    if activation not in ACTIVATIONS:
+        raise KernelInputError(f"activation {activation!r} is not one of {sorted(ACTIVATIONS)}")
+    if hidden.dim() != 3:
+        raise KernelInputError(f"batched hidden states must be [E, max_tokens, K]; got shape {tuple(hidden.shape)}")
+    num_local, max_tokens, k_dim = hidden.shape
+    num_experts, n = _check_weights(w1, w2, k_dim, fp8)
+    if num_local != num_experts or tuple(expert_num_tokens.shape) != (num_experts,):
+        raise KernelInputError(
+            f"batched input has {num_local} expert slabs and expert_num_tokens {tuple(expert_num_tokens.shape)}; "
+            f"both must match the {num_experts} local experts of w1"
+        )
+    if hidden.stride(-1) != 1:
+        raise KernelInputError("batched hidden states must be contiguous along K")
+    if fp8 is not None and fp8.activation == "tensor" and a1_scale is None and hidden.dtype != FP8_DTYPE:
+        # a dynamic per-tensor scale must not see the rows past each expert's count
+        filled = torch.arange(max_tokens, device=hidden.device)[None, :] < expert_num_tokens[:, None]
+        hidden = torch.where(filled[:, :, None], hidden, torch.zeros((), dtype=hidden.dtype, device=hidden.device))
+    a, a_scale, result_dtype = _prepare_input(hidden, a1_scale, fp8, out_dtype)
+    if max_tokens == 0:
+        return torch.empty(num_experts, 0, k_dim, dtype=result_dtype, device=hidden.device)
+    if config is None:
+        # the slab height bounds rows per expert; as "tokens" it picks the tile for that many rows each
+        config = get_config(
+            device_name(hidden.device), num_experts, n, k_dim, 1, max_tokens * num_experts,
+            str(result_dtype).removeprefix("torch."), fp8.weight if fp8 else None,
+        )
+    else:
+        validate_config(config, block_fp8=fp8 is not None and fp8.block)
+    rows = BatchedRows(expert_num_tokens.to(torch.int32), max_tokens, config.block_m)
+    inter, inter_scale = w1_gemm(
+        a, a_scale, w1, w1_scale, rows, spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
+        row_weights=None, a2_scale=a2_scale, config=config.w1, out_dtype=result_dtype,
+    )
+    return w2_gemm(inter, inter_scale, w2, w2_scale, rows, spec=fp8, row_weights=None, config=config.w2, out_dtype=result_dtype)
