@@ -6,15 +6,16 @@ these helpers; the per-rank program calls :func:`init_from_env` once and
 """
 
 from moe_fsm.distributed.collectives import (
+    all_gather_ints,
     all_gather_v,
     all_to_all_v,
     exchange_counts,
     exchange_sizes,
-    pack_rows,
+    pack_row_bytes,
     reduce_scatter_v,
-    unpack_rows,
+    unpack_row_bytes,
 )
-from moe_fsm.distributed.expert_map import ExpertPlacement, check_topk_ids, map_to_local
+from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.distributed.group import (
     BACKEND_ENV,
     TIMEOUT_ENV,
@@ -35,9 +36,9 @@ __all__ = [
     "TIMEOUT_ENV",
     "DistContext",
     "ExpertPlacement",
+    "all_gather_ints",
     "all_gather_v",
     "all_to_all_v",
-    "check_topk_ids",
     "current_rank",
     "destroy",
     "device_for",
@@ -47,13 +48,12 @@ __all__ = [
     "init_from_env",
     "is_launched",
     "launch",
-    "map_to_local",
-    "pack_rows",
+    "pack_row_bytes",
     "rank_trace_path",
     "reduce_scatter_v",
     "resolve_backend",
     "shard_experts",
     "shard_intermediate",
     "torchrun_command",
-    "unpack_rows",
+    "unpack_row_bytes",
 ]

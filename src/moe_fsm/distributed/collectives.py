@@ -14,7 +14,7 @@ So:
   rows of rank j's tokens, followed by a local sum over the sources (the same
   bytes on the wire as a reduce-scatter, summed in float32 in rank order, so the
   result does not depend on the backend);
-* several row-aligned tensors travel as one byte matrix (:func:`pack_rows`), so a
+* several row-aligned tensors travel as one byte matrix (:func:`pack_row_bytes`), so a
   dispatch is one collective whatever the dtypes (fp8, packed fp4, int ids,
   float weights).
 """
@@ -44,7 +44,7 @@ class RowField:
 
 @dataclass(frozen=True)
 class RowLayout:
-    """How :func:`pack_rows` laid out its tensors, so :func:`unpack_rows` can undo it."""
+    """How :func:`pack_row_bytes` laid out its tensors, so :func:`unpack_row_bytes` can undo it."""
 
     fields: tuple[RowField, ...]
     row_bytes: int
@@ -56,7 +56,7 @@ def row_layout(tensors: Sequence[torch.Tensor]) -> RowLayout:
     start = 0
     for t in tensors:
         if t.dim() == 0:
-            raise KernelInputError("pack_rows needs row-aligned tensors [M, ...]; got a 0-d tensor")
+            raise KernelInputError("pack_row_bytes needs row-aligned tensors [M, ...]; got a 0-d tensor")
         trailing = tuple(t.shape[1:])
         nbytes = math.prod(trailing) * t.element_size()
         fields.append(RowField(t.dtype, trailing, start, nbytes))
@@ -64,23 +64,23 @@ def row_layout(tensors: Sequence[torch.Tensor]) -> RowLayout:
     return RowLayout(tuple(fields), start)
 
 
-def pack_rows(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, RowLayout]:
+def pack_row_bytes(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, RowLayout]:
     """Concatenate row-aligned tensors of any dtypes into one uint8 matrix [M, row_bytes]."""
     if not tensors:
-        raise KernelInputError("pack_rows needs at least one tensor")
+        raise KernelInputError("pack_row_bytes needs at least one tensor")
     rows = tensors[0].shape[0] if tensors[0].dim() else 0
     layout = row_layout(tensors)
     for t in tensors:
         if t.shape[0] != rows:
             raise KernelInputError(
-                f"pack_rows needs tensors with the same number of rows; got {[tuple(x.shape) for x in tensors]}"
+                f"pack_row_bytes needs tensors with the same number of rows; got {[tuple(x.shape) for x in tensors]}"
             )
     parts = [t.contiguous().reshape(rows, math.prod(t.shape[1:])).view(torch.uint8) for t in tensors]
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), layout
 
 
-def unpack_rows(packed: torch.Tensor, layout: RowLayout) -> list[torch.Tensor]:
-    """Split a byte matrix [R, row_bytes] from :func:`pack_rows` back into typed tensors [R, ...]."""
+def unpack_row_bytes(packed: torch.Tensor, layout: RowLayout) -> list[torch.Tensor]:
+    """Split a byte matrix [R, row_bytes] from :func:`pack_row_bytes` back into typed tensors [R, ...]."""
     if packed.dim() != 2 or packed.dtype != torch.uint8 or packed.shape[1] != layout.row_bytes:
         raise KernelInputError(
             f"expected packed rows uint8 [R, {layout.row_bytes}], got {packed.dtype} {tuple(packed.shape)}"
@@ -93,20 +93,29 @@ def unpack_rows(packed: torch.Tensor, layout: RowLayout) -> list[torch.Tensor]:
     return out
 
 
+def all_gather_ints(values: Sequence[int], *, group: Optional[dist.ProcessGroup] = None, device: torch.device) -> list[tuple[int, ...]]:
+    """All-gather a few integers per rank (a token count, a row width); every rank gets all ranks' tuples."""
+    _, world = group_rank_and_size(group)
+    mine = torch.tensor(list(values), dtype=torch.int64, device=device)
+    gathered = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
+    _all_gather_equal(gathered, mine, group)
+    flat = gathered.tolist()
+    n = mine.numel()
+    return [tuple(int(v) for v in flat[r * n : (r + 1) * n]) for r in range(world)]
+
+
 def exchange_sizes(count: int, *, group: Optional[dist.ProcessGroup] = None, device: torch.device) -> list[int]:
     """All-gather one integer per rank (e.g. its token count); every rank gets the list."""
-    _, world = group_rank_and_size(group)
-    mine = torch.tensor([count], dtype=torch.int64, device=device)
-    gathered = torch.empty(world, dtype=torch.int64, device=device)
-    _all_gather_equal(gathered, mine, group)
-    return [int(v) for v in gathered.tolist()]
+    return [t[0] for t in all_gather_ints([count], group=group, device=device)]
 
 
 def exchange_counts(send_counts: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
-    """All-to-all of per-destination counts [W]: returns how many rows each source will send here."""
+    """All-to-all of per-destination counts [W] (or [W, c] records): row s of the result came from rank s."""
     _, world = group_rank_and_size(group)
-    if send_counts.shape != (world,):
-        raise KernelInputError(f"send_counts must have one entry per rank ({world}), got shape {tuple(send_counts.shape)}")
+    if send_counts.dim() not in (1, 2) or send_counts.shape[0] != world:
+        raise KernelInputError(
+            f"send_counts must have one entry (or record) per rank ({world}), got shape {tuple(send_counts.shape)}"
+        )
     send = send_counts.to(torch.int64).contiguous()
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)

@@ -4,7 +4,8 @@ vLLM's default expert placement (``determine_expert_map``, linear strategy) give
 rank r a contiguous block of experts; when E is not a multiple of the world size
 the first ``E % W`` ranks own one expert more. The expert map is a tensor [E]
 holding the local id of each global expert on this rank and -1 for experts that
-live elsewhere: the experts kernels take local ids and skip slots marked -1.
+live elsewhere: the experts kernels take local ids and skip slots marked -1
+(``moe_fsm.kernels.grouping.local_expert_ids`` applies it).
 """
 
 from __future__ import annotations
@@ -92,26 +93,3 @@ class ExpertPlacement:
             "counts": list(self.counts),
         }
 
-
-def check_topk_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
-    """Global top-k ids must lie in [0, num_experts) or be -1 (an empty slot)."""
-    if topk_ids.dim() != 2:
-        raise KernelInputError(f"topk_ids must be [M, top_k], got shape {tuple(topk_ids.shape)}")
-    if topk_ids.dtype not in (torch.int32, torch.int64):
-        raise KernelInputError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
-    if topk_ids.numel() and (int(topk_ids.min()) < -1 or int(topk_ids.max()) >= num_experts):
-        raise KernelInputError(
-            f"topk_ids must be global expert ids in [0, {num_experts}) or -1, "
-            f"got values in [{int(topk_ids.min())}, {int(topk_ids.max())}]"
-        )
-
-
-def map_to_local(topk_ids: torch.Tensor, expert_map: torch.Tensor) -> torch.Tensor:
-    """Global ids [M, top_k] -> local ids (same dtype), -1 for experts of other ranks and empty slots."""
-    if expert_map.dim() != 1:
-        raise KernelInputError(f"expert_map must be [num_experts], got shape {tuple(expert_map.shape)}")
-    check_topk_ids(topk_ids, expert_map.shape[0])
-    ids = topk_ids.long()
-    local = expert_map.to(device=ids.device, dtype=torch.int64)[ids.clamp(min=0)]
-    local = torch.where(ids >= 0, local, torch.full_like(local, -1))
-    return local.to(topk_ids.dtype)
