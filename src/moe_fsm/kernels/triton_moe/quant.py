@@ -2,7 +2,8 @@
 
 ``group``: dynamic, one scale per token per 128 columns ([.., ceil(K/128)]), the
 DeepSeek-V3 layout that pairs with 128x128 weight blocks. ``token``: one scale
-per row ([..]). ``tensor``: one scale ([1]), given (static) or taken from the
+per row ([.., 1], so row-wise scales travel with their rows as in
+``moe_fsm.kernels.fp8``). ``tensor``: one scale ([1]), given (static) or taken from the
 tensor's absolute maximum (dynamic). Scales are ``max(amax, 1e-10) / 448`` and
 values are clamped to +-448 before the cast, as vLLM's quantizers do.
 """
@@ -55,15 +56,19 @@ def quantize_activation(
     warps = 4 if block <= 4096 else (8 if block <= 8192 else 16)
     if granularity == "token":
         if static_scale is not None:
-            scale = static_scale.to(torch.float32).reshape(num_rows, 1)
+            if static_scale.numel() not in (1, num_rows):
+                raise KernelInputError(
+                    f"a static per-token scale has one value or one per row ({num_rows}); got shape {tuple(static_scale.shape)}"
+                )
+            scale = static_scale.to(torch.float32).reshape(-1, 1).expand(num_rows, 1).contiguous()
             q = (rows.to(torch.float32) / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-            return q.reshape(x.shape), scale.reshape(lead)
-        scale = torch.empty(num_rows, dtype=torch.float32, device=x.device)
+            return q.reshape(x.shape), scale.reshape(*lead, 1)
+        scale = torch.empty(num_rows, 1, dtype=torch.float32, device=x.device)
         if num_rows:
             k.row_quant_kernel[(num_rows,)](
                 rows, q, scale, scale, k_dim, rows.stride(0), q.stride(0), PER_ROW=True, BLOCK=block, num_warps=warps
             )
-        return q.reshape(x.shape), scale.reshape(lead)
+        return q.reshape(x.shape), scale.reshape(*lead, 1)
 
     if static_scale is not None:
         if static_scale.numel() != 1:
