@@ -154,7 +154,7 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
             "kernel": sel.kernel,
             "via": sel.via,
             "activation_format": fmt.value,
-            "prepare_finalize": {"name": run.prepare_finalize.name, "reason": run.prepare_finalize.reason},
+            "prepare_finalize": run.prepare_finalize.to_json(),
             "runnable": sel.kernel is not None and registry.kernels[sel.kernel].impl is not None,
         }
     document = trace_doc.build_document(

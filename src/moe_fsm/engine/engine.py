@@ -1,0 +1,111 @@
+"""The per-layer engine: decide every layer at load, build each kernel once, run forward.
+
+This is how an inference engine uses moe-fsm. Layers that share their inputs
+(scheme, shapes, parallel config, request, env, platform) share one decision
+and one kernel: a 61-layer model with one quant scheme runs the machine once.
+Every layer still gets its own trace file, named after the layer, written
+atomically; a layer whose selection fails writes its trace first and the error
+names the layer and the file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from moe_fsm.backends.registry import Registry, default_registry
+from moe_fsm.decision import Decision, DecisionInputs, decide
+from moe_fsm.engine.presets import LayerSpec
+from moe_fsm.errors import SelectionError
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.inputs.platform import PlatformFacts
+from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.trace import document as trace_doc
+
+DEFAULT_TRACE_DIR = Path("moe-fsm-traces")
+
+
+@dataclass
+class LoadedLayer:
+    spec: LayerSpec
+    decision: Decision
+    kernel: object  # ModularKernel
+    trace_path: Path
+    cached: bool
+
+
+def trace_file_name(index: int, spec: LayerSpec, rank: Optional[int] = None) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.name)
+    suffix = f".rank{rank}" if rank is not None else ""
+    return f"layer{index:03d}-{slug}{suffix}.json"
+
+
+class Engine:
+    """Selects and builds the kernel of every layer of a model."""
+
+    def __init__(
+        self,
+        layers: list[LayerSpec],
+        *,
+        parallel: ParallelConfig,
+        request: BackendRequest,
+        env: EnvSnapshot,
+        platform: PlatformFacts,
+        trace_dir: Path = DEFAULT_TRACE_DIR,
+        rank: Optional[int] = None,
+        registry: Optional[Registry] = None,
+    ) -> None:
+        self.layers = layers
+        self.parallel = parallel
+        self.request = request
+        self.env = env
+        self.platform = platform
+        self.trace_dir = Path(trace_dir)
+        self.rank = rank
+        self.registry = registry or default_registry()
+        self._decisions: dict[DecisionInputs, Decision] = {}
+        self._kernels: dict[DecisionInputs, object] = {}
+
+    def load(self, progress=None) -> list[LoadedLayer]:
+        """Decide and build every layer; raises the first layer's selection error, trace written."""
+        loaded = []
+        for index, spec in enumerate(self.layers):
+            loaded.append(self._load_layer(index, spec))
+            if progress is not None:
+                progress(index + 1, len(self.layers), spec.name)
+        return loaded
+
+    def _load_layer(self, index: int, spec: LayerSpec) -> LoadedLayer:
+        inputs = DecisionInputs(spec.layer, self.parallel, self.request, self.env, self.platform)
+        path = self.trace_dir / trace_file_name(index, spec, self.rank)
+        cached = inputs in self._decisions
+        if not cached:
+            try:
+                self._decisions[inputs] = decide(inputs, registry=self.registry, layer_name=spec.name, trace_path=path)
+            except SelectionError as err:
+                named = type(err)(f"layer {index} ({spec.name}): {err.message} [trace: {err.trace_path}]", trace=err.trace)
+                named.trace_path = err.trace_path
+                raise named from err
+            self._kernels[inputs] = self._decisions[inputs].build(self.registry)
+        decision = self._decisions[inputs]
+        if cached:
+            document = {**decision.trace, "layer_name": spec.name}
+            trace_doc.write_atomic(path, trace_doc.dumps(document))
+            decision = replace(decision, trace=document)
+        return LoadedLayer(spec, decision, self._kernels[inputs], path, cached)
+
+    @property
+    def distinct_decisions(self) -> int:
+        return len(self._decisions)
+
+
+def route(hidden: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-k routing, renormalized (Qwen/Mixtral style): float32 weights, int32 ids."""
+    logits = hidden.to(torch.float32) @ router.to(torch.float32).T
+    weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+    return weights / weights.sum(dim=-1, keepdim=True), ids.to(torch.int32)

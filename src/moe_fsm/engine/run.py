@@ -1,0 +1,165 @@
+"""The main job: load a model preset, run every MoE layer, check it against float64.
+
+Weights are random from a seed (no downloads) and quantized the way the
+checkpoint would ship them; each layer's output is compared with the float64
+reference computed on the weights the kernel actually holds (dequantized), so
+the relative error measures the kernel, not the quantization of the weights.
+Layers are chained (x <- rmsnorm(x + moe(x))) like a model's residual stream.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from moe_fsm.engine.engine import DEFAULT_TRACE_DIR, Engine, LoadedLayer, route
+from moe_fsm.engine.presets import ModelPreset
+from moe_fsm.experts.torch_experts import torch_dtype
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.inputs.platform import PlatformFacts
+from moe_fsm.inputs.quant import QuantFamily
+from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.kernels.reference import moe_reference
+from moe_fsm.modular.interfaces import ExpertScales
+from moe_fsm.quantize.weights import dequantize_weights, quantize_experts
+
+# Relative error (||out - ref|| / ||ref||) a correct kernel stays under, per family and dtype.
+# Quantized families also quantize activations (FP8 e4m3: ~3 significant bits after
+# rounding; NVFP4 e2m1: ~1), which the reference does not; the bounds say so.
+TOLERANCE = {
+    (QuantFamily.UNQUANTIZED, "float32"): 1e-4,
+    (QuantFamily.UNQUANTIZED, "float16"): 5e-3,
+    (QuantFamily.UNQUANTIZED, "bfloat16"): 2e-2,
+    (QuantFamily.FP8, "float32"): 8e-2,
+    (QuantFamily.FP8, "float16"): 8e-2,
+    (QuantFamily.FP8, "bfloat16"): 8e-2,
+    (QuantFamily.NVFP4, "float32"): 2.5e-1,
+    (QuantFamily.NVFP4, "float16"): 2.5e-1,
+    (QuantFamily.NVFP4, "bfloat16"): 2.5e-1,
+}
+
+
+@dataclass(frozen=True)
+class LayerResult:
+    index: int
+    name: str
+    family: str
+    backend: str
+    kernel: str
+    prepare_finalize: str
+    time_ms: float
+    rel_error: float
+    tolerance: float
+    cached: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.rel_error <= self.tolerance
+
+
+@dataclass
+class LayerWeights:
+    w1: torch.Tensor
+    w2: torch.Tensor
+    scales: ExpertScales
+    w1_ref: torch.Tensor
+    w2_ref: torch.Tensor
+    router: torch.Tensor
+
+
+def make_weights(layer, generator: torch.Generator, device: torch.device, sample: torch.Tensor) -> LayerWeights:
+    """Random float experts, quantized to the layer's scheme, plus their dequantized float view."""
+    e, n, k = layer.num_experts, layer.intermediate_size, layer.hidden_size
+    w1 = torch.randn(e, 2 * n, k, generator=generator) / k**0.5
+    w2 = torch.randn(e, k, n, generator=generator) / n**0.5
+    router = torch.randn(e, k, generator=generator) / k**0.5
+    dtype = torch_dtype(layer.dtype)
+    if layer.family is QuantFamily.UNQUANTIZED:
+        w1, w2 = w1.to(dtype), w2.to(dtype)
+    w1q, w2q, scales = quantize_experts(w1, w2, layer, sample=sample.to(torch.float32))
+    w1_ref, w2_ref = dequantize_weights(w1q, w2q, scales, layer.quant)
+    scales = ExpertScales(**{f: (v.to(device) if v is not None else None) for f, v in vars(scales).items()})
+    return LayerWeights(w1q.to(device), w2q.to(device), scales, w1_ref, w2_ref, router.to(device))
+
+
+def rms_norm(x: torch.Tensor) -> torch.Tensor:
+    xf = x.to(torch.float32)
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def run_model(
+    model: ModelPreset,
+    *,
+    tokens: int = 64,
+    num_layers: Optional[int] = None,
+    device: str = "cpu",
+    request: BackendRequest = BackendRequest(),
+    env: Optional[EnvSnapshot] = None,
+    platform: PlatformFacts,
+    parallel: ParallelConfig = ParallelConfig(),
+    trace_dir: Path = DEFAULT_TRACE_DIR,
+    seed: int = 0,
+    progress=None,
+) -> tuple[Engine, list[LayerResult]]:
+    """Load (decide + build) and run ``num_layers`` layers of ``model``; one row per layer."""
+    specs = list(model.layers[: num_layers or len(model.layers)])
+    engine = Engine(
+        specs, parallel=parallel, request=request, env=env if env is not None else EnvSnapshot.from_process(),
+        platform=platform, trace_dir=trace_dir,
+    )
+    loaded = engine.load()
+    dev = torch.device(device)
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(tokens, specs[0].layer.hidden_size, generator=generator)
+    results = []
+    for index, layer_state in enumerate(loaded):
+        layer = layer_state.spec.layer
+        x = hidden.to(torch_dtype(layer.dtype)).to(dev)
+        weights = make_weights(layer, generator, dev, x)
+        topk_weights, topk_ids = route(x, weights.router, layer.top_k)
+        out, elapsed = _timed_forward(layer_state, x, weights, topk_weights, topk_ids)
+        ref = moe_reference(
+            x.cpu(), weights.w1_ref, weights.w2_ref, topk_weights.cpu(), topk_ids.cpu(),
+            activation=layer.activation.value, swiglu_limit=layer.swiglu_limit,
+            apply_router_weight_on_input=layer.router_weight_on_input,
+        )
+        err = float(torch.linalg.norm(out.cpu().double() - ref) / torch.linalg.norm(ref).clamp_min(1e-30))
+        results.append(_row(index, layer_state, elapsed, err))
+        hidden = rms_norm(x + out).to(torch.float32).cpu() if out.shape[-1] == hidden.shape[-1] else hidden
+        if progress is not None:
+            progress(index + 1, len(loaded), layer_state.spec.name)
+    return engine, results
+
+
+def _timed_forward(layer_state: LoadedLayer, x, weights: LayerWeights, topk_weights, topk_ids):
+    kernel = layer_state.kernel
+    call = lambda: kernel(x, weights.w1, weights.w2, topk_weights, topk_ids, scales=weights.scales)
+    call()  # warm-up: first-call allocations and lazy initialization
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = call()
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    return out, (time.perf_counter() - start) * 1e3
+
+
+def _row(index: int, layer_state: LoadedLayer, elapsed_ms: float, err: float) -> LayerResult:
+    decision, layer = layer_state.decision, layer_state.spec.layer
+    return LayerResult(
+        index=index,
+        name=layer_state.spec.name,
+        family=layer.family.value,
+        backend=decision.backend,
+        kernel=decision.kernel or "-",
+        prepare_finalize=decision.prepare_finalize.name,
+        time_ms=elapsed_ms,
+        rel_error=err,
+        tolerance=TOLERANCE[(layer.family, layer.dtype)],
+        cached=layer_state.cached,
+    )
