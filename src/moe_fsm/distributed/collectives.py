@@ -75,6 +75,8 @@ def pack_row_bytes(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, RowLa
             raise KernelInputError(
                 f"pack_row_bytes needs tensors with the same number of rows; got {[tuple(x.shape) for x in tensors]}"
             )
+    if rows == 0:  # empty views may carry zero strides that dtype views reject
+        return torch.empty((0, layout.row_bytes), dtype=torch.uint8, device=tensors[0].device), layout
     parts = [t.contiguous().reshape(rows, math.prod(t.shape[1:])).view(torch.uint8) for t in tensors]
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), layout
 
@@ -86,6 +88,8 @@ def unpack_row_bytes(packed: torch.Tensor, layout: RowLayout) -> list[torch.Tens
             f"expected packed rows uint8 [R, {layout.row_bytes}], got {packed.dtype} {tuple(packed.shape)}"
         )
     rows = packed.shape[0]
+    if rows == 0:
+        return [torch.empty((0, *f.trailing), dtype=f.dtype, device=packed.device) for f in layout.fields]
     out = []
     for f in layout.fields:
         chunk = packed[:, f.start : f.start + f.nbytes].contiguous()

@@ -10,6 +10,7 @@ pick a free local rendezvous port, so two launches on one machine do not collide
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -48,22 +49,59 @@ def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
     return cmd + ["--no-python"] + argv
 
 
-def launch(nproc: int, argv: Sequence[str], *, env: Optional[Mapping[str, str]] = None) -> int:
+def launch(
+    nproc: int,
+    argv: Sequence[str],
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    timeout_s: Optional[float] = None,
+) -> int:
     """Run ``argv`` as ``nproc`` ranks on this machine and return the launcher's exit status.
 
     The ranks inherit this environment (plus ``env``), so $MOE_FSM_DIST_BACKEND
-    and $MOE_FSM_DIST_TIMEOUT reach them. Refused inside a launched rank: a rank
-    that launched again would start N*N processes.
+    and $MOE_FSM_DIST_TIMEOUT reach them. The launcher runs in its own process
+    group so that, past ``timeout_s`` (or on Ctrl-C), it is stopped together
+    with its ranks rather than leaving them orphaned; a timeout returns 124, as
+    coreutils' ``timeout`` does. Refused inside a launched rank: a rank that
+    launched again would start N*N processes.
     """
     if is_launched():
         raise InputError(
             "launch() was called inside a rank that torch.distributed.run already started "
             f"(RANK={os.environ.get('RANK')}); run the per-rank command directly instead"
         )
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
+        raise InputError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
-    return subprocess.call(torchrun_command(nproc, argv), env=full_env)
+    proc = subprocess.Popen(torchrun_command(nproc, argv), env=full_env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        return TIMEOUT_STATUS
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+TIMEOUT_STATUS = 124
+_STOP_GRACE_S = 10.0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the launcher's process group (torch.distributed.run forwards it to the ranks), then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=_STOP_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def rank_trace_path(path: str | os.PathLike[str], rank: int) -> Path:

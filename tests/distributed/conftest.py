@@ -1,0 +1,30 @@
+"""The session fixture that runs the distributed suite once per world size (see dist_harness)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dist_harness import run_ranks  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def dist_suite(tmp_path_factory):
+    """``dist_suite(world)``: every scenario's per-rank results for that world size, run once per session."""
+    cache: dict[int, dict[str, list[dict]]] = {}
+
+    def get(world: int) -> dict[str, list[dict]]:
+        if world not in cache:
+            files = run_ranks(world, tmp_path_factory.mktemp(f"world{world}"))
+            by_scenario: dict[str, list[dict]] = {}
+            for f in files:
+                for res in f["results"]:
+                    by_scenario.setdefault(res["scenario"], []).append(res)
+            cache[world] = by_scenario
+        return cache[world]
+
+    return get

@@ -1,0 +1,115 @@
+"""Start N ranks of ``rank_worker.py`` the way torchrun would, with hard time limits.
+
+Each rank is a subprocess with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT
+set (a free port on 127.0.0.1), so the worker's ``init_from_env`` is the real
+code path. The process group gets a 30 s timeout (a rank that dies fails the
+others' collectives instead of hanging them), and the whole run a deadline
+after which every rank is killed. One suite per world size runs all scenarios
+in a single set of processes, because starting Python with torch costs far
+more on two cores than the scenarios themselves.
+
+MOE_FSM_DIST_BACKEND=nccl runs the same suite over NCCL with one GPU per rank
+(world sizes above the GPU count are skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from moe_fsm.distributed import BACKEND_ENV, TIMEOUT_ENV, rank_trace_path
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "rank_worker.py"
+GROUP_TIMEOUT_S = 30
+SUITE_DEADLINE_S = 180
+PORT_RETRIES = 2
+
+
+def dist_backend() -> str:
+    return os.environ.get(BACKEND_ENV, "gloo").strip().lower() or "gloo"
+
+
+def skip_unless_world_fits(world: int) -> None:
+    if dist_backend() == "nccl" and torch.cuda.device_count() < world:
+        pytest.skip(f"NCCL needs one GPU per rank: world {world} > {torch.cuda.device_count()} GPUs")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    env[BACKEND_ENV] = dist_backend()
+    env[TIMEOUT_ENV] = str(GROUP_TIMEOUT_S)
+    return env
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
+
+def run_ranks(world: int, out_dir: Path, names: tuple[str, ...] = ()) -> list[dict]:
+    """Run the worker on ``world`` ranks; return each rank's result file; fail with the logs on any problem."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for attempt in range(PORT_RETRIES + 1):
+        port = free_port()
+        logs = [out_dir / f"rank{r}.log" for r in range(world)]
+        procs = []
+        for r in range(world):
+            with open(logs[r], "w") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, str(WORKER), str(out_dir), *names],
+                        env=rank_env(r, world, port),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        deadline = time.monotonic() + SUITE_DEADLINE_S
+        try:
+            for p in procs:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            _kill(procs)
+            pytest.fail(f"world {world}: ranks still running after {SUITE_DEADLINE_S} s; rank 0 log:\n{_tail(logs[0])}")
+        finally:
+            _kill(procs)
+        if any("address already in use" in _tail(log, 20000).lower() for log in logs) and attempt < PORT_RETRIES:
+            continue  # another process took the port between free_port() and the rendezvous
+        break
+    results = []
+    for r in range(world):
+        path = rank_trace_path(out_dir / "results.json", r)
+        if not path.exists():
+            pytest.fail(f"world {world}: rank {r} wrote no results (exit {procs[r].returncode}); log:\n{_tail(logs[r])}")
+        results.append(json.loads(path.read_text()))
+    return results
