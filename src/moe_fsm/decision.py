@@ -94,7 +94,8 @@ class Decision:
             )
         experts = experts_cls(self.inputs.layer)
         prepare_finalize = build_prepare_finalize(
-            self.prepare_finalize, self.inputs.parallel, num_experts=self.inputs.layer.num_experts
+            self.prepare_finalize, self.inputs.parallel, num_experts=self.inputs.layer.num_experts,
+            quant=self.inputs.layer.quant,
         )
         return ModularKernel(prepare_finalize, experts, self.inputs.layer)
 

@@ -20,7 +20,7 @@ import torch
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.decision import Decision, DecisionInputs, decide
 from moe_fsm.engine.presets import LayerSpec
-from moe_fsm.errors import SelectionError
+from moe_fsm.errors import BackendUnavailableError, SelectionError
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts
@@ -46,7 +46,7 @@ def trace_file_name(index: int, spec: LayerSpec, rank: Optional[int] = None) -> 
 
 
 class Engine:
-    """Selects and builds the kernel of every layer of a model."""
+    """Selects and builds the kernel of every layer of a model (``build=False``: select only, for what-ifs)."""
 
     def __init__(
         self,
@@ -59,6 +59,7 @@ class Engine:
         trace_dir: Path = DEFAULT_TRACE_DIR,
         rank: Optional[int] = None,
         registry: Optional[Registry] = None,
+        build: bool = True,
     ) -> None:
         self.layers = layers
         self.parallel = parallel
@@ -68,6 +69,7 @@ class Engine:
         self.trace_dir = Path(trace_dir)
         self.rank = rank
         self.registry = registry or default_registry()
+        self.build = build
         self._decisions: dict[DecisionInputs, Decision] = {}
         self._kernels: dict[DecisionInputs, object] = {}
 
@@ -91,13 +93,21 @@ class Engine:
                 named = type(err)(f"layer {index} ({spec.name}): {err.message} [trace: {err.trace_path}]", trace=err.trace)
                 named.trace_path = err.trace_path
                 raise named from err
-            self._kernels[inputs] = self._decisions[inputs].build(self.registry)
+            self._kernels[inputs] = self._build(index, spec, self._decisions[inputs])
         decision = self._decisions[inputs]
         if cached:
             document = {**decision.trace, "layer_name": spec.name}
             trace_doc.write_atomic(path, trace_doc.dumps(document))
             decision = replace(decision, trace=document)
         return LoadedLayer(spec, decision, self._kernels[inputs], path, cached)
+
+    def _build(self, index: int, spec: LayerSpec, decision: Decision):
+        if not self.build:
+            return None
+        try:
+            return decision.build(self.registry)
+        except BackendUnavailableError as err:
+            raise BackendUnavailableError(f"layer {index} ({spec.name}): {err}") from err
 
     @property
     def distinct_decisions(self) -> int:

@@ -1,0 +1,87 @@
+"""The per-layer engine and the main job, on the CPU."""
+
+import json
+
+import pytest
+
+from moe_fsm.engine.engine import Engine
+from moe_fsm.engine.presets import PRESETS, LayerSpec, preset
+from moe_fsm.engine.run import run_model
+from moe_fsm.errors import BackendUnavailableError, BackendUnsupportedError, InputError
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.inputs.platform import preset as platform_preset
+from moe_fsm.inputs.quant import QuantScheme
+from moe_fsm.inputs.request import BackendRequest
+
+CPU = platform_preset("cpu")
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_presets_run_selected_checked_and_traced(tmp_path, name):
+    engine, results = run_model(preset(name), tokens=16, num_layers=3, env=EnvSnapshot(), platform=CPU, trace_dir=tmp_path)
+    assert len(results) == 3
+    assert all(r.ok for r in results), results
+    assert {r.backend for r in results} == {"CPU"}
+    assert engine.distinct_decisions == 1
+    assert [r.cached for r in results] == [False, True, True]
+    traces = sorted(tmp_path.glob("layer*.json"))
+    assert len(traces) == 3
+    names = [json.loads(p.read_text())["layer_name"] for p in traces]
+    assert names == [r.name for r in results]
+
+
+def test_mixed_preset_gives_fp8_and_nvfp4_layers_different_backends(tmp_path):
+    engine, results = run_model(preset("mixed-nvfp4-fp8"), tokens=8, num_layers=4, env=EnvSnapshot(), platform=CPU, trace_dir=tmp_path)
+    by_family = {r.family: r.backend for r in results}
+    assert by_family == {"nvfp4": "EMULATION", "fp8": "NONE"}
+    assert all(r.ok for r in results), results
+    fp8_trace = json.loads((tmp_path / "layer003-model.layers.3.mlp.experts.json").read_text())
+    assert fp8_trace["outcome"]["status"] == "fallback_none"
+    assert any(e["event"] == "fallback" for e in fp8_trace["events"])
+
+
+def test_zero_tokens_run(tmp_path):
+    _, results = run_model(preset("qwen3-30b-a3b"), tokens=0, num_layers=1, env=EnvSnapshot(), platform=CPU, trace_dir=tmp_path)
+    assert results[0].backend == "CPU"
+
+
+def test_a_failing_layer_writes_its_trace_and_is_named(tmp_path):
+    model = preset("mixed-nvfp4-fp8")
+    engine = Engine(
+        list(model.layers[:4]), parallel=ParallelConfig(), request=BackendRequest.parse("flashinfer_b12x"),
+        env=EnvSnapshot(), platform=platform_preset("sm121"), trace_dir=tmp_path, build=False,
+    )
+    with pytest.raises(BackendUnsupportedError, match=r"^layer 3 \(model.layers.3.mlp.experts\): moe_backend='flashinfer_b12x' is not supported for FP8 MoE") as info:
+        engine.load()
+    assert info.value.trace_path and json.loads(open(info.value.trace_path).read())["outcome"]["status"] == "failed"
+
+
+def test_per_family_request_gets_past_the_mixed_checkpoint_failure(tmp_path):
+    model = preset("mixed-nvfp4-fp8")
+    failing = Engine(list(model.layers[:4]), parallel=ParallelConfig(), request=BackendRequest.parse("flashinfer_cutlass"),
+                     env=EnvSnapshot(), platform=platform_preset("sm121"), trace_dir=tmp_path / "a")
+    # flashinfer_cutlass is valid for both families; moe-fsm's FlashInfer adapter runs unquantized
+    # layers only, so building the first (NVFP4) layer is what fails, naming the layer.
+    with pytest.raises(BackendUnavailableError, match=r"^layer 0 \(model.layers.0.mlp.experts\): moe-fsm's FlashInfer CUTLASS adapter runs unquantized layers only"):
+        failing.load()
+    decisions = [
+        Engine([spec], parallel=ParallelConfig(), request=BackendRequest.parse({"nvfp4": "emulation"}), env=EnvSnapshot(),
+               platform=CPU, trace_dir=tmp_path / "b").load()[0].decision
+        for spec in model.layers[3:5]
+    ]
+    assert [d.backend for d in decisions] == ["NONE", "EMULATION"]
+
+
+def test_unknown_preset_is_a_clear_error():
+    with pytest.raises(InputError, match=r"model preset 'llama' is not one of \["):
+        preset("llama")
+
+
+def test_every_preset_keeps_its_real_shape_ratios():
+    real = {"qwen3-30b-a3b": (2048, 768), "mixtral-8x7b": (4096, 14336), "deepseek-v3": (7168, 2048), "mixed-nvfp4-fp8": (2048, 512)}
+    for name, (k, n) in real.items():
+        layer = PRESETS[name].layers[0].layer
+        assert layer.hidden_size * PRESETS[name].shrink == k
+        assert layer.intermediate_size * PRESETS[name].shrink == n
