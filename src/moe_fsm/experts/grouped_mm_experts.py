@@ -9,8 +9,6 @@ The experts weight and sum over top-k themselves (``WeightAndReduce.EXPERTS``).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from moe_fsm.errors import KernelInputError

@@ -15,7 +15,9 @@ Four kernels make one MoE layer:
 * ``group_quant_kernel`` / ``row_quant_kernel``: FP8 activation quantization.
 
 Pointer offsets that can pass 2**31 elements (an expert's offset in a 256-expert
-weight tensor, say) are computed in int64.
+weight tensor, say) are computed in int64. Counts that vary with the batch (rows,
+pairs, N, K) are not specialized on, so one compiled kernel serves every token
+count and every shape with the same strides' alignment.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ W_SCALE_NONE, W_SCALE_TENSOR, W_SCALE_CHANNEL, W_SCALE_BLOCK = 0, 1, 2, 3
 OUT_PLAIN, OUT_FP8_TENSOR, OUT_FP8_GROUP = 0, 1, 2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "max_padded", "num_experts"])
 def align_count_kernel(
     topk_ids_ptr, counts_ptr, rank_ptr, sorted_ids_ptr, num_pairs, max_padded, num_experts, BLOCK: tl.constexpr
 ):
@@ -47,7 +49,7 @@ def align_count_kernel(
     tl.store(rank_ptr + offs, rank, mask=local)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_experts", "num_row_blocks"])
 def align_scatter_kernel(
     topk_ids_ptr,
     counts_ptr,
@@ -93,7 +95,7 @@ def align_scatter_kernel(
     tl.store(block_expert_ptr + blocks, owner, mask=blocks < num_row_blocks)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "K", "num_valid_rows", "num_row_blocks"])
 def moe_gemm_kernel(
     a_ptr,
     a_scale_ptr,
@@ -268,7 +270,7 @@ def moe_gemm_kernel(
         tl.store(scale_ptrs, scale, mask=row_ok[:, None] & (groups[None, :] * 128 < N))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_experts"])
 def topk_sum_kernel(
     y_ptr, topk_ids_ptr, out_ptr, K, num_experts, stride_ym, stride_om, TOP_K: tl.constexpr, TOPK_POW2: tl.constexpr, BLOCK: tl.constexpr
 ):

@@ -1,0 +1,266 @@
+"""The Triton fused-MoE kernels and experts on a CUDA device, against the float64 reference.
+
+Tolerances, relative Frobenius ||out - ref|| / ||ref||:
+* bf16 / fp16 vs moe_reference: 1e-2 (the issue's bound; bf16 operands with fp32
+  accumulation and a bf16 intermediate land near 3e-3).
+* FP8 w8a8 vs moe_reference on the dequantized weights: 8e-2. The reference keeps the
+  activations unquantized; each of the two e4m3 activation quantizations costs about
+  2-3% RMS (3 mantissa bits), so 4-5% is the expected total.
+* FP8 w8a8 vs the float64 emulation of both quantizations (moe_gpu_cases.emulate_fp8):
+  1.5e-2: only accumulation order, the bf16 output and rare rounding-boundary flips differ.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+pytest.importorskip("triton")
+
+from moe_fsm.errors import KernelInputError  # noqa: E402
+from moe_fsm.experts.triton_experts import BatchedTritonExperts, TritonExperts  # noqa: E402
+from moe_fsm.inputs.layer import MoELayer  # noqa: E402
+from moe_fsm.inputs.quant import QuantScheme  # noqa: E402
+from moe_fsm.kernels.activations import apply_activation  # noqa: E402
+from moe_fsm.kernels.triton_moe import Fp8Spec, align_tokens, fused_experts, fused_experts_batched  # noqa: E402
+from moe_fsm.modular.interfaces import ExpertScales  # noqa: E402
+
+from .moe_gpu_cases import (  # noqa: E402
+    DEEPSEEK_V3,
+    MIXTRAL_8X7B,
+    QWEN3_30B,
+    block_fp8_weights,
+    dequantize_block,
+    emulate_fp8,
+    float_weights,
+    hidden_states,
+    poison_allocator,
+    quantize_rowwise,
+    reference,
+    rel_err,
+    routing,
+)
+
+BF16_TOL = 1e-2
+FP8_VS_FLOAT_TOL = 8e-2
+FP8_VS_EMULATION_TOL = 1.5e-2
+
+SHAPE_TOKENS = [
+    (QWEN3_30B, 1),
+    (QWEN3_30B, 37),
+    (QWEN3_30B, 300),
+    (MIXTRAL_8X7B, 1),
+    (MIXTRAL_8X7B, 37),
+    (MIXTRAL_8X7B, 300),
+    (DEEPSEEK_V3, 1),
+    (DEEPSEEK_V3, 5),
+]
+
+
+def _nan_out(num_tokens: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.full((num_tokens, k), float("nan"), dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("num_tokens", [1, 37, 300, 4096])
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_alignment_sorts_pads_and_maps_blocks(num_tokens, block_m):
+    num_experts, top_k = 128, 8
+    _, ids = routing(num_tokens, num_experts, top_k, seed=num_tokens + block_m)
+    ids = ids.clone()
+    ids[::5, 1] = -1  # slots another rank owns
+    r = align_tokens(ids, num_experts, block_m)
+    sorted_ids, block_expert = r.sorted_ids.cpu(), r.block_expert.cpu()
+    num_padded = int(r.num_padded.item())
+    flat = ids.reshape(-1).cpu().long()
+    counts = torch.bincount(flat[flat >= 0], minlength=num_experts)
+    assert num_padded == int(((counts + block_m - 1) // block_m * block_m).sum())
+    assert num_padded <= sorted_ids.numel()
+    used = sorted_ids[:num_padded]
+    real = used[used < flat.numel()]
+    assert sorted(real.tolist()) == (flat >= 0).nonzero().flatten().tolist()
+    assert (used[used >= flat.numel()] == flat.numel()).all()
+    for b in range(num_padded // block_m):
+        rows = used[b * block_m : (b + 1) * block_m]
+        rows = rows[rows < flat.numel()]
+        assert rows.numel() > 0 and (flat[rows] == block_expert[b]).all()
+    assert (block_expert[num_padded // block_m :] == -1).all()
+
+
+@pytest.mark.parametrize("shape,num_tokens", SHAPE_TOKENS, ids=lambda v: getattr(v, "name", str(v)))
+def test_bf16_matches_reference(shape, num_tokens):
+    w1, w2 = float_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=num_tokens)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=num_tokens)
+    poison_allocator()
+    out = fused_experts(x, w1, w2, g, ids, out=_nan_out(num_tokens, shape.hidden, torch.bfloat16))
+    assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+
+
+@pytest.mark.parametrize(
+    "dtype,activation,limit",
+    [(torch.float16, "silu", None), (torch.bfloat16, "gelu", None), (torch.bfloat16, "swigluoai", 0.5), (torch.bfloat16, "silu", 0.25)],
+)
+def test_dtypes_and_activations(dtype, activation, limit):
+    shape, num_tokens = QWEN3_30B, 37
+    w1, w2 = float_weights(shape, dtype)
+    x = hidden_states(num_tokens, shape.hidden, dtype, seed=3)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=3)
+    out = fused_experts(x, w1, w2, g, ids, activation=activation, swiglu_limit=limit)
+    ref = reference(x, w1, w2, g, ids, activation=activation, swiglu_limit=limit)
+    assert rel_err(out, ref) < BF16_TOL
+
+
+def test_router_weight_on_input():
+    shape, num_tokens = QWEN3_30B, 37
+    w1, w2 = float_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=4)
+    g, ids = routing(num_tokens, shape.num_experts, 1, seed=4)
+    g = g * 0.7  # a top-1 weight that is not 1
+    out = fused_experts(x, w1, w2, g, ids, activation="swigluoai", apply_router_weight_on_input=True)
+    ref = reference(x, w1, w2, g, ids, activation="swigluoai", apply_router_weight_on_input=True)
+    assert rel_err(out, ref) < BF16_TOL
+
+
+def test_empty_experts_and_slots_of_other_ranks():
+    """Most experts get no token, some slots are -1; every token still gets its output written."""
+    shape, num_tokens = QWEN3_30B, 64
+    w1, w2 = float_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=5)
+    g, ids = routing(num_tokens, 6, shape.top_k - 2, seed=5)  # only experts 0..5 ever hit
+    ids = (ids * 17).contiguous()  # spread them: experts 0, 17, ..., 85
+    ids[::3, 0] = -1
+    ids[7] = -1  # a token with no local slot at all: its output is 0
+    poison_allocator()
+    out = fused_experts(x, w1, w2, g, ids, out=_nan_out(num_tokens, shape.hidden, torch.bfloat16))
+    assert torch.isfinite(out).all()
+    assert (out[7] == 0).all()
+    assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+
+
+def test_batched_layout():
+    shape, max_tokens = QWEN3_30B, 40
+    w1, w2 = float_weights(shape)
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    counts = torch.randint(0, max_tokens + 1, (shape.num_experts,), device="cuda", generator=gen, dtype=torch.int32)
+    counts[::4] = 0
+    counts[1] = max_tokens
+    x = torch.randn(shape.num_experts, max_tokens, shape.hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+    poison_allocator()
+    out = fused_experts_batched(x, counts, w1, w2)
+    for e in range(shape.num_experts):
+        n = int(counts[e])
+        if n == 0:
+            continue
+        h = x[e, :n].to(torch.float64) @ w1[e].to(torch.float64).T
+        ref = apply_activation("silu", h) @ w2[e].to(torch.float64).T
+        assert rel_err(out[e, :n], ref) < BF16_TOL, e
+
+
+@pytest.mark.parametrize("shape,num_tokens", [(DEEPSEEK_V3, 1), (DEEPSEEK_V3, 5), (QWEN3_30B, 300)], ids=lambda v: getattr(v, "name", str(v)))
+def test_fp8_block(shape, num_tokens):
+    w1q, w2q, s1, s2 = block_fp8_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=7)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=7)
+    poison_allocator()
+    out = fused_experts(
+        x, w1q, w2q, g, ids, fp8=Fp8Spec("block", "group"), w1_scale=s1, w2_scale=s2,
+        out=_nan_out(num_tokens, shape.hidden, torch.bfloat16),
+    )
+    deq = dequantize_block(w1q, w2q, s1, s2)
+    assert rel_err(out, reference(x, w1q, w2q, g, ids, dequantize=deq)) < FP8_VS_FLOAT_TOL
+    assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
+
+
+@pytest.mark.parametrize(
+    "weight,activation,static",
+    [("tensor", "tensor", False), ("tensor", "tensor", True), ("channel", "token", False), ("tensor", "token", False)],
+)
+def test_fp8_rowwise_scales(weight, activation, static):
+    shape, num_tokens = QWEN3_30B, 37
+    w1, w2 = float_weights(shape)
+    w1q, w2q, s1, s2, deq = quantize_rowwise(w1, w2, weight)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=8)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=8)
+    a1 = (x.abs().amax().float() / 448).reshape(1) if static else None
+    a2 = torch.tensor([0.02], device="cuda") if static else None
+    out = fused_experts(
+        x, w1q, w2q, g, ids, fp8=Fp8Spec(weight, activation), w1_scale=s1, w2_scale=s2, a1_scale=a1, a2_scale=a2
+    )
+    assert rel_err(out, reference(x, w1q, w2q, g, ids, dequantize=deq)) < FP8_VS_FLOAT_TOL
+    emulated = emulate_fp8(x, w1q, w2q, g, ids, granularity=activation, a1_scale=a1, a2_scale=a2, dequantize=deq)
+    assert rel_err(out, emulated) < FP8_VS_EMULATION_TOL
+
+
+def test_cuda_graph_capture_without_host_sync():
+    """The whole layer captures into a graph (nothing waits on the device) and replays on new routing."""
+    shape, num_tokens = QWEN3_30B, 24
+    w1, w2 = float_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=9)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=9)
+    fused_experts(x, w1, w2, g, ids)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_experts(x, w1, w2, g, ids)
+    g2, ids2 = routing(num_tokens, shape.num_experts, shape.top_k, seed=10)
+    g.copy_(g2)
+    ids.copy_(ids2)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert rel_err(out, reference(x, w1, w2, g2, ids2)) < BF16_TOL
+
+
+def _layer(shape, quant, top_k=None, router_weight_on_input=False):
+    return MoELayer(
+        quant=quant, num_experts=shape.num_experts, top_k=top_k or shape.top_k, hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate, router_weight_on_input=router_weight_on_input, dtype="bfloat16",
+    )
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("quant", ["bf16", "fp8_block"])
+def test_experts_through_modular_kernel(batched, quant):
+    from moe_fsm.modular.kernel import ModularKernel
+    from moe_fsm.prepare_finalize.local import LocalBatchedPrepareFinalize, LocalPrepareFinalize
+
+    shape, num_tokens = QWEN3_30B, 37
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=11)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=11)
+    if quant == "bf16":
+        layer = _layer(shape, QuantScheme.unquantized())
+        w1, w2 = float_weights(shape)
+        scales, deq, tol = ExpertScales(), None, BF16_TOL
+    else:
+        layer = _layer(shape, QuantScheme.fp8("block", "group"))
+        w1, w2, s1, s2 = block_fp8_weights(shape)
+        scales, deq, tol = ExpertScales(w1_scale=s1, w2_scale=s2), dequantize_block(w1, w2, s1, s2), FP8_VS_FLOAT_TOL
+    pf = LocalBatchedPrepareFinalize() if batched else LocalPrepareFinalize()
+    experts = BatchedTritonExperts(layer) if batched else TritonExperts(layer)
+    out = ModularKernel(pf, experts, layer)(x, w1, w2, g, ids, scales=scales)
+    assert rel_err(out, reference(x, w1, w2, g, ids, dequantize=deq)) < tol
+
+
+def test_router_weight_on_input_through_modular_kernel():
+    from moe_fsm.modular.kernel import ModularKernel
+    from moe_fsm.prepare_finalize.local import LocalPrepareFinalize
+
+    shape, num_tokens = QWEN3_30B, 37
+    layer = _layer(shape, QuantScheme.unquantized(), top_k=1, router_weight_on_input=True)
+    w1, w2 = float_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=12)
+    g, ids = routing(num_tokens, shape.num_experts, 1, seed=12)
+    g = g * 0.6
+    out = ModularKernel(LocalPrepareFinalize(), TritonExperts(layer), layer)(x, w1, w2, g, ids)
+    assert rel_err(out, reference(x, w1, w2, g, ids, apply_router_weight_on_input=True)) < BF16_TOL
+
+
+def test_rejects_mismatched_shapes_with_reason():
+    shape = QWEN3_30B
+    w1, w2 = float_weights(shape)
+    x = hidden_states(4, shape.hidden + 8, torch.bfloat16, seed=13)
+    g, ids = routing(4, shape.num_experts, shape.top_k, seed=13)
+    with pytest.raises(KernelInputError, match="shapes disagree"):
+        fused_experts(x, w1, w2, g, ids)
