@@ -1,0 +1,278 @@
+"""`moe-fsm explain TRACE.json`: the story of a decision, for a person.
+
+What was asked, the states visited and why, why each candidate was rejected,
+what was chosen (or the error), and what to change to get a different backend:
+every backend of the layer's family is asked again on the recorded inputs, and
+those that would run are listed with the exact ``--backend`` that selects them.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, replace
+
+from moe_fsm.backends.registry import Registry, default_registry
+from moe_fsm.backends.requirements import EnvEnabled
+from moe_fsm.backends.verdict import BackendVerdict, SupportContext
+from moe_fsm.cli import render
+from moe_fsm.decision import DecisionInputs, decide
+from moe_fsm.errors import InputError, SelectionError
+from moe_fsm.fsm.policy import POLICIES, FamilyPolicy
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.modular.interfaces import ActivationFormat
+from moe_fsm.trace import document as trace_doc
+from moe_fsm.trace import schema
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="tell the story of a decision trace and what to change to get a different backend",
+        description="Read a decision trace written by select (or by an engine) and explain it: the request, the "
+                    "states visited and why, each rejected candidate, the outcome, and every backend of the family "
+                    "that would run on the recorded inputs with the --backend that selects it.",
+    )
+    parser.add_argument("trace", metavar="TRACE.json", help="a decision trace")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    document = load_trace(args.trace)
+    print("\n".join(explain_lines(document, args.trace)))
+    return 0
+
+
+def load_trace(path: str) -> dict:
+    """Load and, where jsonschema is installed, validate a trace; InputError otherwise."""
+    document = trace_doc.load(path)
+    if schema.available():
+        schema.validate(document, source=str(path))
+    else:
+        # Without the schema, at least make sure the recorded inputs are readable.
+        try:
+            DecisionInputs.from_json(document["inputs"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise InputError(f"{path}: the recorded inputs are malformed ({err})") from None
+    return document
+
+
+def explain_lines(document: dict, trace_path: str | None = None) -> list[str]:
+    family = document["family"]
+    outcome = document["outcome"]
+    lines = [f"Decision for a {family} MoE layer" + (f" ({document['layer_name']})" if document.get("layer_name") else ""), ""]
+
+    lines.append("What was asked")
+    lines.extend(render.inputs_lines(document))
+    lines.append("")
+
+    lines.append("How the decision went")
+    lines.append(f"  path: {render.path_text(document)}")
+    lines.extend(_story(document))
+    lines.append("")
+
+    rejected = [e for e in document["events"] if e["event"] == "candidate" and not e["supported"]]
+    if rejected:
+        lines.append("Why candidates were rejected")
+        for event in rejected:
+            lines.append(f"  {event['backend']}: {event['reason']}")
+            for kernel in event["kernels"]:
+                others = [f for f in kernel["failed"] if f != event["reason"]]
+                if len(event["kernels"]) > 1:
+                    lines.append(f"    {kernel['kernel']}: " + "; ".join(kernel["failed"]))
+                elif others:
+                    lines.append("    also: " + "; ".join(others))
+        lines.append("")
+
+    lines.append("Outcome")
+    lines.extend(render.indent(render.outcome_lines(document)))
+    lines.append("")
+
+    lines.append("To get a different backend")
+    lines.extend(alternatives_lines(document, trace_path))
+    return lines
+
+
+def _story(document: dict) -> list[str]:
+    """Each state entered, why, and what happened in it."""
+    out = []
+    for event in document["events"]:
+        kind = event["event"]
+        if kind == "guard":
+            state = render.GUARD_STATE[event["guard"]]
+            label = render.STATE_TEXT[state]
+            if event["result"]:
+                out.append(f"  - entered {label} ({state}): {render.guard_text(event)}")
+            else:
+                out.append(f"  - skipped {label}: {render.guard_text(event)}")
+        elif kind == "transition" and event["trigger"] == "conclude":
+            out.append(f"  - concluded: {event['dest']}")
+        elif kind == "candidate":
+            if event["supported"]:
+                out.append(f"      {event['backend']} supports the layer (experts kernel {event['kernel']})")
+            else:
+                out.append(f"      {event['backend']} rejected: {event['reason']}")
+        elif kind in ("mapped", "rewritten", "pruned", "scan", "fallback", "note", "flashinfer_family", "prepare_finalize"):
+            out.extend("  " + line for line in _event_text(event))
+    return out
+
+
+def _event_text(event: dict) -> list[str]:
+    kind = event["event"]
+    if kind == "mapped":
+        return [f"    {event['requested']!r} is the {event['backend']} backend"]
+    if kind == "rewritten":
+        return [f"    {event['backend']} becomes {event['to']}: {event['because']}"]
+    if kind == "pruned":
+        env = f" ({render.reading_text(event['env'])})" if event.get("env") else ""
+        return [f"    left out {', '.join(event['backends'])}: {event['because']}{env}"]
+    if kind == "scan":
+        return [f"    tried in order: {', '.join(event['candidates']) or 'nothing left to try'}"]
+    if kind == "fallback":
+        return [f"    fallback NONE: {event['because']}"]
+    if kind == "note":
+        return [f"    note: {event['text']}"]
+    if kind == "flashinfer_family":
+        return [f"    {render.reading_text(event['env'])} picks the FlashInfer {event['family']} family"]
+    return [f"    prepare/finalize: {event['name']} ({event['reason']})"]
+
+
+# -- alternatives --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Alternative:
+    backend: str
+    user_name: str | None  # what --backend accepts for it (None: reachable only through auto)
+    verdict: BackendVerdict
+    would_select: str | None  # the backend an explicit request for user_name ends in (None: it fails)
+    error: str | None  # the error of that request
+    env_fix: dict[str, str] | None  # env settings that would make it run, when only env blocks it
+    pruned_by: str | None  # why the recorded auto scan left it out
+
+
+def alternatives(document: dict, registry: Registry | None = None) -> list[Alternative]:
+    """Every backend of the family, asked again on the trace's inputs."""
+    registry = registry or default_registry()
+    inputs = DecisionInputs.from_json(document["inputs"])
+    family = inputs.layer.family
+    policy = POLICIES[family]
+    fmt = ActivationFormat.BATCHED if inputs.parallel.batched_activation_format else ActivationFormat.STANDARD
+    ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, inputs.env, fmt)
+    pruned = {}
+    for event in document["events"]:
+        if event["event"] == "pruned":
+            for backend in event["backends"]:
+                pruned.setdefault(backend, event["because"])
+    out = []
+    for backend in registry.backends[family]:
+        verdict = registry.verdict(family, backend, ctx)
+        user = _user_name(policy, registry, backend, fmt)
+        would, error, env_fix = None, None, None
+        if user is not None:
+            would, error = _try(inputs, family.value, user, registry)
+            if would != backend and not verdict.supported:
+                env_fix = _env_fix(registry, family, backend, ctx, inputs, user)
+        out.append(Alternative(backend, user, verdict, would, error, env_fix, pruned.get(backend)))
+    return out
+
+
+def _user_name(policy: FamilyPolicy, registry: Registry, backend: str, fmt: ActivationFormat) -> str | None:
+    names = dict(policy.user_names)
+    names.update(registry.extension_names[policy.family])
+    for user, name in names.items():
+        if name == backend:
+            return user
+    # A batched variant is asked for by its standard name: the machine rewrites it in the batched format.
+    for base, batched in policy.batched_variants.items():
+        if batched == backend and fmt is ActivationFormat.BATCHED:
+            for user, name in names.items():
+                if name == base:
+                    return user
+    return None
+
+
+def _try(inputs: DecisionInputs, family: str, user: str, registry: Registry, env: EnvSnapshot | None = None):
+    changed = replace(inputs, request=BackendRequest.parse({family: user}), env=env or inputs.env)
+    try:
+        decision = decide(changed, registry=registry, trace=False)
+    except SelectionError as err:
+        return None, err.message
+    return decision.backend, None
+
+
+def _env_fix(registry, family, backend, ctx, inputs, user) -> dict[str, str] | None:
+    """When every failing check of some kernel is an env switch, the switches that would enable it (verified)."""
+    spec = registry.spec(family, backend)
+    for kernel in spec.kernels:
+        verdict = registry.kernel_verdict(kernel, ctx, spec.extra)
+        failing = [c for c in verdict.checks if not c.passed]
+        if failing and all(isinstance(c.requirement, EnvEnabled) for c in failing):
+            fix = {n: "1" for c in failing for n in c.requirement.names}
+            env = EnvSnapshot.from_mapping({**inputs.env.to_json(), **fix})
+            would, _ = _try(inputs, family.value, user, registry, env)
+            if would == backend:
+                return fix
+    return None
+
+
+def alternatives_lines(document: dict, trace_path: str | None = None, registry: Registry | None = None) -> list[str]:
+    family = document["family"]
+    chosen = document["outcome"].get("backend")
+    alts = alternatives(document, registry)
+    base = f"moe-fsm select --input {shlex.quote(trace_path)}" if trace_path else "moe-fsm select ..."
+    runs = [a for a in alts if a.user_name and a.would_select == a.backend]
+    lines = []
+    if runs:
+        lines.append(f"  These {family} backends would run this layer; ask for one with --backend "
+                     f"(in a mixed-precision model, --backend {family}=NAME leaves the other families on auto):")
+        for a in runs:
+            mark = "  (this decision's choice)" if a.backend == chosen else ""
+            lines.append(f"    {a.backend:<28} --backend {a.user_name}{mark}")
+            if a.pruned_by and a.backend != chosen:
+                lines.append(f"      with auto it was left out: {a.pruned_by}")
+        lines.append(f"    e.g. {base} --backend {family}={runs[0].user_name}")
+    else:
+        lines.append(f"  No {family} backend that --backend can name would run this layer on this platform.")
+
+    auto_only = [a for a in alts if a.user_name is None and a.verdict.supported]
+    for a in auto_only:
+        mark = " (this decision's choice)" if a.backend == chosen else ""
+        lines.append(f"    {a.backend:<28} supported, but only auto selects it (no --backend name){mark}")
+
+    redirected = [a for a in alts if a.user_name and a.would_select not in (None, a.backend)]
+    if redirected:
+        lines.append("  Requests that end in another backend:")
+        for a in redirected:
+            lines.append(f"    --backend {a.user_name}: selects {a.would_select} instead "
+                         "(an earlier step decides first, e.g. the FP8 LoRA shortcut)")
+
+    blocked = [a for a in alts if a.user_name and a.would_select is None]
+    if blocked:
+        lines.append("  These would not run; what stands in the way:")
+        for a in blocked:
+            if a.verdict.supported:
+                why = a.error  # supported kernel, but the explicit path refuses it (clamp, allow_vllm_cutlass, P/F)
+            else:
+                why = "; ".join(_failures(a.verdict))
+            lines.append(f"    {a.backend:<28} (--backend {a.user_name}): {why}")
+            if a.env_fix:
+                env_flags = " ".join(f"--env {k}={v}" for k, v in a.env_fix.items())
+                lines.append(f"      it runs with {env_flags}: {base} --backend {family}={a.user_name} {env_flags}")
+
+    unreachable = [a for a in alts if a.user_name is None and not a.verdict.supported]
+    if unreachable:
+        lines.append("  Not requestable by name and not supported here:")
+        for a in unreachable:
+            lines.append(f"    {a.backend:<28} {a.verdict.reason}")
+    return lines
+
+
+def _failures(verdict: BackendVerdict) -> list[str]:
+    """Every distinct failing requirement across the backend's kernels."""
+    seen = []
+    for kv in verdict.kernel_verdicts:
+        for failure in kv.failures:
+            if failure not in seen:
+                seen.append(failure)
+    return seen or [verdict.reason or "unsupported"]

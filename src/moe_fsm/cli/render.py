@@ -1,0 +1,236 @@
+"""Text renderings of a decision trace, shared by ``select`` and ``explain``.
+
+Everything here reads the trace document only (not live objects), so a trace
+from another machine renders the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from moe_fsm.inputs.env import ENV_VARS
+
+GUARD_STATE = {
+    "lora_enabled": "lora_shortcut",
+    "explicit_request": "explicit_user_choice",
+    "flashinfer_env": "flashinfer_preference",
+    "env_override_set": "env_override",
+    "force_marlin": "forced_marlin",
+    "auto_scan": "auto_scan",
+}
+
+STATE_TEXT = {
+    "lora_shortcut": "LoRA shortcut",
+    "explicit_user_choice": "explicit user choice",
+    "flashinfer_preference": "FlashInfer preference",
+    "env_override": "env override",
+    "forced_marlin": "forced Marlin",
+    "auto_scan": "auto scan",
+    "selected": "selected",
+    "fallback_none": "fallback (NONE)",
+    "failed": "failed",
+}
+
+
+# -- inputs --------------------------------------------------------------------------
+
+
+def quant_text(quant: dict) -> str:
+    if quant["family"] == "unquantized":
+        return "unquantized"
+
+    def key(k):
+        if k is None:
+            return "16-bit"
+        return f"{k['dtype']} {'static' if k['static'] else 'dynamic'} {k['granularity']}"
+
+    if quant["family"] == "nvfp4":
+        return "NVFP4 " + ("W4A16 (16-bit activations)" if quant["activation"] is None else "W4A4")
+    return f"FP8 (weights {key(quant['weight'])}, activations {key(quant['activation'])})"
+
+
+def layer_text(layer: dict) -> str:
+    parts = [
+        quant_text(layer["quant"]),
+        f"{layer['num_experts']} experts, top-{layer['top_k']}",
+        f"hidden {layer['hidden_size']}, intermediate {layer['intermediate_size']}",
+        f"{layer['activation']}, {layer['dtype']}",
+    ]
+    options = []
+    if layer.get("swiglu_limit") is not None:
+        options.append(f"swiglu_limit={layer['swiglu_limit']:g}")
+    if layer.get("lora"):
+        options.append("LoRA")
+    if layer.get("router_weight_on_input"):
+        options.append("router weight on input")
+    if layer.get("allow_vllm_cutlass"):
+        options.append("allow_vllm_cutlass")
+    if options:
+        parts.append(", ".join(options))
+    return "; ".join(parts)
+
+
+def parallel_text(parallel: dict) -> str:
+    text = f"tp={parallel['tp_size']} dp={parallel['dp_size']} ep={parallel['ep_size']}"
+    text += ", batched activation format" if parallel["batched_activation_format"] else ", standard activation format"
+    if parallel["dp_size"] > 1 and parallel["ep_size"] > 1:
+        text += f", all2all={parallel['all2all']}"
+    elif parallel["all2all"] != "allgather_reducescatter":
+        text += f", all2all={parallel['all2all']} (unused without both DP and EP)"
+    return text
+
+
+def platform_text(platform: dict) -> str:
+    vendor = platform["vendor"]
+    if vendor == "cuda":
+        head = f"CUDA {platform['capability'][0]}.{platform['capability'][1]} ({platform['device_name']})"
+    elif vendor == "rocm":
+        head = f"ROCm {platform['gcn_arch']} ({platform['device_name']})"
+    else:
+        head = f"{vendor} ({platform['device_name']})"
+    libs = ", ".join(platform["libraries"]) or "none"
+    return f"{head}; libraries: {libs}"
+
+
+def request_text(request, family: str) -> str:
+    if isinstance(request, str):
+        return request if request == "auto" else f"{request} (for every family)"
+    own = request.get(family)
+    default = request.get("default", "auto")
+    mapping = ", ".join(f"{k}={v}" for k, v in request.items())
+    if own is not None:
+        return f"{own} for {family} (mapping: {mapping})"
+    return f"{default} for {family}: the mapping ({mapping}) does not name {family}"
+
+
+def env_text(env: dict) -> str:
+    if not env:
+        return "none of moe-fsm's variables set"
+    return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+
+
+def inputs_lines(document: dict, indent: str = "  ") -> list[str]:
+    inputs = document["inputs"]
+    lines = [
+        f"{indent}layer:    {layer_text(inputs['layer'])}",
+        f"{indent}parallel: {parallel_text(inputs['parallel'])}",
+        f"{indent}platform: {platform_text(inputs['platform'])}",
+        f"{indent}request:  {request_text(inputs['request'], document['family'])}",
+        f"{indent}env:      {env_text(inputs['env'])}",
+    ]
+    if document.get("layer_name"):
+        lines.insert(0, f"{indent}name:     {document['layer_name']}")
+    return lines
+
+
+# -- events --------------------------------------------------------------------------
+
+
+def reading_text(reading: dict) -> str:
+    if reading["set"]:
+        return f"{reading['name']}={reading['raw']}"
+    default = reading["value"]
+    shown = (1 if default else 0) if isinstance(default, bool) and _is_flag(reading["name"]) else default
+    return f"{reading['name']} unset (default {shown})"
+
+
+def _is_flag(name: str) -> bool:
+    var = ENV_VARS.get(name)
+    return var is not None and var.accepted == "0 or 1"
+
+
+def guard_text(event: dict) -> str:
+    guard, inputs = event["guard"], event["inputs"]
+    if guard == "lora_enabled":
+        if not inputs["lora_backend"]:
+            return "the family has no LoRA shortcut"
+        return f"LoRA {'on' if inputs['lora'] else 'off'} (LoRA forces {inputs['lora_backend']})"
+    if guard == "explicit_request":
+        if inputs["requested"] == "auto":
+            return f"{inputs['source']} is auto"
+        return f"{inputs['source']} asks for {inputs['requested']!r}"
+    if guard == "auto_scan":
+        return "no earlier step decided"
+    if not inputs:
+        return "the family has no such step"
+    readings = "; ".join(reading_text(r) for r in inputs.get("env", ()))
+    return f"{readings} [{_test_text(guard, inputs['test'])}: {'yes' if event['result'] else 'no'}]"
+
+
+def _test_text(guard: str, test: str) -> str:
+    return {"is set": "is it set", "reads 1": "does it read 1", "any is set": "is any set",
+            "reads true": "does it read true"}.get(test, test)
+
+
+def candidate_lines(event: dict, detail: bool = False, indent: str = "    ") -> list[str]:
+    if event["supported"]:
+        return [f"{indent}ok    {event['backend']} -> {event['kernel']}"]
+    lines = [f"{indent}no    {event['backend']}: {event['reason']}"]
+    if detail:
+        for kernel in event["kernels"]:
+            if len(event["kernels"]) > 1 or len(kernel["failed"]) > 1:
+                lines.append(f"{indent}        {kernel['kernel']}:")
+                lines.extend(f"{indent}          - {f}" for f in kernel["failed"])
+    return lines
+
+
+def event_lines(document: dict, detail: bool = False) -> list[str]:
+    """The decision, event by event, grouped under the state it happened in."""
+    lines: list[str] = ["  [start]"]
+    for event in document["events"]:
+        kind = event["event"]
+        if kind == "guard":
+            state = GUARD_STATE[event["guard"]]
+            verb = "enter" if event["result"] else "skip "
+            lines.append(f"    {verb} {state:<22} {guard_text(event)}")
+        elif kind == "transition":
+            lines.append(f"  [{event['dest']}]" + ("" if event["trigger"] == "advance" else "  (conclude)"))
+        elif kind == "candidate":
+            lines.extend(candidate_lines(event, detail))
+        elif kind == "mapped":
+            lines.append(f"    mapped {event['requested']!r} -> {event['backend']}")
+        elif kind == "rewritten":
+            lines.append(f"    rewrote {event['backend']} -> {event['to']} ({event['because']})")
+        elif kind == "pruned":
+            env = f" [{reading_text(event['env'])}]" if event.get("env") else ""
+            lines.append(f"    pruned {', '.join(event['backends'])}: {event['because']}{env}")
+        elif kind == "scan":
+            lines.append(f"    scan order: {', '.join(event['candidates']) or '(empty)'}")
+        elif kind == "fallback":
+            lines.append(f"    fallback {event['backend']}: {event['because']}")
+        elif kind == "note":
+            lines.append(f"    note: {event['text']}")
+        elif kind == "flashinfer_family":
+            lines.append(f"    {reading_text(event['env'])} names the FlashInfer {event['family']} family")
+        elif kind == "prepare_finalize":
+            lines.append(f"    prepare/finalize {event['name']}: {event['reason']}")
+        else:  # an event this renderer does not know: show it raw rather than drop it
+            lines.append(f"    {kind}: " + ", ".join(f"{k}={v!r}" for k, v in event.items() if k != "event"))
+    return lines
+
+
+def outcome_lines(document: dict) -> list[str]:
+    outcome = document["outcome"]
+    status = outcome["status"]
+    if status == "failed":
+        err = outcome["error"]
+        return [f"FAILED: {err['type']} (a {err['builtin']}): {err['message']}"]
+    kernel = outcome["kernel"] or "none (the platform's own MoE path)"
+    head = "SELECTED" if status == "selected" else "FALLBACK"
+    lines = [
+        f"{head}: {outcome['backend']}  (experts kernel {kernel}, via {STATE_TEXT.get(outcome['via'], outcome['via'])}, "
+        f"{outcome['activation_format']} activation format)",
+        f"  prepare/finalize: {outcome['prepare_finalize']['name']}: {outcome['prepare_finalize']['reason']}",
+    ]
+    if not outcome["runnable"]:
+        lines.append("  note: moe-fsm models this kernel for selection but cannot run it itself "
+                     "(vLLM's compiled kernel or a library it does not wrap)")
+    return lines
+
+
+def path_text(document: dict) -> str:
+    return " -> ".join(document["path"])
+
+
+def indent(lines: Iterable[str], prefix: str = "  ") -> list[str]:
+    return [prefix + line if line else line for line in lines]

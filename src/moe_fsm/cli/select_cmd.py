@@ -1,0 +1,73 @@
+"""`moe-fsm select`: decide one layer's backend, print the path, write the trace."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from moe_fsm.cli import render
+from moe_fsm.cli.inputs import add_input_arguments, inputs_from_args
+from moe_fsm.decision import decide
+from moe_fsm.errors import SelectionError
+from moe_fsm.trace import document as trace_doc
+
+DEFAULT_TRACE_DIR = "moe-fsm-traces"
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "select",
+        help="decide the experts backend of one MoE layer and write its decision trace",
+        description="Run the selection state machine on one layer. Prints the states visited, each guard and "
+                    "candidate verdict, and the outcome; writes the decision trace (JSON) for explain and replay. "
+                    "Exit status: 0 on a decision (including FP8's fallback NONE), 2 on a selection error or bad input.",
+    )
+    add_input_arguments(parser)
+    out = parser.add_argument_group("output")
+    out.add_argument("--trace-out", metavar="PATH",
+                     help=f"where to write the trace (default {DEFAULT_TRACE_DIR}/decision-<family>.json; "
+                          "with --json, only when given)")
+    out.add_argument("--json", action="store_true", help="print the trace JSON instead of the readable path")
+    out.add_argument("--layer-name", metavar="NAME", help="a name for the layer, recorded in the trace")
+    out.add_argument("--verbose", "-v", action="store_true", help="show every failing check of every kernel")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    inputs = inputs_from_args(args)
+    family = inputs.layer.family.value
+    if args.trace_out:
+        trace_path: Path | None = Path(args.trace_out)
+    elif args.json:
+        trace_path = None
+    else:
+        trace_path = Path(DEFAULT_TRACE_DIR) / f"decision-{family}.json"
+
+    try:
+        decision = decide(inputs, layer_name=args.layer_name, trace_path=trace_path)
+    except SelectionError as err:
+        document, written = err.trace, err.trace_path
+        code = 2
+    else:
+        document, written = decision.trace, (str(trace_path) if trace_path else None)
+        code = 0
+
+    if args.json:
+        sys.stdout.write(trace_doc.dumps(document))
+        if written:
+            print(f"trace written to {written}", file=sys.stderr)
+        return code
+
+    out = [f"moe-fsm select: {family} layer", *render.inputs_lines(document), ""]
+    out.append(f"path: {render.path_text(document)}")
+    out.extend(render.event_lines(document, detail=args.verbose))
+    out.append("")
+    out.extend(render.outcome_lines(document))
+    print("\n".join(out))
+    if written:
+        print(f"\ntrace written to {written}")
+        print(f"  explain it: moe-fsm explain {written}")
+        print(f"  replay it:  moe-fsm replay {written}")
+    if code:
+        print(f"moe-fsm select: error: {document['outcome']['error']['message']}", file=sys.stderr)
+    return code

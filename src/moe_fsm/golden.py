@@ -1,0 +1,237 @@
+"""Golden decision traces: a scenario matrix and its recorded canonical traces.
+
+``traces/scenarios.toml`` lists named scenarios (``[[scenario]]`` tables with
+the input spec of :mod:`moe_fsm.cli.inputs`, an ``about`` line and an
+``expect`` written from vLLM's seed functions, not from our output);
+``traces/golden/<name>.json`` holds each scenario's canonical trace (no
+volatile part). :func:`check` decides every scenario again and reports each
+difference as a unified diff; :func:`update` rewrites the golden files.
+Scenarios never read the process environment or probe the machine: env and
+platform are part of the scenario.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moe_fsm.decision import DecisionInputs, decide
+from moe_fsm.errors import InputError, SelectionError
+from moe_fsm.trace import document as trace_doc
+
+SCENARIO_FILE = "scenarios.toml"
+GOLDEN_SUBDIR = "golden"
+SPEC_KEYS = ("layer", "parallel", "backend", "env", "platform")
+SCENARIO_KEYS = ("name", "about", "expect", "expect_message", "expect_kernel", "expect_via", *SPEC_KEYS)
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_EXPECT = re.compile(r"^(selected|fallback_none):[A-Za-z0-9_]+$|^failed:(BackendUnsupportedError|NoBackendError)$")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    about: str
+    spec: dict = field(hash=False)
+    expect: str | None = None  # "selected:TRITON", "fallback_none:NONE", "failed:NoBackendError"
+    expect_message: str | None = None  # a substring of the error message
+    expect_kernel: str | None = None
+    expect_via: str | None = None
+
+    def inputs(self) -> DecisionInputs:
+        from moe_fsm.cli.inputs import inputs_from_spec
+
+        spec = dict(self.spec)
+        spec.setdefault("env", {})  # never the process environment
+        if "platform" not in spec:
+            raise InputError(f"scenario {self.name!r} names no platform (scenarios never probe the machine)")
+        try:
+            return inputs_from_spec(spec)
+        except InputError as err:
+            raise InputError(f"scenario {self.name!r}: {err}") from None
+
+
+def traces_dir(path: str | Path | None = None) -> Path:
+    return Path(path) if path is not None else Path("traces")
+
+
+def load_scenarios(directory: str | Path | None = None) -> list[Scenario]:
+    import tomllib
+
+    path = traces_dir(directory) / SCENARIO_FILE
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"scenario file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(f"{path} is not valid TOML: {err}") from None
+    tables = data.get("scenario")
+    if not isinstance(tables, list) or not tables:
+        raise InputError(f"{path} has no [[scenario]] tables")
+    scenarios, seen = [], set()
+    for index, table in enumerate(tables):
+        name = table.get("name")
+        where = f"{path}: scenario #{index + 1}" + (f" ({name})" if name else "")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise InputError(f"{where}: name must match {_NAME.pattern}")
+        if name in seen:
+            raise InputError(f"{where}: duplicate name")
+        seen.add(name)
+        unknown = sorted(set(table) - set(SCENARIO_KEYS))
+        if unknown:
+            raise InputError(f"{where}: unknown key(s) {unknown}; accepted: {list(SCENARIO_KEYS)}")
+        expect = table.get("expect")
+        if expect is not None and not _EXPECT.match(expect):
+            raise InputError(f"{where}: expect {expect!r} must be selected:BACKEND, fallback_none:NONE or failed:ERRORTYPE")
+        scenarios.append(Scenario(
+            name=name,
+            about=table.get("about", ""),
+            spec={k: table[k] for k in SPEC_KEYS if k in table},
+            expect=expect,
+            expect_message=table.get("expect_message"),
+            expect_kernel=table.get("expect_kernel"),
+            expect_via=table.get("expect_via"),
+        ))
+    return scenarios
+
+
+def decide_scenario(scenario: Scenario) -> dict:
+    """The scenario's canonical trace (the decision, or the error's trace)."""
+    try:
+        document = decide(scenario.inputs(), layer_name=scenario.name).trace
+    except SelectionError as err:
+        document = err.trace
+    return trace_doc.canonical(document)
+
+
+def render(document: dict) -> str:
+    return trace_doc.dumps(document, include_volatile=False)
+
+
+def golden_path(directory: str | Path | None, name: str) -> Path:
+    return traces_dir(directory) / GOLDEN_SUBDIR / f"{name}.json"
+
+
+def expectation_failure(scenario: Scenario, document: dict) -> str | None:
+    """None when the trace meets the scenario's written expectation, else what differs."""
+    outcome = document["outcome"]
+    status = outcome["status"]
+    got = f"{status}:{outcome['error']['type']}" if status == "failed" else f"{status}:{outcome['backend']}"
+    problems = []
+    if scenario.expect and got != scenario.expect:
+        problems.append(f"expected {scenario.expect}, got {got}")
+    if scenario.expect_message:
+        message = outcome["error"]["message"] if status == "failed" else ""
+        if scenario.expect_message not in message:
+            problems.append(f"expected the error message to contain {scenario.expect_message!r}, got {message!r}")
+    if scenario.expect_kernel and outcome.get("kernel") != scenario.expect_kernel:
+        problems.append(f"expected experts kernel {scenario.expect_kernel}, got {outcome.get('kernel')}")
+    if scenario.expect_via and outcome.get("via") != scenario.expect_via:
+        problems.append(f"expected it decided in {scenario.expect_via}, got {outcome.get('via')}")
+    if problems:
+        return f"{scenario.name}: " + "; ".join(problems) + (f" ({scenario.about})" if scenario.about else "")
+    return None
+
+
+def diff_against_golden(scenario: Scenario, directory: str | Path | None = None, document: dict | None = None) -> str | None:
+    """None when the scenario's trace equals its golden file, else a readable unified diff."""
+    path = golden_path(directory, scenario.name)
+    new = render(document if document is not None else decide_scenario(scenario))
+    try:
+        old = path.read_text()
+    except FileNotFoundError:
+        return f"{path} does not exist (run moe-fsm golden --update)"
+    if old == new:
+        return None
+    diff = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                fromfile=f"{path} (golden)", tofile=f"{scenario.name} (decided now)")
+    return "".join(diff)
+
+
+@dataclass
+class CheckReport:
+    checked: int = 0
+    diffs: dict[str, str] = field(default_factory=dict)
+    expectation_failures: list[str] = field(default_factory=list)
+    stale: list[Path] = field(default_factory=list)  # golden files with no scenario
+
+    @property
+    def ok(self) -> bool:
+        return not (self.diffs or self.expectation_failures or self.stale)
+
+
+def _stale(directory: str | Path | None, scenarios: list[Scenario]) -> list[Path]:
+    names = {s.name for s in scenarios}
+    folder = traces_dir(directory) / GOLDEN_SUBDIR
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.json") if p.stem not in names)
+
+
+def check(directory: str | Path | None = None, only: list[str] | None = None) -> CheckReport:
+    scenarios = _select(load_scenarios(directory), only)
+    report = CheckReport()
+    for scenario in scenarios:
+        document = decide_scenario(scenario)
+        report.checked += 1
+        diff = diff_against_golden(scenario, directory, document)
+        if diff is not None:
+            report.diffs[scenario.name] = diff
+        failure = expectation_failure(scenario, document)
+        if failure:
+            report.expectation_failures.append(failure)
+    if not only:
+        report.stale = _stale(directory, scenarios)
+    return report
+
+
+@dataclass
+class UpdateReport:
+    written: list[Path] = field(default_factory=list)
+    unchanged: int = 0
+    removed: list[Path] = field(default_factory=list)
+    expectation_failures: list[str] = field(default_factory=list)
+
+
+def update(directory: str | Path | None = None, only: list[str] | None = None) -> UpdateReport:
+    """Rewrite golden files that differ (and remove those of deleted scenarios)."""
+    all_scenarios = load_scenarios(directory)
+    scenarios = _select(all_scenarios, only)
+    report = UpdateReport()
+    for scenario in scenarios:
+        document = decide_scenario(scenario)
+        failure = expectation_failure(scenario, document)
+        if failure:
+            report.expectation_failures.append(failure)
+        path = golden_path(directory, scenario.name)
+        text = render(document)
+        if path.exists() and path.read_text() == text:
+            report.unchanged += 1
+            continue
+        trace_doc.write_atomic(path, text)
+        report.written.append(path)
+    if not only:
+        for path in _stale(directory, all_scenarios):
+            path.unlink()
+            report.removed.append(path)
+    return report
+
+
+def _select(scenarios: list[Scenario], only: list[str] | None) -> list[Scenario]:
+    if not only:
+        return scenarios
+    by_name = {s.name: s for s in scenarios}
+    missing = [n for n in only if n not in by_name]
+    if missing:
+        raise InputError(f"no scenario named {missing}")
+    return [by_name[n] for n in only]
+
+
+def summarize(document: dict) -> dict[str, Any]:
+    """One line's worth of a trace, for listings."""
+    outcome = document["outcome"]
+    if outcome["status"] == "failed":
+        return {"status": "failed", "result": outcome["error"]["type"]}
+    return {"status": outcome["status"], "result": outcome["backend"], "kernel": outcome["kernel"]}
