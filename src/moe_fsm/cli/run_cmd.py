@@ -46,10 +46,12 @@ def main(args) -> int:
     model = preset(args.preset)
     request = BackendRequest.parse(args.backend)
     env = EnvSnapshot.from_process() if args.env is None else EnvSnapshot.from_mapping(_pairs(args.env), strict_names=True)
-    if args.nproc > 1:
+    from moe_fsm.distributed.group import is_launched
+
+    if args.nproc > 1 or is_launched():
         from moe_fsm.engine.distributed_run import launch_run
 
-        return launch_run(args)
+        return launch_run(args, model, request, env)
     device = _device(args.device)
     from moe_fsm.decision import probed_platform
 

@@ -122,29 +122,44 @@ def run_model(
         x = hidden.to(torch_dtype(layer.dtype)).to(dev)
         weights = make_weights(layer, generator, dev, x)
         topk_weights, topk_ids = route(x, weights.router, layer.top_k)
-        out, elapsed = _timed_forward(layer_state, x, weights, topk_weights, topk_ids)
-        ref = moe_reference(
-            x.cpu(), weights.w1_ref, weights.w2_ref, topk_weights.cpu(), topk_ids.cpu(),
-            activation=layer.activation.value, swiglu_limit=layer.swiglu_limit,
-            apply_router_weight_on_input=layer.router_weight_on_input,
-        )
-        err = float(torch.linalg.norm(out.cpu().double() - ref) / torch.linalg.norm(ref).clamp_min(1e-30))
-        results.append(_row(index, layer_state, elapsed, err))
-        hidden = rms_norm(x + out).to(torch.float32).cpu() if out.shape[-1] == hidden.shape[-1] else hidden
+        out, result = run_layer(index, layer_state, x, weights, topk_weights, topk_ids)
+        results.append(result)
+        hidden = rms_norm(x + out).to(torch.float32).cpu()
         if progress is not None:
             progress(index + 1, len(loaded), layer_state.spec.name)
     return engine, results
 
 
-def _timed_forward(layer_state: LoadedLayer, x, weights: LayerWeights, topk_weights, topk_ids):
+def run_layer(index: int, layer_state: LoadedLayer, x, weights: LayerWeights, topk_weights, topk_ids, *,
+              shard: Optional[tuple] = None, expert_map=None) -> tuple[torch.Tensor, "LayerResult"]:
+    """Run one layer's kernel on ``x`` and check it against the float64 reference.
+
+    ``shard`` is this rank's (w1, w2, scales) when experts are spread over ranks;
+    the reference always uses every expert, since the layer's output must not
+    depend on where its experts live.
+    """
+    layer = layer_state.spec.layer
+    w1, w2, scales = shard if shard is not None else (weights.w1, weights.w2, weights.scales)
     kernel = layer_state.kernel
-    call = lambda: kernel(x, weights.w1, weights.w2, topk_weights, topk_ids, scales=weights.scales)
-    call()  # warm-up: first-call allocations and lazy initialization
-    if x.is_cuda:
+    call = lambda: kernel(x, w1, w2, topk_weights, topk_ids, scales=scales, expert_map=expert_map)
+    out, elapsed = _timed(call, x.is_cuda)
+    ref = moe_reference(
+        x.cpu(), weights.w1_ref, weights.w2_ref, topk_weights.cpu(), topk_ids.cpu(),
+        activation=layer.activation.value, swiglu_limit=layer.swiglu_limit,
+        apply_router_weight_on_input=layer.router_weight_on_input,
+    )
+    err = float(torch.linalg.norm(out.cpu().double() - ref) / torch.linalg.norm(ref).clamp_min(1e-30)) if ref.numel() else 0.0
+    return out, _row(index, layer_state, elapsed, err)
+
+
+def _timed(call, on_cuda: bool):
+    """One warm-up call (first-call allocations, lazy initialization), then one timed call."""
+    call()
+    if on_cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
     out = call()
-    if x.is_cuda:
+    if on_cuda:
         torch.cuda.synchronize()
     return out, (time.perf_counter() - start) * 1e3
 

@@ -1,0 +1,88 @@
+"""``moe-fsm run --nproc N``: the main job across N processes.
+
+The parent re-runs the same command under torch.distributed.run; each rank
+joins the process group (gloo on CPU, NCCL on GPUs), runs the model with data
+and expert parallelism (dp = ep = N: each rank holds its own tokens and
+1/N of the experts), and writes its traces with its rank in the file name.
+Every rank draws the same weights from the seed, keeps its experts, and
+checks its tokens' outputs against the float64 reference over all experts;
+rank 0 gathers the rows and prints the table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import moe_fsm
+from moe_fsm.distributed.expert_map import ExpertPlacement
+from moe_fsm.distributed.group import distributed, is_launched
+from moe_fsm.distributed.launch import launch
+from moe_fsm.distributed.sharding import shard_experts
+from moe_fsm.engine.engine import Engine, route
+from moe_fsm.engine.report import render_header, render_results
+from moe_fsm.engine.run import make_weights, rms_norm, run_layer
+from moe_fsm.experts.torch_experts import torch_dtype
+from moe_fsm.inputs.parallel import ParallelConfig
+
+
+def launch_run(args, model, request, env) -> int:
+    if is_launched():
+        return _run_rank(args, model, request, env)
+    # The package's __main__.py as a script, and no --nproc: torch.distributed.run's own parser would
+    # take it for its --nproc-per-node. A rank knows it is one from the launcher's environment.
+    script = str(Path(moe_fsm.__file__).parent / "__main__.py")
+    argv = [script, "run", "--preset", args.preset, "--tokens", str(args.tokens),
+            "--device", args.device, "--backend", args.backend, "--trace-dir", str(args.trace_dir),
+            "--seed", str(args.seed), "--all2all", args.all2all]
+    if args.layers is not None:
+        argv += ["--layers", str(args.layers)]
+    for item in args.env or ():
+        argv += ["--env", item]
+    return launch(args.nproc, argv)
+
+
+def _run_rank(args, model, request, env) -> int:
+    from moe_fsm.decision import probed_platform
+
+    backend = "nccl" if args.device.startswith("cuda") else "gloo"
+    with distributed(backend) as ctx:
+        parallel = ParallelConfig(dp_size=ctx.world_size, ep_size=ctx.world_size, all2all=args.all2all)
+        device = ctx.device
+        platform = probed_platform()
+        specs = list(model.layers[: args.layers or len(model.layers)])
+        if ctx.rank == 0:
+            print(render_header(model, args.tokens, args.layers, f"{device} x {ctx.world_size} ranks ({backend})", platform, request, env))
+            print(f"  parallel: dp={parallel.dp_size} ep={parallel.ep_size} all2all={parallel.all2all.value}; "
+                  f"rank r holds {args.tokens} + r tokens\n")
+        engine = Engine(specs, parallel=parallel, request=request, env=env, platform=platform,
+                        trace_dir=args.trace_dir, rank=ctx.rank)
+        loaded = engine.load()
+        generator = torch.Generator().manual_seed(args.seed)
+        counts = [args.tokens + r for r in range(ctx.world_size)]
+        hidden_all = torch.randn(sum(counts), specs[0].layer.hidden_size, generator=generator)
+        start = sum(counts[: ctx.rank])
+        hidden = hidden_all[start : start + counts[ctx.rank]]
+        results = []
+        for index, layer_state in enumerate(loaded):
+            layer = layer_state.spec.layer
+            # Calibrate static scales on every rank's first-layer tokens, so all ranks agree on them.
+            weights = make_weights(layer, generator, device, hidden_all.to(torch_dtype(layer.dtype)))
+            x = hidden.to(torch_dtype(layer.dtype)).to(device)
+            topk_weights, topk_ids = route(x, weights.router, layer.top_k)
+            placement = ExpertPlacement(layer.num_experts, ctx.world_size, ctx.rank)
+            shard = shard_experts(weights.w1, weights.w2, weights.scales, placement)
+            out, result = run_layer(index, layer_state, x, weights, topk_weights, topk_ids,
+                                    shard=shard, expert_map=placement.expert_map(device))
+            results.append(result)
+            hidden = rms_norm(x + out).to(torch.float32).cpu()
+        gathered = [None] * ctx.world_size if ctx.rank == 0 else None
+        dist.gather_object(results, gathered, dst=0)
+        if ctx.rank == 0:
+            worst = [max((rank_rows[i] for rank_rows in gathered), key=lambda r: r.rel_error) for i in range(len(results))]
+            print(render_results(worst, engine, args.trace_dir))
+            print(f"(rel err: the worst rank per layer; traces carry .rank<r> in their names)")
+            return 0 if all(r.ok for rank_rows in gathered for r in rank_rows) else 1
+        return 0
