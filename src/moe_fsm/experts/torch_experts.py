@@ -1,9 +1,11 @@
 """Experts that run on any torch device: unquantized math, and FP8 / NVFP4 emulation.
 
 The CPU backend, the fallback where no optimized kernel exists, and the emulation
-of quantized kernels: pairs are grouped by expert (no Python loop over tokens),
-each expert that received tokens runs two dense GEMMs, and results land by
-index, so a call costs two matrix products per active expert plus gathers.
+of quantized kernels. Pairs are grouped by expert (no Python loop over tokens)
+and gathered once into expert-sorted rows; each expert that received tokens runs
+its two GEMMs straight into its slice of a shared buffer; the activation and any
+re-quantization run once over all rows; one scatter puts the results in place.
+So a call is two matrix products per active expert plus a handful of whole-batch ops.
 
 Quantized schemes emulate what the real kernels compute: the input arrives
 quantized from prepare and is dequantized, the weights are dequantized (per
@@ -23,7 +25,7 @@ past each expert's count.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -73,22 +75,30 @@ class ExpertMath:
         g = global_scale[e] if self.weights.has_global_scale else None
         return self.weights.dequantize(w[e], scale[e], g, self.compute_dtype)
 
-    def gate_up(self, x: torch.Tensor, w1: torch.Tensor, scales: ExpertScales, e: int) -> torch.Tensor:
-        """act(x @ w1[e]^T) for the rows ``x`` routed to expert ``e``."""
-        h = x @ self._weight(w1, scales.w1_scale, scales.w1_global_scale, e).T
-        return apply_activation(self.layer.activation.value, h, self.layer.swiglu_limit)
+    def run(self, rows: torch.Tensor, offsets: Sequence[int], w1: torch.Tensor, w2: torch.Tensor, scales: ExpertScales) -> torch.Tensor:
+        """``w2[e] . act(w1[e] . x)`` for rows [P, K] sorted by expert (expert e owns ``offsets[e]:offsets[e+1]``).
 
-    def down(self, intermediate: torch.Tensor, w2: torch.Tensor, scales: ExpertScales, e: int) -> torch.Tensor:
-        return (intermediate @ self._weight(w2, scales.w2_scale, scales.w2_global_scale, e).T).to(self.out_dtype)
+        Each GEMM writes straight into its slice of one buffer, so the activation
+        and the re-quantization run once over all rows (a dynamic per-tensor scale
+        then covers every routed row, as in the kernels) and the loop holds only GEMMs.
+        """
+        segments = [(e, slice(a, b)) for e, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])) if b > a]
+        h = rows.new_empty((rows.shape[0], 2 * self.layer.intermediate_size))
+        for e, part in segments:
+            torch.mm(rows[part], self._weight(w1, scales.w1_scale, scales.w1_global_scale, e).T, out=h[part])
+        intermediate = self.requantize(apply_activation(self.layer.activation.value, h, self.layer.swiglu_limit), scales)
+        y = rows.new_empty((rows.shape[0], self.layer.hidden_size))
+        for e, part in segments:
+            torch.mm(intermediate[part], self._weight(w2, scales.w2_scale, scales.w2_global_scale, e).T, out=y[part])
+        return y.to(self.out_dtype)
 
-    def workspace_bytes(self, rows: int, gathered_rows: int, intermediate_rows: int, output_rows: int) -> int:
-        """Input view, one expert's gathered rows and GEMM-1 output, the intermediate, the output, one dequantized expert."""
+    def workspace_bytes(self, rows: int, pairs: int, output_rows: int) -> int:
+        """Input view, gathered rows, GEMM-1 output, intermediate, GEMM-2 output, the output, one dequantized expert."""
         k, n = self.layer.hidden_size, self.layer.intermediate_size
         cd = torch.empty((), dtype=self.compute_dtype).element_size()
         od = torch.empty((), dtype=self.out_dtype).element_size()
         dequantized = 3 * n * k * cd if self.weights is not None else 0
-        per_expert = gathered_rows * (k + 2 * n) * cd
-        return rows * k * cd + per_expert + intermediate_rows * n * cd + output_rows * k * od + dequantized
+        return rows * k * cd + pairs * (k + 2 * n + n + k) * cd + output_rows * k * od + dequantized
 
 
 class TorchExperts(Experts):
@@ -110,7 +120,7 @@ class TorchExperts(Experts):
     def workspace_bytes(self, num_tokens: int) -> int:
         pairs = num_tokens * self.layer.top_k
         grouping = 5 * pairs * _INDEX_BYTES
-        return self.math.workspace_bytes(num_tokens, num_tokens, pairs, pairs) + grouping
+        return self.math.workspace_bytes(num_tokens, pairs, pairs) + grouping
 
     def apply(
         self,
@@ -126,21 +136,23 @@ class TorchExperts(Experts):
         num_tokens, top_k = prepared.topk_ids.shape
         x = self.math.dequantize_input(prepared.hidden, prepared.scale, scales)
         groups = group_by_expert(prepared.topk_ids, w1.shape[0])
-        active = groups.active_experts
-        intermediate = x.new_empty((groups.num_pairs, self.layer.intermediate_size))
-        for e in active:
-            rows = groups.rows(e)
-            intermediate[rows] = self.math.gate_up(x[groups.token[rows]], w1, scales, e)
-        intermediate = self.math.requantize(intermediate, scales)
-        out = torch.zeros((num_tokens * top_k, self.layer.hidden_size), dtype=self.math.out_dtype, device=x.device)
-        for e in active:
-            rows = groups.rows(e)
-            out[groups.pair[rows]] = self.math.down(intermediate[rows], w2, scales, e)
+        y = self.math.run(x[groups.token], groups.offsets, w1, w2, scales)
+        slots = num_tokens * top_k
+        fresh = torch.zeros if groups.num_pairs < slots else torch.empty
+        out = fresh((slots, self.layer.hidden_size), dtype=self.math.out_dtype, device=x.device)
+        out[groups.pair] = y
         return out.view(num_tokens, top_k, self.layer.hidden_size)
 
 
+def batched_rows(counts: torch.Tensor, max_tokens: int) -> torch.Tensor:
+    """Flat indices into ``[E * max_tokens]`` of the filled rows, expert by expert."""
+    experts = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
+    starts = torch.cumsum(counts, 0) - counts
+    return experts * max_tokens + torch.arange(experts.numel(), device=counts.device) - starts[experts]
+
+
 class TorchBatchedExperts(Experts):
-    """Batched format: ``[E_local, max_tokens, K]`` in, the same layout out, unweighted."""
+    """Batched format: ``[E_local, max_tokens, K]`` in, the same layout out, unweighted, zero past each count."""
 
     name = "TorchBatchedExperts"
 
@@ -158,7 +170,8 @@ class TorchBatchedExperts(Experts):
     def workspace_bytes(self, num_tokens: int) -> int:
         """Worst case: every local expert's batch sized for all ``num_tokens`` tokens."""
         slots = self.layer.num_experts * num_tokens
-        return self.math.workspace_bytes(slots, num_tokens, slots, slots)
+        pairs = num_tokens * self.layer.top_k
+        return self.math.workspace_bytes(slots, pairs, slots) + pairs * _INDEX_BYTES
 
     def apply(
         self,
@@ -169,16 +182,15 @@ class TorchBatchedExperts(Experts):
         *,
         apply_router_weight_on_input: bool,
     ) -> torch.Tensor:
+        """Only the filled rows are computed, so padding never reaches a dynamic scale."""
         scales = scales or ExpertScales()
         num_experts, max_tokens = prepared.hidden.shape[:2]
         x = self.math.dequantize_input(prepared.hidden, prepared.scale, scales)
-        counts = prepared.expert_num_tokens.tolist()
-        active = [(e, n) for e, n in enumerate(counts) if n]
-        intermediate = x.new_zeros((num_experts, max_tokens, self.layer.intermediate_size))
-        for e, n in active:
-            intermediate[e, :n] = self.math.gate_up(x[e, :n], w1, scales, e)
-        intermediate = self.math.requantize(intermediate, scales)
-        out = torch.zeros((num_experts, max_tokens, self.layer.hidden_size), dtype=self.math.out_dtype, device=x.device)
-        for e, n in active:
-            out[e, :n] = self.math.down(intermediate[e, :n], w2, scales, e)
-        return out
+        x = x.reshape(num_experts * max_tokens, self.layer.hidden_size)
+        counts = prepared.expert_num_tokens.long()
+        filled = batched_rows(counts, max_tokens)
+        offsets = [0, *torch.cumsum(counts, 0).tolist()]
+        y = self.math.run(x[filled], offsets, w1, w2, scales)
+        out = torch.zeros((num_experts * max_tokens, self.layer.hidden_size), dtype=self.math.out_dtype, device=x.device)
+        out[filled] = y
+        return out.view(num_experts, max_tokens, self.layer.hidden_size)
