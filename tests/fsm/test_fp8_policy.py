@@ -66,7 +66,7 @@ def test_explicit_vllm_cutlass_needs_allow_vllm_cutlass(pick):
 
 
 def test_the_pr_43334_failure_and_its_fix(pick):
-    with pytest.raises(ValueError, match=r"moe_backend='flashinfer_b12x' is not supported for FP8 MoE\. Expected one of \['triton', 'deep_gemm', 'cutlass', 'flashinfer_trtllm', 'flashinfer_cutlass', 'marlin', 'aiter'\]\."):
+    with pytest.raises(ValueError, match=r"moe_backend='flashinfer_b12x' is not supported for FP8 MoE\. Expected one of \['triton', 'deep_gemm', 'cutlass', 'flashinfer_trtllm', 'flashinfer_cutlass', 'marlin', 'aiter', 'torch_grouped_mm'\]\."):
         pick("fp8_tensor", "sm121", backend="flashinfer_b12x")
     mapping = {"nvfp4": "flashinfer_b12x", "fp8": "flashinfer_cutlass"}
     assert pick("fp8_tensor", "sm121", backend=mapping).backend == "FLASHINFER_CUTLASS"

@@ -52,7 +52,7 @@ def test_explicit_choices(pick):
         pick("bf16", "sm90", backend="flashinfer_trtllm")
     with pytest.raises(ValueError, match=r"^ROCm AITer MoE backend is not available for this configuration"):
         pick("bf16", "sm90", backend="aiter")
-    with pytest.raises(ValueError, match=r"moe_backend='deep_gemm' is not supported for Unquantized MoE\. Expected one of \['triton', 'flashinfer_trtllm', 'flashinfer_cutlass', 'aiter'\]"):
+    with pytest.raises(ValueError, match=r"moe_backend='deep_gemm' is not supported for Unquantized MoE\. Expected one of \['triton', 'flashinfer_trtllm', 'flashinfer_cutlass', 'aiter', 'torch_grouped_mm'\]"):
         pick("bf16", "sm90", backend="deep_gemm")
 
 
