@@ -1,3 +1,21 @@
 """moe-fsm: choose and run the MoE experts kernel for a layer, as an explicit state machine."""
 
 __version__ = "0.1.0"
+
+from moe_fsm.decision import Decision, DecisionInputs, decide, make_inputs, replay, select
+from moe_fsm.errors import (
+    BackendUnavailableError, BackendUnsupportedError, InputError, MoeFsmError, NoBackendError, SelectionError,
+)
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.layer import Activation, MoELayer
+from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
+from moe_fsm.inputs.platform import PlatformFacts, preset, probe
+from moe_fsm.inputs.quant import QuantFamily, QuantScheme
+from moe_fsm.inputs.request import BackendRequest
+
+__all__ = [
+    "Activation", "AllToAllKind", "BackendRequest", "BackendUnavailableError", "BackendUnsupportedError", "Decision",
+    "DecisionInputs", "EnvSnapshot", "InputError", "MoELayer", "MoeFsmError", "NoBackendError", "ParallelConfig",
+    "PlatformFacts", "QuantFamily", "QuantScheme", "SelectionError", "decide", "make_inputs", "preset", "probe",
+    "replay", "select",
+]
