@@ -7,7 +7,9 @@ the input spec of :mod:`moe_fsm.cli.inputs`, an ``about`` line and an
 volatile part). :func:`check` decides every scenario again and reports each
 difference as a unified diff; :func:`update` rewrites the golden files.
 Scenarios never read the process environment or probe the machine: env and
-platform are part of the scenario.
+platform are part of the scenario. Nor do they see third-party plugins: they are
+decided with the built-in backends plus moe-fsm's own entry points
+(:func:`registry`), so installing a plugin does not change a golden trace.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from functools import lru_cache
+from importlib.metadata import entry_points
+
+from moe_fsm.backends.registry import ENTRY_POINT_GROUP, Registry
 from moe_fsm.decision import DecisionInputs, decide
 from moe_fsm.errors import InputError, SelectionError
 from moe_fsm.trace import document as trace_doc
@@ -51,6 +57,17 @@ class Scenario:
             return inputs_from_spec(spec)
         except InputError as err:
             raise InputError(f"scenario {self.name!r}: {err}") from None
+
+
+@lru_cache(maxsize=1)
+def registry() -> Registry:
+    """Built-ins plus the extension backends moe-fsm itself registers (its own entry points only)."""
+    reg = Registry.builtin_only()
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        dist = getattr(ep, "dist", None)
+        if dist is not None and dist.metadata["Name"].lower().replace("_", "-") == "moe-fsm":
+            ep.load()(reg)
+    return reg
 
 
 def traces_dir(path: str | Path | None = None) -> Path:
@@ -100,7 +117,7 @@ def load_scenarios(directory: str | Path | None = None) -> list[Scenario]:
 def decide_scenario(scenario: Scenario) -> dict:
     """The scenario's canonical trace (the decision, or the error's trace)."""
     try:
-        document = decide(scenario.inputs(), layer_name=scenario.name).trace
+        document = decide(scenario.inputs(), registry=registry(), layer_name=scenario.name).trace
     except SelectionError as err:
         document = err.trace
     return trace_doc.canonical(document)
