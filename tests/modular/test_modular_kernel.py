@@ -10,6 +10,7 @@ from modular_cases import (
 )
 
 from moe_fsm.errors import KernelInputError
+from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.modular.interfaces import ExpertScales
 from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.experts.torch_experts import TorchBatchedExperts
@@ -79,7 +80,13 @@ def test_non_contiguous_inputs(fmt, scheme) -> None:
     args = (hidden, _strided(call.w1), _strided(call.w2), _strided(call.topk_weights), _strided(call.topk_ids))
     assert not any(t.is_contiguous() for t in args)
     out = kernel(*args, scales=scales)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    if scheme.family is QuantFamily.UNQUANTIZED:
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    else:
+        # Strided weights may take another GEMM kernel: float32 sums differ in the last
+        # bits, which can move a value across an e4m3/e2m1 rounding boundary.
+        assert rel_fro(out, expected.double()) <= 5e-3
+    check(out, call)
 
 
 def _local(t, local: list[int]):
