@@ -32,15 +32,36 @@ sys.path.insert(0, str(ROOT.parent / "src"))
 
 from bench_gpu import SHAPES, TOKENS, Shape, routings, weights  # noqa: E402
 
-from moe_fsm.kernels.triton_moe import Fp8Spec, GemmConfig, MoEConfig, align_tokens, quantize_activation, w1_gemm, w2_gemm  # noqa: E402
+from moe_fsm.kernels.triton_moe import (  # noqa: E402
+    Fp8Spec,
+    GemmConfig,
+    MoEConfig,
+    align_tokens,
+    pair_blocks,
+    quantize_activation,
+    w1_gemm,
+    w2_gemm,
+)
 from moe_fsm.kernels.triton_moe.config import config_file_name, shape_key, validate_config  # noqa: E402
 
 # (block_n, block_k, group_m, num_warps, num_stages); w1's block_n is the width of act(gate)*up,
 # so its tile reads 2*block_n weight rows
-SMALL_W1 = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (64, 256, 1, 4, 3), (128, 128, 1, 4, 3), (32, 256, 1, 4, 3), (64, 64, 1, 4, 5)]
-SMALL_W2 = [(64, 128, 1, 4, 4), (128, 128, 1, 4, 3), (32, 256, 1, 4, 3), (64, 256, 1, 4, 3), (128, 64, 1, 4, 4), (256, 64, 1, 4, 3)]
-LARGE_W1 = [(64, 64, 8, 4, 4), (64, 64, 8, 8, 3), (128, 64, 8, 8, 3), (64, 128, 8, 4, 3), (128, 64, 8, 4, 3), (32, 64, 8, 4, 4)]
-LARGE_W2 = [(128, 64, 8, 4, 4), (128, 64, 8, 8, 3), (256, 64, 8, 8, 3), (128, 128, 8, 8, 3), (64, 128, 8, 4, 3), (64, 64, 8, 4, 4)]
+SMALL_W1 = [
+    (16, 128, 1, 4, 4), (16, 256, 1, 4, 3), (32, 128, 1, 4, 4), (64, 128, 1, 4, 4),
+    (64, 256, 1, 4, 3), (128, 128, 1, 4, 3), (32, 256, 1, 4, 3), (64, 64, 1, 4, 5),
+]
+SMALL_W2 = [
+    (16, 256, 1, 4, 3), (32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (128, 128, 1, 4, 3),
+    (32, 256, 1, 4, 3), (64, 256, 1, 4, 3), (128, 64, 1, 4, 4), (256, 64, 1, 4, 3),
+]
+LARGE_W1 = [
+    (64, 64, 8, 4, 4), (64, 64, 8, 8, 3), (128, 64, 8, 8, 3), (128, 64, 8, 8, 4),
+    (64, 128, 8, 4, 3), (128, 64, 8, 4, 3), (32, 64, 8, 4, 4), (64, 64, 8, 8, 4),
+]
+LARGE_W2 = [
+    (128, 64, 8, 4, 4), (128, 64, 8, 8, 3), (128, 64, 8, 8, 4), (256, 64, 8, 8, 3),
+    (256, 64, 8, 8, 4), (128, 128, 8, 8, 3), (64, 128, 8, 4, 3), (64, 64, 8, 4, 4),
+]
 FP8_W1 = [(128, 128, 1, 4, 3), (128, 128, 1, 4, 4), (128, 64, 1, 4, 4), (128, 128, 8, 8, 3), (128, 64, 8, 8, 4)]
 FP8_W2 = [(64, 128, 1, 4, 4), (128, 128, 1, 4, 3), (128, 128, 8, 8, 3), (64, 128, 8, 4, 3), (128, 64, 8, 4, 4), (256, 128, 8, 8, 3)]
 
@@ -84,8 +105,10 @@ class Problem:
         self.routing = {}
 
     def rows(self, block_m: int):
+        """The row source fused_experts would use: pair blocks for one token, else the sorted alignment."""
         if block_m not in self.routing:
-            self.routing[block_m] = align_tokens(self.ids, self.shape.num_experts, block_m)
+            align = pair_blocks if self.ids.shape[0] == 1 else align_tokens
+            self.routing[block_m] = align(self.ids, self.shape.num_experts, block_m)
         return self.routing[block_m]
 
     def run_w1(self, block_m: int, cfg: GemmConfig):
@@ -105,16 +128,17 @@ def _compile_jobs(jobs: list[tuple]) -> list[str]:
     """Worker: compile each (shape, quant, block_m, which, config) on a 2-expert copy of the shape."""
     failures = []
     problems = {}
-    for shape_name, quant, block_m, which, cfg_tuple in jobs:
+    for shape_name, quant, single, block_m, which, cfg_tuple in jobs:
         shape = SHAPES[shape_name]
         small = Shape(shape.name, 2, shape.hidden, shape.intermediate, shape.top_k)
-        key = (shape_name, quant)
+        key = (shape_name, quant, single)
         if key not in problems:
             problems.clear()
             torch.cuda.empty_cache()
             w1, w2, scales = weights(small, quant)
-            # both experts of the copy, repeated across the real top_k (A_ROW_DIV is compiled in)
-            ids = torch.randint(0, 2, (16, shape.top_k), device="cuda", dtype=torch.int32)
+            # both experts of the copy, repeated across the real top_k (A_ROW_DIV is compiled in);
+            # one token compiles the pair-block variant fused_experts uses for one token
+            ids = torch.randint(0, 2, (1 if single else 16, shape.top_k), device="cuda", dtype=torch.int32)
             problems[key] = Problem(small, quant, w1, w2, scales, torch.rand(ids.shape, device="cuda"), ids)
         p = problems[key]
         cfg = GemmConfig(*cfg_tuple)
@@ -124,7 +148,9 @@ def _compile_jobs(jobs: list[tuple]) -> list[str]:
                 p.run_w2(block_m, cfg, inter)
             torch.cuda.synchronize()
         except Exception as exc:  # record and move on: a config that cannot compile is just not a candidate
-            failures.append(f"{shape_name} {quant} BM={block_m} {which} {cfg_tuple}: {type(exc).__name__}: {str(exc)[:120]}")
+            failures.append(
+                f"{shape_name} {quant} single={single} BM={block_m} {which} {cfg_tuple}: {type(exc).__name__}: {str(exc)[:120]}"
+            )
     return failures
 
 
@@ -133,13 +159,15 @@ def precompile(plan: list[tuple[str, str, int]], workers: int) -> list[str]:
     for shape_name, quant, tokens in plan:
         for block_m in block_ms(SHAPES[shape_name], tokens):
             c1, c2 = candidates(quant, block_m)
-            jobs += [(shape_name, quant, block_m, "w1", astuple(c)) for c in c1]
-            jobs += [(shape_name, quant, block_m, "w2", astuple(c)) for c in c2]
+            single = tokens == 1
+            jobs += [(shape_name, quant, single, block_m, "w1", astuple(c)) for c in c1]
+            jobs += [(shape_name, quant, single, block_m, "w2", astuple(c)) for c in c2]
     jobs = list(dict.fromkeys(jobs))
-    # one worker per (shape, quant) slice keeps each worker's weights few; slices are interleaved over workers
-    jobs.sort(key=lambda j: (j[0], j[1]))
+    # jobs are dealt round-robin; each worker takes its share slice by slice (shape, dtype, one token or
+    # many), so it builds each slice's small weights once
+    jobs.sort(key=lambda j: j[:3])
     chunks = [jobs[i::workers] for i in range(workers)]
-    chunks = [sorted(c, key=lambda j: (j[0], j[1])) for c in chunks if c]
+    chunks = [sorted(c, key=lambda j: j[:3]) for c in chunks if c]
     with mp.get_context("spawn").Pool(len(chunks)) as pool:
         return list(itertools.chain.from_iterable(pool.map(_compile_jobs, chunks)))
 

@@ -141,6 +141,17 @@ def test_empty_experts_and_slots_of_other_ranks():
     assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
 
 
+@pytest.mark.parametrize("shape", [QWEN3_30B, MIXTRAL_8X7B], ids=lambda s: s.name)
+def test_single_token_pair_blocks_with_a_slot_of_another_rank(shape):
+    """One token takes the unsorted pair-block path; a -1 slot there must contribute nothing."""
+    w1, w2 = float_weights(shape)
+    x = hidden_states(1, shape.hidden, torch.bfloat16, seed=14)
+    g, ids = routing(1, shape.num_experts, shape.top_k, seed=14)
+    ids[0, 0] = -1
+    out = fused_experts(x, w1, w2, g, ids, out=_nan_out(1, shape.hidden, torch.bfloat16))
+    assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+
+
 def test_batched_layout():
     shape, max_tokens = QWEN3_30B, 40
     w1, w2 = float_weights(shape)

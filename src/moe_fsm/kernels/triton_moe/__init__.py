@@ -5,7 +5,7 @@ and fails with ``BackendUnavailableError`` saying which is missing.
 """
 
 from moe_fsm.kernels.triton_moe._runtime import HAS_TRITON
-from moe_fsm.kernels.triton_moe.align import AlignedRouting, align_tokens, max_padded_rows
+from moe_fsm.kernels.triton_moe.align import AlignedRouting, PairBlocks, align_tokens, max_padded_rows, pair_blocks
 from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig, default_config, get_config
 from moe_fsm.kernels.triton_moe.fused import (
     BatchedRows,
@@ -25,12 +25,14 @@ __all__ = [
     "Fp8Spec",
     "GemmConfig",
     "MoEConfig",
+    "PairBlocks",
     "align_tokens",
     "default_config",
     "fused_experts",
     "fused_experts_batched",
     "get_config",
     "max_padded_rows",
+    "pair_blocks",
     "quantize_activation",
     "topk_sum",
     "w1_gemm",

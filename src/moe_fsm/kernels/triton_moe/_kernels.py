@@ -95,7 +95,7 @@ def align_scatter_kernel(
     tl.store(block_expert_ptr + blocks, owner, mask=blocks < num_row_blocks)
 
 
-@triton.jit(do_not_specialize=["N", "K", "num_valid_rows", "num_row_blocks"])
+@triton.jit(do_not_specialize=["N", "K", "num_valid_rows", "num_row_blocks", "num_experts"])
 def moe_gemm_kernel(
     a_ptr,
     a_scale_ptr,
@@ -113,6 +113,7 @@ def moe_gemm_kernel(
     K,
     num_valid_rows,
     num_row_blocks,
+    num_experts,
     swiglu_limit,
     stride_ae,
     stride_am,
@@ -134,6 +135,7 @@ def moe_gemm_kernel(
     stride_osn,
     A_ROW_DIV: tl.constexpr,
     BATCHED: tl.constexpr,
+    PAIR_BLOCKS: tl.constexpr,
     GATED: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_LIMIT: tl.constexpr,
@@ -152,8 +154,9 @@ def moe_gemm_kernel(
     N is this GEMM's output width (the intermediate size for w1, hidden for w2). For
     w1 (GATED) the tile reads weight rows n..n+BLOCK_N (gate) and N+n.. (up).
     Standard: rows come from the sorted list (pad rows hold ``num_valid_rows``) and
-    the A row is ``pair // A_ROW_DIV``. Batched: program axis 1 is the expert and
-    rows are ``0..expert_num_tokens[e]``.
+    the A row is ``pair // A_ROW_DIV``; with PAIR_BLOCKS there is no sorted list:
+    row block b holds pair b alone and ``block_expert_ptr`` is topk_ids itself.
+    Batched: program axis 1 is the expert and rows are ``0..expert_num_tokens[e]``.
     """
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -177,11 +180,18 @@ def moe_gemm_kernel(
         out_base = out_ptr + expert * stride_oe
         os_base = out_scale_ptr + expert * stride_ose
     else:
-        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-            return
-        rows = tl.load(sorted_ids_ptr + offs_r).to(tl.int64)
+        if PAIR_BLOCKS:
+            # one block per (token, slot) pair, its expert read straight from topk_ids
+            expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+            if (expert < 0) | (expert >= num_experts):
+                return
+            rows = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_valid_rows).to(tl.int64)
+        else:
+            if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+                return
+            rows = tl.load(sorted_ids_ptr + offs_r).to(tl.int64)
+            expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
         row_ok = rows < num_valid_rows
-        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
         a_rows = rows // A_ROW_DIV
         a_base = a_ptr
         as_base = a_scale_ptr

@@ -47,6 +47,37 @@ class AlignedRouting:
         return self.block_expert.numel()
 
 
+@dataclass(frozen=True)
+class PairBlocks:
+    """Row source for one token: row block b computes pair b alone, its expert read from ``topk_ids``.
+
+    A single token's top-k slots name distinct experts, so sorting buys nothing and
+    skipping it saves the alignment's three launches, which at one token cost a
+    large share of the layer. (Repeated ids stay correct, each pair reading its
+    expert's weights again.)
+    """
+
+    topk_ids: torch.Tensor
+    block_m: int
+    num_pairs: int
+    top_k: int
+    num_experts: int
+
+    @property
+    def num_row_blocks(self) -> int:
+        return self.num_pairs
+
+
+def pair_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> PairBlocks:
+    """One row block per (token, slot) pair of ``topk_ids`` [M, top_k]; no device work."""
+    if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise KernelInputError(
+            f"topk_ids must be int32/int64 [M, top_k]; got {topk_ids.dtype} {tuple(topk_ids.shape)}"
+        )
+    ids = topk_ids.contiguous()
+    return PairBlocks(ids.reshape(-1), block_m, ids.numel(), ids.shape[1], num_experts)
+
+
 def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Worst-case rows after padding: every non-empty expert wastes at most block_m - 1."""
     return num_pairs + min(num_experts, num_pairs) * (block_m - 1)

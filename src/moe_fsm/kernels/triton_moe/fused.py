@@ -22,7 +22,7 @@ import torch
 
 from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, require_device
-from moe_fsm.kernels.triton_moe.align import AlignedRouting, align_tokens
+from moe_fsm.kernels.triton_moe.align import AlignedRouting, PairBlocks, align_tokens, pair_blocks
 from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, get_config, validate_config
 from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE, quantize_activation
 
@@ -74,7 +74,7 @@ class BatchedRows:
         return -(-self.max_tokens // self.block_m)
 
 
-RowSource = Union[AlignedRouting, BatchedRows]
+RowSource = Union[AlignedRouting, PairBlocks, BatchedRows]
 
 
 def _weight_scale(
@@ -159,8 +159,12 @@ def _launch(
         ae, (am, ak) = 0, a.stride()
         oe, (om, on) = 0, out.stride()
         grid = (rows.num_row_blocks * -(-n_out // config.block_n),)
-        sorted_ids, block_expert, num_padded = rows.sorted_ids, rows.block_expert, rows.num_padded
-        expert_num_tokens, num_valid = rows.num_padded, rows.num_pairs
+        if isinstance(rows, PairBlocks):
+            sorted_ids = num_padded = expert_num_tokens = block_expert = rows.topk_ids
+        else:
+            sorted_ids, block_expert, num_padded = rows.sorted_ids, rows.block_expert, rows.num_padded
+            expert_num_tokens = num_padded
+        num_valid = rows.num_pairs
     we, wn, wk = w.stride()
     kernels().moe_gemm_kernel[grid](
         a,
@@ -179,6 +183,7 @@ def _launch(
         k_in,
         num_valid,
         rows.num_row_blocks,
+        w.shape[0],
         float(swiglu_limit) if swiglu_limit is not None else 0.0,
         ae, am, ak,
         we, wn, wk,
@@ -188,6 +193,7 @@ def _launch(
         os_e, os_m, os_n,
         A_ROW_DIV=a_row_div,
         BATCHED=batched,
+        PAIR_BLOCKS=isinstance(rows, PairBlocks),
         GATED=gated,
         ACTIVATION=ACTIVATIONS[activation],
         HAS_LIMIT=swiglu_limit is not None,
@@ -400,7 +406,9 @@ def fused_experts(
         )
     else:
         validate_config(config, block_fp8=fp8 is not None and fp8.block)
-    routing = align_tokens(topk_ids, num_experts, config.block_m)
+    # one token: its top-k experts are distinct, so skip sorting (and its launches)
+    align = pair_blocks if num_tokens == 1 else align_tokens
+    routing = align(topk_ids, num_experts, config.block_m)
     flat_weights = topk_weights.reshape(-1)
     inter, inter_scale = w1_gemm(
         a, a_scale, w1, w1_scale, routing, spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
