@@ -9,22 +9,29 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dist_harness import run_ranks  # noqa: E402
+from dist_harness import SuiteError, run_ranks  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def dist_suite(tmp_path_factory):
     """``dist_suite(world)``: every scenario's per-rank results for that world size, run once per session."""
-    cache: dict[int, dict[str, list[dict]]] = {}
+    cache: dict[int, dict[str, list[dict]] | str] = {}
 
     def get(world: int) -> dict[str, list[dict]]:
         if world not in cache:
-            files = run_ranks(world, tmp_path_factory.mktemp(f"world{world}"))
-            by_scenario: dict[str, list[dict]] = {}
-            for f in files:
-                for res in f["results"]:
-                    by_scenario.setdefault(res["scenario"], []).append(res)
-            cache[world] = by_scenario
-        return cache[world]
+            try:
+                files = run_ranks(world, tmp_path_factory.mktemp(f"world{world}"))
+            except SuiteError as err:
+                cache[world] = str(err)  # fail every test of this world with it, without re-running
+            else:
+                by_scenario: dict[str, list[dict]] = {}
+                for f in files:
+                    for res in f["results"]:
+                        by_scenario.setdefault(res["scenario"], []).append(res)
+                cache[world] = by_scenario
+        found = cache[world]
+        if isinstance(found, str):
+            pytest.fail(found)
+        return found
 
     return get

@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from moe_fsm.distributed import BACKEND_ENV, TIMEOUT_ENV, rank_trace_path
@@ -38,7 +37,13 @@ def dist_backend() -> str:
     return os.environ.get(BACKEND_ENV, "gloo").strip().lower() or "gloo"
 
 
+class SuiteError(RuntimeError):
+    """The ranks did not finish, or did not report: the message carries the log tail."""
+
+
 def skip_unless_world_fits(world: int) -> None:
+    import pytest
+
     if dist_backend() == "nccl" and torch.cuda.device_count() < world:
         pytest.skip(f"NCCL needs one GPU per rank: world {world} > {torch.cuda.device_count()} GPUs")
 
@@ -78,7 +83,7 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 
 def run_ranks(world: int, out_dir: Path, names: tuple[str, ...] = ()) -> list[dict]:
-    """Run the worker on ``world`` ranks; return each rank's result file; fail with the logs on any problem."""
+    """Run the worker on ``world`` ranks; return each rank's result file; SuiteError with the logs on any problem."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for attempt in range(PORT_RETRIES + 1):
         port = free_port()
@@ -100,7 +105,7 @@ def run_ranks(world: int, out_dir: Path, names: tuple[str, ...] = ()) -> list[di
                 p.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             _kill(procs)
-            pytest.fail(f"world {world}: ranks still running after {SUITE_DEADLINE_S} s; rank 0 log:\n{_tail(logs[0])}")
+            raise SuiteError(f"world {world}: ranks still running after {SUITE_DEADLINE_S} s; rank 0 log:\n{_tail(logs[0])}")
         finally:
             _kill(procs)
         if any("address already in use" in _tail(log, 20000).lower() for log in logs) and attempt < PORT_RETRIES:
@@ -110,6 +115,32 @@ def run_ranks(world: int, out_dir: Path, names: tuple[str, ...] = ()) -> list[di
     for r in range(world):
         path = rank_trace_path(out_dir / "results.json", r)
         if not path.exists():
-            pytest.fail(f"world {world}: rank {r} wrote no results (exit {procs[r].returncode}); log:\n{_tail(logs[r])}")
+            raise SuiteError(f"world {world}: rank {r} wrote no results (exit {procs[r].returncode}); log:\n{_tail(logs[r])}")
         results.append(json.loads(path.read_text()))
     return results
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/distributed/dist_harness.py OUT_DIR [WORLD ...]``: the suite without pytest; exit 1 on any failure."""
+    sys.path.insert(0, str(HERE))
+    import dist_scenarios
+
+    out_dir = Path(argv[0])
+    worlds = [int(w) for w in argv[1:]] or [2, 4]
+    failed = 0
+    for world in worlds:
+        if dist_backend() == "nccl" and torch.cuda.device_count() < world:
+            print(f"world {world}: skipped (NCCL needs one GPU per rank, {torch.cuda.device_count()} GPUs)")
+            continue
+        files = run_ranks(world, out_dir / f"world{world}")
+        for f in files:
+            for res in f["results"]:
+                ok, why = dist_scenarios.result_ok(res)
+                failed += not ok
+                print(f"world {world} rank {f['rank']} {res['scenario']}: {'ok' if ok else 'FAILED ' + why}")
+    print(f"{failed} failure(s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -27,7 +27,7 @@ from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.quant import QuantScheme
 from moe_fsm.kernels.reference import moe_reference
-from moe_fsm.modular.interfaces import ActivationFormat
+from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales
 from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.prepare_finalize.choice import build_prepare_finalize, choose_prepare_finalize
 from moe_fsm.prepare_finalize.local import LocalBatchedPrepareFinalize, LocalPrepareFinalize
@@ -53,8 +53,12 @@ QUANT = {
 REF_TOL = {"float32": 2e-5, "bfloat16": 2e-2}
 REF_TOL_QUANT = {"fp8": 0.1, "nvfp4": 0.3}
 # Against the single-process kernel with identical quantization: only the order of
-# float32 sums and (bf16) the rounding of per-rank partial sums differ.
+# float32 sums and (bf16) the rounding of per-rank partial sums differ. On CUDA the
+# GEMMs of different batch sizes may round differently, which can move a re-quantized
+# intermediate by one fp8/fp4 step, so quantized runs there get a looser bound.
 LOCAL_TOL = {"float32": 2e-6, "bfloat16": 1.6e-2}
+LOCAL_TOL_CUDA = {"float32": 1e-5, "bfloat16": 1.6e-2}
+LOCAL_TOL_CUDA_QUANT = 3e-2
 
 MODES = {
     # mode: (parallel config for a world of W, the P/F class the choice must name)
@@ -180,7 +184,9 @@ def run_scenario(s: Scenario, rank: int, world: int, device: torch.device) -> di
     fmt = ActivationFormat(s.fmt)
     experts_cls = TorchExperts if fmt is ActivationFormat.STANDARD else TorchBatchedExperts
     local_pf = LocalPrepareFinalize() if fmt is ActivationFormat.STANDARD else LocalBatchedPrepareFinalize()
-    one_process = ModularKernel(local_pf, experts_cls(layer), layer)(x_all, w1q, w2q, w_all, ids_all, scales=scales)
+    one_process = ModularKernel(local_pf, experts_cls(layer), layer)(
+        x_all.to(device), w1q.to(device), w2q.to(device), w_all.to(device), ids_all.to(device), scales=_to(scales, device)
+    ).cpu()
 
     # This rank's tokens and weights.
     if ep_reduce:
@@ -206,17 +212,13 @@ def run_scenario(s: Scenario, rank: int, world: int, device: torch.device) -> di
     pf = build_prepare_finalize(choice, parallel, NUM_EXPERTS, quant=layer.quant)
     kernel = ModularKernel(pf, experts_cls(rank_layer), rank_layer)
 
-    def dev(t):
-        return None if t is None else t.to(device)
-
-    scales_dev = type(scales_r)(**{k: dev(v) for k, v in vars(scales_r).items()})
     out = kernel(
         x_all[rows].to(device),
         w1r.to(device),
         w2r.to(device),
         w_all[rows].to(device),
         ids_all[rows].to(device),
-        scales=scales_dev,
+        scales=_to(scales_r, device),
         expert_map=expert_map,
     ).cpu()
 
@@ -238,8 +240,15 @@ def run_scenario(s: Scenario, rank: int, world: int, device: torch.device) -> di
     }
     if s.row_wise_quant:
         result["local_err"] = float((out.double() - local.double()).abs().max()) / denom if out.numel() else 0.0
-        result["local_tol"] = LOCAL_TOL[s.dtype]
+        if device.type != "cuda":
+            result["local_tol"] = LOCAL_TOL[s.dtype]
+        else:
+            result["local_tol"] = LOCAL_TOL_CUDA_QUANT if family in REF_TOL_QUANT else LOCAL_TOL_CUDA[s.dtype]
     return result
+
+
+def _to(scales: ExpertScales, device: torch.device) -> ExpertScales:
+    return ExpertScales(**{k: None if v is None else v.to(device) for k, v in vars(scales).items()})
 
 
 def run_collectives(rank: int, world: int, device: torch.device) -> dict:

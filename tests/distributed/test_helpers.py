@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -11,6 +12,7 @@ from moe_fsm.distributed import (
     ExpertPlacement,
     init_from_env,
     launch,
+    launch_env,
     pack_row_bytes,
     rank_trace_path,
     resolve_backend,
@@ -257,17 +259,17 @@ def test_backend_and_timeout_from_env(monkeypatch) -> None:
     assert resolve_timeout() == 12.5
 
 
-def test_torchrun_command_line() -> None:
-    script = torchrun_command(2, ["worker.py", "--x"])
-    assert script[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--standalone" in script and script[script.index("--nproc-per-node") + 1] == "2"
-    assert script[-2:] == ["worker.py", "--x"] and "--no-python" not in script
-    command = torchrun_command(4, ["moe-fsm", "run", "preset"])
-    assert command[-4:] == ["--no-python", "moe-fsm", "run", "preset"]
+def test_torchrun_command_line_keeps_rank_arguments_out_of_its_parser() -> None:
+    command = torchrun_command(2)
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in command and command[command.index("--nproc-per-node") + 1] == "2"
+    assert command[-2:] == ["-m", "moe_fsm.launch_trampoline"]
+    env = launch_env(["moe-fsm", "run", "--nproc", "2"], {"X": "1"})
+    assert json.loads(env["MOE_FSM_LAUNCH_ARGV"]) == ["moe-fsm", "run", "--nproc", "2"] and env["X"] == "1"
     with pytest.raises(InputError):
-        torchrun_command(0, ["x.py"])
+        torchrun_command(0)
     with pytest.raises(InputError):
-        torchrun_command(2, [])
+        launch_env([])
 
 
 def test_launch_refuses_to_nest(monkeypatch) -> None:

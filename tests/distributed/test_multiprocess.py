@@ -74,3 +74,18 @@ def test_launch_runs_ranks_under_torchrun(tmp_path: Path) -> None:
         for res in data["results"]:
             ok, why = dist_scenarios.result_ok(res)
             assert ok, f"rank {rank} {res['scenario']}: {why}"
+
+
+def test_launch_passes_arguments_torchrun_would_claim(tmp_path: Path) -> None:
+    """``--nproc`` and ``--node-rank`` are torchrun options (or abbreviations); the rank must still get them verbatim."""
+    script = tmp_path / "echo_argv.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "from pathlib import Path\n"
+        "Path(sys.argv[1]).write_text(json.dumps({'argv': sys.argv[2:], 'rank': os.environ['RANK'],"
+        " 'world': os.environ['WORLD_SIZE'], 'leaked': 'MOE_FSM_LAUNCH_ARGV' in os.environ}))\n"
+    )
+    out = tmp_path / "argv.json"
+    assert launch(1, [str(script), str(out), "--nproc", "2", "--node-rank", "x"], timeout_s=60) == 0
+    seen = json.loads(out.read_text())
+    assert seen == {"argv": ["--nproc", "2", "--node-rank", "x"], "rank": "0", "world": "1", "leaked": False}

@@ -28,7 +28,7 @@ from moe_fsm.distributed.group import (
     is_launched,
     resolve_backend,
 )
-from moe_fsm.distributed.launch import launch, rank_trace_path, torchrun_command
+from moe_fsm.distributed.launch import launch, launch_env, rank_trace_path, torchrun_command
 from moe_fsm.distributed.sharding import shard_experts, shard_intermediate
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "init_from_env",
     "is_launched",
     "launch",
+    "launch_env",
     "pack_row_bytes",
     "rank_trace_path",
     "reduce_scatter_v",

@@ -9,7 +9,7 @@ So:
 
 * sizes travel first (one small all-gather or all-to-all of int64 counts);
 * all-gather-v pads every rank's rows to the largest count and runs an equal-size
-  all-gather (``all_gather_into_tensor`` on NCCL, the list form on gloo);
+  all-gather (the single-tensor form on NCCL, the list form on gloo);
 * reduce-scatter-v is an ``all_to_all_single`` that sends rank j the partial
   rows of rank j's tokens, followed by a local sum over the sources (the same
   bytes on the wire as a reduce-scatter, summed in float32 in rank order, so the
@@ -206,11 +206,16 @@ def _wire_view(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+# Newer torch (2.13 here) calls the single-tensor all-gather ``all_gather_single`` and warns on its
+# older name ``all_gather_into_tensor``, the only one older releases have; both take (output, input, group).
+_ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _all_gather_equal(out: torch.Tensor, send: torch.Tensor, group: Optional[dist.ProcessGroup]) -> None:
-    """Equal-size all-gather into ``out`` [W * rows, ...]: the tensor form on NCCL, the list form elsewhere."""
+    """Equal-size all-gather into ``out`` [W * rows, ...]: the single-tensor form on NCCL, the list form elsewhere."""
     wire_out, wire_send = _wire_view(out), _wire_view(send)
     if dist.get_backend(group) == "nccl":
-        dist.all_gather_into_tensor(wire_out, wire_send, group=group)
+        _ALL_GATHER_SINGLE(wire_out, wire_send, group=group)
     else:
         world = dist.get_world_size(group)
         dist.all_gather(list(wire_out.chunk(world, dim=0)), wire_send, group=group)

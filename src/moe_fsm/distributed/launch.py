@@ -5,10 +5,14 @@ would have run itself (minus ``--nproc``); torch.distributed.run starts N copies
 with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK set, and each copy calls
 :func:`moe_fsm.distributed.init_from_env`. ``--standalone`` makes the launcher
 pick a free local rendezvous port, so two launches on one machine do not collide.
+The command reaches the ranks through a trampoline module (see
+:mod:`moe_fsm.launch_trampoline`) because torchrun's own parser would
+otherwise claim arguments such as ``--nproc``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,21 +22,20 @@ from typing import Mapping, Optional, Sequence
 
 from moe_fsm.distributed.group import is_launched
 from moe_fsm.errors import InputError
+from moe_fsm.launch_trampoline import ARGV_ENV
+
+TRAMPOLINE = "moe_fsm.launch_trampoline"
 
 
-def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
-    """The torch.distributed.run command line that runs ``argv`` as ``nproc`` local ranks.
+def torchrun_command(nproc: int) -> list[str]:
+    """The torch.distributed.run command line that starts ``nproc`` local ranks of the launch trampoline.
 
-    ``argv`` is the per-rank command. A first element ending in ``.py`` runs as a
-    script with this interpreter; anything else (``moe-fsm``, ``python -m ...``,
-    a path to an executable) runs verbatim through ``--no-python``.
+    The per-rank command itself travels in ``$MOE_FSM_LAUNCH_ARGV`` (see
+    :mod:`moe_fsm.launch_trampoline`), out of reach of torchrun's option parser.
     """
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise InputError(f"nproc must be a positive integer, got {nproc!r}")
-    argv = [str(a) for a in argv]
-    if not argv:
-        raise InputError("launch needs the per-rank command to run (argv is empty)")
-    cmd = [
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -43,10 +46,26 @@ def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
         str(nproc),
         "--max-restarts",
         "0",
+        "-m",
+        TRAMPOLINE,
     ]
-    if argv[0].endswith(".py"):
-        return cmd + argv
-    return cmd + ["--no-python"] + argv
+
+
+def launch_env(argv: Sequence[str], env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """This environment, plus ``env``, plus the per-rank command for the trampoline.
+
+    ``argv`` is the per-rank command: a first element ending in ``.py`` runs as a
+    script with this interpreter; anything else (``moe-fsm``, ``python -m ...``, a
+    path to an executable) runs verbatim.
+    """
+    argv = [str(a) for a in argv]
+    if not argv:
+        raise InputError("launch needs the per-rank command to run (argv is empty)")
+    full = dict(os.environ)
+    if env:
+        full.update(env)
+    full[ARGV_ENV] = json.dumps(argv)
+    return full
 
 
 def launch(
@@ -72,10 +91,7 @@ def launch(
         )
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
         raise InputError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
-    full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
-    proc = subprocess.Popen(torchrun_command(nproc, argv), env=full_env, start_new_session=True)
+    proc = subprocess.Popen(torchrun_command(nproc), env=launch_env(argv, env), start_new_session=True)
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:

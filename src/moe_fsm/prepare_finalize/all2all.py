@@ -8,8 +8,8 @@ experts compute exactly the pairs they own. (Sending one row per pair would
 send a token twice to a rank owning two of its experts; one row per
 (token, rank) is what DeepEP's high-throughput dispatch does, and it carries
 every pair all the same.) The number of rows for each destination is exchanged
-first, then one ``all_to_all_single`` moves the rows (quantized payload,
-row-wise scales, top-k ids and weights packed into bytes).
+first, then ``all_to_all_single`` moves the rows: the (quantized) payload as it
+is, and the row-wise scales, top-k ids and weights packed into one byte row.
 
 Combine: each rank weights and sums its own experts' slots per received row
 (the local finalize), sends the partial rows back with the reverse splits, and
@@ -41,11 +41,15 @@ from moe_fsm.prepare_finalize.transport import (
 
 @dataclass(frozen=True)
 class DispatchState:
-    """How the rows went out, so they can come back: source token of each sent row, the splits."""
+    """How the rows went out, so they can come back: source token of each sent row, the splits.
+
+    ``row_bytes`` is the width of one dispatched row on the wire (payload plus packed scales, ids, weights).
+    """
 
     token: torch.Tensor  # [S] this rank's token index of each row sent, grouped by destination
     send_counts: tuple[int, ...]
     recv_counts: tuple[int, ...]
+    row_bytes: int
     local: PreparedTokens
 
 
@@ -124,17 +128,19 @@ class AllToAllPrepareFinalize(PrepareFinalize):
         dest_rank, token = dest.t().nonzero(as_tuple=True)
         send_counts = torch.bincount(dest_rank, minlength=world)
 
-        fields = [source.payload] + ([source.row_scale] if source.row_scale is not None else []) + [topk_ids, topk_weights]
-        packed, layout = pack_row_bytes([f[token] for f in fields])
-        records = torch.stack([send_counts, torch.full_like(send_counts, layout.row_bytes)], dim=1)
+        payload = source.payload.index_select(0, token)
+        meta, layout = pack_row_bytes([f.index_select(0, token) for f in source.metadata(topk_ids, topk_weights)])
+        widths = (source.payload_row_bytes, layout.row_bytes)
+        records = torch.stack([send_counts, *(torch.full_like(send_counts, w) for w in widths)], dim=1)
         received = exchange_counts(records, group=self.group).tolist()
-        check_row_layouts([r[1] for r in received], layout.row_bytes, self.name)
+        check_row_layouts([r[1:] for r in received], widths, self.name)
         send = tuple(int(c) for c in send_counts.tolist())
         recv = tuple(int(r[0]) for r in received)
 
-        arrived = unpack_row_bytes(all_to_all_v(packed, send, recv, group=self.group), layout)
-        rows, ids, weights = arrived[0], arrived[-2], arrived[-1]
-        row_scale = arrived[1] if source.row_scale is not None else None
+        rows = all_to_all_v(payload, send, recv, group=self.group)
+        row_scale, ids, weights = source.split_metadata(
+            unpack_row_bytes(all_to_all_v(meta, send, recv, group=self.group), layout)
+        )
         local = self.local.prepare(
             rows,
             weights,
@@ -150,7 +156,7 @@ class AllToAllPrepareFinalize(PrepareFinalize):
             topk_ids=local.topk_ids,
             topk_weights=local.topk_weights,
             expert_num_tokens=local.expert_num_tokens,
-            state=DispatchState(token, send, recv, local),
+            state=DispatchState(token, send, recv, sum(widths), local),
         )
 
     def finalize(

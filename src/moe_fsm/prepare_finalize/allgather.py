@@ -1,8 +1,8 @@
 """Data-parallel prepare/finalize: all-gather the tokens, reduce-scatter the results.
 
 As vLLM's naive DP path and FlashInfer's all-gather P/F do: every rank
-gathers every rank's tokens (quantized activations, their row-wise scales, the
-top-k ids and weights, in one collective), computes its share of all of them,
+gathers every rank's tokens (quantized activations as they are; their row-wise
+scales, top-k ids and weights packed into one byte row), computes its share of all of them,
 and a reduce-scatter sums the shares and hands each rank back its own tokens.
 
 What "its share" is depends on expert parallelism:
@@ -35,9 +35,13 @@ from moe_fsm.prepare_finalize.transport import check_row_layouts, local_prepare_
 
 @dataclass(frozen=True)
 class GatherState:
-    """What finalize needs: every rank's token count and the local P/F's prepared tokens."""
+    """What finalize needs: every rank's token count and the local P/F's prepared tokens.
+
+    ``row_bytes`` is the width of one gathered row on the wire (payload plus packed scales, ids, weights).
+    """
 
     sizes: tuple[int, ...]
+    row_bytes: int
     local: PreparedTokens
 
 
@@ -88,14 +92,13 @@ class AllGatherReduceScatterPrepareFinalize(PrepareFinalize):
             quantize=quantize,
             quantize_first=self.quantize_first,
         )
-        fields = [source.payload] + ([source.row_scale] if source.row_scale is not None else []) + [topk_ids, topk_weights]
-        packed, layout = pack_row_bytes(fields)
-        meta = all_gather_ints([packed.shape[0], layout.row_bytes], group=self.group, device=hidden_states.device)
-        check_row_layouts([m[1] for m in meta], layout.row_bytes, self.name)
-        sizes = tuple(m[0] for m in meta)
-        gathered = unpack_row_bytes(all_gather_v(packed, sizes, group=self.group), layout)
-        rows, ids, weights = gathered[0], gathered[-2], gathered[-1]
-        row_scale = gathered[1] if source.row_scale is not None else None
+        meta, layout = pack_row_bytes(source.metadata(topk_ids, topk_weights))
+        widths = (source.payload_row_bytes, layout.row_bytes)
+        records = all_gather_ints([source.payload.shape[0], *widths], group=self.group, device=hidden_states.device)
+        check_row_layouts([r[1:] for r in records], widths, self.name)
+        sizes = tuple(r[0] for r in records)
+        rows = all_gather_v(source.payload, sizes, group=self.group)
+        row_scale, ids, weights = source.split_metadata(unpack_row_bytes(all_gather_v(meta, sizes, group=self.group), layout))
         local = self.local.prepare(
             rows,
             weights,
@@ -111,7 +114,7 @@ class AllGatherReduceScatterPrepareFinalize(PrepareFinalize):
             topk_ids=local.topk_ids,
             topk_weights=local.topk_weights,
             expert_num_tokens=local.expert_num_tokens,
-            state=GatherState(sizes, local),
+            state=GatherState(sizes, sum(widths), local),
         )
 
     def finalize(

@@ -20,6 +20,7 @@ experts run.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -57,12 +58,28 @@ class SourceRows:
     ``row_scale`` is a 2-D scale that travels with the rows; ``shared_scale`` a 0-D/1-D
     scale every rank holds alike (static per tensor); ``quantized`` says the payload
     is already in the experts' input form.
+
+    On the wire, the payload goes as it is (one collective, no copy into a packed
+    buffer: it is nearly all of the bytes) and the per-row metadata (row scale,
+    top-k ids, top-k weights) packed into one byte row (a second collective).
     """
 
     payload: torch.Tensor
     row_scale: Optional[torch.Tensor]
     shared_scale: Optional[torch.Tensor]
     quantized: bool
+
+    @property
+    def payload_row_bytes(self) -> int:
+        return math.prod(self.payload.shape[1:]) * self.payload.element_size()
+
+    def metadata(self, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> list[torch.Tensor]:
+        """The per-row tensors that travel packed next to the payload."""
+        return ([self.row_scale] if self.row_scale is not None else []) + [topk_ids, topk_weights]
+
+    def split_metadata(self, fields: list[torch.Tensor]) -> tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Received metadata back into (row scale or None, top-k ids, top-k weights)."""
+        return (fields[0] if self.row_scale is not None else None), fields[-2], fields[-1]
 
 
 def source_rows(
@@ -145,10 +162,10 @@ class PlacementGuard:
         self._checked = expert_map
 
 
-def check_row_layouts(row_bytes: list[int], mine: int, who: str) -> None:
+def check_row_layouts(widths: list[tuple[int, ...]], mine: tuple[int, ...], who: str) -> None:
     """Every rank must send rows of the same layout (dtypes, quantization); say so instead of garbling."""
-    if any(b != mine for b in row_bytes):
+    if any(tuple(w) != tuple(mine) for w in widths):
         raise KernelInputError(
-            f"{who}: ranks send rows of different byte widths {row_bytes}; every rank must use the same "
-            f"hidden dtype, top-k dtype and activation quantizer"
+            f"{who}: ranks send rows of different byte widths (payload, metadata) {[tuple(w) for w in widths]}; "
+            f"every rank must use the same hidden dtype, top-k dtypes and activation quantizer"
         )
