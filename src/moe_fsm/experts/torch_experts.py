@@ -25,7 +25,7 @@ past each expert's count.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -42,6 +42,11 @@ _INDEX_BYTES = 8
 
 def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
+
+
+def _nonempty(t: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
+    """Row blocks of ``t`` for the non-zero ``counts``, in order (one split, no per-expert slicing)."""
+    return [part for part, n in zip(torch.split(t, counts), counts) if n]
 
 
 class ExpertMath:
@@ -69,11 +74,13 @@ class ExpertMath:
             return intermediate
         return self.act_quant.fake_quantize(intermediate, static_scale(self.act_quant, scales, 1), self.compute_dtype)
 
-    def _weight(self, w: torch.Tensor, scale: Optional[torch.Tensor], global_scale: Optional[torch.Tensor], e: int) -> torch.Tensor:
+    def _weights_t(self, w: torch.Tensor, scale: Optional[torch.Tensor], global_scale: Optional[torch.Tensor]) -> Callable[[int], torch.Tensor]:
+        """Expert ``e``'s weight, transposed for ``rows @ w^T``, dense in the compute dtype."""
         if self.weights is None:
-            return w[e].to(self.compute_dtype)
-        g = global_scale[e] if self.weights.has_global_scale else None
-        return self.weights.dequantize(w[e], scale[e], g, self.compute_dtype)
+            wt = w.transpose(1, 2) if w.dtype == self.compute_dtype else w.transpose(1, 2).to(self.compute_dtype)
+            return lambda e: wt[e]
+        fmt, dtype = self.weights, self.compute_dtype
+        return lambda e: fmt.dequantize(w[e], scale[e], global_scale[e] if fmt.has_global_scale else None, dtype).T
 
     def run(self, rows: torch.Tensor, offsets: Sequence[int], w1: torch.Tensor, w2: torch.Tensor, scales: ExpertScales) -> torch.Tensor:
         """``w2[e] . act(w1[e] . x)`` for rows [P, K] sorted by expert (expert e owns ``offsets[e]:offsets[e+1]``).
@@ -82,14 +89,17 @@ class ExpertMath:
         and the re-quantization run once over all rows (a dynamic per-tensor scale
         then covers every routed row, as in the kernels) and the loop holds only GEMMs.
         """
-        segments = [(e, slice(a, b)) for e, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])) if b > a]
+        counts = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
+        active = [e for e, n in enumerate(counts) if n]
         h = rows.new_empty((rows.shape[0], 2 * self.layer.intermediate_size))
-        for e, part in segments:
-            torch.mm(rows[part], self._weight(w1, scales.w1_scale, scales.w1_global_scale, e).T, out=h[part])
+        w1t = self._weights_t(w1, scales.w1_scale, scales.w1_global_scale)
+        for e, x, out in zip(active, _nonempty(rows, counts), _nonempty(h, counts)):
+            torch.mm(x, w1t(e), out=out)
         intermediate = self.requantize(apply_activation(self.layer.activation.value, h, self.layer.swiglu_limit), scales)
         y = rows.new_empty((rows.shape[0], self.layer.hidden_size))
-        for e, part in segments:
-            torch.mm(intermediate[part], self._weight(w2, scales.w2_scale, scales.w2_global_scale, e).T, out=y[part])
+        w2t = self._weights_t(w2, scales.w2_scale, scales.w2_global_scale)
+        for e, x, out in zip(active, _nonempty(intermediate, counts), _nonempty(y, counts)):
+            torch.mm(x, w2t(e), out=out)
         return y.to(self.out_dtype)
 
     def workspace_bytes(self, rows: int, pairs: int, output_rows: int) -> int:
