@@ -43,6 +43,9 @@ class BackendRequest:
             pairs = [part.split("=", 1) for part in spec.split(",") if part.strip()]
             if any(len(p) != 2 for p in pairs):
                 raise InputError(f"backend mapping {spec!r} must look like 'nvfp4=flashinfer_b12x,fp8=triton'")
+            keys = [k.strip().lower() for k, _ in pairs]
+            if len(set(keys)) != len(keys):
+                raise InputError(f"backend mapping {spec!r} names a family twice; give each family one backend")
             spec = {k.strip(): v.strip() for k, v in pairs}
         if isinstance(spec, str):
             return cls(normalize_backend_name(spec))
@@ -60,6 +63,8 @@ class BackendRequest:
                         f"backend mapping key {key!r} is not a quantization family; "
                         f"accepted: {sorted(families)} or 'default'"
                     )
+                if any(fam is families[key_n] for fam, _ in per_family):
+                    raise InputError(f"backend mapping names family {key_n!r} twice; give each family one backend")
                 per_family.append((families[key_n], normalize_backend_name(name)))
             return cls(default, tuple(sorted(per_family, key=lambda p: p[0].value)))
         raise InputError(f"backend request must be a string or a mapping of family to name, got {type(spec).__name__}")
