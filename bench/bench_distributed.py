@@ -221,7 +221,7 @@ def write_report(out: Path, meta: dict, cases: list[dict]) -> Path:
         f"- device: {meta['device']}; torch {meta['torch']}" + (f"; NCCL {meta['nccl']}" if meta.get("nccl") else ""),
         f"- shape: DeepSeek-V3 MoE, E={NUM_EXPERTS}, K={HIDDEN}, top-{TOP_K}, bf16 activations, uniform random routing, "
         f"experts split evenly over the ranks",
-        f"- timing: median of {meta['iters']} calls after {meta['warmup']} warm-up calls, slowest rank; each call starts "
+        f"- timing: median of {meta['iters']} calls after {meta['warmup']} warm-up call(s), slowest rank; each call starts "
         f"after a barrier and ends with a device sync",
         "- GB/s: algorithm bandwidth (per-rank bytes of the larger buffer of each collective, dispatch + combine); "
         "the P/F and its baseline are charged the same bytes",

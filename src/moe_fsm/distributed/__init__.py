@@ -14,6 +14,7 @@ from moe_fsm.distributed.collectives import (
     pack_row_bytes,
     reduce_scatter_v,
     unpack_row_bytes,
+    wire_view,
 )
 from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.distributed.group import (
@@ -57,4 +58,5 @@ __all__ = [
     "shard_intermediate",
     "torchrun_command",
     "unpack_row_bytes",
+    "wire_view",
 ]

@@ -137,16 +137,16 @@ def all_gather_v(
     longest = max(sizes)
     if longest == 0:
         return rows.new_empty((0, *rows.shape[1:]))
-    send = rows.contiguous()
+    send = wire_view(rows.contiguous())  # pad, gather and cut in the wire dtype (bytes for float8)
     if send.shape[0] < longest:
         padded = send.new_zeros((longest, *send.shape[1:]))
         padded[: send.shape[0]] = send
         send = padded
     gathered = send.new_empty((world * longest, *send.shape[1:]))
     _all_gather_equal(gathered, send, group)
-    if all(s == longest for s in sizes):
-        return gathered
-    return torch.cat([gathered[r * longest : r * longest + s] for r, s in enumerate(sizes)], dim=0)
+    if any(s != longest for s in sizes):
+        gathered = torch.cat([gathered[r * longest : r * longest + s] for r, s in enumerate(sizes)], dim=0)
+    return gathered if gathered.dtype == rows.dtype else gathered.view(rows.dtype)
 
 
 def reduce_scatter_v(
@@ -191,7 +191,7 @@ def all_to_all_v(
     if rows.shape[0] != sum(send_counts):
         raise KernelInputError(f"all_to_all_v has {rows.shape[0]} rows but send_counts sum to {sum(send_counts)}")
     send = rows.contiguous()
-    wire = _wire_view(send)
+    wire = wire_view(send)
     out = wire.new_empty((sum(recv_counts), *wire.shape[1:]))
     dist.all_to_all_single(out, wire, output_split_sizes=list(recv_counts), input_split_sizes=list(send_counts), group=group)
     if wire.dtype == send.dtype:
@@ -199,8 +199,8 @@ def all_to_all_v(
     return out.view(send.dtype).reshape(out.shape[0], *send.shape[1:])
 
 
-def _wire_view(t: torch.Tensor) -> torch.Tensor:
-    """float8 tensors travel as uint8 bytes (gloo rejects float8 dtypes); others as they are."""
+def wire_view(t: torch.Tensor) -> torch.Tensor:
+    """float8 tensors as uint8 bytes (gloo rejects float8 dtypes, and byte gathers work everywhere); others as they are."""
     if t.dtype.is_floating_point and t.element_size() == 1:
         return t.view(torch.uint8)
     return t
@@ -213,7 +213,7 @@ _ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 def _all_gather_equal(out: torch.Tensor, send: torch.Tensor, group: Optional[dist.ProcessGroup]) -> None:
     """Equal-size all-gather into ``out`` [W * rows, ...]: the single-tensor form on NCCL, the list form elsewhere."""
-    wire_out, wire_send = _wire_view(out), _wire_view(send)
+    wire_out, wire_send = wire_view(out), wire_view(send)
     if dist.get_backend(group) == "nccl":
         _ALL_GATHER_SINGLE(wire_out, wire_send, group=group)
     else:

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from moe_fsm.distributed.collectives import all_to_all_v, exchange_counts, pack_row_bytes, unpack_row_bytes
+from moe_fsm.distributed.collectives import all_to_all_v, exchange_counts, pack_row_bytes, unpack_row_bytes, wire_view
 from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.distributed.group import group_rank_and_size
 from moe_fsm.errors import KernelInputError
@@ -128,8 +128,9 @@ class AllToAllPrepareFinalize(PrepareFinalize):
         dest_rank, token = dest.t().nonzero(as_tuple=True)
         send_counts = torch.bincount(dest_rank, minlength=world)
 
-        payload = source.payload.index_select(0, token)
-        meta, layout = pack_row_bytes([f.index_select(0, token) for f in source.metadata(topk_ids, topk_weights)])
+        payload = wire_view(source.payload).index_select(0, token)  # gathers run on bytes for float8
+        meta, layout = pack_row_bytes(source.metadata(topk_ids, topk_weights))
+        meta = meta.index_select(0, token)
         widths = (source.payload_row_bytes, layout.row_bytes)
         records = torch.stack([send_counts, *(torch.full_like(send_counts, w) for w in widths)], dim=1)
         received = exchange_counts(records, group=self.group).tolist()
@@ -137,7 +138,7 @@ class AllToAllPrepareFinalize(PrepareFinalize):
         send = tuple(int(c) for c in send_counts.tolist())
         recv = tuple(int(r[0]) for r in received)
 
-        rows = all_to_all_v(payload, send, recv, group=self.group)
+        rows = all_to_all_v(payload, send, recv, group=self.group).view(source.payload.dtype)
         row_scale, ids, weights = source.split_metadata(
             unpack_row_bytes(all_to_all_v(meta, send, recv, group=self.group), layout)
         )
