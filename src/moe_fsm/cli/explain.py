@@ -86,11 +86,34 @@ def explain_lines(document: dict, trace_path: str | None = None) -> list[str]:
 
     lines.append("Outcome")
     lines.extend(render.indent(render.outcome_lines(document)))
+    hint = _wrong_family_hint(document)
+    if hint:
+        lines.append(f"  {hint}")
     lines.append("")
 
     lines.append("To get a different backend")
     lines.extend(alternatives_lines(document, trace_path))
     return lines
+
+
+def _wrong_family_hint(document: dict) -> str | None:
+    """The PR #43334 situation: one --backend name for a model whose families do not all have it."""
+    if document["outcome"]["status"] != "failed" or any(e["event"] == "mapped" for e in document["events"]):
+        return None
+    request = next((e["inputs"] for e in document["events"]
+                    if e["event"] == "guard" and e["guard"] == "explicit_request" and e["result"]), None)
+    if request is None:
+        return None
+    name, family = request["requested"], document["family"]
+    registry = default_registry()
+    owners = [f.value for f, policy in POLICIES.items()
+              if f.value != family and (name in policy.user_names or name in registry.extension_names[f])]
+    if not owners:
+        return None
+    mapping = ",".join(f"{owner}={name}" for owner in owners)
+    return (f"hint: {name!r} is a backend of {' and '.join(owners)}, not of {family}. In a mixed-precision model give "
+            f"it to its own family only: --backend {mapping} (the {family} layers then choose on auto, or add "
+            f"{family}=NAME).")
 
 
 def _story(document: dict) -> list[str]:
@@ -231,7 +254,8 @@ def alternatives_lines(document: dict, trace_path: str | None = None, registry: 
             lines.append(f"    {a.backend:<28} --backend {a.user_name}{mark}")
             if a.pruned_by and a.backend != chosen:
                 lines.append(f"      with auto it was left out: {a.pruned_by}")
-        lines.append(f"    e.g. {base} --backend {family}={runs[0].user_name}")
+        example = next((a for a in runs if a.backend != chosen), runs[0])
+        lines.append(f"    e.g. {base} --backend {family}={example.user_name}")
     else:
         lines.append(f"  No {family} backend that --backend can name would run this layer on this platform.")
 
