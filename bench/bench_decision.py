@@ -1,0 +1,232 @@
+"""Cost of one backend decision, and of deciding a 61-layer model.
+
+Not a test: run it and read the table.
+
+    python bench/bench_decision.py            # the table
+    python bench/bench_decision.py --profile  # plus a cProfile of the worst case (FP8 on a CPU, warm, traced)
+
+Per decision (median of many, in microseconds), with tracing on and off:
+  warm  the same inputs again: the registry's verdict memo already holds every verdict;
+  cold  the first decision of a fresh input: a new registry, so every verdict is computed.
+The state machine itself is built once per process in both cases (as in an engine).
+
+The model rows decide a DeepSeek-V3-like model (61 MoE layers of one FP8 128x128-block
+scheme on an H100 preset), and a mixed NVFP4+FP8 variant (the PR #43334 checkpoint shape:
+40 NVFP4 and 21 per-tensor FP8 layers on GB10 with --backend nvfp4=flashinfer_b12x), either
+with one decision per layer (the first one cold) or with an engine-style cache keyed by
+DecisionInputs (one decision per distinct input, then dictionary hits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import pstats
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+from moe_fsm.backends.registry import Registry, default_registry
+from moe_fsm.decision import DecisionInputs, decide, make_inputs
+from moe_fsm.errors import SelectionError
+from moe_fsm.fsm.machine import selection_machine
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.inputs.platform import preset
+from moe_fsm.inputs.quant import QuantScheme
+
+TARGET_US = 100.0
+
+
+def fresh_registry() -> Registry:
+    """A registry like the default one (built-ins + installed plugins) with an empty verdict memo."""
+    registry = Registry.builtin_only()
+    registry.load_entry_points()
+    return registry
+
+
+def _decide(inputs: DecisionInputs, **kwargs):
+    try:
+        return decide(inputs, **kwargs)
+    except SelectionError as err:
+        return err
+
+
+DEEPSEEK_FP8 = MoELayer(quant=QuantScheme.fp8("block", "group"), num_experts=256, top_k=8, hidden_size=7168,
+                        intermediate_size=2048)
+
+CASES = {
+    "fp8 block, sm90, auto (FlashInfer CUTLASS)": make_inputs(DEEPSEEK_FP8, None, "auto", {}, preset("sm90")),
+    "unquantized, sm90, auto (Triton)": make_inputs(MoELayer(), None, "auto", {}, preset("sm90")),
+    "nvfp4, sm100, auto (FlashInfer TRTLLM)": make_inputs(MoELayer(quant=QuantScheme.nvfp4()), None, "auto", {},
+                                                          preset("sm100")),
+    "fp8 block, sm90, explicit triton": make_inputs(DEEPSEEK_FP8, None, "triton", {}, preset("sm90")),
+    "fp8 on sm121, backend flashinfer_b12x (error)": make_inputs(
+        MoELayer(quant=QuantScheme.fp8("tensor", "tensor", True)), None, "flashinfer_b12x", {}, preset("sm121")),
+    "fp8 block, cpu: 11 backends scanned, NONE (worst)": make_inputs(DEEPSEEK_FP8, None, "auto", {}, preset("cpu")),
+}
+WORST = "fp8 block, cpu: 11 backends scanned, NONE (worst)"
+
+
+def median_us(samples_ns: list[int]) -> float:
+    return statistics.median(samples_ns) / 1000.0
+
+
+def time_warm(inputs: DecisionInputs, trace: bool, n: int) -> float:
+    registry = default_registry()
+    _decide(inputs, registry=registry, trace=trace)  # fill the memo
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        _decide(inputs, registry=registry, trace=trace)
+        samples.append(time.perf_counter_ns() - t0)
+    return median_us(samples)
+
+
+def time_cold(inputs: DecisionInputs, trace: bool, n: int) -> float:
+    registries = [fresh_registry() for _ in range(n)]
+    samples = []
+    for registry in registries:
+        t0 = time.perf_counter_ns()
+        _decide(inputs, registry=registry, trace=trace)
+        samples.append(time.perf_counter_ns() - t0)
+    return median_us(samples)
+
+
+def model_layers(mixed: bool) -> list[DecisionInputs]:
+    if not mixed:
+        inputs = make_inputs(DEEPSEEK_FP8, ParallelConfig(), "auto", {}, preset("sm90"))
+        return [inputs] * 61
+    request = {"nvfp4": "flashinfer_b12x"}
+    nvfp4 = make_inputs(MoELayer(quant=QuantScheme.nvfp4(), num_experts=256, top_k=8, hidden_size=2048,
+                                 intermediate_size=512), None, request, {}, preset("sm121"))
+    fp8 = make_inputs(MoELayer(quant=QuantScheme.fp8("tensor", "tensor", True), num_experts=256, top_k=8,
+                               hidden_size=2048, intermediate_size=512), None, request, {}, preset("sm121"))
+    return [fp8 if i % 3 == 2 else nvfp4 for i in range(61)]
+
+
+def time_model(layers: list[DecisionInputs], cached: bool, trace: bool, repeats: int) -> float:
+    """Milliseconds to decide every layer, each repetition starting from an empty memo (and cache)."""
+    samples = []
+    for _ in range(repeats):
+        registry = fresh_registry()
+        t0 = time.perf_counter_ns()
+        if cached:
+            cache: dict[DecisionInputs, object] = {}
+            for inputs in layers:
+                decision = cache.get(inputs)
+                if decision is None:
+                    decision = cache[inputs] = _decide(inputs, registry=registry, trace=trace)
+        else:
+            for index, inputs in enumerate(layers):
+                _decide(inputs, registry=registry, trace=trace, layer_name=f"model.layers.{index}.mlp.experts")
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples) / 1e6
+
+
+def profile_worst(n: int = 3000, top: int = 18) -> str:
+    inputs = CASES[WORST]
+    registry = default_registry()
+    _decide(inputs, registry=registry)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        _decide(inputs, registry=registry)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out).strip_dirs().sort_stats("tottime")
+    stats.print_stats(top)
+    out.write("\n--- by cumulative time ---\n")
+    stats.sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+def what_if_direct_emit(n: int) -> None:
+    """How much of a traced decision is the structlog pipeline? Same events, appended directly."""
+    import logging
+
+    from moe_fsm.trace import recorder
+
+    original = recorder.Recorder.emit
+
+    def emit(self, event, **fields):
+        if self.enabled:
+            if recorder.FORWARD_LOGGER.isEnabledFor(logging.DEBUG):
+                self._log.info(event, **fields)  # the structlog path, for live forwarding
+            else:
+                fields["event"] = event
+                self.events.append(fields)
+
+    # the event dicts must come out the same as through structlog
+    probe = CASES[WORST]
+    before = _decide(probe, registry=fresh_registry())
+    recorder.Recorder.emit = emit
+    try:
+        after = _decide(probe, registry=fresh_registry())
+        same = before.trace["events"] == after.trace["events"]
+        print(f"\nwhat if Recorder.emit appended events directly (identical events: {same}):")
+        for name, inputs in CASES.items():
+            print(f"  {name:<52} traced warm {time_warm(inputs, True, n):>7.1f} us")
+    finally:
+        recorder.Recorder.emit = original
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", type=int, default=2000, help="decisions per warm measurement (default 2000)")
+    parser.add_argument("--cold-n", type=int, default=400, help="decisions per cold measurement (default 400)")
+    parser.add_argument("--repeats", type=int, default=30, help="repetitions of each 61-layer model (default 30)")
+    parser.add_argument("--profile", action="store_true", help="also profile the worst case")
+    parser.add_argument("--what-if-direct-emit", action="store_true",
+                        help="experiment: patch Recorder.emit (in this process only) to append events directly and "
+                             "use structlog only when the moe_fsm.decision logger is enabled; re-time the cases")
+    args = parser.parse_args(argv)
+
+    selection_machine()  # built once per process, as in an engine
+    gc.collect()
+    import os
+    import platform
+
+    print(f"moe-fsm decision benchmark  (python {platform.python_version()}, {os.cpu_count()} CPUs, "
+          f"median of {args.n} warm / {args.cold_n} cold decisions)\n")
+    header = f"{'one decision (us)':<52} {'traced warm':>11} {'traced cold':>11} {'untraced warm':>13} {'untraced cold':>13}"
+    print(header)
+    print("-" * len(header))
+    worst_traced = 0.0
+    for name, inputs in CASES.items():
+        tw = time_warm(inputs, True, args.n)
+        tc = time_cold(inputs, True, args.cold_n)
+        uw = time_warm(inputs, False, args.n)
+        uc = time_cold(inputs, False, args.cold_n)
+        worst_traced = max(worst_traced, tw)
+        print(f"{name:<52} {tw:>11.1f} {tc:>11.1f} {uw:>13.1f} {uc:>13.1f}")
+
+    print()
+    header = f"{"61-layer model (ms, whole model)":<62} {'traced':>11} {'untraced':>11}"
+    print(header)
+    print("-" * len(header))
+    for mixed in (False, True):
+        layers = model_layers(mixed)
+        label = "mixed NVFP4+FP8, sm121" if mixed else "DeepSeek-V3-like FP8 block, sm90"
+        for cached in (False, True):
+            how = "cache by DecisionInputs" if cached else "decide every layer"
+            t = time_model(layers, cached, True, args.repeats)
+            u = time_model(layers, cached, False, args.repeats)
+            print(f"{label + ", " + how:<62} {t:>11.3f} {u:>11.3f}")
+
+    print()
+    verdict = "within" if worst_traced < TARGET_US else "OVER"
+    print(f"slowest warm traced decision: {worst_traced:.1f} us ({verdict} the {TARGET_US:.0f} us target)")
+    if args.what_if_direct_emit:
+        what_if_direct_emit(args.n)
+    if args.profile:
+        print("\nprofile of the worst case (warm, traced):\n")
+        print(profile_worst())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
