@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<52} {tw:>11.1f} {tc:>11.1f} {uw:>13.1f} {uc:>13.1f}")
 
     print()
-    header = f"{"61-layer model (ms, whole model)":<62} {'traced':>11} {'untraced':>11}"
+    header = f"{'61-layer model (ms, whole model)':<62} {'traced':>11} {'untraced':>11}"
     print(header)
     print("-" * len(header))
     for mixed in (False, True):
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             how = "cache by DecisionInputs" if cached else "decide every layer"
             t = time_model(layers, cached, True, args.repeats)
             u = time_model(layers, cached, False, args.repeats)
-            print(f"{label + ", " + how:<62} {t:>11.3f} {u:>11.3f}")
+            print(f"{label + ', ' + how:<62} {t:>11.3f} {u:>11.3f}")
 
     print()
     verdict = "within" if worst_traced < TARGET_US else "OVER"
