@@ -103,11 +103,6 @@ def _all_user_names() -> list[str]:
     return sorted(names)
 
 
-def _one_key_per_family(mapping: dict) -> bool:
-    keys = [k.strip().lower().replace("*", "default") for k in mapping]
-    return len(keys) == len(set(keys))
-
-
 BACKEND_NAMES = _all_user_names() + ["foo", "Flashinfer-Cutlass", "DEEP-GEMM", "fastest", "none"]
 
 requests = st.one_of(
@@ -121,7 +116,7 @@ requests = st.one_of(
         st.sampled_from(BACKEND_NAMES + ["auto"]),
         min_size=1,
         max_size=4,
-    ).filter(_one_key_per_family),  # a family named twice is an engine bug: see test_a_family_named_twice...
+    ),  # 'fp8' and 'FP8' together name a family twice: an InputError
     st.dictionaries(st.sampled_from(["int8", "mxfp4"]), st.sampled_from(BACKEND_NAMES), min_size=1, max_size=1),
 )
 
