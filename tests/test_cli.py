@@ -372,3 +372,20 @@ def test_golden_bad_scenario_file(capsys, tmp_path):
     assert code == 2 and "name must match" in err
     code, _, err = run(capsys, "golden", "--dir", str(tmp_path / "nowhere"))
     assert code == 2 and "does not exist" in err
+
+
+def test_explain_and_replay_work_without_jsonschema(capsys, monkeypatch):
+    """jsonschema is a test dependency: without it the CLI skips validation instead of failing."""
+    import sys
+
+    from moe_fsm.trace import schema
+
+    monkeypatch.setitem(sys.modules, "jsonschema", None)
+    schema._validator.cache_clear()
+    try:
+        trace = str(GOLDEN / "fp8-block-sm90-auto.json")
+        code, out, _ = run(capsys, "explain", trace)
+        assert code == 0 and "To get a different backend" in out
+        assert run(capsys, "replay", trace)[0] == 0
+    finally:
+        schema._validator.cache_clear()
