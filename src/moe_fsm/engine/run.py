@@ -81,7 +81,7 @@ def make_weights(layer, generator: torch.Generator, device: torch.device, sample
     dtype = torch_dtype(layer.dtype)
     if layer.family is QuantFamily.UNQUANTIZED:
         w1, w2 = w1.to(dtype), w2.to(dtype)
-    w1q, w2q, scales = quantize_experts(w1, w2, layer, sample=sample.to(torch.float32))
+    w1q, w2q, scales = quantize_experts(w1, w2, layer, sample=sample.to(torch.float32).cpu())
     w1_ref, w2_ref = dequantize_weights(w1q, w2q, scales, layer.quant)
     scales = ExpertScales(**{f: (v.to(device) if v is not None else None) for f, v in vars(scales).items()})
     return LayerWeights(w1q.to(device), w2q.to(device), scales, w1_ref, w2_ref, router.to(device))
