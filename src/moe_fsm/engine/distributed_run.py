@@ -31,8 +31,8 @@ from moe_fsm.inputs.parallel import ParallelConfig
 def launch_run(args, model, request, env) -> int:
     if is_launched():
         return _run_rank(args, model, request, env)
-    # The package's __main__.py as a script, and no --nproc: torch.distributed.run's own parser would
-    # take it for its --nproc-per-node. A rank knows it is one from the launcher's environment.
+    # The ranks run the package's __main__.py with the same flags minus --nproc: a rank knows it is
+    # one from the launcher's environment, and must not launch again.
     script = str(Path(moe_fsm.__file__).parent / "__main__.py")
     argv = [script, "run", "--preset", args.preset, "--tokens", str(args.tokens),
             "--device", args.device, "--backend", args.backend, "--trace-dir", str(args.trace_dir),
