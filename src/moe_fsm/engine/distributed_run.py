@@ -11,6 +11,7 @@ rank 0 gathers the rows and prints the table.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -78,11 +79,14 @@ def _run_rank(args, model, request, env) -> int:
                                     shard=shard, expert_map=placement.expert_map(device))
             results.append(result)
             hidden = rms_norm(x + out).to(torch.float32).cpu()
-        gathered = [None] * ctx.world_size if ctx.rank == 0 else None
-        dist.gather_object(results, gathered, dst=0)
+        # Rank 0 reports each layer's worst rank: error and time travel as one tensor (gather_object
+        # would need numpy, which torch does not install).
+        mine = torch.tensor([[r.rel_error, r.time_ms] for r in results], dtype=torch.float64, device=device)
+        everyone = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+        dist.all_gather(everyone, mine)
+        worst = torch.stack(everyone).amax(dim=0).cpu()
+        rows = [replace(r, rel_error=float(worst[i, 0]), time_ms=float(worst[i, 1])) for i, r in enumerate(results)]
         if ctx.rank == 0:
-            worst = [max((rank_rows[i] for rank_rows in gathered), key=lambda r: r.rel_error) for i in range(len(results))]
-            print(render_results(worst, engine, args.trace_dir))
-            print(f"(rel err: the worst rank per layer; traces carry .rank<r> in their names)")
-            return 0 if all(r.ok for rank_rows in gathered for r in rank_rows) else 1
-        return 0
+            print(render_results(rows, engine, args.trace_dir))
+            print("(rel err and time: the worst rank per layer; traces carry .rank<r> in their names)")
+        return 0 if all(r.ok for r in rows) else 1
