@@ -17,8 +17,9 @@ from typing import Mapping, Union
 
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.verdict import SupportContext
-from moe_fsm.errors import BackendUnavailableError, SelectionError
+from moe_fsm.errors import BackendUnavailableError, NoPolicyError, SelectionError
 from moe_fsm.fsm.decide import DecisionRun
+from moe_fsm.fsm.policy import FAILED, START, missing_policy_message
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
@@ -100,6 +101,18 @@ class Decision:
         return ModularKernel(prepare_finalize, experts, self.inputs.layer)
 
 
+@dataclass
+class _PolicyLess:
+    """The record of a decision that could not start: the profile has no policy for the family."""
+
+    error: SelectionError
+    selection: None = None
+
+    @property
+    def path(self) -> list[str]:
+        return [START, FAILED]
+
+
 @lru_cache(maxsize=1)
 def probed_platform() -> PlatformFacts:
     return probe()
@@ -135,8 +148,12 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
     fmt = ActivationFormat.BATCHED if inputs.parallel.batched_activation_format else ActivationFormat.STANDARD
     ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, inputs.env, fmt)
     recorder = Recorder(enabled=trace)
-    run = DecisionRun(ctx, inputs.request.for_family(family), inputs.request.source_for(family), registry, recorder)
-    run.run()
+    no_policy = missing_policy_message(family)
+    if no_policy is not None:
+        run = _PolicyLess(NoPolicyError(no_policy))
+    else:
+        run = DecisionRun(ctx, inputs.request.for_family(family), inputs.request.source_for(family), registry, recorder)
+        run.run()
     if run.error is not None:
         outcome = {
             "status": "failed",

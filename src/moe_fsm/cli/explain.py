@@ -18,6 +18,7 @@ from moe_fsm.cli import render
 from moe_fsm.decision import DecisionInputs, decide
 from moe_fsm.errors import InputError, SelectionError
 from moe_fsm.fsm.policy import POLICIES, FamilyPolicy
+from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.modular.interfaces import ActivationFormat
@@ -179,7 +180,9 @@ def alternatives(document: dict, registry: Registry | None = None) -> list[Alter
     registry = registry or default_registry()
     inputs = DecisionInputs.from_json(document["inputs"])
     family = inputs.layer.family
-    policy = POLICIES[family]
+    policy = POLICIES.get(family)
+    if policy is None:
+        return []
     fmt = ActivationFormat.BATCHED if inputs.parallel.batched_activation_format else ActivationFormat.STANDARD
     ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, inputs.env, fmt)
     pruned = {}
@@ -256,6 +259,8 @@ def alternatives_lines(document: dict, trace_path: str | None = None, registry: 
                 lines.append(f"      with auto it was left out: {a.pruned_by}")
         example = next((a for a in runs if a.backend != chosen), runs[0])
         lines.append(f"    e.g. {base} --backend {family}={example.user_name}")
+    elif QuantFamily(family) not in POLICIES:
+        lines.append(f"  This profile has no {family} policy, so no {family} backend can be asked for.")
     else:
         lines.append(f"  No {family} backend that --backend can name would run this layer on this platform.")
 

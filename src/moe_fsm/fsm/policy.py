@@ -215,3 +215,14 @@ NVFP4_POLICY = FamilyPolicy(
 POLICIES: Mapping[QuantFamily, FamilyPolicy] = MappingProxyType({
     p.family: p for p in (UNQUANTIZED_POLICY, FP8_POLICY, NVFP4_POLICY)
 })
+PROFILE = "seeds"  # the oracle snapshot of the seed documents, which these policies encode
+
+
+def missing_policy_message(family: QuantFamily) -> str | None:
+    """Why a family cannot be decided (no policy in this profile), or None when it can."""
+    if family in POLICIES:
+        return None
+    return (
+        f"no selection policy for family {family.value} in profile {PROFILE}; "
+        f"it has policies for {sorted(f.value for f in POLICIES)}"
+    )
