@@ -10,7 +10,7 @@ Layers are chained (x <- rmsnorm(x + moe(x))) like a model's residual stream.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -41,6 +41,15 @@ TOLERANCE = {
     (QuantFamily.NVFP4, "float32"): 2.5e-1,
     (QuantFamily.NVFP4, "float16"): 2.5e-1,
     (QuantFamily.NVFP4, "bfloat16"): 2.5e-1,
+    # Weight-only formats (MXFP4 with 16-bit activations, WNA16) are judged on their dequantized weights,
+    # so only the compute dtype's rounding remains; formats with quantized activations add theirs
+    # (INT8: 7 bits; FP8/MXFP8: 3 mantissa bits; e2m1 activations: 1).
+    **{(family, dtype): tol for family, tol in (
+        (QuantFamily.INT_WNA16, 2e-2), (QuantFamily.MXFP8, 8e-2), (QuantFamily.INT8, 6e-2),
+        (QuantFamily.W4A8, 8e-2), (QuantFamily.W4A8_INT8, 4e-2),
+    ) for dtype in ("float32", "float16", "bfloat16")},
+    # MXFP4 layers may quantize activations to e2m1 (w4a4): the NVFP4 bound.
+    **{(QuantFamily.MXFP4, dtype): 2.5e-1 for dtype in ("float32", "float16", "bfloat16")},
 }
 
 
@@ -83,6 +92,9 @@ def make_weights(layer, generator: torch.Generator, device: torch.device, sample
         w1, w2 = w1.to(dtype), w2.to(dtype)
     w1q, w2q, scales = quantize_experts(w1, w2, layer, sample=sample.to(torch.float32).cpu())
     w1_ref, w2_ref = dequantize_weights(w1q, w2q, scales, layer.quant)
+    if layer.bias:
+        scales = replace(scales, w1_bias=(torch.randn(e, 2 * n, generator=generator) * 0.1).to(dtype),
+                         w2_bias=(torch.randn(e, k, generator=generator) * 0.1).to(dtype))
     scales = ExpertScales(**{f: (v.to(device) if v is not None else None) for f, v in vars(scales).items()})
     return LayerWeights(w1q.to(device), w2q.to(device), scales, w1_ref, w2_ref, router.to(device))
 
@@ -147,6 +159,8 @@ def run_layer(index: int, layer_state: LoadedLayer, x, weights: LayerWeights, to
         x.cpu(), weights.w1_ref, weights.w2_ref, topk_weights.cpu(), topk_ids.cpu(),
         activation=layer.activation.value, swiglu_limit=layer.swiglu_limit,
         apply_router_weight_on_input=layer.router_weight_on_input,
+        w1_bias=None if weights.scales.w1_bias is None else weights.scales.w1_bias.cpu(),
+        w2_bias=None if weights.scales.w2_bias is None else weights.scales.w2_bias.cpu(),
     )
     err = float(torch.linalg.norm(out.cpu().double() - ref) / torch.linalg.norm(ref).clamp_min(1e-30)) if ref.numel() else 0.0
     return out, _row(index, layer_state, elapsed, err)
