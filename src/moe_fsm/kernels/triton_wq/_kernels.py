@@ -24,9 +24,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-KIND_MXFP4, KIND_INT4, KIND_INT8 = 0, 1, 2
-ACT_SILU, ACT_GELU, ACT_SWIGLUOAI = 0, 1, 2
-SWIGLUOAI_ALPHA = 1.702
+# Globals a @triton.jit function reads must be constexpr.
+KIND_MXFP4, KIND_INT4, KIND_INT8 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+ACT_SILU, ACT_GELU, ACT_SWIGLUOAI = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+SWIGLUOAI_ALPHA = tl.constexpr(1.702)
 
 
 @triton.jit
