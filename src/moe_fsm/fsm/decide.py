@@ -79,8 +79,8 @@ class DecisionRun:
 
     # -- what steps are made of -------------------------------------------------------
 
-    def verdict(self, backend: str) -> BackendVerdict:
-        verdict = self.registry.verdict(self.ctx.layer.family, backend, self.ctx, self._memo)
+    def verdict(self, backend: str, first_kernels: tuple[str, ...] = ()) -> BackendVerdict:
+        verdict = self.registry.verdict(self.ctx.layer.family, backend, self.ctx, self._memo, first_kernels)
         if self.rec.enabled:
             self.rec.emit("candidate", **verdict.summary())
         return verdict

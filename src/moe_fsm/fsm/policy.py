@@ -33,16 +33,35 @@ TERMINAL_STATES = (SELECTED, FALLBACK_NONE, FAILED)
 
 @dataclass(frozen=True)
 class Reorder:
-    """A priority-list adjustment under a condition (vLLM's ``_move_to_back`` / ``_move_to_front``).
+    """A priority-list adjustment under a condition (vLLM's ``_move_to_back`` / ``_move_to_front``,
+    ``prioritize_humming``, the MXFP4 oracle's SM12x rule).
 
     When every requirement in ``when`` holds, ``backends`` move (in the order given)
-    to the ``to`` end of the scan order.
+    to the ``to`` end of the scan order, or next to another backend:
+    ``"after:NAME"`` directly behind NAME, ``"ahead:NAME"`` directly in front of
+    NAME when they come later than it (left in place when they already come first).
     """
 
     when: tuple["Requirement", ...]
     backends: tuple[str, ...]
-    to: str  # "front" | "back"
+    to: str  # "front" | "back" | "after:NAME" | "ahead:NAME"
     because: str
+
+    def apply(self, candidates: list[str]) -> list[str]:
+        """The scan order after the move (unchanged when the rule finds nothing to move)."""
+        moving = [b for b in self.backends if b in candidates]
+        rest = [b for b in candidates if b not in moving]
+        if self.to == "front":
+            return moving + rest
+        if self.to == "back":
+            return rest + moving
+        where, _, anchor = self.to.partition(":")
+        if not moving or anchor not in rest:
+            return list(candidates)
+        if where == "ahead" and candidates.index(moving[0]) < candidates.index(anchor):
+            return list(candidates)
+        at = rest.index(anchor) + (1 if where == "after" else 0)
+        return rest[:at] + moving + rest[at:]
 
 
 @dataclass(frozen=True, eq=False)
