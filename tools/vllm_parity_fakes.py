@@ -148,7 +148,9 @@ class FakedVllm:
         import vllm.config.vllm as vllm_config
 
         self.aiter = aiter_ops
-        vllm_config._current_vllm_config = SimpleNamespace(model_config=None)
+        vllm_config._current_vllm_config = SimpleNamespace(
+            model_config=None, weight_transfer_config=None,
+            parallel_config=SimpleNamespace(enable_dbo=False, enable_eplb=False))
         self._patch_probes()
 
         from vllm.model_executor.layers.fused_moe.activation import MoEActivation
@@ -167,12 +169,27 @@ class FakedVllm:
         def probe(library):
             return lambda *a, **k: library is not None and library in STATE.facts.libraries
 
+        def cutlass_group_gemm_supported(*args):
+            # vllm._custom_ops.cutlass_group_gemm_supported: capability 9.0..10.x, answered by the compiled ops.
+            cap = STATE.facts.capability
+            return Library.VLLM_OPS in STATE.facts.libraries and cap is not None and (9, 0) <= cap < (11, 0)
+
+        import vllm.utils.deep_gemm as deep_gemm
+
+        # functools.cache'd in vLLM (one machine per process): re-evaluated per scenario, uncached.
+        is_deep_gemm_supported = deep_gemm.is_deep_gemm_supported.__wrapped__
+        special = {"cutlass_group_gemm_supported": cutlass_group_gemm_supported,
+                   "cpu_has_amx_fp8": lambda *a: False,
+                   "is_deep_gemm_supported": lambda: is_deep_gemm_supported()}
         for name, module in list(sys.modules.items()):
             if not name.startswith("vllm") or module is None:
                 continue
             for attr, library in PROBES.items():
                 if hasattr(module, attr):
                     setattr(module, attr, probe(library))
+            for attr, fake in special.items():
+                if hasattr(module, attr) and callable(getattr(module, attr)):
+                    setattr(module, attr, fake)
 
     # -- the platform -----------------------------------------------------------
 

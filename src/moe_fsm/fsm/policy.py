@@ -41,8 +41,19 @@ class Reorder:
 
     when: tuple["Requirement", ...]
     backends: tuple[str, ...]
-    to: str  # "front" | "back"
+    to: str  # "front" | "back" | "before:BACKEND" (just ahead of BACKEND; vLLM's prioritize_humming)
     because: str
+
+    def apply(self, moving: list[str], rest: list[str]) -> list[str]:
+        if self.to == "front":
+            return moving + rest
+        if self.to.startswith("before:"):
+            anchor = self.to.split(":", 1)[1]
+            if anchor not in rest:
+                return rest + moving
+            at = rest.index(anchor)
+            return rest[:at] + moving + rest[at:]
+        return rest + moving
 
 
 @dataclass(frozen=True, eq=False)
