@@ -12,7 +12,7 @@ new code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
 from moe_fsm.errors import BackendUnsupportedError, NoBackendError
@@ -52,11 +52,17 @@ class Shortcut(Step):
     TPU and OOT return their backend at once). When no candidate is supported,
     ``otherwise`` is selected without a support check (as vLLM returns it), or,
     without ``otherwise``, the last rejection is raised as a ValueError.
+    ``kernels`` / ``extra``: for a candidate, the kernel classes tried in this step
+    instead of the backend's own, and conditions added to theirs (0.33's LoRA step
+    tries TrtLlmBf16LoRAExperts under FLASHINFER_TRTLLM, and only when the
+    per-partition intermediate size is a multiple of 128).
     """
 
     when: tuple["Requirement", ...] = ()
     candidates: tuple[str, ...] = ()
     otherwise: str | None = None
+    kernels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    extra: Mapping[str, tuple["Requirement", ...]] = field(default_factory=dict)
 
     def guard(self, run) -> bool:
         checks = [(r, r.failure(run.ctx)) for r in self.when]
@@ -68,7 +74,7 @@ class Shortcut(Step):
         return result
 
     def act(self, run) -> None:
-        rejected = run.scan(self.candidates)
+        rejected = run.scan(self.candidates, self.kernels, self.extra)
         if run.selection is not None:
             return
         if self.otherwise is not None:
@@ -120,10 +126,10 @@ class ExplicitChoice(Step):
             raise BackendUnsupportedError(f"vLLM CUTLASS {policy.label} MoE backend is disabled for this configuration.")
         if run.clamp_blocks(backend):
             use = " or ".join(repr(policy.user_name_of(b)) for b in sorted(policy.clamp_backends))
-            raise BackendUnsupportedError(
-                f"Model sets swiglu_limit={ctx.layer.swiglu_limit}, but the explicitly requested "
-                f"moe_backend={run.request!r} does not apply the SwiGLU clamp. Use {use} instead."
-            )
+            raise BackendUnsupportedError((policy.clamp_refusal or (
+                "Model sets swiglu_limit={limit}, but the explicitly requested moe_backend={request!r} does not "
+                "apply the SwiGLU clamp. Use {use} instead."
+            )).format(limit=ctx.layer.swiglu_limit, request=run.request, use=use))
         run.require(backend, policy.explicit_unavailable.get(backend))
 
     def guard_text(self) -> str:
