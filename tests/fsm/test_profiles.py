@@ -48,7 +48,7 @@ def test_default_follows_the_installed_vllm(release_profiles):
     assert exact.name == "test-0.40" and exact.reason == "vLLM 0.40.2 is installed beside moe-fsm"
     newer = profiles.choose_for_vllm("0.45.0rc1")
     assert newer.name == "test-0.40" and "nearest older profile" in newer.reason
-    between = profiles.choose_for_vllm("0.35.1")
+    between = profiles.choose_for_vllm("0.31.1")
     assert between.name == "test-0.30" and "note:" in between.reason
     older = profiles.choose_for_vllm("0.20.0")
     assert older.name == "seeds" and "older than every release profile" in older.reason

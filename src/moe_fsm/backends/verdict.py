@@ -90,7 +90,17 @@ class BackendVerdict:
         return self.kernel is not None
 
     def summary(self) -> dict:
-        """The trace's view: each kernel's failing checks (passing ones are implied)."""
+        """The trace's view: each kernel's failing checks (passing ones are implied).
+
+        Computed once per verdict (verdicts are immutable and memoized); treat it as read-only.
+        """
+        cached = self.__dict__.get("_summary")
+        if cached is None:
+            cached = self._summarize()
+            object.__setattr__(self, "_summary", cached)
+        return cached
+
+    def _summarize(self) -> dict:
         return {
             "backend": self.backend,
             "supported": self.supported,

@@ -240,10 +240,20 @@ def outcome_lines(document: dict) -> list[str]:
         f"{outcome['activation_format']} activation format)",
         f"  prepare/finalize: {outcome['prepare_finalize']['name']}: {outcome['prepare_finalize']['reason']}",
     ]
-    if not outcome["runnable"]:
-        lines.append("  note: moe-fsm models this kernel for selection but cannot run it itself "
-                     "(vLLM's compiled kernel or a library it does not wrap)")
+    build = document.get("build")
+    if build is not None:
+        lines.append(f"  here: {build_text(build)}")
     return lines
+
+
+def build_text(build: dict) -> str:
+    """What moe-fsm can run of the decision on this machine (the decision itself is vLLM's)."""
+    experts = {"native": f"builds {build['experts']}", "substitute": f"builds {build['experts']} instead",
+               "unavailable": "cannot build the experts"}[build["how"]]
+    text = f"moe-fsm {experts} ({build['because']})"
+    if not build["prepare_finalize_buildable"]:
+        text += f"; the prepare/finalize cannot be built here: {build['prepare_finalize_because']}"
+    return text
 
 
 def path_text(document: dict) -> str:

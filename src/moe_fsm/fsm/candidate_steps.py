@@ -126,7 +126,9 @@ class ExplicitAlternatives(Step):
 
     def _verdict(self, run, backend: str):
         first = self.lora_kernels.get(backend, ()) if run.ctx.layer.lora else ()
-        return run.verdict(backend, first_kernels=first)
+        if not first:
+            return run.verdict(backend)
+        return run.verdict(backend, kernels=(*first, *run.registry.spec(run.policy.family, backend).kernels))
 
     def guard_text(self) -> str:
         return "backend requested for the family is not auto"

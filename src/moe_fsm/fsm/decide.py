@@ -10,11 +10,12 @@ path and the same trace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from moe_fsm.backends.pf_choice import choose_prepare_finalize
 from moe_fsm.backends.registry import Registry
 from moe_fsm.backends.verdict import BackendVerdict, SupportContext
-from moe_fsm.errors import BackendUnsupportedError, SelectionError
+from moe_fsm.errors import BackendUnsupportedError, InputError, SelectionError
 from moe_fsm.fsm.machine import machine_for
 from moe_fsm.fsm.policy import FALLBACK_NONE, SELECTED, START, TERMINAL_STATES, FamilyPolicy
 from moe_fsm.fsm.steps import Step
@@ -79,8 +80,12 @@ class DecisionRun:
 
     # -- what steps are made of -------------------------------------------------------
 
-    def verdict(self, backend: str, first_kernels: tuple[str, ...] = ()) -> BackendVerdict:
-        verdict = self.registry.verdict(self.ctx.layer.family, backend, self.ctx, self._memo, first_kernels)
+    def verdict(self, backend: str, kernels: tuple[str, ...] | None = None, extra: tuple = ()) -> BackendVerdict:
+        """A backend's verdict (``kernels`` / ``extra``: a step's own kernel classes and conditions for it)."""
+        if kernels is None and not extra:
+            verdict = self.registry.verdict(self.ctx.layer.family, backend, self.ctx, self._memo)
+        else:
+            verdict = self.registry.step_verdict(self.ctx.layer.family, backend, self.ctx, kernels, extra)
         if self.rec.enabled:
             self.rec.emit("candidate", **verdict.summary())
         return verdict
@@ -98,23 +103,19 @@ class DecisionRun:
         self._choose_prepare_finalize()
 
     def fall_back_to_platform(self) -> None:
-        """The oracle returns NONE: the platform runs the layer its own way."""
-        fallback = self.registry.fallback_verdicts(self.ctx)
+        """The oracle returns NONE: the platform runs the layer its own way (what moe-fsm runs is build's business)."""
         self.rec.emit(
             "fallback",
             backend="NONE",
-            kernel=fallback.kernel,
+            kernel=None,
             because=f"no {self.policy.label} backend applies on a {self.ctx.platform.vendor.value} platform; "
-            + ("the platform runs the layer its own way" if fallback.kernel is None else f"moe-fsm runs it with {fallback.kernel}"),
+                    "the platform runs the layer its own way",
         )
-        self.selection = Selection(FALLBACK_NONE, "NONE", fallback.kernel, self.state)
+        self.selection = Selection(FALLBACK_NONE, "NONE", None, self.state)
         self._choose_prepare_finalize()
 
     def _choose_prepare_finalize(self) -> None:
         """The terminal pairing: how tokens reach the chosen experts, from the parallel config."""
-        from moe_fsm.errors import InputError
-        from moe_fsm.prepare_finalize.choice import choose_prepare_finalize
-
         try:
             self.prepare_finalize = choose_prepare_finalize(self.ctx.parallel, self.ctx.activation_format)
         except InputError as err:
@@ -136,11 +137,14 @@ class DecisionRun:
             message = f"{message}: {verdict.reason}."
         raise BackendUnsupportedError(message)
 
-    def scan(self, candidates) -> list[BackendVerdict]:
+    def scan(self, candidates, kernels=None, extra=None) -> list[BackendVerdict]:
         """Try candidates in order; select the first supported. Returns the rejections."""
         rejected = []
         for backend in candidates:
-            verdict = self.verdict(backend)
+            if kernels or extra:
+                verdict = self.verdict(backend, (kernels or {}).get(backend), (extra or {}).get(backend, ()))
+            else:
+                verdict = self.verdict(backend)
             if verdict.supported:
                 self.select(verdict)
                 return rejected
@@ -155,6 +159,14 @@ class DecisionRun:
     def clamp_blocks(self, backend: str) -> bool:
         clamp = self.policy.clamp_backends
         return clamp is not None and self.ctx.layer.swiglu_limit is not None and backend not in clamp
+
+    def use_activation_format(self, activation_format: ActivationFormat, because: str) -> None:
+        """Decide on in another activation format than the parallel config implies (an oracle's explicit rule)."""
+        if self.ctx.activation_format is activation_format:
+            return
+        self.ctx = replace(self.ctx, activation_format=activation_format)
+        self._memo = self.registry.memo_for(self.ctx)
+        self.rec.emit("activation_format", format=activation_format.value, because=because)
 
     def batched_rewrite(self, backend: str) -> str:
         if self.ctx.activation_format is ActivationFormat.BATCHED and backend in self.policy.batched_variants:

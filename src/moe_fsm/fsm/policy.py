@@ -37,31 +37,25 @@ class Reorder:
     ``prioritize_humming``, the MXFP4 oracle's SM12x rule).
 
     When every requirement in ``when`` holds, ``backends`` move (in the order given)
-    to the ``to`` end of the scan order, or next to another backend:
-    ``"after:NAME"`` directly behind NAME, ``"ahead:NAME"`` directly in front of
-    NAME when they come later than it (left in place when they already come first).
+    to the ``to`` end of the scan order, or next to another backend (``before:`` /
+    ``after:`` it).
     """
 
     when: tuple["Requirement", ...]
     backends: tuple[str, ...]
-    to: str  # "front" | "back" | "after:NAME" | "ahead:NAME"
+    to: str  # "front" | "back" | "before:BACKEND" | "after:BACKEND"
     because: str
 
-    def apply(self, candidates: list[str]) -> list[str]:
-        """The scan order after the move (unchanged when the rule finds nothing to move)."""
-        moving = [b for b in self.backends if b in candidates]
-        rest = [b for b in candidates if b not in moving]
+    def apply(self, moving: list[str], rest: list[str]) -> list[str]:
+        """``before:B``: just ahead of B (vLLM's prioritize_humming); ``after:B``: just behind B (the
+        MXFP4 oracle's SM12x rule); an anchor not in the list sends them to the back."""
         if self.to == "front":
             return moving + rest
-        if self.to == "back":
-            return rest + moving
         where, _, anchor = self.to.partition(":")
-        if not moving or anchor not in rest:
-            return list(candidates)
-        if where == "ahead" and candidates.index(moving[0]) < candidates.index(anchor):
-            return list(candidates)
-        at = rest.index(anchor) + (1 if where == "after" else 0)
-        return rest[:at] + moving + rest[at:]
+        if where in ("before", "after") and anchor in rest:
+            at = rest.index(anchor) + (where == "after")
+            return rest[:at] + moving + rest[at:]
+        return rest + moving
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,6 +74,8 @@ class FamilyPolicy:
     exhausted_error: type[SelectionError] = NoBackendError
     reorders: tuple[Reorder, ...] = ()
     clamp_backends: frozenset[str] | None = None
+    clamp_refusal: str | None = None  # format(limit=, request=, use=); None: the seeds' wording
+    batched_requests: frozenset[str] = frozenset()  # user names that put the experts in the batched format
     gated_by_allow_vllm_cutlass: tuple[str, ...] = ()
     explicit_unavailable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     none_on_vendors: frozenset[Vendor] = frozenset()

@@ -55,11 +55,17 @@ class Shortcut(Step):
     TPU and OOT return their backend at once). When no candidate is supported,
     ``otherwise`` is selected without a support check (as vLLM returns it), or,
     without ``otherwise``, the last rejection is raised as a ValueError.
+    ``kernels`` / ``extra``: for a candidate, the kernel classes tried in this step
+    instead of the backend's own, and conditions added to theirs (0.33's LoRA step
+    tries TrtLlmBf16LoRAExperts under FLASHINFER_TRTLLM, and only when the
+    per-partition intermediate size is a multiple of 128).
     """
 
     when: tuple["Requirement", ...] = ()
     candidates: tuple[str, ...] = ()
     otherwise: str | None = None
+    kernels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    extra: Mapping[str, tuple["Requirement", ...]] = field(default_factory=dict)
 
     def guard(self, run) -> bool:
         checks = [(r, r.failure(run.ctx)) for r in self.when]
@@ -71,7 +77,7 @@ class Shortcut(Step):
         return result
 
     def act(self, run) -> None:
-        rejected = run.scan(self.candidates)
+        rejected = run.scan(self.candidates, self.kernels, self.extra)
         if run.selection is not None:
             return
         if self.otherwise is not None:
@@ -90,9 +96,12 @@ class ExplicitChoice(Step):
 
     ``passthrough``: names the oracle treats as auto for this family (vLLM 0.33's
     unquantized oracle lets 'humming' and 'marlin' fall through).
+    ``batched_format_names``: names that by themselves make the oracle check in the
+    batched activation format (vLLM 0.33's unquantized 'batched_triton').
     """
 
     passthrough: tuple[str, ...] = ()
+    batched_format_names: tuple[str, ...] = ()
 
     def guard(self, run) -> bool:
         result = run.request != AUTO and run.request not in self.passthrough
@@ -113,15 +122,17 @@ class ExplicitChoice(Step):
                 f"moe_backend='{run.request}' is not supported for {policy.label} MoE{where}. Expected one of {accepted}."
             )
         run.rec.emit("mapped", requested=run.request, backend=backend)
+        if run.request in self.batched_format_names:
+            run.use_activation_format(ActivationFormat.BATCHED, f"moe_backend={run.request!r} selects the batched format")
         backend = run.batched_rewrite(backend)
         if backend in policy.gated_by_allow_vllm_cutlass and not ctx.layer.allow_vllm_cutlass:
             raise BackendUnsupportedError(f"vLLM CUTLASS {policy.label} MoE backend is disabled for this configuration.")
         if run.clamp_blocks(backend):
             use = " or ".join(repr(policy.user_name_of(b)) for b in sorted(policy.clamp_backends))
-            raise BackendUnsupportedError(
-                f"Model sets swiglu_limit={ctx.layer.swiglu_limit}, but the explicitly requested "
-                f"moe_backend={run.request!r} does not apply the SwiGLU clamp. Use {use} instead."
-            )
+            raise BackendUnsupportedError((policy.clamp_refusal or (
+                "Model sets swiglu_limit={limit}, but the explicitly requested moe_backend={request!r} does not "
+                "apply the SwiGLU clamp. Use {use} instead."
+            )).format(limit=ctx.layer.swiglu_limit, request=run.request, use=use))
         run.require(backend, policy.explicit_unavailable.get(backend))
 
     def guard_text(self) -> str:
@@ -293,7 +304,8 @@ class AutoScan(Step):
         for rule in policy.reorders:
             if all(r.failure(ctx) is None for r in rule.when):
                 moving = [b for b in rule.backends if b in candidates]
-                candidates = rule.apply(candidates)
+                rest = [b for b in candidates if b not in moving]
+                candidates = rule.apply(moving, rest)
                 run.rec.emit("reordered", backends=moving, to=rule.to, because=rule.because)
         if policy.gated_by_allow_vllm_cutlass and not ctx.layer.allow_vllm_cutlass:
             run.prune(policy.gated_by_allow_vllm_cutlass, "allow_vllm_cutlass is off for this checkpoint")

@@ -39,8 +39,10 @@ class Library(str, Enum):
     VLLM_OPS = "vllm._custom_ops"
     TORCH_GROUPED_MM = "torch._grouped_mm"
     TORCH_SCALED_GROUPED_MM = "torch._scaled_grouped_mm"
-    TRITON_KERNELS = "triton_kernels"  # OpenAI's triton_kernels (gpt-oss MXFP4 MoE)
     HUMMING = "humming"  # the humming mixed-precision GEMM library
+    HPC = "hpc"
+    B12X = "b12x"
+    TRITON_KERNELS = "triton_kernels"  # OpenAI's triton_kernels (gpt-oss MXFP4 MoE)
     AMD_QUARK = "quark"  # amd-quark (vLLM's OCP MX emulation)
     ZENTORCH = "zentorch"  # AMD's zentorch CPU ops
     VLLM_CPU_INT8_MOE = "torch.ops._C.cpu_fused_moe_int8"  # vLLM's Arm/POWER CPU INT8 MoE op
@@ -205,8 +207,10 @@ _ENTRY_POINTS: dict[Library, tuple[str, str | None]] = {
     Library.DEEP_GEMM: ("deep_gemm", None),
     Library.AITER: ("aiter", None),
     Library.VLLM_OPS: ("vllm._custom_ops", None),
-    Library.TRITON_KERNELS: ("triton_kernels", None),
     Library.HUMMING: ("humming", None),
+    Library.HPC: ("hpc", None),
+    Library.B12X: ("b12x", None),
+    Library.TRITON_KERNELS: ("triton_kernels", None),
     Library.AMD_QUARK: ("quark", None),
     Library.ZENTORCH: ("zentorch", None),
 }
