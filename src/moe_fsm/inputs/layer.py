@@ -23,6 +23,7 @@ class MoELayer:
 
     ``allow_vllm_cutlass`` is the FP8 oracle's switch that compressed-tensors
     checkpoints turn on; other FP8 checkpoints leave vLLM's CUTLASS kernels out.
+    ``bias``: the experts add a bias after each GEMM (gpt-oss; vLLM's ``has_bias``).
     """
 
     quant: QuantScheme = field(default_factory=QuantScheme.unquantized)
@@ -36,6 +37,7 @@ class MoELayer:
     router_weight_on_input: bool = False
     dtype: str = "bfloat16"
     allow_vllm_cutlass: bool = False
+    bias: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
@@ -61,6 +63,20 @@ class MoELayer:
             raise InputError("router_weight_on_input needs top_k == 1 (the weight scales the one expert's input)")
         if self.quant.family is QuantFamily.NVFP4 and self.hidden_size % 16:
             raise InputError(f"NVFP4 needs hidden_size divisible by 16, got {self.hidden_size}")
+        self._check_groups()
+
+    def _check_groups(self) -> None:
+        """Weight scale groups run along K of both GEMMs, so they must divide hidden and intermediate size."""
+        quant = self.quant
+        width = quant.weight.group_width if quant.weight is not None else None
+        if quant.family is QuantFamily.NVFP4 or width is None and (quant.group_size or -1) < 1:
+            return
+        group = width or quant.group_size
+        if self.hidden_size % group or self.intermediate_size % group:
+            raise InputError(
+                f"{quant.family.value} group size ({group}) must evenly divide both hidden size ({self.hidden_size}) "
+                f"and intermediate size ({self.intermediate_size})"
+            )
 
     @property
     def family(self) -> QuantFamily:
@@ -70,6 +86,8 @@ class MoELayer:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["quant"] = self.quant.to_json()
         data["activation"] = self.activation.value
+        if not self.bias:
+            del data["bias"]  # recorded only when set, so traces of bias-free layers keep their form
         return data
 
     @classmethod
