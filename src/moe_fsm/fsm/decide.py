@@ -10,7 +10,7 @@ path and the same trace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from moe_fsm.backends.pf_choice import choose_prepare_finalize
 from moe_fsm.backends.registry import Registry
@@ -159,14 +159,6 @@ class DecisionRun:
     def clamp_blocks(self, backend: str) -> bool:
         clamp = self.policy.clamp_backends
         return clamp is not None and self.ctx.layer.swiglu_limit is not None and backend not in clamp
-
-    def use_activation_format(self, activation_format: ActivationFormat, because: str) -> None:
-        """Decide on in another activation format than the parallel config implies (an oracle's explicit rule)."""
-        if self.ctx.activation_format is activation_format:
-            return
-        self.ctx = replace(self.ctx, activation_format=activation_format)
-        self._memo = self.registry.memo_for(self.ctx)
-        self.rec.emit("activation_format", format=activation_format.value, because=because)
 
     def batched_rewrite(self, backend: str) -> str:
         if self.ctx.activation_format is ActivationFormat.BATCHED and backend in self.policy.batched_variants:

@@ -93,12 +93,9 @@ class ExplicitChoice(Step):
 
     ``passthrough``: names the oracle treats as auto for this family (vLLM 0.33's
     unquantized oracle lets 'humming' and 'marlin' fall through).
-    ``batched_format_names``: names that by themselves make the oracle check in the
-    batched activation format (vLLM 0.33's unquantized 'batched_triton').
     """
 
     passthrough: tuple[str, ...] = ()
-    batched_format_names: tuple[str, ...] = ()
 
     def guard(self, run) -> bool:
         result = run.request != AUTO and run.request not in self.passthrough
@@ -119,8 +116,6 @@ class ExplicitChoice(Step):
                 f"moe_backend='{run.request}' is not supported for {policy.label} MoE{where}. Expected one of {accepted}."
             )
         run.rec.emit("mapped", requested=run.request, backend=backend)
-        if run.request in self.batched_format_names:
-            run.use_activation_format(ActivationFormat.BATCHED, f"moe_backend={run.request!r} selects the batched format")
         backend = run.batched_rewrite(backend)
         if backend in policy.gated_by_allow_vllm_cutlass and not ctx.layer.allow_vllm_cutlass:
             raise BackendUnsupportedError(f"vLLM CUTLASS {policy.label} MoE backend is disabled for this configuration.")
@@ -295,8 +290,7 @@ class AutoScan(Step):
         for rule in policy.reorders:
             if all(r.failure(ctx) is None for r in rule.when):
                 moving = [b for b in rule.backends if b in candidates]
-                rest = [b for b in candidates if b not in moving]
-                candidates = rule.apply(moving, rest)
+                candidates = rule.apply(candidates)
                 run.rec.emit("reordered", backends=moving, to=rule.to, because=rule.because)
         if policy.gated_by_allow_vllm_cutlass and not ctx.layer.allow_vllm_cutlass:
             run.prune(policy.gated_by_allow_vllm_cutlass, "allow_vllm_cutlass is off for this checkpoint")
