@@ -74,9 +74,21 @@ class DecisionRun:
             self.selection = None
 
     def record_guard(self, step: Step, guard: str, inputs: dict, result: bool, env_vars: tuple[str, ...] = ()) -> None:
-        if env_vars:
-            inputs = {**inputs, "env": [self.ctx.env.reading(n) for n in env_vars]}
-        self.rec.emit("guard", step=step.name, guard=guard, inputs=inputs, result=result)
+        self.rec.append(_guard_event(step, guard, inputs, result, env_vars, self.ctx.env))
+
+    def env_guard(self, step: Step, evaluate) -> bool:
+        """A guard that reads only env variables: evaluated (and its event built) once per env snapshot.
+
+        ``evaluate(env)`` returns (result, guard kind, inputs, variables read).
+        """
+        memo = self.ctx.env.guards
+        known = memo.get(step)
+        if known is None:
+            result, guard, inputs, env_vars = evaluate(self.ctx.env)
+            known = memo[step] = (result, _guard_event(step, guard, inputs, result, env_vars, self.ctx.env))
+        if self.rec.enabled:
+            self.rec.append(known[1])
+        return known[0]
 
     # -- what steps are made of -------------------------------------------------------
 
@@ -87,7 +99,7 @@ class DecisionRun:
         else:
             verdict = self.registry.step_verdict(self.ctx.layer.family, backend, self.ctx, kernels, extra)
         if self.rec.enabled:
-            self.rec.emit("candidate", **verdict.summary())
+            self.rec.append(verdict.candidate_event())
         return verdict
 
     def select(self, verdict: BackendVerdict) -> None:
@@ -166,3 +178,9 @@ class DecisionRun:
             self.rec.emit("rewritten", backend=backend, to=batched, because="experts use the batched activation format")
             return batched
         return backend
+
+
+def _guard_event(step: Step, guard: str, inputs: dict, result: bool, env_vars, env) -> dict:
+    if env_vars:
+        inputs = {**inputs, "env": [env.reading(n) for n in env_vars]}
+    return {"event": "guard", "step": step.name, "guard": guard, "inputs": inputs, "result": result}

@@ -26,9 +26,12 @@ if TYPE_CHECKING:
 FI_CUTLASS, FI_TRTLLM, FI_CUTEDSL = "CUTLASS", "TENSORRT_LLM", "CUTEDSL"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Step:
-    """Base of the step kinds; ``name`` is the state's name (unique within a policy)."""
+    """Base of the step kinds; ``name`` is the state's name (unique within a policy).
+
+    Steps compare and hash by identity: a step is one state of one policy's machine.
+    """
 
     name: str
 
@@ -43,7 +46,7 @@ class Step:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Shortcut(Step):
     """When every condition holds, the first supported candidate is the decision.
 
@@ -87,7 +90,7 @@ class Shortcut(Step):
         return " and ".join(r.description for r in self.when) or "always"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ExplicitChoice(Step):
     """The backend the user named for the family (``moe_backend`` / ``--backend``).
 
@@ -132,7 +135,7 @@ class ExplicitChoice(Step):
         return f"backend requested for the family is not auto{extra}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FlashInferPreference(Step):
     """How a family reacts to its VLLM_USE_FLASHINFER_MOE_* variable (the seed oracles).
 
@@ -155,12 +158,11 @@ class FlashInferPreference(Step):
     family_var: str = "VLLM_FLASHINFER_MOE_BACKEND"
 
     def guard(self, run) -> bool:
-        env = run.ctx.env
+        return run.env_guard(self, self._evaluate)
+
+    def _evaluate(self, env):
         result = env.is_set(self.env_var) if self.gate_on_presence else bool(env.value(self.env_var))
-        if run.rec.enabled:
-            test = "is set" if self.gate_on_presence else "reads 1"
-            run.record_guard(self, "flashinfer_env", {"test": test}, result, (self.env_var,))
-        return result
+        return result, "flashinfer_env", {"test": "is set" if self.gate_on_presence else "reads 1"}, (self.env_var,)
 
     def act(self, run) -> None:
         env, layer = run.ctx.env, run.ctx.layer
@@ -209,7 +211,7 @@ class FlashInferPreference(Step):
         return f"{self.env_var} {'is set' if self.gate_on_presence else 'reads 1'}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EnvOverride(Step):
     """Env switches that, when any is set, force a backend (all read true) or prune it (any reads false).
 
@@ -225,11 +227,10 @@ class EnvOverride(Step):
     unsupported: str = "raise"
 
     def guard(self, run) -> bool:
-        env = run.ctx.env
-        result = any(env.is_set(n) for n in self.names)
-        if run.rec.enabled:
-            run.record_guard(self, "env_override_set", {"test": "any is set"}, result, self.names)
-        return result
+        return run.env_guard(self, self._evaluate)
+
+    def _evaluate(self, env):
+        return any(env.is_set(n) for n in self.names), "env_override_set", {"test": "any is set"}, self.names
 
     def act(self, run) -> None:
         env = run.ctx.env
@@ -250,7 +251,7 @@ class EnvOverride(Step):
         return "any of " + ", ".join(self.names) + " is set"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ForcedBackend(Step):
     """A switch that forces one backend when it reads true (seeds: VLLM_TEST_FORCE_FP8_MARLIN)."""
 
@@ -258,10 +259,11 @@ class ForcedBackend(Step):
     backend: str = ""
 
     def guard(self, run) -> bool:
-        result = bool(run.ctx.env.value(self.env_var))
-        if run.rec.enabled:
-            run.record_guard(self, "force_backend", {"test": "reads true", "backend": self.backend}, result, (self.env_var,))
-        return result
+        return run.env_guard(self, self._evaluate)
+
+    def _evaluate(self, env):
+        result = bool(env.value(self.env_var))
+        return result, "force_backend", {"test": "reads true", "backend": self.backend}, (self.env_var,)
 
     def act(self, run) -> None:
         run.require(self.backend)
@@ -270,7 +272,7 @@ class ForcedBackend(Step):
         return f"{self.env_var} reads true"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AutoScan(Step):
     """The priority scan: the policy's list for the vendor, reordered and pruned, first supported wins.
 

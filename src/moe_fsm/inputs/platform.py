@@ -13,6 +13,7 @@ import importlib.util
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
 
 
@@ -44,6 +45,7 @@ class Library(str, Enum):
     B12X = "b12x"
 
 
+@hashed_once
 @dataclass(frozen=True)
 class PlatformFacts:
     """Vendor, device capability and importable libraries.
