@@ -40,20 +40,21 @@ ENV_COMBOS = (
     {"VLLM_FLASHINFER_MOE_BACKEND": "masked_gemm", "VLLM_USE_FLASHINFER_MOE_FP4": "1"},
 )
 
-# vLLM's FusedMoEParallelConfig as FusedMoEParallelConfig.make builds it: without EP, TP is
-# flattened across DP (tp = tp_ * dp_); with EP, ep = tp_ * dp_ and tp = 1.
+# moe-fsm's ParallelConfig: the user's sizes (tp, dp; with EP, ep = tp * dp). The harness turns them into
+# the FusedMoEParallelConfig vLLM's FusedMoEParallelConfig.make builds (TP flattened across DP; with EP,
+# ep = tp * dp and tp = 1).
 PARALLEL = (
     {},
     {"tp_size": 2},
-    {"tp_size": 1, "ep_size": 2},
+    {"tp_size": 2, "ep_size": 2},
+    {"dp_size": 2},
     {"tp_size": 2, "dp_size": 2},
-    {"tp_size": 4, "dp_size": 2},
     {"dp_size": 2, "ep_size": 2, "all2all": "allgather_reducescatter"},
     {"dp_size": 2, "ep_size": 2, "all2all": "torch_all2all"},
     {"dp_size": 2, "ep_size": 2, "all2all": "deepep_high_throughput"},
     {"dp_size": 2, "ep_size": 2, "all2all": "deepep_low_latency", "batched_activation_format": True},
     {"dp_size": 2, "ep_size": 2, "all2all": "flashinfer_all2allv"},
-    {"dp_size": 2, "ep_size": 4, "all2all": "allgather_reducescatter"},
+    {"tp_size": 2, "dp_size": 2, "ep_size": 4, "all2all": "allgather_reducescatter"},
 )
 
 COMMON_VARIANTS = (

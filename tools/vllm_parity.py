@@ -165,17 +165,18 @@ def moe_fsm_answer(scenario: dict) -> dict:
     from moe_fsm.errors import EnvVarError, InputError, NoBackendError, SelectionError
 
     try:
-        decision = decide(moe_fsm_inputs(scenario), trace=False)
+        decision = decide(moe_fsm_inputs(scenario))
     except EnvVarError as err:
         return {"outcome": "failed", "error": "ValueError", "message": str(err), "env_error": True}
     except SelectionError as err:
         kind = "NotImplementedError" if isinstance(err, NoBackendError) else "ValueError"
-        return {"outcome": "failed", "error": kind, "message": str(err)}
+        return {"outcome": "failed", "error": kind, "message": str(err), "path": err.trace["path"]}
     except InputError as err:
         return {"outcome": "invalid", "message": str(err)}
+    path = decision.trace["path"]
     if decision.backend == "NONE":
-        return {"outcome": "fallback_none", "backend": "NONE"}
-    return {"outcome": "selected", "backend": decision.backend, "kernel": decision.kernel}
+        return {"outcome": "fallback_none", "backend": "NONE", "path": path}
+    return {"outcome": "selected", "backend": decision.backend, "kernel": decision.kernel, "path": path}
 
 
 def same(a: dict, b: dict) -> bool:
@@ -238,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-only", action="store_true", help="only vLLM's answers (no moe-fsm)")
     parser.add_argument("--json", type=Path, help="write every scenario with both answers to this file")
     parser.add_argument("--show", type=int, default=50, help="print at most N disagreements (default 50)")
+    parser.add_argument("--write-golden", type=Path, metavar="TOML",
+                        help="write golden scenarios whose expectations are vLLM's answers (see golden_scenarios)")
     args = parser.parse_args(argv)
 
     import parity_grid
@@ -280,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, sort_keys=True))
+    if args.write_golden:
+        import golden_writer
+
+        written = golden_writer.write(args.write_golden, rows, VLLM_VERSION)
+        print(f"wrote {written} golden scenarios (expectations: vLLM {VLLM_VERSION}'s answers) to {args.write_golden}")
     print(f"\nvLLM {VLLM_VERSION} (source {source}) vs moe-fsm profile {PROFILE}: {len(scenarios)} scenarios")
     if args.vllm_only:
         print("vLLM outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))

@@ -286,9 +286,11 @@ class FakedVllm:
 
     def moe_config(self, inputs):
         layer, par = inputs.layer, inputs.parallel
+        # FusedMoEParallelConfig.make: TP is flattened across DP; with EP every rank holds whole experts.
         use_ep = par.ep_size > 1
+        flat = par.tp_size * par.dp_size
         parallel = self.FusedMoEParallelConfig(
-            tp_size=par.tp_size, pcp_size=1, dp_size=par.dp_size, ep_size=par.ep_size,
+            tp_size=1 if use_ep else flat, pcp_size=1, dp_size=par.dp_size, ep_size=flat if use_ep else 1,
             tp_rank=0, pcp_rank=0, dp_rank=0, ep_rank=0, sp_size=1, use_ep=use_ep,
             all2all_backend=par.all2all.value, enable_eplb=False,
         )
@@ -299,7 +301,7 @@ class FakedVllm:
             experts_per_token=layer.top_k,
             hidden_dim=layer.hidden_size,
             intermediate_size=layer.intermediate_size,
-            num_local_experts=max(1, layer.num_experts // par.ep_size),
+            num_local_experts=max(1, layer.num_experts // (flat if use_ep else 1)),
             num_logical_experts=layer.num_experts,
             activation=self.MoEActivation(layer.activation.value),
             device="cpu",

@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Union
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm import profiles
 from moe_fsm.backends.build_plan import BuildPlan, plan_build
 from moe_fsm.backends.registry import Registry, default_registry
@@ -33,6 +34,7 @@ from moe_fsm.trace import document as trace_doc
 from moe_fsm.trace.recorder import Recorder
 
 
+@hashed_once
 @dataclass(frozen=True)
 class DecisionInputs:
     """Everything a decision depends on; hashable, so engines can cache decisions by it."""

@@ -10,7 +10,7 @@ path and the same trace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from moe_fsm.backends.pf_choice import choose_prepare_finalize
 from moe_fsm.backends.registry import Registry
@@ -74,9 +74,21 @@ class DecisionRun:
             self.selection = None
 
     def record_guard(self, step: Step, guard: str, inputs: dict, result: bool, env_vars: tuple[str, ...] = ()) -> None:
-        if env_vars:
-            inputs = {**inputs, "env": [self.ctx.env.reading(n) for n in env_vars]}
-        self.rec.emit("guard", step=step.name, guard=guard, inputs=inputs, result=result)
+        self.rec.append(_guard_event(step, guard, inputs, result, env_vars, self.ctx.env))
+
+    def env_guard(self, step: Step, evaluate) -> bool:
+        """A guard that reads only env variables: evaluated (and its event built) once per env snapshot.
+
+        ``evaluate(env)`` returns (result, guard kind, inputs, variables read).
+        """
+        memo = self.ctx.env.guards
+        known = memo.get(step)
+        if known is None:
+            result, guard, inputs, env_vars = evaluate(self.ctx.env)
+            known = memo[step] = (result, _guard_event(step, guard, inputs, result, env_vars, self.ctx.env))
+        if self.rec.enabled:
+            self.rec.append(known[1])
+        return known[0]
 
     # -- what steps are made of -------------------------------------------------------
 
@@ -87,7 +99,7 @@ class DecisionRun:
         else:
             verdict = self.registry.step_verdict(self.ctx.layer.family, backend, self.ctx, kernels, extra)
         if self.rec.enabled:
-            self.rec.emit("candidate", **verdict.summary())
+            self.rec.append(verdict.candidate_event())
         return verdict
 
     def select(self, verdict: BackendVerdict) -> None:
@@ -160,17 +172,15 @@ class DecisionRun:
         clamp = self.policy.clamp_backends
         return clamp is not None and self.ctx.layer.swiglu_limit is not None and backend not in clamp
 
-    def use_activation_format(self, activation_format: ActivationFormat, because: str) -> None:
-        """Decide on in another activation format than the parallel config implies (an oracle's explicit rule)."""
-        if self.ctx.activation_format is activation_format:
-            return
-        self.ctx = replace(self.ctx, activation_format=activation_format)
-        self._memo = self.registry.memo_for(self.ctx)
-        self.rec.emit("activation_format", format=activation_format.value, because=because)
-
     def batched_rewrite(self, backend: str) -> str:
         if self.ctx.activation_format is ActivationFormat.BATCHED and backend in self.policy.batched_variants:
             batched = self.policy.batched_variants[backend]
             self.rec.emit("rewritten", backend=backend, to=batched, because="experts use the batched activation format")
             return batched
         return backend
+
+
+def _guard_event(step: Step, guard: str, inputs: dict, result: bool, env_vars, env) -> dict:
+    if env_vars:
+        inputs = {**inputs, "env": [env.reading(n) for n in env_vars]}
+    return {"event": "guard", "step": step.name, "guard": guard, "inputs": inputs, "result": result}

@@ -42,8 +42,10 @@ class GuardedTransition(Transition):
         for condition in self.conditions:
             if condition.func(event_data) != condition.target:
                 return False
-        event_data.machine.set_state(self.dest, event_data.model)
-        event_data.update(self.dest)
+        machine = event_data.machine
+        dest = machine.states[self.dest]
+        setattr(event_data.model, machine.model_attribute, dest.value)
+        event_data.state = dest
         for callback in self.after:
             callback(event_data)
         return True

@@ -46,13 +46,17 @@ class Reorder:
     to: str  # "front" | "back" | "before:BACKEND" | "after:BACKEND"
     because: str
 
-    def apply(self, moving: list[str], rest: list[str]) -> list[str]:
-        """``before:B``: just ahead of B (vLLM's prioritize_humming); ``after:B``: just behind B (the
-        MXFP4 oracle's SM12x rule); an anchor not in the list sends them to the back."""
+    def apply(self, candidates: list[str]) -> list[str]:
+        """The scan order after this rule (its condition already holds): ``before:B`` just ahead of B
+        (vLLM's prioritize_humming), ``after:B`` just behind B (the MXFP4 oracle's SM12x rule)."""
+        moving = [b for b in self.backends if b in candidates]
+        rest = [b for b in candidates if b not in moving]
         if self.to == "front":
             return moving + rest
         where, _, anchor = self.to.partition(":")
-        if where in ("before", "after") and anchor in rest:
+        if where in ("before", "after"):
+            if anchor not in rest:
+                return candidates  # nothing to go next to: vLLM leaves the list as it is
             at = rest.index(anchor) + (where == "after")
             return rest[:at] + moving + rest[at:]
         return rest + moving

@@ -29,9 +29,12 @@ if TYPE_CHECKING:
 FI_CUTLASS, FI_TRTLLM, FI_CUTEDSL = "CUTLASS", "TENSORRT_LLM", "CUTEDSL"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Step:
-    """Base of the step kinds; ``name`` is the state's name (unique within a policy)."""
+    """Base of the step kinds; ``name`` is the state's name (unique within a policy).
+
+    Steps compare and hash by identity: a step is one state of one policy's machine.
+    """
 
     name: str
 
@@ -46,7 +49,7 @@ class Step:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Shortcut(Step):
     """When every condition holds, the first supported candidate is the decision.
 
@@ -90,18 +93,15 @@ class Shortcut(Step):
         return " and ".join(r.description for r in self.when) or "always"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ExplicitChoice(Step):
     """The backend the user named for the family (``moe_backend`` / ``--backend``).
 
     ``passthrough``: names the oracle treats as auto for this family (vLLM 0.33's
     unquantized oracle lets 'humming' and 'marlin' fall through).
-    ``batched_format_names``: names that by themselves make the oracle check in the
-    batched activation format (vLLM 0.33's unquantized 'batched_triton').
     """
 
     passthrough: tuple[str, ...] = ()
-    batched_format_names: tuple[str, ...] = ()
 
     def guard(self, run) -> bool:
         result = run.request != AUTO and run.request not in self.passthrough
@@ -122,8 +122,6 @@ class ExplicitChoice(Step):
                 f"moe_backend='{run.request}' is not supported for {policy.label} MoE{where}. Expected one of {accepted}."
             )
         run.rec.emit("mapped", requested=run.request, backend=backend)
-        if run.request in self.batched_format_names:
-            run.use_activation_format(ActivationFormat.BATCHED, f"moe_backend={run.request!r} selects the batched format")
         backend = run.batched_rewrite(backend)
         if backend in policy.gated_by_allow_vllm_cutlass and not ctx.layer.allow_vllm_cutlass:
             raise BackendUnsupportedError(f"vLLM CUTLASS {policy.label} MoE backend is disabled for this configuration.")
@@ -140,7 +138,7 @@ class ExplicitChoice(Step):
         return f"backend requested for the family is not auto{extra}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FlashInferPreference(Step):
     """How a family reacts to its VLLM_USE_FLASHINFER_MOE_* variable (the seed oracles).
 
@@ -163,12 +161,11 @@ class FlashInferPreference(Step):
     family_var: str = "VLLM_FLASHINFER_MOE_BACKEND"
 
     def guard(self, run) -> bool:
-        env = run.ctx.env
+        return run.env_guard(self, self._evaluate)
+
+    def _evaluate(self, env):
         result = env.is_set(self.env_var) if self.gate_on_presence else bool(env.value(self.env_var))
-        if run.rec.enabled:
-            test = "is set" if self.gate_on_presence else "reads 1"
-            run.record_guard(self, "flashinfer_env", {"test": test}, result, (self.env_var,))
-        return result
+        return result, "flashinfer_env", {"test": "is set" if self.gate_on_presence else "reads 1"}, (self.env_var,)
 
     def act(self, run) -> None:
         env, layer = run.ctx.env, run.ctx.layer
@@ -217,7 +214,7 @@ class FlashInferPreference(Step):
         return f"{self.env_var} {'is set' if self.gate_on_presence else 'reads 1'}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EnvOverride(Step):
     """Env switches that, when any is set, force a backend (all read true) or prune it (any reads false).
 
@@ -233,11 +230,10 @@ class EnvOverride(Step):
     unsupported: str = "raise"
 
     def guard(self, run) -> bool:
-        env = run.ctx.env
-        result = any(env.is_set(n) for n in self.names)
-        if run.rec.enabled:
-            run.record_guard(self, "env_override_set", {"test": "any is set"}, result, self.names)
-        return result
+        return run.env_guard(self, self._evaluate)
+
+    def _evaluate(self, env):
+        return any(env.is_set(n) for n in self.names), "env_override_set", {"test": "any is set"}, self.names
 
     def act(self, run) -> None:
         env = run.ctx.env
@@ -258,7 +254,7 @@ class EnvOverride(Step):
         return "any of " + ", ".join(self.names) + " is set"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ForcedBackend(Step):
     """A switch that forces one backend when it reads true (seeds: VLLM_TEST_FORCE_FP8_MARLIN)."""
 
@@ -266,10 +262,11 @@ class ForcedBackend(Step):
     backend: str = ""
 
     def guard(self, run) -> bool:
-        result = bool(run.ctx.env.value(self.env_var))
-        if run.rec.enabled:
-            run.record_guard(self, "force_backend", {"test": "reads true", "backend": self.backend}, result, (self.env_var,))
-        return result
+        return run.env_guard(self, self._evaluate)
+
+    def _evaluate(self, env):
+        result = bool(env.value(self.env_var))
+        return result, "force_backend", {"test": "reads true", "backend": self.backend}, (self.env_var,)
 
     def act(self, run) -> None:
         run.require(self.backend)
@@ -278,7 +275,7 @@ class ForcedBackend(Step):
         return f"{self.env_var} reads true"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AutoScan(Step):
     """The priority scan: the policy's list for the vendor, reordered and pruned, first supported wins.
 
@@ -304,8 +301,7 @@ class AutoScan(Step):
         for rule in policy.reorders:
             if all(r.failure(ctx) is None for r in rule.when):
                 moving = [b for b in rule.backends if b in candidates]
-                rest = [b for b in candidates if b not in moving]
-                candidates = rule.apply(moving, rest)
+                candidates = rule.apply(candidates)
                 run.rec.emit("reordered", backends=moving, to=rule.to, because=rule.because)
         if policy.gated_by_allow_vllm_cutlass and not ctx.layer.allow_vllm_cutlass:
             run.prune(policy.gated_by_allow_vllm_cutlass, "allow_vllm_cutlass is off for this checkpoint")

@@ -13,6 +13,7 @@ import importlib.util
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
 
 
@@ -50,6 +51,7 @@ class Library(str, Enum):
     TORCH_DYN_QUANT_4BIT = "torch.ops.aten._dyn_quant_matmul_4bit"  # torch's KleidiAI 4-bit ops
 
 
+@hashed_once
 @dataclass(frozen=True)
 class PlatformFacts:
     """Vendor, device capability and importable libraries.

@@ -52,6 +52,11 @@ class Recorder:
     def emit(self, event: str, **fields) -> None:
         if self.enabled:
             fields["event"] = event
-            self.events.append(fields)
+            self.append(fields)
+
+    def append(self, event: dict) -> None:
+        """Record an event dict as it is (it may be shared between decisions: events are read-only)."""
+        if self.enabled:
+            self.events.append(event)
             if self._live:
-                _listener().info(event, **{k: v for k, v in fields.items() if k != "event"})
+                _listener().info(event["event"], **{k: v for k, v in event.items() if k != "event"})

@@ -145,14 +145,20 @@ TRTLLM_FP8_CLAMP = Condition(
 )
 TRTLLM_LORA_INTERMEDIATE = Condition(
     "per-partition intermediate size a multiple of 128 (the oracle's TRTLLM LoRA gate)",
-    lambda ctx: (ctx.layer.intermediate_size // ctx.parallel.tp_size) % 128 == 0,
+    lambda ctx: intermediate_per_partition(ctx) % 128 == 0,
     "the FlashInfer TRTLLM LoRA kernel needs the per-partition intermediate size to be a multiple of 128",
 )
 
 
+def intermediate_per_partition(ctx) -> int:
+    """vLLM's intermediate_size_per_partition: TP is flattened across DP; with EP experts are whole."""
+    p = ctx.parallel
+    return ctx.layer.intermediate_size // (1 if p.use_ep else p.tp_size * p.dp_size)
+
+
 def _cpu_grouped_gemm(ctx) -> bool:
     """CPUUnquantizedExperts._supports_grouped_gemm: hidden and (padded) intermediate divisible by 32."""
-    per_partition = ctx.layer.intermediate_size // ctx.parallel.tp_size
+    per_partition = intermediate_per_partition(ctx)
     padded = per_partition if ctx.layer.activation is Activation.SWIGLUOAI else -(-per_partition // 32) * 32
     return ctx.layer.hidden_size % 32 == 0 and padded % 32 == 0
 

@@ -29,7 +29,7 @@ POLICY = FamilyPolicy(
         Shortcut("tpu_platform", when=(OnVendor((Vendor.TPU,)),), otherwise="TPU"),
         Shortcut("oot_platform", when=(OnVendor((Vendor.OUT_OF_TREE,)),), otherwise="OOT"),
         Shortcut("lora_shortcut", when=(LoRAEnabled(),), candidates=("FLASHINFER_TRTLLM",), otherwise="TRITON"),
-        ExplicitChoice("explicit_user_choice", passthrough=("humming", "marlin"), batched_format_names=("batched_triton",)),
+        ExplicitChoice("explicit_user_choice", passthrough=("humming", "marlin")),
         EnvOverride("aiter_override", names=("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MOE"),
                     standard="AITER", batched="AITER", prunes=("AITER",), unsupported="prune"),
         AutoScan("auto_scan"),
@@ -56,6 +56,7 @@ POLICY = FamilyPolicy(
         "aiter": "AITER",
     }),
     batched_variants=frozen({"TRITON": "BATCHED_TRITON"}),
+    batched_requests=frozenset({"batched_triton"}),
     priority=frozen({
         Vendor.CUDA: ("FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS", "TRITON", "BATCHED_TRITON"),
         Vendor.ROCM: ("AITER", "TRITON", "BATCHED_TRITON"),
