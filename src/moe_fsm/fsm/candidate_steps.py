@@ -70,7 +70,10 @@ class ExplicitAlternatives(Step):
     skip that when the checkpoint asks for none, as ``b12x`` does);
     ``forced``: name -> (env var, backends) used instead when the variable reads
     true. ``lora_kernels``: for a named backend with LoRA, kernel classes tried
-    first (vLLM 0.33's TRTLLM LoRA experts, an explicit-only choice). ``on_failure``:
+    first (vLLM 0.33's TRTLLM LoRA experts, an explicit-only choice). ``refusals``:
+    name (listed in ``alternatives`` with no backends) -> (backend, reason) for a
+    backend that cannot run any layer moe-fsm describes (it needs an input
+    moe-fsm does not model). ``on_failure``:
     "last" raises the last candidate's refusal (a ValueError); "exhausted"
     raises the policy's exhausted error with every refusal.
     """
@@ -80,6 +83,7 @@ class ExplicitAlternatives(Step):
     unordered_without_activation: tuple[str, ...] = ()
     forced: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=lambda: MappingProxyType({}))
     lora_kernels: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    refusals: Mapping[str, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     on_failure: str = "last"  # "last" | "exhausted"
 
     def guard(self, run) -> bool:
@@ -90,6 +94,9 @@ class ExplicitAlternatives(Step):
 
     def act(self, run) -> None:
         policy, name = run.policy, run.request
+        if name in self.refusals:
+            backend, reason = self.refusals[name]
+            raise BackendUnsupportedError(policy.unsupported_message.format(backend=backend, reason=reason))
         candidates = self.alternatives.get(name)
         if candidates is None:
             where = "" if run.request_source == "backend" else f" (from {run.request_source})"
@@ -149,8 +156,9 @@ class PlatformGate(Step):
         checks = [(r, r.failure(run.ctx)) for r in self.needs]
         result = any(failure is not None for _, failure in checks)
         if run.rec.enabled:
-            run.record_guard(self, "when", {"refused_unless": [
-                {"condition": r.description, "holds": failure is None, "reason": failure} for r, failure in checks
+            run.record_guard(self, "when", {"when": [
+                {"condition": f"not: {r.description}", "holds": failure is not None, "reason": failure}
+                for r, failure in checks
             ]}, result)
         return result
 
