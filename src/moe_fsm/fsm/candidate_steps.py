@@ -157,7 +157,8 @@ class PlatformGate(Step):
         result = any(failure is not None for _, failure in checks)
         if run.rec.enabled:
             run.record_guard(self, "when", {"when": [
-                {"condition": f"not: {r.description}", "holds": failure is not None, "reason": failure}
+                {"condition": f"not: {r.description}", "holds": failure is not None,
+                 "reason": failure or f"the platform meets it ({r.description})"}
                 for r, failure in checks
             ]}, result)
         return result
