@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-GOLDEN = ROOT / "traces" / "golden"
+GOLDEN = ROOT / "traces" / "seeds" / "golden"
 BLOCK = re.compile(r"(?:<!-- golden: (?P<golden>[\w.-]+) -->\n)?```(?P<lang>\w+)\n(?P<body>.*?)```", re.DOTALL)
 
 
@@ -27,6 +27,8 @@ def _golden_parts():
         document = json.loads(path.read_text())
         events.extend(document["events"])
         outcomes.append(document["outcome"])
+        if document.get("build"):
+            outcomes.append(document["build"])
     return events, outcomes
 
 

@@ -10,26 +10,31 @@ it instantiates the experts and prepare/finalize objects as one modular kernel.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Union
 
+from moe_fsm.inputs.hashing import hashed_once
+from moe_fsm import profiles
+from moe_fsm.backends.build_plan import BuildPlan, plan_build
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.verdict import SupportContext
-from moe_fsm.errors import BackendUnavailableError, NoPolicyError, SelectionError
+from moe_fsm.errors import BackendUnavailableError, InputError, NoPolicyError, SelectionError
 from moe_fsm.fsm.decide import DecisionRun
-from moe_fsm.fsm.policy import FAILED, START, missing_policy_message
+from moe_fsm.fsm.policy import FAILED, START
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts, probe
 from moe_fsm.inputs.request import BackendRequest
-from moe_fsm.modular.interfaces import ActivationFormat
+from moe_fsm.inputs.formats import ActivationFormat
+from moe_fsm.profiles import ProfileChoice
 from moe_fsm.trace import document as trace_doc
 from moe_fsm.trace.recorder import Recorder
 
 
+@hashed_once
 @dataclass(frozen=True)
 class DecisionInputs:
     """Everything a decision depends on; hashable, so engines can cache decisions by it."""
@@ -39,9 +44,11 @@ class DecisionInputs:
     request: BackendRequest
     env: EnvSnapshot
     platform: PlatformFacts
+    profile: ProfileChoice = field(default_factory=profiles.resolve_default)
 
     def to_json(self) -> dict:
         return {
+            "profile": self.profile.to_json(),
             "layer": self.layer.to_json(),
             "parallel": self.parallel.to_json(),
             "request": self.request.to_json(),
@@ -57,7 +64,11 @@ class DecisionInputs:
             request=BackendRequest.from_json(data["request"]),
             env=EnvSnapshot.from_json(data["env"]),
             platform=PlatformFacts.from_json(data["platform"]),
+            profile=ProfileChoice.from_json(data["profile"]) if "profile" in data else PRE_PROFILE_TRACES,
         )
+
+
+PRE_PROFILE_TRACES = ProfileChoice(profiles.SEEDS, "recorded before moe-fsm had policy profiles: the seed snapshot")
 
 
 @dataclass(frozen=True)
@@ -70,30 +81,26 @@ class Decision:
     activation_format: ActivationFormat
     prepare_finalize: object
     trace: dict
+    plan: BuildPlan  # what moe-fsm can run here: apart from the decision
 
     @property
     def outcome(self) -> dict:
         return self.trace["outcome"]
 
+    @property
+    def runner(self) -> str | None:
+        """The kernel spec moe-fsm will instantiate: the decided kernel, a named substitute, or None."""
+        return self.plan.experts
+
     def build(self, registry: Registry | None = None):
-        """Instantiate the experts and prepare/finalize pair as one modular kernel."""
+        """Instantiate the experts and prepare/finalize pair as one modular kernel (torch from here on)."""
         from moe_fsm.modular.kernel import ModularKernel
         from moe_fsm.prepare_finalize.choice import build_prepare_finalize
 
-        registry = registry or default_registry()
-        if self.kernel is None:
-            raise BackendUnavailableError(
-                f"backend {self.backend} leaves this layer to the {self.inputs.platform.vendor.value} platform's own MoE "
-                "path; moe-fsm has no kernel to build for it"
-            )
-        experts_cls = registry.implementation(self.kernel)
-        if experts_cls is None:
-            note = registry.kernels[self.kernel].library_note
-            raise BackendUnavailableError(
-                f"backend {self.backend} selects {self.kernel}, which moe-fsm models for selection but cannot run"
-                + (f" (it is {note})" if note else " (it is vLLM's own compiled kernel)")
-            )
-        experts = experts_cls(self.inputs.layer)
+        registry = registry or default_registry(self.inputs.profile.name)
+        if self.plan.experts is None:
+            raise BackendUnavailableError(self.plan.because)
+        experts = registry.implementation(self.plan.experts)(self.inputs.layer)
         prepare_finalize = build_prepare_finalize(
             self.prepare_finalize, self.inputs.parallel, num_experts=self.inputs.layer.num_experts,
             quant=self.inputs.layer.quant,
@@ -124,8 +131,9 @@ def make_inputs(
     backend: Union[str, Mapping[str, str], BackendRequest, None] = None,
     env: Union[EnvSnapshot, Mapping[str, str], None] = None,
     platform: PlatformFacts | None = None,
+    policy: str | ProfileChoice | None = None,
 ) -> DecisionInputs:
-    """Fill the defaults an engine would: the process env and the probed platform."""
+    """Fill the defaults an engine would: the process env, the probed platform, the default profile."""
     if env is None:
         env = EnvSnapshot.from_process()
     elif not isinstance(env, EnvSnapshot):
@@ -136,23 +144,42 @@ def make_inputs(
         request=BackendRequest.parse(backend),
         env=env,
         platform=platform or probed_platform(),
+        profile=profiles.choose(policy),
     )
+
+
+@lru_cache(maxsize=256)
+def _inputs_json(inputs: DecisionInputs) -> dict:
+    """The inputs' JSON form, built once per distinct inputs (an engine decides the same ones per layer).
+
+    Shared by the documents of equal inputs: trace documents are read-only; copy one to change it.
+    """
+    return inputs.to_json()
 
 
 def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: bool = True,
            layer_name: str | None = None, trace_path: Union[str, Path, None] = None) -> Decision:
     """Run the machine; on failure write the trace (if ``trace_path``) and raise with it attached."""
-    registry = registry or default_registry()
+    profile = profiles.get(inputs.profile.name)
+    if registry is None:
+        registry = default_registry(profile.name)
+    elif registry.profile is not profile:
+        raise InputError(f"the registry serves profile {registry.profile.name!r}, the inputs ask for {profile.name!r}")
     started_at, t0 = time.time(), time.perf_counter()
     family = inputs.layer.family
-    fmt = ActivationFormat.BATCHED if inputs.parallel.batched_activation_format else ActivationFormat.STANDARD
-    ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, inputs.env, fmt)
+    policy = profile.policies.get(family)
+    request = inputs.request.for_family(family)
+    batched = inputs.parallel.batched_activation_format or (policy is not None and request in policy.batched_requests)
+    fmt = ActivationFormat.BATCHED if batched else ActivationFormat.STANDARD
+    ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, profile.env.reader(inputs.env), fmt)
     recorder = Recorder(enabled=trace)
-    no_policy = missing_policy_message(family)
-    if no_policy is not None:
-        run = _PolicyLess(NoPolicyError(no_policy))
+    if policy is None:
+        run = _PolicyLess(NoPolicyError(
+            f"no selection policy for family {family.value} in profile {profile.name}; "
+            f"it has policies for {sorted(f.value for f in profile.policies)}"
+        ))
     else:
-        run = DecisionRun(ctx, inputs.request.for_family(family), inputs.request.source_for(family), registry, recorder)
+        run = DecisionRun(ctx, policy, request, inputs.request.source_for(family), registry, recorder)
         run.run()
     if run.error is not None:
         outcome = {
@@ -164,6 +191,7 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
             },
             "activation_format": fmt.value,
         }
+        plan = None
     else:
         sel = run.selection
         outcome = {
@@ -173,10 +201,11 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
             "via": sel.via,
             "activation_format": fmt.value,
             "prepare_finalize": run.prepare_finalize.to_json(),
-            "runnable": sel.kernel is not None and registry.kernels[sel.kernel].impl is not None,
         }
+        plan = plan_build(registry, sel.backend, sel.kernel, ctx, run.prepare_finalize)
     document = trace_doc.build_document(
-        inputs=inputs.to_json(), family=family.value, path=run.path, events=recorder.events, outcome=outcome,
+        inputs=_inputs_json(inputs), family=family.value, path=run.path, events=recorder.events, outcome=outcome,
+        build=plan.to_json() if plan is not None else None,
         layer_name=layer_name, started_at=started_at, duration_us=(time.perf_counter() - t0) * 1e6,
     )
     if run.error is not None:
@@ -186,13 +215,16 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
         raise run.error
     if trace_path is not None:
         trace_doc.write_atomic(Path(trace_path), trace_doc.dumps(document))
-    return Decision(inputs, sel.status, sel.backend, sel.kernel, sel.via, fmt, run.prepare_finalize, document)
+    return Decision(inputs, sel.status, sel.backend, sel.kernel, sel.via, fmt, run.prepare_finalize, document, plan)
 
 
 def select(layer: MoELayer, parallel: ParallelConfig | None = None, backend=None, env=None,
-           platform: PlatformFacts | None = None, **kwargs) -> Decision:
-    """The one-call form: ``select(layer, parallel, backend="auto", env=os.environ, platform=probe())``."""
-    return decide(make_inputs(layer, parallel, backend, env, platform), **kwargs)
+           platform: PlatformFacts | None = None, policy: str | ProfileChoice | None = None, **kwargs) -> Decision:
+    """The one-call form: ``select(layer, parallel, backend="auto", env=os.environ, platform=probe(), policy=None)``.
+
+    ``policy``: a profile name (``"seeds"``, ``"vllm-0.33"``); None follows the installed vLLM.
+    """
+    return decide(make_inputs(layer, parallel, backend, env, platform, policy), **kwargs)
 
 
 def replay(document: dict, *, registry: Registry | None = None) -> dict:

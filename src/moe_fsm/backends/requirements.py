@@ -16,7 +16,7 @@ from moe_fsm.backends.verdict import SupportContext
 from moe_fsm.inputs.layer import Activation
 from moe_fsm.inputs.platform import Library, Vendor
 from moe_fsm.inputs.quant import QuantKey
-from moe_fsm.modular.interfaces import ActivationFormat
+from moe_fsm.inputs.formats import ActivationFormat
 
 
 class Requirement:
@@ -232,3 +232,54 @@ class EnvEnabled(Requirement):
         if not off:
             return None
         return f"it is not enabled — set {' and '.join(f'{n}=1' for n in self.names)} to enable it"
+
+
+@dataclass(frozen=True)
+class LoRAEnabled(Requirement):
+    """The layer carries LoRA adapters (a step guard: the LoRA shortcut)."""
+
+    def describe(self) -> str:
+        return "LoRA enabled"
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        return None if ctx.layer.lora else "LoRA is off"
+
+
+@dataclass(frozen=True)
+class EnvOff(Requirement):
+    """Not usable while an env switch reads true (vLLM 0.33: VLLM_BATCH_INVARIANT and kernels without batch invariance)."""
+
+    name: str
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.name} off ({self.why})"
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        if not ctx.env.value(self.name):
+            return None
+        return f"kernel does not support {self.why} ({self.name} is on)"
+
+
+@dataclass(frozen=True)
+class Condition(Requirement):
+    """Any other support condition, as text plus a predicate on the SupportContext.
+
+    For the checks vLLM writes inline in an ``is_supported_config`` override
+    (expert-count limits, dimension alignment, a SwiGLU-clamp rule), where no
+    dedicated requirement kind exists; ``failure`` is the reason in vLLM's words.
+    """
+
+    text: str
+    holds: Callable[..., bool]
+    failure_text: str | Callable[..., str] = ""  # a callable of the context for a reason that names a value
+
+    def describe(self) -> str:
+        return self.text
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        if self.holds(ctx):
+            return None
+        if callable(self.failure_text):
+            return self.failure_text(ctx)
+        return self.failure_text or f"kernel does not support this layer (needs {self.text})"

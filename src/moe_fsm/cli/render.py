@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from moe_fsm.inputs.env import ENV_VARS
+from moe_fsm.inputs.env import known_env_vars
 
-GUARD_STATE = {
+# Guards of traces recorded before guard events named their step.
+_OLD_GUARD_STATE = {
     "lora_enabled": "lora_shortcut",
     "explicit_request": "explicit_user_choice",
     "flashinfer_env": "flashinfer_preference",
@@ -21,15 +22,21 @@ GUARD_STATE = {
 
 STATE_TEXT = {
     "lora_shortcut": "LoRA shortcut",
-    "explicit_user_choice": "explicit user choice",
     "flashinfer_preference": "FlashInfer preference",
-    "env_override": "env override",
+    "deep_gemm_override": "DeepGEMM env override",
+    "aiter_override": "AITER env override",
     "forced_marlin": "forced Marlin",
-    "auto_scan": "auto scan",
-    "selected": "selected",
     "fallback_none": "fallback (NONE)",
-    "failed": "failed",
 }
+
+
+def guard_state(event: dict) -> str:
+    return event.get("step") or _OLD_GUARD_STATE[event["guard"]]
+
+
+def state_text(state: str) -> str:
+    """A state's name for a person: 'deep_gemm_override' -> 'deep gemm override'."""
+    return STATE_TEXT.get(state, state.replace("_", " "))
 
 
 # -- inputs --------------------------------------------------------------------------
@@ -131,6 +138,8 @@ def inputs_lines(document: dict, indent: str = "  ") -> list[str]:
         f"{indent}request:  {request_text(inputs['request'], document['family'])}",
         f"{indent}env:      {env_text(inputs['env'])}",
     ]
+    if "profile" in inputs:
+        lines.append(f"{indent}policy:   {inputs['profile']['name']} ({inputs['profile']['reason']})")
     if document.get("layer_name"):
         lines.insert(0, f"{indent}name:     {document['layer_name']}")
     return lines
@@ -148,12 +157,14 @@ def reading_text(reading: dict) -> str:
 
 
 def _is_flag(name: str) -> bool:
-    var = ENV_VARS.get(name)
+    var = known_env_vars().get(name)
     return var is not None and var.accepted == "0 or 1"
 
 
 def guard_text(event: dict) -> str:
     guard, inputs = event["guard"], event["inputs"]
+    if guard == "when":
+        return "; ".join(f"{c['condition']}: {'yes' if c['holds'] else 'no, ' + c['reason']}" for c in inputs["when"])
     if guard == "lora_enabled":
         if not inputs["lora_backend"]:
             return "the family has no LoRA shortcut"
@@ -161,6 +172,8 @@ def guard_text(event: dict) -> str:
     if guard == "explicit_request":
         if inputs["requested"] == "auto":
             return f"{inputs['source']} is auto"
+        if inputs["requested"] in inputs.get("passthrough", ()):
+            return f"{inputs['source']} asks for {inputs['requested']!r}, which this family treats as auto"
         return f"{inputs['source']} asks for {inputs['requested']!r}"
     if guard == "auto_scan":
         return "no earlier step decided"
@@ -191,35 +204,52 @@ def event_lines(document: dict, detail: bool = False) -> list[str]:
     """The decision, event by event, grouped under the state it happened in."""
     lines: list[str] = ["  [start]"]
     for event in document["events"]:
-        kind = event["event"]
-        if kind == "guard":
-            state = GUARD_STATE[event["guard"]]
-            verb = "enter" if event["result"] else "skip "
-            lines.append(f"    {verb} {state:<22} {guard_text(event)}")
-        elif kind == "transition":
-            lines.append(f"  [{event['dest']}]" + ("" if event["trigger"] == "advance" else "  (conclude)"))
-        elif kind == "candidate":
-            lines.extend(candidate_lines(event, detail))
-        elif kind == "mapped":
-            lines.append(f"    mapped {event['requested']!r} -> {event['backend']}")
-        elif kind == "rewritten":
-            lines.append(f"    rewrote {event['backend']} -> {event['to']} ({event['because']})")
-        elif kind == "pruned":
-            env = f" [{reading_text(event['env'])}]" if event.get("env") else ""
-            lines.append(f"    pruned {', '.join(event['backends'])}: {event['because']}{env}")
-        elif kind == "scan":
-            lines.append(f"    scan order: {', '.join(event['candidates']) or '(empty)'}")
-        elif kind == "fallback":
-            lines.append(f"    fallback {event['backend']}: {event['because']}")
-        elif kind == "note":
-            lines.append(f"    note: {event['text']}")
-        elif kind == "flashinfer_family":
-            lines.append(f"    {reading_text(event['env'])} names the FlashInfer {event['family']} family")
-        elif kind == "prepare_finalize":
-            lines.append(f"    prepare/finalize {event['name']}: {event['reason']}")
-        else:  # an event this renderer does not know: show it raw rather than drop it
-            lines.append(f"    {kind}: " + ", ".join(f"{k}={v!r}" for k, v in event.items() if k != "event"))
+        lines.extend(lines_of(event, detail))
     return lines
+
+
+def lines_of(event: dict, detail: bool = False) -> list[str]:
+    """One event as the lines ``select`` prints for it."""
+    kind = event["event"]
+    if kind == "guard":
+        verb = "enter" if event["result"] else "skip "
+        return [f"    {verb} {guard_state(event):<22} {guard_text(event)}"]
+    if kind == "transition":
+        concluded = event["trigger"] == "conclude" or event["dest"] in ("selected", "fallback_none", "failed")
+        return [f"  [{event['dest']}]" + ("  (conclude)" if concluded else "")]
+    if kind == "candidate":
+        return candidate_lines(event, detail)
+    if kind == "mapped":
+        return [f"    mapped {event['requested']!r} -> {event['backend']}"]
+    if kind == "rewritten":
+        return [f"    rewrote {event['backend']} -> {event['to']} ({event['because']})"]
+    if kind == "pruned":
+        env = f" [{reading_text(event['env'])}]" if event.get("env") else ""
+        return [f"    pruned {', '.join(event['backends'])}: {event['because']}{env}"]
+    if kind == "scan":
+        return [f"    scan order: {', '.join(event['candidates']) or '(empty)'}"]
+    if kind == "reordered":
+        return [f"    moved {', '.join(event['backends'])} to the {event['to']}: {event['because']}"]
+    if kind == "unchecked":
+        return [f"    chose {event['backend']} -> {event['kernel']} unchecked: {event['because']}"]
+    if kind == "fallback":
+        return [f"    fallback {event['backend']}: {event['because']}"]
+    if kind == "note":
+        return [f"    note: {event['text']}"]
+    if kind == "flashinfer_family":
+        return [f"    {reading_text(event['env'])} names the FlashInfer {event['family']} family"]
+    if kind == "prepare_finalize":
+        return [f"    prepare/finalize {event['name']}: {event['reason']}"]
+    # an event this renderer does not know: show it raw rather than drop it
+    return [f"    {kind}: " + ", ".join(f"{k}={v!r}" for k, v in event.items() if k != "event")]
+
+
+def decision_text(document: dict) -> str:
+    """The outcome in a few words: 'TRITON (TritonExperts)', 'NONE', 'NoBackendError'."""
+    outcome = document["outcome"]
+    if outcome["status"] == "failed":
+        return f"{outcome['error']['type']} ({outcome['error']['builtin']})"
+    return outcome["backend"] + (f" ({outcome['kernel']})" if outcome.get("kernel") else "")
 
 
 def outcome_lines(document: dict) -> list[str]:
@@ -231,14 +261,24 @@ def outcome_lines(document: dict) -> list[str]:
     kernel = outcome["kernel"] or "none (the platform's own MoE path)"
     head = "SELECTED" if status == "selected" else "FALLBACK"
     lines = [
-        f"{head}: {outcome['backend']}  (experts kernel {kernel}, via {STATE_TEXT.get(outcome['via'], outcome['via'])}, "
+        f"{head}: {outcome['backend']}  (experts kernel {kernel}, via {state_text(outcome['via'])}, "
         f"{outcome['activation_format']} activation format)",
         f"  prepare/finalize: {outcome['prepare_finalize']['name']}: {outcome['prepare_finalize']['reason']}",
     ]
-    if not outcome["runnable"]:
-        lines.append("  note: moe-fsm models this kernel for selection but cannot run it itself "
-                     "(vLLM's compiled kernel or a library it does not wrap)")
+    build = document.get("build")
+    if build is not None:
+        lines.append(f"  here: {build_text(build)}")
     return lines
+
+
+def build_text(build: dict) -> str:
+    """What moe-fsm can run of the decision on this machine (the decision itself is vLLM's)."""
+    experts = {"native": f"builds {build['experts']}", "substitute": f"builds {build['experts']} instead",
+               "unavailable": "cannot build the experts"}[build["how"]]
+    text = f"moe-fsm {experts} ({build['because']})"
+    if not build["prepare_finalize_buildable"]:
+        text += f"; the prepare/finalize cannot be built here: {build['prepare_finalize_because']}"
+    return text
 
 
 def path_text(document: dict) -> str:

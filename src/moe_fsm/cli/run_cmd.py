@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from moe_fsm.engine.engine import DEFAULT_TRACE_DIR
 from moe_fsm.engine.presets import DEFAULT_PRESET, PRESETS, preset
 from moe_fsm.errors import InputError
+from moe_fsm.trace.document import DEFAULT_TRACE_DIR
 
 
 def register(subparsers) -> None:

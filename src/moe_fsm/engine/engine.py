@@ -27,7 +27,7 @@ from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.trace import document as trace_doc
 
-DEFAULT_TRACE_DIR = Path("moe-fsm-traces")
+DEFAULT_TRACE_DIR = Path(trace_doc.DEFAULT_TRACE_DIR)
 
 
 @dataclass

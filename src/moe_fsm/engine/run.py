@@ -185,7 +185,7 @@ def _row(index: int, layer_state: LoadedLayer, elapsed_ms: float, err: float) ->
         name=layer_state.spec.name,
         family=layer.family.value,
         backend=decision.backend,
-        kernel=decision.kernel or "-",
+        kernel=decision.runner or "-",
         prepare_finalize=decision.prepare_finalize.name,
         time_ms=elapsed_ms,
         rel_error=err,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from enum import Enum
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.quant import FLOAT_DTYPES, QuantFamily, QuantScheme
 
@@ -17,6 +18,7 @@ class Activation(str, Enum):
     GELU = "gelu"
 
 
+@hashed_once
 @dataclass(frozen=True)
 class MoELayer:
     """One MoE layer. ``intermediate_size`` is N in w1 = [E, 2N, K], w2 = [E, K, N].

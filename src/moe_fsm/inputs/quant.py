@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
 
 
@@ -240,6 +241,7 @@ _FAMILY_KEYS = {
 GROUPED_FAMILIES = (QuantFamily.INT_WNA16, QuantFamily.W4A8, QuantFamily.W4A8_INT8)
 
 
+@hashed_once
 @dataclass(frozen=True)
 class QuantScheme:
     """Family plus the (weight, activation) keys; unquantized layers have neither key.
