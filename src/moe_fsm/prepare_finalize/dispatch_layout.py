@@ -1,0 +1,132 @@
+"""Where each row goes and how it comes back, computed on the device with fixed-size tensors.
+
+Both expert-parallel all-to-all P/Fs send one row per (token, destination rank)
+and add the returned rows back into their tokens. The index arithmetic here
+uses only tensor ops whose output sizes are known on the host (cumsum, scatter,
+stable sort, index_add), never ``nonzero``, ``bincount`` or ``.tolist()``: the
+variable-size P/F synchronises with the host once, to learn how many rows it
+receives, and the fixed-capacity P/F never does, so it can be captured in a CUDA
+graph. Slots that must not be written (unused capacity, pairs another rank
+computes) are sent to one extra "trash" row past the end of the buffer instead
+of being filtered out, which would need a host-side count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from moe_fsm.distributed.collectives import RowLayout
+
+
+def destinations(topk_ids: torch.Tensor, owner: torch.Tensor, world_size: int) -> torch.Tensor:
+    """bool [M, W]: token t must go to rank d (it routes at least one slot to an expert d owns)."""
+    ids = topk_ids.long()
+    ranks = torch.where(ids >= 0, owner[ids.clamp(min=0)], torch.full_like(ids, -1))
+    return (ranks.unsqueeze(-1) == torch.arange(world_size, device=ids.device)).any(dim=1)
+
+
+def send_order(dest: torch.Tensor, starts: torch.Tensor, total: int) -> torch.Tensor:
+    """int64 [total]: the token each send row carries; rows no token fills hold M (the packed empty row).
+
+    Rank d's rows start at ``starts[d]`` and hold its tokens in order; ``total``
+    rows in all (the sum of the counts, or W times the capacity).
+    """
+    num_tokens, world = dest.shape
+    position = torch.cumsum(dest, dim=0) - 1
+    slot = torch.where(dest, starts.view(1, world) + position, torch.full_like(position, total))
+    token = torch.arange(num_tokens, device=dest.device).unsqueeze(1).expand(num_tokens, world)
+    order = torch.full((total + 1,), num_tokens, dtype=torch.int64, device=dest.device)
+    order.scatter_(0, slot.reshape(-1), token.reshape(-1))
+    return order[:total]
+
+
+def fill_empty_row(packed: torch.Tensor, layout: RowLayout, ids_field: int) -> None:
+    """The last packed row becomes a row no expert computes: zero payload, scale and weights, ids -1."""
+    empty = packed[-1]
+    empty.zero_()
+    f = layout.fields[ids_field]
+    empty[f.start : f.start + f.nbytes] = 255  # -1 in two's complement, whatever the integer width
+
+
+def add_returned_rows(returned: torch.Tensor, order: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """float32 [M, K]: each token's returned partial rows summed (rows of the empty token land in a trash row)."""
+    total = torch.zeros((num_tokens + 1, returned.shape[1]), dtype=torch.float32, device=returned.device)
+    total.index_add_(0, order, returned.to(torch.float32))
+    return total[:num_tokens]
+
+
+@dataclass(frozen=True)
+class Slabs:
+    """Where each received (row, top-k slot) pair sits in the batched ``[E_local, capacity, ...]`` slabs.
+
+    ``flat`` [R, top_k]: expert * capacity + position, or ``E_local * capacity`` (the
+    trash row) for a slot this rank does not compute; ``counts`` [E_local] int32.
+    """
+
+    flat: torch.Tensor
+    counts: torch.Tensor
+    num_experts: int
+    capacity: int
+
+    @property
+    def trash(self) -> int:
+        return self.num_experts * self.capacity
+
+    def scatter(self, rows: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """Rows [R, ...] into slabs [E_local, capacity, ...]; rows past each count are left unwritten."""
+        if rows is None or rows.dim() < 2:
+            return rows  # no scale, or one scale shared by every row
+        num_rows, top_k = self.flat.shape
+        trailing = rows.shape[1:]
+        wire = rows.view(torch.uint8) if rows.element_size() == 1 else rows  # index_copy_ has no float8 kernels
+        slab = wire.new_empty((self.trash + 1, *trailing))
+        pairs = wire.unsqueeze(1).expand(num_rows, top_k, *trailing).reshape(num_rows * top_k, *trailing)
+        slab.index_copy_(0, self.flat.reshape(-1), pairs)
+        slab = slab[: self.trash].view(self.num_experts, self.capacity, *trailing)
+        return slab if slab.dtype == rows.dtype else slab.view(rows.dtype)
+
+    def reduce(self, expert_output: torch.Tensor, weights: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+        """[R, K]: per received row, the (weighted) sum of its slots' expert rows; 0 for slots computed elsewhere.
+
+        Unwritten slab rows may hold anything (NaN included), so invalid slots are
+        selected away, not multiplied by zero. One pass per top-k slot keeps the
+        temporaries at [R, K].
+        """
+        flat_out = expert_output.reshape(self.trash, expert_output.shape[-1])
+        valid = self.flat < self.trash
+        index = self.flat.clamp(max=max(self.trash - 1, 0))
+        total = torch.zeros((self.flat.shape[0], flat_out.shape[1]), dtype=torch.float32, device=flat_out.device)
+        if self.trash == 0:
+            return total.to(out_dtype)
+        for slot in range(self.flat.shape[1]):
+            rows = torch.where(valid[:, slot : slot + 1], flat_out.index_select(0, index[:, slot]), 0)
+            if weights is None:
+                total.add_(rows)
+            else:
+                total.addcmul_(rows, weights[:, slot : slot + 1].to(torch.float32))
+        return total.to(out_dtype)
+
+
+def slabs_for(local_ids: torch.Tensor, num_experts: int, capacity: int) -> Slabs:
+    """Place every pair whose local expert id is >= 0 in its expert's slab, in row order, without a host sync.
+
+    ``capacity`` must be at least the number of rows (each row names an expert at most once).
+    """
+    num_rows, top_k = local_ids.shape
+    key = local_ids.reshape(-1).long()
+    key = torch.where(key < 0, torch.full_like(key, num_experts), key)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=key.device)
+    counts.index_add_(0, key, torch.ones_like(key))
+    starts = torch.cumsum(counts, 0) - counts
+    order = torch.argsort(key, stable=True)
+    sorted_key = key[order]
+    position = torch.empty_like(key)
+    position.scatter_(0, order, torch.arange(key.numel(), device=key.device) - starts[sorted_key])
+    # A token names each expert at most once, so no expert gets more than one pair per row and
+    # ``capacity`` >= rows suffices; the bound below only keeps repeated ids from writing out of range.
+    placed = (key < num_experts) & (position < capacity)
+    flat = torch.where(placed, key * capacity + position, torch.full_like(key, num_experts * capacity))
+    return Slabs(flat.view(num_rows, top_k), counts[:num_experts].clamp(max=capacity).to(torch.int32), num_experts, capacity)
