@@ -79,12 +79,11 @@ class Slabs:
         """Rows [R, ...] into slabs [E_local, capacity, ...]; rows past each count are left unwritten."""
         if rows is None or rows.dim() < 2:
             return rows  # no scale, or one scale shared by every row
-        num_rows, top_k = self.flat.shape
         trailing = rows.shape[1:]
         wire = rows.view(torch.uint8) if rows.element_size() == 1 else rows  # index_copy_ has no float8 kernels
         slab = wire.new_empty((self.trash + 1, *trailing))
-        pairs = wire.unsqueeze(1).expand(num_rows, top_k, *trailing).reshape(num_rows * top_k, *trailing)
-        slab.index_copy_(0, self.flat.reshape(-1), pairs)
+        for slot in range(self.flat.shape[1]):  # one copy per top-k slot, straight from the received rows
+            slab.index_copy_(0, self.flat[:, slot], wire)
         slab = slab[: self.trash].view(self.num_experts, self.capacity, *trailing)
         return slab if slab.dtype == rows.dtype else slab.view(rows.dtype)
 
@@ -102,7 +101,7 @@ class Slabs:
         if self.trash == 0:
             return total.to(out_dtype)
         for slot in range(self.flat.shape[1]):
-            rows = torch.where(valid[:, slot : slot + 1], flat_out.index_select(0, index[:, slot]), 0)
+            rows = flat_out.index_select(0, index[:, slot]).masked_fill_(~valid[:, slot : slot + 1], 0)
             if weights is None:
                 total.add_(rows)
             else:

@@ -47,10 +47,14 @@ DEFAULT_MAX_TOKENS_PER_RANK = 256
 
 @dataclass(frozen=True)
 class FixedDispatchState:
-    """What finalize needs: the token of each sent row (M for the empty row) and where each received pair sits."""
+    """What finalize needs: the token of each sent row (M for the empty row) and where each received pair sits.
+
+    ``row_bytes`` is the width of one dispatched row on the wire (payload plus scale, ids, weights, padding).
+    """
 
     order: torch.Tensor
     slabs: Slabs
+    row_bytes: int
 
 
 class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
@@ -137,7 +141,7 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
             topk_ids=local_ids,
             topk_weights=weights,
             expert_num_tokens=slabs.counts,
-            state=FixedDispatchState(order, slabs),
+            state=FixedDispatchState(order, slabs, layout.row_bytes),
         )
 
     def finalize(
