@@ -90,11 +90,11 @@ class ExpertParallelDispatch(PrepareFinalize):
         self._guard(expert_map)
         return world
 
-    def _destinations(self, topk_ids: torch.Tensor, world: int) -> torch.Tensor:
+    def _destinations(self, topk_ids: torch.Tensor) -> torch.Tensor:
         device = topk_ids.device
         if device not in self._owner:
-            self._owner[device] = self.placement.owner_table(device)
-        return destinations(topk_ids, self._owner[device], world)
+            self._owner[device] = self.placement.owner_mask(device)
+        return destinations(topk_ids, self._owner[device])
 
     def _packed_source(
         self,
@@ -160,7 +160,7 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         source, packed, layout = self._packed_source(
             hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
         )
-        dest = self._destinations(topk_ids, world)
+        dest = self._destinations(topk_ids)
         send_counts = dest.sum(dim=0)
         signature = layout_signature(layout)
         records = torch.stack([send_counts, *(torch.full_like(send_counts, v) for v in signature)], dim=1)

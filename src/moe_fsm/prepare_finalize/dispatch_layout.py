@@ -21,11 +21,12 @@ import torch
 from moe_fsm.distributed.collectives import RowLayout
 
 
-def destinations(topk_ids: torch.Tensor, owner: torch.Tensor, world_size: int) -> torch.Tensor:
-    """bool [M, W]: token t must go to rank d (it routes at least one slot to an expert d owns)."""
-    ids = topk_ids.long()
-    ranks = torch.where(ids >= 0, owner[ids.clamp(min=0)], torch.full_like(ids, -1))
-    return (ranks.unsqueeze(-1) == torch.arange(world_size, device=ids.device)).any(dim=1)
+def destinations(topk_ids: torch.Tensor, owner_mask: torch.Tensor) -> torch.Tensor:
+    """bool [M, W]: token t must go to rank d (it routes at least one slot to an expert d owns).
+
+    ``owner_mask`` is :meth:`ExpertPlacement.owner_mask`; a skipped slot (id -1) indexes its last row, no rank.
+    """
+    return owner_mask[topk_ids.long()].any(dim=1)
 
 
 def send_order(dest: torch.Tensor, starts: torch.Tensor, total: int) -> torch.Tensor:
@@ -95,17 +96,18 @@ class Slabs:
         temporaries at [R, K].
         """
         flat_out = expert_output.reshape(self.trash, expert_output.shape[-1])
-        valid = self.flat < self.trash
+        invalid = self.flat >= self.trash
         index = self.flat.clamp(max=max(self.trash - 1, 0))
         total = torch.zeros((self.flat.shape[0], flat_out.shape[1]), dtype=torch.float32, device=flat_out.device)
         if self.trash == 0:
             return total.to(out_dtype)
+        weights = None if weights is None else weights.to(torch.float32)
         for slot in range(self.flat.shape[1]):
-            rows = flat_out.index_select(0, index[:, slot]).masked_fill_(~valid[:, slot : slot + 1], 0)
+            rows = flat_out.index_select(0, index[:, slot]).masked_fill_(invalid[:, slot : slot + 1], 0)
             if weights is None:
                 total.add_(rows)
             else:
-                total.addcmul_(rows, weights[:, slot : slot + 1].to(torch.float32))
+                total.addcmul_(rows, weights[:, slot : slot + 1])
         return total.to(out_dtype)
 
 

@@ -124,7 +124,7 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
             hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
         )
         self._agree_on_layout(layout_signature(layout), hidden_states.device)
-        dest = self._destinations(topk_ids, world)
+        dest = self._destinations(topk_ids)
         starts = torch.arange(world, device=dest.device) * capacity
         order = send_order(dest, starts, world * capacity)
         wire = all_to_all_equal(packed.index_select(0, order), group=self.group)
