@@ -371,6 +371,7 @@ def write_report(out: Path, meta: dict, cases: list[dict], skipped: list[str]) -
         "the P/F and its baseline are charged the same bytes",
         "- quantize ms: the activation quantizer alone on the rank's tokens (included in the P/F time)",
         f"- environment: {', '.join(f'{k}={v}' for k, v in meta['env'].items()) or 'none of the recorded variables set'}",
+        f"- host load average at the end (1, 5, 15 min): {', '.join(map(str, meta['load_average']))} on {os.cpu_count()} cores",
         f"- command: `{meta['command']}`",
         f"- run at {meta['date']}",
         "",
@@ -428,6 +429,7 @@ def run_rank(args: argparse.Namespace) -> int:
                 "warmup": warmup,
                 "iters": iters,
                 "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
+                "load_average": [round(v, 1) for v in os.getloadavg()],
                 "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                 "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             }

@@ -7,6 +7,7 @@ import torch
 
 from moe_fsm.distributed import ExpertPlacement, pack_row_bytes, unpack_row_bytes
 from moe_fsm.kernels.grouping import group_by_expert
+from moe_fsm.prepare_finalize import dispatch_layout
 from moe_fsm.prepare_finalize.dispatch_layout import (
     add_returned_rows,
     destinations,
@@ -57,9 +58,14 @@ def test_empty_row_has_no_expert_and_no_weight() -> None:
     assert payload[2].abs().sum() == 0 and ids[2].tolist() == [-1, -1, -1] and weights[2].abs().sum() == 0
 
 
-@pytest.mark.parametrize("hot", [False, True])
-def test_slabs_match_the_local_batched_layout(hot: bool) -> None:
-    """Same (expert, position) as group_by_expert for every routed pair; the reduction matches reduce_batched."""
+@pytest.mark.parametrize("hot,pass_bytes", [(False, None), (True, None), (False, 1)])
+def test_slabs_match_the_local_batched_layout(hot: bool, pass_bytes, monkeypatch) -> None:
+    """Same (expert, position) as group_by_expert for every routed pair; the reduction matches reduce_batched.
+
+    ``pass_bytes=1`` makes scatter and reduce take one top-k slot per pass, as large calls do.
+    """
+    if pass_bytes is not None:
+        monkeypatch.setattr(dispatch_layout, "SLOT_PASS_BYTES", pass_bytes)
     gen = torch.Generator().manual_seed(3)
     rows, top_k, num_local, hidden = 12, 3, 4, 5
     ids = _random_ids(rows, top_k, 8, gen, hot=hot)
@@ -83,11 +89,12 @@ def test_slabs_match_the_local_batched_layout(hot: bool) -> None:
     expert_out = torch.full((num_local, rows, hidden), float("nan"))  # unwritten rows may hold anything
     expert_out[groups.expert, groups.position] = torch.randn(groups.num_pairs, hidden, generator=gen)
     weights = torch.rand(rows, top_k, generator=gen)
-    got = slabs.reduce(expert_out, weights, torch.float32)
-    want = torch.empty(rows, hidden)
     layout = BatchedLayout(groups.token, groups.slot, groups.expert, groups.position)
-    reduce_batched(want, expert_out, layout, weights, apply_router_weight_on_input=False)
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for w, on_input in ((weights, False), (None, True)):
+        got = slabs.reduce(expert_out, w, torch.float32)
+        want = torch.empty(rows, hidden)
+        reduce_batched(want, expert_out, layout, weights, apply_router_weight_on_input=on_input)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_slabs_scatter_fp8_and_keep_a_shared_scale() -> None:

@@ -80,11 +80,13 @@ class Slabs:
         """Rows [R, ...] into slabs [E_local, capacity, ...]; rows past each count are left unwritten."""
         if rows is None or rows.dim() < 2:
             return rows  # no scale, or one scale shared by every row
-        trailing = rows.shape[1:]
+        num_rows, trailing = rows.shape[0], rows.shape[1:]
         wire = rows.view(torch.uint8) if rows.element_size() == 1 else rows  # index_copy_ has no float8 kernels
         slab = wire.new_empty((self.trash + 1, *trailing))
-        for slot in range(self.flat.shape[1]):  # one copy per top-k slot, straight from the received rows
-            slab.index_copy_(0, self.flat[:, slot], wire)
+        for slots in slot_chunks(self.flat.shape[1], num_rows * wire[:1].numel() * wire.element_size()):
+            width = slots.stop - slots.start
+            pairs = wire.unsqueeze(1).expand(num_rows, width, *trailing).reshape(num_rows * width, *trailing)
+            slab.index_copy_(0, self.flat[:, slots].reshape(-1), pairs)
         slab = slab[: self.trash].view(self.num_experts, self.capacity, *trailing)
         return slab if slab.dtype == rows.dtype else slab.view(rows.dtype)
 
@@ -92,23 +94,36 @@ class Slabs:
         """[R, K]: per received row, the (weighted) sum of its slots' expert rows; 0 for slots computed elsewhere.
 
         Unwritten slab rows may hold anything (NaN included), so invalid slots are
-        selected away, not multiplied by zero. One pass per top-k slot keeps the
-        temporaries at [R, K].
+        selected away, not multiplied by zero. Sums run in float32.
         """
-        flat_out = expert_output.reshape(self.trash, expert_output.shape[-1])
-        invalid = self.flat >= self.trash
-        index = self.flat.clamp(max=max(self.trash - 1, 0))
-        total = torch.zeros((self.flat.shape[0], flat_out.shape[1]), dtype=torch.float32, device=flat_out.device)
+        num_rows, top_k = self.flat.shape
+        hidden = expert_output.shape[-1]
+        total = torch.zeros((num_rows, hidden), dtype=torch.float32, device=expert_output.device)
         if self.trash == 0:
             return total.to(out_dtype)
-        weights = None if weights is None else weights.to(torch.float32)
-        for slot in range(self.flat.shape[1]):
-            rows = flat_out.index_select(0, index[:, slot]).masked_fill_(invalid[:, slot : slot + 1], 0)
-            if weights is None:
-                total.add_(rows)
-            else:
-                total.addcmul_(rows, weights[:, slot : slot + 1])
+        flat_out = expert_output.reshape(self.trash, hidden)
+        invalid = (self.flat >= self.trash).unsqueeze(-1)
+        index = self.flat.clamp(max=self.trash - 1)
+        if weights is None:
+            weights = torch.ones((num_rows, top_k), dtype=torch.float32, device=expert_output.device)
+        weights = weights.to(torch.float32)
+        for slots in slot_chunks(top_k, num_rows * hidden * 4):
+            width = slots.stop - slots.start
+            rows = flat_out.index_select(0, index[:, slots].reshape(-1)).view(num_rows, width, hidden)
+            rows = rows.masked_fill_(invalid[:, slots], 0).to(torch.float32)
+            total.unsqueeze(1).baddbmm_(weights[:, slots].unsqueeze(1), rows)
         return total.to(out_dtype)
+
+
+# Bytes of the temporaries of one pass over the top-k slots. Decode-sized calls take every slot in one
+# pass (fewer kernels, which is what a CUDA graph replays); large ones loop, so memory stays bounded.
+SLOT_PASS_BYTES = 128 * 2**20
+
+
+def slot_chunks(top_k: int, bytes_per_slot: int) -> list[slice]:
+    """The top-k slots in as few passes as keep each pass's temporaries under SLOT_PASS_BYTES."""
+    width = max(1, min(top_k, SLOT_PASS_BYTES // max(bytes_per_slot, 1)))
+    return [slice(start, min(start + width, top_k)) for start in range(0, top_k, width)]
 
 
 def slabs_for(local_ids: torch.Tensor, num_experts: int, capacity: int) -> Slabs:
