@@ -177,8 +177,29 @@ def validate_call(
     topk_ids: torch.Tensor,
     scales: ExpertScales,
     expert_map: Optional[torch.Tensor],
+    seen: Optional[set] = None,
 ) -> None:
-    """Every check, cheapest first; raises KernelInputError on the first problem."""
+    """Every check, cheapest first; raises KernelInputError on the first problem.
+
+    With ``seen`` (a set the caller keeps), a call whose tensors have the shapes,
+    dtypes and devices of one that already passed, and whose values are not to be
+    read (see ``values_checkable``), is not checked again: eager decode calls then
+    pay one tuple comparison instead of the whole walk.
+    """
+    key = None
+    if seen is not None and not values_checkable(topk_ids):
+        key = tuple(
+            None if t is None else (t.shape, t.dtype, t.device)
+            for t in (hidden_states, w1, w2, topk_weights, topk_ids, expert_map, *vars(scales).values())
+        )
+        if key in seen:
+            return
+    _validate(layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map)
+    if key is not None:
+        seen.add(key)
+
+
+def _validate(layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map) -> None:
     scale_tensors = {f"ExpertScales.{k}": v for k, v in vars(scales).items()}
     check_devices(hidden_states, {"w1": w1, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids, "expert_map": expert_map, **scale_tensors})
     check_hidden(hidden_states, layer)

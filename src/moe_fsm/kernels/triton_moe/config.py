@@ -160,11 +160,14 @@ CONFIG_DIR_ENV = "MOE_FSM_TRITON_CONFIG_DIR"
 
 def user_config_dir() -> Path:
     """Where ``moe-fsm tune`` writes tables and the runtime reads them first."""
-    explicit = os.environ.get(CONFIG_DIR_ENV)
+    return _user_config_dir(os.environ.get(CONFIG_DIR_ENV), os.environ.get("XDG_CACHE_HOME"))
+
+
+@functools.lru_cache(maxsize=16)
+def _user_config_dir(explicit: Optional[str], xdg_cache: Optional[str]) -> Path:
     if explicit:
         return Path(explicit).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "moe_fsm" / "triton_moe"
+    return Path(xdg_cache or str(Path.home() / ".cache")) / "moe_fsm" / "triton_moe"
 
 
 def _read_table(text: str, where: str) -> dict:
@@ -205,6 +208,7 @@ def clear_caches() -> None:
     """Forget loaded tables and looked-up configs (after a tuner wrote a new table)."""
     load_shipped_table.cache_clear()
     load_user_table.cache_clear()
+    _user_config_dir.cache_clear()
     _lookup.cache_clear()
 
 
@@ -237,16 +241,22 @@ def get_config(
     compute_dtype: str,
     fp8: Optional[str],
 ) -> MoEConfig:
-    """The tuned config nearest in token count for this shape, else ``default_config``."""
-    return _lookup(str(user_config_dir()), device_name, num_experts, n, k, top_k, num_tokens, compute_dtype, fp8)
+    """The tuned config nearest in token count for this shape, else ``default_config`` (cached per shape and count)."""
+    environ = os.environ
+    return _lookup(
+        environ.get(CONFIG_DIR_ENV), environ.get("XDG_CACHE_HOME"), device_name, num_experts, n, k, top_k, num_tokens,
+        compute_dtype, fp8,
+    )
 
 
 @functools.lru_cache(maxsize=4096)
 def _lookup(
-    user_dir: str, device_name: str, num_experts: int, n: int, k: int, top_k: int, num_tokens: int, compute_dtype: str, fp8: Optional[str]
+    explicit_dir: Optional[str], xdg_cache: Optional[str], device_name: str, num_experts: int, n: int, k: int, top_k: int,
+    num_tokens: int, compute_dtype: str, fp8: Optional[str],
 ) -> MoEConfig:
     block_fp8 = fp8 == "block"
     key = shape_key(num_experts, n, k, dtype_key(compute_dtype, fp8))
+    user_dir = str(_user_config_dir(explicit_dir, xdg_cache))
     entries = load_user_table(user_dir, device_name).get(key) or load_shipped_table(device_name).get(key)
     if not entries:
         return default_config(num_experts, n, k, top_k, num_tokens, block_fp8=block_fp8, fp8=fp8 is not None)
