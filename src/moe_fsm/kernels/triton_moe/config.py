@@ -7,7 +7,7 @@ is chosen per GEMM, because the w1 GEMM (K -> 2N, fused activation) and the w2
 GEMM (N -> K) have different shapes. ``fold_topk`` makes w2 add its rows into
 the token's output (atomics) instead of writing one row per (token, slot).
 
-Tables are JSON written by the tuner (``moe-fsm tune``, ``bench/tune_triton.py``),
+Tables are JSON written by the tuner (``tuning.py``: ``moe-fsm tune``, ``bench/tune_triton.py``),
 one file per device name, keyed by ``"E=..,N=..,K=..,dtype=.."`` and then by the
 token count they were tuned at. Two places hold them, read in this order:
 

@@ -245,9 +245,18 @@ def tune_shape(
         xs = [torch.randn(num_tokens, shape.hidden, device="cuda", dtype=getattr(torch, shape.dtype), generator=gen) for _ in routes]
         inputs = [(x, g, ids) for x, (g, ids) in zip(xs, routes)]
         results = []
+        expected = None
         for config in plan[num_tokens]:
+            fn = layer_fn(shape, weights, config)
             try:
-                us = time_graph(layer_fn(shape, weights, config), inputs, rep_ms)
+                # a candidate must compute the layer the default computes before its time counts
+                out = fn(*inputs[0]).float()
+                if expected is None:
+                    expected = out
+                elif not bool(torch.isfinite(out).all()) or float((out - expected).norm() / expected.norm()) > 2e-2:
+                    log(f"  T={num_tokens} wrong result, dropped: {config}")
+                    continue
+                us = time_graph(fn, inputs, rep_ms)
             except Exception as exc:
                 torch.cuda.synchronize()
                 log(f"  T={num_tokens} skip {config}: {type(exc).__name__}: {str(exc)[:120]}")
