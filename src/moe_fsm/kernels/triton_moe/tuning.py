@@ -90,7 +90,7 @@ def candidate_configs(shape: LayerShape, num_tokens: int) -> list[MoEConfig]:
         if thin:
             tiles = [(32, 64, 128, 4, 4), (64, 64, 128, 4, 3), (32, 128, 128, 4, 3), (64, 128, 256 if not shape.fp8 else 128, 4, 3)]
         else:
-            tiles = [(64, 128, bk, 4, 3), (64, 128, bk, 8, 3), (128, 128, bk, 8, 3), (64, 256, bk, 8, 3), (128, 256, bk, 8, 4)]
+            tiles = [(64, 128, bk, 4, 3), (64, 128, bk, 8, 3), (64, 128, 128, 8, 4), (128, 128, bk, 8, 3), (64, 256, bk, 8, 3), (128, 256, bk, 8, 4)]
         group_m = 1 if thin else (16 if block_m >= 128 else 8)
         swaps = [True, False] if thin else [False]
         for (n1, n2, k_step, warps, stages), f, swap in itertools.product(tiles, fold, swaps):
