@@ -72,6 +72,7 @@ class Engine:
         self.build = build
         self._decisions: dict[DecisionInputs, Decision] = {}
         self._kernels: dict[DecisionInputs, object] = {}
+        self.loaded: list[LoadedLayer] = []
 
     def load(self, progress=None) -> list[LoadedLayer]:
         """Decide and build every layer; raises the first layer's selection error, trace written."""
@@ -80,6 +81,7 @@ class Engine:
             loaded.append(self._load_layer(index, spec))
             if progress is not None:
                 progress(index + 1, len(self.layers), spec.name)
+        self.loaded = loaded
         return loaded
 
     def _load_layer(self, index: int, spec: LayerSpec) -> LoadedLayer:

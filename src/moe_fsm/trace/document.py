@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform as host_platform
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -54,11 +55,18 @@ def dumps(document: dict, *, include_volatile: bool = True) -> str:
 
 
 def write_atomic(path: Path, text: str) -> Path:
-    """Write through a temporary file and rename, so a reader never sees half a trace."""
+    """Write through a temporary file and rename, so a reader never sees half a trace.
+
+    The file gets the mode an ordinary ``open(path, "w")`` would (0666 less the
+    umask), not the temporary file's 0600. The temporary name carries the
+    writer's pid (``.NAME.tmpPID.XXXX``), so :func:`remove_stale_temp_files` can
+    tell a killed writer's leftovers from a live writer's file.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TEMP_MARK}{os.getpid()}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.replace(tmp, path)
@@ -67,6 +75,52 @@ def write_atomic(path: Path, text: str) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+_TEMP_MARK = ".tmp"
+_TEMP_NAME = re.compile(r"^\..+\.tmp(\d+)\.[^.]+$")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of writers that died mid-write (SIGKILL); returns what was removed.
+
+    A temporary file is stale when the pid in its name is no longer running
+    here, or when it is older than an hour (a pid reused since, or another host).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for entry in directory.iterdir():
+        match = _TEMP_NAME.match(entry.name)
+        if match is None or not entry.is_file():
+            continue
+        try:
+            stale = not _running(int(match.group(1))) or time.time() - entry.stat().st_mtime > 3600
+            if stale:
+                entry.unlink()
+                removed.append(entry)
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def load(path: str | os.PathLike) -> dict:
