@@ -51,7 +51,7 @@ def canonical(document: dict) -> dict:
 
 def dumps(document: dict, *, include_volatile: bool = True) -> str:
     doc = document if include_volatile else canonical(document)
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"  # strict JSON: no NaN/Infinity
 
 
 def write_atomic(path: Path, text: str) -> Path:
