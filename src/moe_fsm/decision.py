@@ -19,7 +19,7 @@ from typing import Mapping, Union
 from moe_fsm import profiles
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.verdict import SupportContext
-from moe_fsm.errors import BackendUnavailableError, InputError, SelectionError
+from moe_fsm.errors import BackendUnavailableError, InputError, SelectionError, TraceWriteError
 from moe_fsm.fsm.decide import DecisionRun
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
@@ -242,11 +242,21 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
     if run.error is not None:
         run.error.trace = document
         if trace_path is not None:
-            run.error.trace_path = str(trace_doc.write_atomic(Path(trace_path), trace_doc.dumps(document)))
+            run.error.trace_path = str(_write_trace(trace_path, document, layer_name, run.error))
         raise run.error
     if trace_path is not None:
-        trace_doc.write_atomic(Path(trace_path), trace_doc.dumps(document))
+        _write_trace(trace_path, document, layer_name)
     return Decision(inputs, sel.status, sel.backend, sel.kernel, sel.via, fmt, run.prepare_finalize, document)
+
+
+def _write_trace(path, document: dict, layer_name: str | None, failure: SelectionError | None = None) -> Path:
+    """Write the trace; a failed write names the layer (and the selection error it would have explained)."""
+    try:
+        return trace_doc.write_atomic(Path(path), trace_doc.dumps(document))
+    except TraceWriteError as err:
+        layer = f"layer {layer_name!r}" if layer_name else "the layer"
+        also = f"; the selection itself failed: {failure.message}" if failure is not None else ""
+        raise TraceWriteError(f"the decision trace of {layer} was not written: {err}{also}") from None
 
 
 def select(layer: MoELayer, parallel: ParallelConfig | None = None, backend=None, env=None,

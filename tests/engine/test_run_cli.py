@@ -39,7 +39,7 @@ def test_run_rejects_bad_flags_with_a_message(capsys):
 def test_run_names_the_failing_layer(tmp_path, capsys):
     code = main(["run", "--preset", "mixed-nvfp4-fp8", "--layers", "4", "--backend", "emulation", "--trace-dir", str(tmp_path)])
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 3
     assert "layer 3 (model.layers.3.mlp.experts): moe_backend='emulation' is not supported for FP8 MoE" in err
     failed = json.loads((tmp_path / "layer003-model.layers.3.mlp.experts.json").read_text())
     assert failed["outcome"]["status"] == "failed"

@@ -83,8 +83,7 @@ def test_traces_are_strict_json(tmp_path):
     decision = select(MoELayer(swiglu_limit=7.0), platform=SM90, env={}, trace_path=tmp_path / "t.json")
     text = (tmp_path / "t.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
-    if schema.available():
-        assert schema.errors(decision.trace) == []
+    assert schema.errors(decision.trace) == []
 
 
 # -- item 9: wrong types at select()'s boundary and in the frozen inputs ---------------------------------------

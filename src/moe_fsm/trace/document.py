@@ -8,6 +8,7 @@ the canonical form, so two runs of the same inputs give byte-identical traces.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform as host_platform
@@ -63,18 +64,48 @@ def write_atomic(path: Path, text: str) -> Path:
     tell a killed writer's leftovers from a live writer's file.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TEMP_MARK}{os.getpid()}.", dir=path.parent)
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:NAME_MAX_KEPT]}{_TEMP_MARK}{os.getpid()}.", dir=path.parent)
+    except OSError as err:
+        raise _write_error(path, err) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise _write_error(path, err) from None
         raise
     return path
+
+
+NAME_MAX_KEPT = 200  # of a file name, in its temporary name (which adds about 20 characters)
+
+
+def _write_error(path: Path, err: OSError):
+    from moe_fsm.errors import TraceWriteError
+
+    reason = err.strerror or str(err)
+    if err.errno == errno.ENAMETOOLONG:
+        reason += f" (the file name has {len(path.name)} characters)"
+    elif err.errno == errno.ENOTDIR or (err.errno == errno.EEXIST and not path.parent.is_dir()):
+        reason = f"{_first_file_ancestor(path)} is a file, not a directory"
+    error = TraceWriteError(f"cannot write {path}: {reason}")
+    error.errno = err.errno
+    return error
+
+
+def _first_file_ancestor(path: Path) -> Path:
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return path.parent
 
 
 _TEMP_MARK = ".tmp"
@@ -123,16 +154,50 @@ def _running(pid: int) -> bool:
     return True
 
 
-def load(path: str | os.PathLike) -> dict:
+MAX_FILE_BYTES = 4 << 20  # traces are tens of kB; validating one takes about 4 s per MB
+
+
+def read_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a file the user named; InputError for anything else (a directory, a device, binary, too big)."""
+    from moe_fsm.errors import InputError
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise InputError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise InputError(f"{what} {path} is a directory, not a file") from None
+    except OSError as err:
+        raise InputError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{what} {path} is larger than {max_bytes >> 20} MiB, the most moe-fsm reads")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{what} {path} is not UTF-8 text (byte {err.start}): a binary file?") from None
+
+
+def parse_json(text: str, what: str):
     from moe_fsm.errors import InputError
 
     try:
-        with open(path) as handle:
-            document = json.load(handle)
-    except FileNotFoundError:
-        raise InputError(f"trace file {path} does not exist") from None
+        return json.loads(text, parse_constant=_not_json)
     except json.JSONDecodeError as err:
-        raise InputError(f"trace file {path} is not JSON: {err}") from None
+        raise InputError(f"{what} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise InputError(f"{what} nests arrays or objects too deeply to be a moe-fsm file") from None
+
+
+def _not_json(constant: str):
+    raise json.JSONDecodeError(f"{constant} is not a JSON value (strict JSON has no NaN or Infinity)", constant, 0)
+
+
+def load(path: str | os.PathLike) -> dict:
+    from moe_fsm.errors import InputError
+
+    document = parse_json(read_text(path, "trace file"), f"trace file {path}")
     if not isinstance(document, dict) or document.get("schema") != SCHEMA_ID:
         raise InputError(f"{path} is not a moe-fsm decision trace (schema {SCHEMA_ID!r} expected)")
     if document.get("schema_version") != SCHEMA_VERSION:
