@@ -1,4 +1,4 @@
-"""The `moe-fsm` command: select, explain, replay, diagram, golden (and run).
+"""The `moe-fsm` command: select, explain, replay, diagram, golden, plan (and run).
 
 Each subcommand module exposes ``register(subparsers)``, which adds its parser
 and sets ``func`` to a handler returning the exit status. ``main`` never lets a
@@ -16,7 +16,7 @@ from moe_fsm.errors import MoeFsmError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from moe_fsm.cli import diagram, explain, golden_cmd, replay, run_cmd, select_cmd
+    from moe_fsm.cli import diagram, explain, golden_cmd, plan_cmd, replay, run_cmd, select_cmd
 
     parser = argparse.ArgumentParser(
         prog="moe-fsm",
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"moe-fsm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (select_cmd, explain, replay, diagram, golden_cmd, run_cmd):
+    for module in (select_cmd, explain, replay, diagram, golden_cmd, run_cmd, plan_cmd):
         module.register(subparsers)
     return parser
 
