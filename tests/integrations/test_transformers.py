@@ -238,3 +238,30 @@ def test_unknown_training_mode_and_model_without_experts():
         enable(build("olmoe", torch.float32), training="maybe")
     with pytest.raises(InputError, match="no experts module"):
         enable(transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, intermediate_size=32)), env={})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_model_runs_the_decided_kernel_and_trains_through_the_torch_experts(dtype, tmp_path):
+    """On a GPU enable() decides for the probed platform; a forward that needs gradients takes the torch experts."""
+    model = build("qwen3_moe", dtype).cuda()
+    ids = tokens().cuda()
+    reference = eager_logits(model, ids)
+    enabled = enable(model, env={}, trace_dir=tmp_path)
+    prepared = next(iter(enabled.modules.values()))
+    assert prepared.device.type == "cuda"
+    with torch.no_grad():
+        assert rel_error(model(ids).logits, reference) < TOLERANCE[dtype]
+    if prepared.inference_only:
+        assert enabled.training_substitutes == list(enabled.modules)
+    model.train()
+    _, reference_grads = eager_logits(model, ids, grad=True)
+    model.set_experts_implementation("moe_fsm")
+    model.zero_grad()
+    model(ids).logits.float().square().mean().backward()
+    for name, module in experts_modules(model):
+        grad = module.gate_up_proj.grad
+        assert grad is not None and torch.isfinite(grad.float()).all()
+        if dtype is torch.float32:
+            assert rel_error(grad, reference_grads[f"{name}.gate_up_proj"]) < 1e-4
