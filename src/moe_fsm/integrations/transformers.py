@@ -20,7 +20,10 @@ activation and top-k reduction, router weights included). The Triton, grouped-GE
 and FlashInfer experts are inference-only. When a forward needs gradients and a
 layer's kernel is inference-only, ``training="torch"`` (the default) runs that
 call on the torch experts of the same layer, built at enable; ``training="refuse"``
-raises instead. ``EnabledModel.training_substitutes`` lists those layers.
+raises instead. ``EnabledModel.training_substitutes`` lists those layers. A call
+needs gradients when grad mode is on and an input or weight requires them, as in
+eager: run inference under ``torch.no_grad()`` or ``torch.inference_mode()`` (as
+``generate()`` does) to get the decided kernel on every layer.
 
 Dropped experts: transformers marks a slot another rank computes with an id
 >= num_experts; moe-fsm's convention is -1 plus an ``expert_map``. The conversion
@@ -64,7 +67,6 @@ class PreparedExperts:
     loaded: LoadedLayer
     kernel: object
     training_kernel: Optional[object]
-    transposed: bool
     device: torch.device
 
     @property
@@ -141,21 +143,23 @@ def enable(
             f"the experts of {type(model).__name__} are spread over device types {device_types}; moe_fsm decides "
             "for one platform, so move the model to one device type before enable()"
         )
+    specs = [(name, module, layer_spec(module, model_class=type(model).__name__, name=name)) for name, module in found]
     ExpertsInterface.register(IMPLEMENTATION, experts_forward)
     engine = Engine(
         parallel=parallel, request=backend, env=env,
         platform=platform or platform_for(_weights(found[0][1])[0].device), trace_dir=trace_dir,
     )
-    prepared = {}
-    for name, module in found:
-        layer = layer_spec(module, model_class=type(model).__name__, name=name)
+    prepared, torch_kernels = {}, {}
+    for name, module, layer in specs:
         loaded = engine.load_layer(name, layer)
         kernel = loaded.kernel
         training_kernel = kernel if kernel.experts.name in DIFFERENTIABLE_EXPERTS else None
         if training_kernel is None and training == "torch":
-            training_kernel = torch_kernel(layer)
+            if layer not in torch_kernels:
+                torch_kernels[layer] = torch_kernel(layer)
+            training_kernel = torch_kernels[layer]
         prepared[name] = module._moe_fsm = PreparedExperts(
-            name, layer, loaded, kernel, training_kernel, module.is_transposed, _weights(module)[0].device,
+            name, layer, loaded, kernel, training_kernel, _weights(module)[0].device,
         )
     model.set_experts_implementation(IMPLEMENTATION)
     return EnabledModel(type(model).__name__, engine, prepared, training)
