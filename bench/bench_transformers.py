@@ -97,7 +97,7 @@ def bench(args) -> dict:
     decision = next(iter(enabled.modules.values())).loaded.decision
     results = {"shape": args.shape, "layers": args.layers, "device": str(device), "dtype": args.dtype,
                "device_name": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "transformers": transformers.__version__,
+               "torch": torch.__version__, "cpu_threads": torch.get_num_threads(), "transformers": transformers.__version__,
                "moe_fsm_backend": decision.backend, "moe_fsm_kernel": decision.kernel, "enable_ms": load_ms,
                "rows": []}
     for tokens in args.tokens:
@@ -127,7 +127,7 @@ def bench(args) -> dict:
 def table(results: dict) -> str:
     lines = [
         f"{results['shape']} x {results['layers']} layers, {results['dtype']} on {results['device_name']} "
-        f"(torch {results['torch']}, transformers {results['transformers']}); moe_fsm decided "
+        f"(torch {results['torch']}, transformers {results['transformers']}, {results['cpu_threads']} CPU thread(s)); moe_fsm decided "
         f"{results['moe_fsm_backend']} ({results['moe_fsm_kernel']}), enable() took {results['enable_ms']:.1f} ms",
         "",
     ]
@@ -162,9 +162,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's; 1 keeps a shared, busy CPU from stalling the pool)")
     parser.add_argument("--trace-dir", default=None, help="keep enable()'s traces here (default: a temporary dir)")
     parser.add_argument("--json", default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = bench(args)
     print(table(results))
     if args.json:

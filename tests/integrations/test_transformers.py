@@ -102,7 +102,7 @@ def test_logits_match_eager_and_traces_are_written(name, dtype, tmp_path, monkey
     real_decide = engine_module.decide
     monkeypatch.setattr(engine_module, "decide", lambda *a, **k: decisions.append(k.get("layer_name")) or real_decide(*a, **k))
 
-    enabled = enable(model, env={}, trace_dir=tmp_path)
+    enabled = enable(model, env={}, trace_dir=tmp_path, policy="seeds")
     names = [n for n, _ in experts_modules(model)]
     assert model.config._experts_implementation == "moe_fsm"
     assert list(enabled.modules) == names and len(names) >= 2
@@ -115,6 +115,7 @@ def test_logits_match_eager_and_traces_are_written(name, dtype, tmp_path, monkey
         assert document["layer_name"] == module_name and module_name in path.name
         assert document["inputs"]["layer"]["dtype"] == str(dtype).removeprefix("torch.")
         assert document["outcome"]["kernel"] == "TorchExperts"
+        assert document["inputs"]["profile"]["name"] == "seeds"
 
     with torch.no_grad():
         first = model(ids).logits

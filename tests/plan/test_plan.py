@@ -1,7 +1,7 @@
 """`moe-fsm plan` on the published config.json of real checkpoints (tests/data/configs/, see its README).
 
 Each expected table is written by hand from the checkpoint's config and the seed
-oracles: which decoder layers are MoE (DeepSeek's first_k_dense_replace=3, Qwen's
+oracles (the ``seeds`` policy profile, asked for explicitly): which decoder layers are MoE (DeepSeek's first_k_dense_replace=3, Qwen's
 decoder_sparse_step=1), the scheme its quantization_config gives the experts, and
 the backend the oracle picks on the platform (e.g. block FP8 on sm90: FlashInfer's
 CUTLASS experts, the first in the FP8 priority list that runs on 9.0; on sm80 only
@@ -82,7 +82,7 @@ EXPECTED = {
 @pytest.mark.parametrize("case", list(EXPECTED), ids=["-".join(c) for c in EXPECTED])
 def test_plan_matches_the_hand_written_table(case, tmp_path):
     name, platform, backend = case
-    plan = plan_model(CONFIGS / name, platform=preset(platform), backend=backend, env={}, trace_dir=tmp_path)
+    plan = plan_model(CONFIGS / name, platform=preset(platform), backend=backend, env={}, trace_dir=tmp_path, policy="seeds")
     got = [(layer_ranges([r.index for r in rows]), scheme, outcome) for (scheme, outcome), rows in plan.groups()]
     assert got == EXPECTED[case]
     decided = [r for r in plan.layers if r.decision is not None or r.error is not None]
@@ -138,17 +138,17 @@ def test_adding_the_mxfp4_family_is_one_table_entry(monkeypatch, tmp_path):
 
 
 def test_cli_prints_the_grouped_table_and_exits_1_when_a_layer_fails(tmp_path, capsys):
-    code = main(["plan", str(CONFIGS / "synthetic-mixed-nvfp4-fp8"), "--platform", "sm121", "--no-env",
+    code = main(["plan", str(CONFIGS / "synthetic-mixed-nvfp4-fp8"), "--platform", "sm121", "--no-env", "--policy", "seeds",
                  "--backend", "flashinfer_b12x", "--trace-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1
     assert "48 MoE layer(s), 3 distinct outcome(s):" in out
     assert f"[3] 12 x layers {EVERY_4TH}: {FP8_TENSOR_STATIC} -> FAILED BackendUnsupportedError" in out
     assert "[3]    47     model.layers.47.mlp.experts  FAILED" in out
-    code = main(["plan", str(CONFIGS / "deepseek-v3" / "config.json"), "--platform", "sm90", "--no-env",
+    code = main(["plan", str(CONFIGS / "deepseek-v3" / "config.json"), "--platform", "sm90", "--no-env", "--policy", "seeds",
                  "--trace-dir", str(tmp_path / "ds"), "--json"])
     data = json.loads(capsys.readouterr().out)
-    assert code == 0 and len(data["layers"]) == 58
+    assert code == 0 and len(data["layers"]) == 58 and data["profile"]["name"] == "seeds"
     assert {row["backend"] for row in data["layers"]} == {"FLASHINFER_CUTLASS"}
 
 
@@ -158,3 +158,19 @@ def test_cli_bad_config_is_one_line(tmp_path, capsys):
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}')
     assert main(["plan", str(tmp_path), "--platform", "sm90"]) == 2
     assert "names no expert count" in capsys.readouterr().err
+
+
+def test_config_reading_needs_no_torch():
+    """The plan's readers are decision core: they run where torch cannot even be imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from moe_fsm.plan.model_config import read_model_config\n"
+        "from moe_fsm.plan.quant_config import layer_quant\n"
+        f"m = read_model_config({str(CONFIGS / 'deepseek-r1-fp4')!r})\n"
+        "print(len(m.moe_layers), layer_quant(m.quantization, m.experts_module(3)).scheme.family.value)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["58", "nvfp4"]

@@ -46,6 +46,9 @@ def register(subparsers) -> None:
                         help="an environment variable the selection reads (repeatable); with any --env, the process "
                              "environment is ignored")
     parser.add_argument("--no-env", action="store_true", help="ignore the process environment")
+    parser.add_argument("--policy", metavar="PROFILE",
+                        help="whose rules decide: a policy profile (seeds, vllm-0.33, ...; see moe-fsm diagram --list) or "
+                             "'default': the installed vLLM's profile, else seeds")
     parser.add_argument("--trace-dir", type=Path, metavar="DIR",
                         help=f"where the per-layer traces go (default {DEFAULT_TRACE_ROOT}/plan-<config dir>/)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (one object per layer)")
@@ -63,7 +66,8 @@ def run(args) -> int:
     env = parse_env_flags(args.env) if args.env else ({} if args.no_env else None)
     config = Path(args.config)
     trace_dir = args.trace_dir or DEFAULT_TRACE_ROOT / f"plan-{(config if config.is_dir() else config.parent).resolve().name}"
-    plan = plan_model(config, platform=platform, parallel=parallel, backend=args.backend, env=env, trace_dir=trace_dir)
+    plan = plan_model(config, platform=platform, parallel=parallel, backend=args.backend, env=env, trace_dir=trace_dir,
+                      policy=args.policy)
     if args.json:
         sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
     else:
@@ -85,6 +89,7 @@ def plan_lines(plan) -> list[str]:
         f"  quantization_config: {quant}",
         f"  platform: {render.platform_text(engine.platform.to_json())}",
         f"  parallel: {render.parallel_text(engine.parallel.to_json())}",
+        f"  policy profile: {engine.profile.name} ({engine.profile.reason})",
         f"  backend request: {engine.request.to_json()}; env: {render.env_text(dict(engine.env.raw))}",
         "",
     ]
@@ -115,6 +120,7 @@ def plan_json(plan) -> dict:
         "platform": plan.engine.platform.to_json(),
         "parallel": plan.engine.parallel.to_json(),
         "request": plan.engine.request.to_json(),
+        "profile": plan.engine.profile.to_json(),
         "layers": [
             {
                 "index": r.index,

@@ -27,6 +27,7 @@ from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.profiles import ProfileChoice
 from moe_fsm.trace import document as trace_doc
 
 DEFAULT_TRACE_DIR = Path("moe-fsm-traces")
@@ -54,7 +55,8 @@ class Engine:
     time as a model loads (``engine.load_layer("model.layers.3.mlp.experts", layer)``).
     Either way decisions are cached by ``DecisionInputs`` and every layer writes its
     own trace. Unset arguments get an engine's defaults: no parallelism, ``auto``,
-    the process env, the probed platform.
+    the process env, the probed platform, the default policy profile (``policy=``
+    names one: "seeds", "vllm-0.33", ...).
     """
 
     def __init__(
@@ -69,16 +71,18 @@ class Engine:
         rank: Optional[int] = None,
         registry: Optional[Registry] = None,
         build: bool = True,
+        policy: Union[str, ProfileChoice, None] = None,
     ) -> None:
-        defaults = make_inputs(MoELayer(), parallel, request, env, platform)  # select()'s defaults, one layer aside
+        defaults = make_inputs(MoELayer(), parallel, request, env, platform, policy)  # select()'s defaults, one layer aside
         self.layers = list(layers or [])
         self.parallel = defaults.parallel
         self.request = defaults.request
         self.env = defaults.env
         self.platform = defaults.platform
+        self.profile = defaults.profile
         self.trace_dir = Path(trace_dir)
         self.rank = rank
-        self.registry = registry or default_registry()
+        self.registry = registry or default_registry(self.profile.name)
         self.build = build
         self.loaded: list[LoadedLayer] = []
         self._decisions: dict[DecisionInputs, Decision] = {}
@@ -99,7 +103,7 @@ class Engine:
 
     def inputs_for(self, layer: MoELayer) -> DecisionInputs:
         """The cache key of a layer under this engine's parallel config, request, env and platform."""
-        return DecisionInputs(layer, self.parallel, self.request, self.env, self.platform)
+        return DecisionInputs(layer, self.parallel, self.request, self.env, self.platform, self.profile)
 
     def _load_layer(self, index: int, spec: LayerSpec) -> LoadedLayer:
         inputs = self.inputs_for(spec.layer)

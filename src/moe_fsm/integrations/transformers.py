@@ -46,6 +46,7 @@ from moe_fsm.inputs.layer import Activation, MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts, Vendor
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.profiles import ProfileChoice
 
 IMPLEMENTATION = "moe_fsm"
 
@@ -114,6 +115,7 @@ def enable(
     model,
     backend: Union[str, Mapping[str, str], BackendRequest] = "auto",
     *,
+    policy: Union[str, ProfileChoice, None] = None,
     env: Union[EnvSnapshot, Mapping[str, str], None] = None,
     trace_dir: Union[str, Path] = DEFAULT_TRACE_DIR,
     platform: Optional[PlatformFacts] = None,
@@ -122,7 +124,8 @@ def enable(
 ) -> EnabledModel:
     """Register ``moe_fsm`` with transformers, decide and build every experts module, switch the model to it.
 
-    ``platform`` defaults to the probed machine for modules on a GPU and to the
+    ``policy`` names the profile whose rules decide ("seeds", "vllm-0.33", ...; None:
+    the installed vLLM's, else seeds). ``platform`` defaults to the probed machine for modules on a GPU and to the
     CPU for modules on the CPU (the kernel must run where the weights are).
     Raises ``InputError`` naming the model class and feature for a layout
     moe-fsm cannot run, and the first layer's selection error (trace written).
@@ -146,7 +149,7 @@ def enable(
     specs = [(name, module, layer_spec(module, model_class=type(model).__name__, name=name)) for name, module in found]
     ExpertsInterface.register(IMPLEMENTATION, experts_forward)
     engine = Engine(
-        parallel=parallel, request=backend, env=env,
+        parallel=parallel, request=backend, env=env, policy=policy,
         platform=platform or platform_for(_weights(found[0][1])[0].device), trace_dir=trace_dir,
     )
     prepared, torch_kernels = {}, {}

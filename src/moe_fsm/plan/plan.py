@@ -22,6 +22,7 @@ from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.plan.model_config import ModelConfig, read_model_config
 from moe_fsm.plan.quant_config import LayerQuant, Mapped, layer_quant
+from moe_fsm.profiles import ProfileChoice
 
 
 @dataclass(frozen=True)
@@ -79,10 +80,12 @@ def plan_model(
     backend: Union[str, Mapping[str, str], BackendRequest, None] = None,
     env: Union[EnvSnapshot, Mapping[str, str], None] = None,
     trace_dir: Union[str, Path] = DEFAULT_TRACE_DIR,
+    policy: Union[str, ProfileChoice, None] = None,
 ) -> Plan:
     """Read the config, derive each MoE layer's MoELayer, decide it; one row (and trace) per layer."""
     model = read_model_config(config_path)
-    engine = Engine(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir, build=False)
+    engine = Engine(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir, build=False,
+                    policy=policy)
     rows = [_plan_layer(engine, model, index) for index in model.moe_layers]
     return Plan(model, rows, engine)
 
