@@ -72,6 +72,17 @@ _VLLM_ONLY = {
     ),
 }
 
+# torch_all2all: batched experts get the fixed-capacity dispatch (no host sync, CUDA-graph capturable),
+# as vLLM pairs its batched-format experts with the low-latency all2all backends.
+_ALL2ALL_NAMES = {
+    ActivationFormat.STANDARD: "AllToAllPrepareFinalize",
+    ActivationFormat.BATCHED: "FixedCapacityAllToAllPrepareFinalize",
+}
+_ALL2ALL_NOTES = {
+    ActivationFormat.STANDARD: "",
+    ActivationFormat.BATCHED: "; fixed capacity per rank, no host synchronisation (CUDA-graph capturable)",
+}
+
 _LOCAL_NAMES = {
     ActivationFormat.STANDARD: "LocalPrepareFinalize",
     ActivationFormat.BATCHED: "LocalBatchedPrepareFinalize",
@@ -194,12 +205,13 @@ def choose_prepare_finalize(parallel: ParallelConfig, experts_format: Activation
         )
     if kind is AllToAllKind.TORCH_ALL2ALL:
         return PrepareFinalizeChoice(
-            "AllToAllPrepareFinalize",
+            _ALL2ALL_NAMES[fmt],
             PrepareFinalizeKind.TORCH_ALL2ALL,
             fmt,
             f"dp_size={parallel.dp_size} with expert parallelism ({sizes}): tokens travel by all-to-all "
             f"(torch_all2all): each token goes once to every rank owning one of its experts, "
-            f"{fmt.value} format on local experts, and comes back weighted",
+            f"{fmt.value} format on local experts, and comes back weighted"
+            + _ALL2ALL_NOTES[fmt],
             uses_expert_map=True,
             group_size=parallel.ep_size,
             not_buildable_because=_nested_tp(parallel, "all-to-all", sizes),
