@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field, fields
 from enum import Enum
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.quant import FLOAT_DTYPES, QuantFamily, QuantScheme
 
@@ -27,6 +28,7 @@ def dtype_name(dtype) -> str:
     return name
 
 
+@hashed_once
 @dataclass(frozen=True)
 class MoELayer:
     """One MoE layer. ``intermediate_size`` is N in w1 = [E, 2N, K], w2 = [E, K, N].
