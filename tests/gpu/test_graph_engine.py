@@ -130,9 +130,11 @@ def test_default_config_of_an_untuned_shape(num_tokens):
     assert rel_err(fused_experts(x, w1, w2, g, ids), reference(x, w1, w2, g, ids)) < BF16_TOL
 
 
-def test_direct_launches_after_the_first_compute_the_same_layer():
-    """After one launch per argument signature, launches skip Triton's binding (``_runtime.launch``)."""
+def test_direct_launches_after_the_first_compute_the_same_layer(monkeypatch):
+    """Direct-launch mode (opt-in): after one launch per argument signature, launches skip Triton's binding."""
     from moe_fsm.kernels.triton_moe import _runtime
+
+    monkeypatch.setenv(_runtime.DIRECT_LAUNCH_ENV, "1")
 
     shape = QWEN3_30B
     w1, w2 = float_weights(shape)

@@ -9,8 +9,14 @@ slowly, for debugging.
 ``launch`` is how the package starts its kernels. Triton's own launch binds and
 specializes every argument again on each call (for a 45-argument GEMM that is
 tens of microseconds of Python and C per launch, the bulk of an eager one-token
-layer call); ``launch`` does that once per argument signature and then calls the
-compiled kernel's launcher directly with the same arguments Triton would pass.
+layer call). With ``MOE_FSM_TRITON_DIRECT_LAUNCH=1`` (experimental, off by
+default) ``launch`` does that once per argument signature and then calls the
+compiled kernel's launcher directly with the arguments Triton would pass: on an
+H200 it cut the host time of a one-token Qwen3-30B-A3B call from 137 to 102 µs
+(``fused_experts``) and 180 to 131 µs (modular kernel), and kernels so launched
+were captured in CUDA graphs by the benchmark, but the modular-kernel capture
+test failed with it when the first launch ran on a side stream (not diagnosed;
+docs/perf/vs_vllm_notes.md), so Triton's launch stays the default.
 """
 
 from __future__ import annotations
@@ -80,17 +86,25 @@ def _direct_launch_ok(fn: Any, n_args: int, constexpr_names: tuple[str, ...]) ->
     return tuple(fn.arg_names[n_args:]) == constexpr_names
 
 
-def launch(fn: Any, grid: tuple, args: tuple, constexprs: dict, num_warps: int = 4, num_stages: int = 3) -> None:
-    """``fn[grid](*args, **constexprs, num_warps=.., num_stages=..)``, with Triton's per-call binding done once per signature.
+DIRECT_LAUNCH_ENV = "MOE_FSM_TRITON_DIRECT_LAUNCH"
 
-    The first call of a signature goes through Triton (compiling if needed) and keeps
-    the compiled kernel; later calls launch it on the current stream directly. Launch
-    hooks (profilers) and the interpreter always take Triton's path.
+
+def direct_launch_enabled() -> bool:
+    return os.environ.get(DIRECT_LAUNCH_ENV, "") not in ("", "0")
+
+
+def launch(fn: Any, grid: tuple, args: tuple, constexprs: dict, num_warps: int = 4, num_stages: int = 3) -> None:
+    """``fn[grid](*args, **constexprs, num_warps=.., num_stages=..)``; in direct-launch mode, bound once per signature.
+
+    Direct mode: the first call of a signature goes through Triton (compiling if
+    needed) and keeps the compiled kernel; later calls launch it on the current
+    stream directly. Launch hooks (profilers) and the interpreter always take
+    Triton's path.
     """
     from triton import knobs
 
     hooks = knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls
-    if interpreter_enabled() or hooks:
+    if not direct_launch_enabled() or interpreter_enabled() or hooks:
         fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
         return
     device = torch.cuda.current_device()
