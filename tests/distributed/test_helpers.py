@@ -265,7 +265,7 @@ def test_backend_and_timeout_from_env(monkeypatch) -> None:
 
 def test_torchrun_command_line_keeps_rank_arguments_out_of_its_parser() -> None:
     command = torchrun_command(2)
-    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert command[:4] == [sys.executable, "-m", "moe_fsm.launch_trampoline", "--agent"]
     assert "--standalone" in command and command[command.index("--nproc-per-node") + 1] == "2"
     assert command[-2:] == ["-m", "moe_fsm.launch_trampoline"]
     env = launch_env(["moe-fsm", "run", "--nproc", "2"], {"X": "1"})

@@ -15,12 +15,14 @@ from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.requirements import EnvEnabled
 from moe_fsm.backends.verdict import BackendVerdict, SupportContext
 from moe_fsm.cli import render
+from moe_fsm.cli.text import printable
 from moe_fsm.decision import DecisionInputs, decide
 from moe_fsm.errors import InputError, SelectionError
-from moe_fsm.fsm.policy import POLICIES, FamilyPolicy
+from moe_fsm.fsm.policy import FamilyPolicy
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.request import BackendRequest
-from moe_fsm.modular.interfaces import ActivationFormat
+from moe_fsm.inputs.formats import ActivationFormat
+from moe_fsm.profiles import get as get_profile
 from moe_fsm.trace import document as trace_doc
 from moe_fsm.trace import schema
 
@@ -39,22 +41,36 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     document = load_trace(args.trace)
-    print("\n".join(explain_lines(document, args.trace)))
+    print(printable("\n".join(explain_lines(document, args.trace))))
     return 0
 
 
 def load_trace(path: str) -> dict:
-    """Load and, where jsonschema is installed, validate a trace; InputError otherwise."""
+    """Load and validate a trace (schema, then names against the recorded profile); InputError otherwise."""
     document = trace_doc.load(path)
-    if schema.available():
-        schema.validate(document, source=str(path))
-    else:
-        # Without the schema, at least make sure the recorded inputs are readable.
-        try:
-            DecisionInputs.from_json(document["inputs"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise InputError(f"{path}: the recorded inputs are malformed ({err})") from None
+    schema.validate(document, source=str(path))
+    inputs = DecisionInputs.from_json(document["inputs"])
+    check_outcome_names(document, inputs, str(path))
     return document
+
+
+def check_outcome_names(document: dict, inputs: DecisionInputs, source: str) -> None:
+    """A selected backend and kernel must be ones the recorded profile has: a trace edited by hand is refused."""
+    outcome = document["outcome"]
+    if outcome["status"] == "failed":
+        return
+    registry = default_registry(inputs.profile.name)
+    family = inputs.layer.family
+    known = registry.backends.get(family, {})
+    if outcome["status"] == "selected" and outcome["backend"] not in known:
+        raise InputError(
+            f"{source}: outcome names backend {outcome['backend']!r}, which profile {inputs.profile.name!r} does not "
+            f"have for {family.value} layers (it has {sorted(known)}); the trace was edited or comes from a plugin "
+            "that is not installed here"
+        )
+    if outcome.get("kernel") is not None and outcome["kernel"] not in registry.kernels:
+        raise InputError(f"{source}: outcome names kernel {outcome['kernel']!r}, which profile "
+                         f"{inputs.profile.name!r} does not have")
 
 
 def explain_lines(document: dict, trace_path: str | None = None) -> list[str]:
@@ -105,8 +121,9 @@ def _wrong_family_hint(document: dict) -> str | None:
     if request is None:
         return None
     name, family = request["requested"], document["family"]
-    registry = default_registry()
-    owners = [f.value for f, policy in POLICIES.items()
+    profile = DecisionInputs.from_json(document["inputs"]).profile.name
+    registry = default_registry(profile)
+    owners = [f.value for f, policy in get_profile(profile).policies.items()
               if f.value != family and (name in policy.user_names or name in registry.extension_names[f])]
     if not owners:
         return None
@@ -122,8 +139,8 @@ def _story(document: dict) -> list[str]:
     for event in document["events"]:
         kind = event["event"]
         if kind == "guard":
-            state = render.GUARD_STATE[event["guard"]]
-            label = render.STATE_TEXT[state]
+            state = render.guard_state(event)
+            label = render.state_text(state)
             if event["result"]:
                 out.append(f"  - entered {label} ({state}): {render.guard_text(event)}")
             else:
@@ -176,12 +193,13 @@ class Alternative:
 
 def alternatives(document: dict, registry: Registry | None = None) -> list[Alternative]:
     """Every backend of the family, asked again on the trace's inputs."""
-    registry = registry or default_registry()
     inputs = DecisionInputs.from_json(document["inputs"])
+    profile = get_profile(inputs.profile.name)
+    registry = registry or default_registry(profile.name)
     family = inputs.layer.family
-    policy = POLICIES[family]
+    policy = profile.policy(family)
     fmt = ActivationFormat.BATCHED if inputs.parallel.batched_activation_format else ActivationFormat.STANDARD
-    ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, inputs.env, fmt)
+    ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, profile.env.reader(inputs.env), fmt)
     pruned = {}
     for event in document["events"]:
         if event["event"] == "pruned":
