@@ -11,7 +11,7 @@ from moe_fsm.prepare_finalize import dispatch_layout
 from moe_fsm.prepare_finalize.dispatch_layout import (
     add_returned_rows,
     destinations,
-    fill_empty_row,
+    empty_row,
     send_order,
     slabs_for,
 )
@@ -52,7 +52,7 @@ def test_send_order_groups_tokens_by_destination_in_order(tokens: int, capacity:
 def test_empty_row_has_no_expert_and_no_weight() -> None:
     rows = [torch.randn(2, 6).to(torch.bfloat16), torch.randint(0, 5, (2, 3), dtype=torch.int64), torch.rand(2, 3)]
     packed, layout = pack_row_bytes(rows, spare_rows=1)
-    fill_empty_row(packed, layout, ids_field=-2)
+    packed[-1] = empty_row(layout, -2, packed.device)
     payload, ids, weights = unpack_row_bytes(packed, layout)
     assert torch.equal(payload[:2], rows[0]) and torch.equal(ids[:2], rows[1])
     assert payload[2].abs().sum() == 0 and ids[2].tolist() == [-1, -1, -1] and weights[2].abs().sum() == 0
