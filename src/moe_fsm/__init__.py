@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 from moe_fsm.decision import Decision, DecisionInputs, decide, make_inputs, replay, select
 from moe_fsm.errors import (
     BackendUnavailableError, BackendUnsupportedError, InputError, MoeFsmError, NoBackendError, SelectionError,
+    TraceWriteError,
 )
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import Activation, MoELayer
@@ -17,5 +18,5 @@ __all__ = [
     "Activation", "AllToAllKind", "BackendRequest", "BackendUnavailableError", "BackendUnsupportedError", "Decision",
     "DecisionInputs", "EnvSnapshot", "InputError", "MoELayer", "MoeFsmError", "NoBackendError", "ParallelConfig",
     "PlatformFacts", "QuantFamily", "QuantScheme", "SelectionError", "decide", "make_inputs", "preset", "probe",
-    "replay", "select",
+    "replay", "select", "TraceWriteError",
 ]
