@@ -13,6 +13,7 @@ Importing this module needs no torch (``moe-fsm plan`` decides with
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Mapping, Optional, Union
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.decision import Decision, DecisionInputs, decide, make_inputs
 from moe_fsm.engine.presets import LayerSpec
-from moe_fsm.errors import BackendUnavailableError, SelectionError
+from moe_fsm.errors import BackendUnavailableError, SelectionError, TraceWriteError
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
@@ -42,8 +43,14 @@ class LoadedLayer:
     cached: bool
 
 
+SLUG_MAX = 120  # file names stay well under the 255 bytes file systems allow
+
+
 def trace_file_name(index: int, spec: LayerSpec, rank: Optional[int] = None) -> str:
+    """``layer003-model.layers.3.mlp.experts.json``; a long name is cut and keeps a hash of the whole."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.name)
+    if len(slug) > SLUG_MAX:
+        slug = f"{slug[:SLUG_MAX - 13]}-{hashlib.sha256(spec.name.encode()).hexdigest()[:12]}"
     suffix = f".rank{rank}" if rank is not None else ""
     return f"layer{index:03d}-{slug}{suffix}.json"
 
@@ -87,6 +94,7 @@ class Engine:
         self.loaded: list[LoadedLayer] = []
         self._decisions: dict[DecisionInputs, Decision] = {}
         self._kernels: dict[DecisionInputs, object] = {}
+        self.loaded: list[LoadedLayer] = []
 
     def load(self, progress=None) -> list[LoadedLayer]:
         """Decide and build every layer given up front; raises the first layer's selection error, trace written."""
@@ -95,6 +103,7 @@ class Engine:
             loaded.append(self._load_layer(index, spec))
             if progress is not None:
                 progress(index + 1, len(self.layers), spec.name)
+        self.loaded = loaded
         return loaded
 
     def load_layer(self, name: str, layer: MoELayer) -> LoadedLayer:
@@ -112,6 +121,8 @@ class Engine:
         if not cached:
             try:
                 self._decisions[inputs] = decide(inputs, registry=self.registry, layer_name=spec.name, trace_path=path)
+            except TraceWriteError as err:
+                raise TraceWriteError(f"layer {index} ({spec.name}): {err}") from None
             except SelectionError as err:
                 named = type(err)(f"layer {index} ({spec.name}): {err.message} [trace: {err.trace_path}]", trace=err.trace)
                 named.trace_path = err.trace_path
@@ -120,7 +131,10 @@ class Engine:
         decision = self._decisions[inputs]
         if cached:
             document = {**decision.trace, "layer_name": spec.name}
-            trace_doc.write_atomic(path, trace_doc.dumps(document))
+            try:
+                trace_doc.write_atomic(path, trace_doc.dumps(document))
+            except TraceWriteError as err:
+                raise TraceWriteError(f"layer {index} ({spec.name}): the decision trace was not written: {err}") from None
             decision = replace(decision, trace=document)
         loaded = LoadedLayer(spec, decision, self._kernels[inputs], path, cached)
         self.loaded.append(loaded)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from enum import Enum
 
@@ -49,6 +50,14 @@ class MoELayer:
     allow_vllm_cutlass: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.quant, QuantScheme):
+            raise InputError(
+                f"quant must be a QuantScheme (QuantScheme.unquantized(), .fp8(...), .nvfp4()), got {self.quant!r}"
+            )
+        for name in ("lora", "router_weight_on_input", "allow_vllm_cutlass"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise InputError(f"{name} must be True or False, got {value!r}")
         for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -58,14 +67,15 @@ class MoELayer:
         if not isinstance(self.activation, Activation):
             try:
                 object.__setattr__(self, "activation", Activation(self.activation))
-            except ValueError:
+            except (ValueError, TypeError):
                 raise InputError(
                     f"activation {self.activation!r} is not one of {[a.value for a in Activation]}"
                 ) from None
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         if self.swiglu_limit is not None:
-            if isinstance(self.swiglu_limit, bool) or not isinstance(self.swiglu_limit, (int, float)) or self.swiglu_limit <= 0:
-                raise InputError(f"swiglu_limit must be a positive number or None, got {self.swiglu_limit!r}")
+            if (isinstance(self.swiglu_limit, bool) or not isinstance(self.swiglu_limit, (int, float))
+                    or not math.isfinite(self.swiglu_limit) or self.swiglu_limit <= 0):
+                raise InputError(f"swiglu_limit must be a positive finite number or None, got {self.swiglu_limit!r}")
             object.__setattr__(self, "swiglu_limit", float(self.swiglu_limit))
         if self.router_weight_on_input and self.top_k != 1:
             raise InputError("router_weight_on_input needs top_k == 1 (the weight scales the one expert's input)")
@@ -84,6 +94,8 @@ class MoELayer:
 
     @classmethod
     def from_json(cls, data: dict) -> "MoELayer":
+        if not isinstance(data, dict):
+            raise InputError(f"a layer must be an object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

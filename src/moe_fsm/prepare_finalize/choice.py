@@ -31,6 +31,7 @@ from moe_fsm.modular.interfaces import ActivationFormat, PrepareFinalize
 from moe_fsm.prepare_finalize.all2all import AllToAllPrepareFinalize
 from moe_fsm.prepare_finalize.allgather import AllGatherReduceScatterPrepareFinalize
 from moe_fsm.prepare_finalize.ep_reduce import ExpertParallelReducePrepareFinalize
+from moe_fsm.prepare_finalize.fixed_all2all import DEFAULT_MAX_TOKENS_PER_RANK, FixedCapacityAllToAllPrepareFinalize
 from moe_fsm.prepare_finalize.transport import local_prepare_finalize, quantize_before_communication
 
 
@@ -76,6 +77,17 @@ _VLLM_ONLY = {
         "FlashInfer all2allv (vLLM's alias of flashinfer_nvlink_two_sided) needs FlashInfer's MNNVL "
         "workspace that vLLM's all2all manager sets up, and dispatches NVFP4 only",
     ),
+}
+
+# torch_all2all: batched experts get the fixed-capacity dispatch (no host sync, CUDA-graph capturable),
+# as vLLM pairs its batched-format experts with the low-latency all2all backends.
+_ALL2ALL_NAMES = {
+    ActivationFormat.STANDARD: "AllToAllPrepareFinalize",
+    ActivationFormat.BATCHED: "FixedCapacityAllToAllPrepareFinalize",
+}
+_ALL2ALL_NOTES = {
+    ActivationFormat.STANDARD: "",
+    ActivationFormat.BATCHED: "; fixed capacity per rank, no host synchronisation (CUDA-graph capturable)",
 }
 
 _LOCAL_NAMES = {
@@ -198,12 +210,13 @@ def choose_prepare_finalize(parallel: ParallelConfig, experts_format: Activation
     if kind is AllToAllKind.TORCH_ALL2ALL:
         _require_one_rank_per_replica(parallel, "all-to-all", sizes)
         return PrepareFinalizeChoice(
-            "AllToAllPrepareFinalize",
+            _ALL2ALL_NAMES[fmt],
             PrepareFinalizeKind.TORCH_ALL2ALL,
             fmt,
             f"dp_size={parallel.dp_size} with expert parallelism ({sizes}): tokens travel by all-to-all "
             f"(torch_all2all): each token goes once to every rank owning one of its experts, "
-            f"{fmt.value} format on local experts, and comes back weighted",
+            f"{fmt.value} format on local experts, and comes back weighted"
+            + _ALL2ALL_NOTES[fmt],
             uses_expert_map=True,
             group_size=parallel.ep_size,
         )
@@ -257,7 +270,9 @@ def build_prepare_finalize(
 
     ``quant`` is the layer's scheme: it decides whether activations are quantized
     before they travel (not for dynamic per-tensor FP8). ``max_num_tokens`` is the
-    batched format's per-expert capacity (None: sized per call). The distributed
+    batched format's per-expert capacity (None: sized per call), except for the
+    fixed-capacity all-to-all, where it is vLLM's ``max_num_tokens``: the most tokens
+    per rank (None: 256, vLLM's default for batched DP). The distributed
     kinds need an initialized process group of ``choice.group_size`` ranks; the
     vLLM-only kinds raise BackendUnavailableError saying what they would need.
     """
@@ -289,6 +304,13 @@ def build_prepare_finalize(
             max_num_tokens=max_num_tokens,
         )
     placement = ExpertPlacement(num_experts, world, rank)
+    if choice.kind is PrepareFinalizeKind.TORCH_ALL2ALL and choice.activation_format is ActivationFormat.BATCHED:
+        return FixedCapacityAllToAllPrepareFinalize(
+            placement,
+            max_tokens_per_rank=max_num_tokens or DEFAULT_MAX_TOKENS_PER_RANK,
+            group=group,
+            quantize_first=quantize_before_communication(quant),
+        )
     if choice.kind is PrepareFinalizeKind.TORCH_ALL2ALL:
         return AllToAllPrepareFinalize(
             placement,
