@@ -87,6 +87,13 @@ def experts_inputs(model, tokens: int, device, dtype):
     return inputs
 
 
+def batched_gather_gb(model, tokens: int) -> float:
+    """What batched_mm copies per layer: each routed (token, expert) pair's gate_up and down weights."""
+    _, module = experts_modules(model)[0]
+    per_pair = module.gate_up_proj[0].numel() + module.down_proj[0].numel()
+    return tokens * module.config.num_experts_per_tok * per_pair * module.gate_up_proj.element_size() / 2**30
+
+
 def bench(args) -> dict:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     model = build_model(args.shape, args.layers, dtype, device)
@@ -107,6 +114,11 @@ def bench(args) -> dict:
         row = {"tokens": tokens}
         for impl in IMPLEMENTATIONS:
             model.set_experts_implementation(impl)
+            gathered = batched_gather_gb(model, tokens)
+            if impl == "batched_mm" and gathered > args.max_gather_gb:
+                row[f"{impl}_error"] = (f"skipped: it would gather {gathered:.1f} GB of expert weights per layer "
+                                        f"(--max-gather-gb {args.max_gather_gb})")
+                continue
             try:
                 with torch.no_grad():
                     logits = model(ids).logits.float()
@@ -175,6 +187,8 @@ def main() -> None:
                         help="torch CPU threads (default: torch's; 1 keeps a shared, busy CPU from stalling the pool)")
     parser.add_argument("--trace-dir", default=None, help="keep enable()'s traces here (default: a temporary dir)")
     parser.add_argument("--json", default=None, help="also write the figures as JSON here")
+    parser.add_argument("--max-gather-gb", type=float, default=1.0,
+                        help="skip batched_mm where it would copy more expert weights than this per layer (default 1)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -47,16 +47,15 @@ from moe_fsm.decision import probed_platform
 from moe_fsm.engine.engine import DEFAULT_TRACE_DIR, Engine, LoadedLayer
 from moe_fsm.errors import BackendUnavailableError, InputError, KernelInputError, MoeFsmError
 from moe_fsm.inputs.env import EnvSnapshot
-from moe_fsm.inputs.layer import Activation, MoELayer
+from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts, Vendor
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.plan.model_config import ACTIVATIONS
 from moe_fsm.profiles import ProfileChoice
 
 IMPLEMENTATION = "moe_fsm"
 
-# transformers' ``hidden_act`` names that moe-fsm's gated activations compute exactly.
-ACTIVATIONS = {"silu": Activation.SILU, "swish": Activation.SILU, "gelu": Activation.GELU}
 
 # Experts classes whose forward is torch operators autograd can follow.
 DIFFERENTIABLE_EXPERTS = frozenset({"TorchExperts", "TorchBatchedExperts"})
