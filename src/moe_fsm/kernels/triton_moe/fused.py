@@ -139,6 +139,7 @@ def _launch(
     swiglu_limit: Optional[float],
     a_row_div: int,
     config: GemmConfig,
+    out_row_div: int = 1,
 ) -> None:
     batched = isinstance(rows, BatchedRows)
     a_mode = _activation_scale_mode(spec, a_scale)
@@ -202,6 +203,8 @@ def _launch(
         W_SCALE=w_mode,
         OUT_MODE=out_mode,
         EVEN_K=k_in % config.block_k == 0,
+        SWAP_AB=config.swap_ab,
+        OUT_ROW_DIV=out_row_div,
         BLOCK_M=rows.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
@@ -240,6 +243,9 @@ def w1_gemm(
     out_scale = out_static = None
     if spec is None:
         out_mode, inter_dtype = 0, out_dtype
+    elif spec.block and config.block_n % FP8_GROUP:
+        # a tile narrower than a 1x128 group cannot take the group's amax: quantize after
+        out_mode, inter_dtype = 0, out_dtype
     elif spec.block:
         out_mode, inter_dtype = 2, FP8_DTYPE
         out_scale = torch.empty(*lead, -(-n // FP8_GROUP), dtype=torch.float32, device=a.device)
@@ -273,17 +279,25 @@ def w2_gemm(
     row_weights: Optional[torch.Tensor],
     config: GemmConfig,
     out_dtype: torch.dtype,
+    sum_into: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """inter @ w2[e]^T per row, times the row's top-k weight when given."""
+    """inter @ w2[e]^T per row, times the row's top-k weight when given.
+
+    With ``sum_into`` (a zeroed fp32 [M, K], standard rows only) each row is added
+    into its token's row there (the top-k sum folded in) and ``sum_into`` is returned.
+    """
     num_experts, k_dim, n = w2.shape
     batched = isinstance(rows, BatchedRows)
     lead = (inter.shape[0], inter.shape[1]) if batched else (rows.num_pairs,)
     w_info = _weight_scale(spec, w2_scale, num_experts, k_dim, n, "w2_scale")
-    y = torch.empty(*lead, k_dim, dtype=out_dtype, device=inter.device)
+    if sum_into is not None:
+        y, out_mode, out_row_div = sum_into, 3, rows.top_k
+    else:
+        y, out_mode, out_row_div = torch.empty(*lead, k_dim, dtype=out_dtype, device=inter.device), 0, 1
     _launch(
-        inter, inter_scale, w2, w_info, y, None, None, 0, rows, row_weights,
+        inter, inter_scale, w2, w_info, y, None, None, out_mode, rows, row_weights,
         spec=spec, n_out=k_dim, k_in=n, gated=False, activation="silu", swiglu_limit=None,
-        a_row_div=1, config=config,
+        a_row_div=1, config=config, out_row_div=out_row_div,
     )
     return y
 
@@ -415,9 +429,16 @@ def fused_experts(
         row_weights=flat_weights if apply_router_weight_on_input else None, a2_scale=a2_scale,
         config=config.w1, out_dtype=result_dtype,
     )
+    row_weights = None if apply_router_weight_on_input else flat_weights
+    if config.fold_topk and top_k > 1:
+        acc = torch.zeros(num_tokens, k_dim, dtype=torch.float32, device=hidden.device)
+        w2_gemm(
+            inter, inter_scale, w2, w2_scale, routing, spec=fp8, row_weights=row_weights,
+            config=config.w2, out_dtype=result_dtype, sum_into=acc,
+        )
+        return out.copy_(acc)
     y = w2_gemm(
-        inter, inter_scale, w2, w2_scale, routing, spec=fp8,
-        row_weights=None if apply_router_weight_on_input else flat_weights,
+        inter, inter_scale, w2, w2_scale, routing, spec=fp8, row_weights=row_weights,
         config=config.w2, out_dtype=result_dtype,
     )
     return topk_sum(y, topk_ids, num_experts, out)
