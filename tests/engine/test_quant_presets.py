@@ -52,3 +52,24 @@ def test_gptq_int4_preset_runs_its_layers():
     assert (layer.family, layer.quant.weight_bits, layer.quant.checkpoint) == (QuantFamily.INT_WNA16, 4, "gptq")
     assert (layer.hidden_size * model.shrink, layer.intermediate_size * model.shrink) == (2048, 768)
     assert len(_run_layers("qwen3-30b-a3b-gptq-int4", 2)) == 2
+
+
+def test_run_cli_decides_the_presets_under_vllm_0_33(tmp_path, capsys):
+    from moe_fsm.cli.main import main
+
+    for name in ("gpt-oss-20b", "qwen3-30b-a3b-gptq-int4"):
+        code = main(["run", "--preset", name, "--layers", "1", "--tokens", "8", "--policy", "vllm-0.33",
+                     "--trace-dir", str(tmp_path / name)])
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "1/1 layers within tolerance" in out
+
+
+def test_run_cli_without_their_policy_says_which_profile_has_one(tmp_path, capsys):
+    from moe_fsm.cli.main import main
+
+    code = main(["run", "--preset", "gpt-oss-20b", "--layers", "1", "--tokens", "8", "--policy", "seeds",
+                 "--trace-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "no selection policy for family mxfp4 in profile seeds" in err and "vllm-0.33 (--policy" in err

@@ -167,12 +167,13 @@ def run_model(
     seed: int = 0,
     options: RunOptions = RunOptions(),
     progress=None,
+    policy: Optional[str] = None,
 ) -> tuple[Engine, list[LayerResult]]:
     """Load (decide + build) and run ``num_layers`` layers of ``model``; one row per layer."""
     specs = list(model.layers[: num_layers or len(model.layers)])
     engine = Engine(
         specs, parallel=parallel, request=request, env=env if env is not None else EnvSnapshot.from_process(),
-        platform=platform, trace_dir=trace_dir,
+        platform=platform, trace_dir=trace_dir, policy=policy,
     )
     loaded = engine.load()
     dev = torch.device(device)
