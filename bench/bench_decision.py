@@ -32,7 +32,7 @@ from dataclasses import replace
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.decision import DecisionInputs, decide, make_inputs
 from moe_fsm.errors import SelectionError
-from moe_fsm.fsm.machine import selection_machine
+from moe_fsm.fsm.machine import machine_for
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import preset
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                              "use structlog only when the moe_fsm.decision logger is enabled; re-time the cases")
     args = parser.parse_args(argv)
 
-    selection_machine()  # built once per process, as in an engine
+    for policy in default_registry().profile.policies.values():
+        machine_for(policy)  # built once per process, as in an engine
     gc.collect()
     import os
     import platform

@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 from moe_fsm.cli.main import main
+from moe_fsm import profiles
+from moe_fsm.cli import diagram
 from moe_fsm.fsm.machine import mermaid
+from moe_fsm.inputs.quant import QuantFamily
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = ROOT / "traces" / "golden"
+GOLDEN = ROOT / "traces" / "seeds" / "golden"
 
 FP8_SM90 = ["--platform", "sm90", "--quant", "fp8", "--weight-scale", "block", "--no-env"]
 
@@ -286,25 +289,32 @@ def test_replay_event_wording_only_passes_unless_strict(capsys, tmp_path):
 # -- diagram ------------------------------------------------------------------------
 
 
-def test_diagram_prints_the_machine(capsys):
+def test_diagram_prints_each_familys_machine_per_profile(capsys):
+    code, out, _ = run(capsys, "diagram", "--profile", "seeds", "--family", "fp8")
+    assert code == 0 and out == mermaid(profiles.get("seeds").policy(QuantFamily.FP8))
+    assert out.startswith("stateDiagram-v2") and "deep_gemm_override" in out
     code, out, _ = run(capsys, "diagram")
-    assert code == 0 and out == mermaid()
-    assert out.startswith("stateDiagram-v2")
+    assert code == 0
+    for name in profiles.names():
+        for family in profiles.get(name).policies:
+            assert f"## {name}: {family.value}" in out
+    code, out, _ = run(capsys, "diagram", "--list")
+    assert code == 0 and "seeds" in out
 
 
 def test_diagram_check_and_update(capsys, tmp_path):
     doc = tmp_path / "d.md"
-    doc.write_text("# Machine\n\n```mermaid\nstateDiagram-v2\n    [*] --> start\n```\n\ntext after\n")
+    doc.write_text(f"# Machine\n\n{diagram.BEGIN}\nold\n{diagram.END}\n\ntext after\n")
     code, out, _ = run(capsys, "diagram", "--check", "d.md")
-    assert code == 1 and "differs from the machine" in out and "+" in out
+    assert code == 1 and "differ from the machines" in out and "+" in out
     code, _, _ = run(capsys, "diagram", "--update", "d.md")
     assert code == 0
-    assert doc.read_text().endswith("```\n\ntext after\n")
+    assert doc.read_text().endswith(f"{diagram.END}\n\ntext after\n")
     code, out, _ = run(capsys, "diagram", "--check", "d.md")
-    assert code == 0 and "matches the machine" in out
+    assert code == 0 and "match the machines" in out
     (tmp_path / "none.md").write_text("no diagram here\n")
     code, _, err = run(capsys, "diagram", "--check", "none.md")
-    assert code == 2 and "has no ```mermaid block" in err
+    assert code == 2 and "has no generated diagram part" in err
 
 
 def test_docs_state_diagram_matches_the_machine(capsys):
@@ -323,8 +333,8 @@ def test_golden_check_passes_on_the_repository(capsys):
 
 def _small_traces(tmp_path: Path) -> Path:
     traces = tmp_path / "traces"
-    traces.mkdir()
-    (traces / "scenarios.toml").write_text(
+    (traces / "seeds" / "scenarios").mkdir(parents=True)
+    (traces / "seeds" / "scenarios" / "s.toml").write_text(
         '[[scenario]]\nname = "a"\nplatform = "sm90"\nlayer = { quant = "fp8" }\nexpect = "selected:FLASHINFER_CUTLASS"\n\n'
         '[[scenario]]\nname = "b"\nplatform = "cpu"\nlayer = { quant = "fp8" }\nexpect = "fallback_none:NONE"\n'
     )
@@ -336,14 +346,14 @@ def test_golden_update_then_check_then_detect_a_change(capsys, tmp_path):
     code, out, _ = run(capsys, "golden", "--update", "--dir", str(traces))
     assert code == 0 and "2 written" in out
     assert run(capsys, "golden", "--dir", str(traces))[0] == 0
-    golden_a = traces / "golden" / "a.json"
+    golden_a = traces / "seeds" / "golden" / "a.json"
     recorded = json.loads(golden_a.read_text())
     recorded["outcome"]["backend"] = "DEEPGEMM"
     golden_a.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
-    (traces / "golden" / "zombie.json").write_text("{}")
+    (traces / "seeds" / "golden" / "zombie.json").write_text("{}")
     code, out, _ = run(capsys, "golden", "--check", "--dir", str(traces))
     assert code == 1
-    assert "--- a: the decision trace changed" in out
+    assert "--- seeds/a: the decision trace changed" in out
     assert '-    "backend": "DEEPGEMM",' in out and '+    "backend": "FLASHINFER_CUTLASS",' in out
     assert "stale golden file" in out and "zombie.json" in out
     code, out, _ = run(capsys, "golden", "--update", "--dir", str(traces))
@@ -353,8 +363,8 @@ def test_golden_update_then_check_then_detect_a_change(capsys, tmp_path):
 
 def test_golden_reports_unmet_expectations(capsys, tmp_path):
     traces = _small_traces(tmp_path)
-    text = (traces / "scenarios.toml").read_text().replace("selected:FLASHINFER_CUTLASS", "selected:TRITON")
-    (traces / "scenarios.toml").write_text(text)
+    scenarios = traces / "seeds" / "scenarios" / "s.toml"
+    scenarios.write_text(scenarios.read_text().replace("selected:FLASHINFER_CUTLASS", "selected:TRITON"))
     code, out, _ = run(capsys, "golden", "--update", "--dir", str(traces))
     assert code == 1 and "EXPECTATION NOT MET: a: expected selected:TRITON, got selected:FLASHINFER_CUTLASS" in out
 
@@ -366,8 +376,8 @@ def test_golden_list(capsys):
 
 def test_golden_bad_scenario_file(capsys, tmp_path):
     traces = tmp_path / "traces"
-    traces.mkdir()
-    (traces / "scenarios.toml").write_text('[[scenario]]\nname = "Bad Name"\nplatform = "sm90"\n')
+    (traces / "seeds" / "scenarios").mkdir(parents=True)
+    (traces / "seeds" / "scenarios" / "s.toml").write_text('[[scenario]]\nname = "Bad Name"\nplatform = "sm90"\n')
     code, _, err = run(capsys, "golden", "--dir", str(traces))
     assert code == 2 and "name must match" in err
     code, _, err = run(capsys, "golden", "--dir", str(tmp_path / "nowhere"))

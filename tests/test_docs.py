@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-GOLDEN = ROOT / "traces" / "golden"
+GOLDEN = ROOT / "traces" / "seeds" / "golden"
 BLOCK = re.compile(r"(?:<!-- golden: (?P<golden>[\w.-]+) -->\n)?```(?P<lang>\w+)\n(?P<body>.*?)```", re.DOTALL)
 
 

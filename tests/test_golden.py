@@ -1,4 +1,4 @@
-"""Golden decision traces: every scenario decides exactly as recorded in traces/golden/.
+"""Golden decision traces: every scenario of every profile decides exactly as recorded in traces/<profile>/golden/.
 
 A failure prints the unified diff of the canonical trace. If the change is
 intended, regenerate with ``moe-fsm golden --update`` and review the diff.
@@ -12,21 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from moe_fsm import golden
-from moe_fsm.backends.registry import default_registry
+from moe_fsm import golden, profiles
 from moe_fsm.decision import replay
-from moe_fsm.fsm.policy import STEP_STATES, TERMINAL_STATES
 from moe_fsm.inputs.platform import PRESETS
-from moe_fsm.inputs.quant import QuantFamily
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"
 SCENARIOS = golden.load_scenarios(TRACES)
-IDS = [s.name for s in SCENARIOS]
+IDS = [s.key for s in SCENARIOS]
+PROFILES = golden.profile_dirs(TRACES)
+SEEDS = [s for s in SCENARIOS if s.profile == "seeds"]
 
 
 def _golden(scenario) -> dict:
-    return json.loads(golden.golden_path(TRACES, scenario.name).read_text())
+    return json.loads(golden.golden_path(TRACES, scenario).read_text())
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
@@ -66,7 +65,7 @@ def test_deciding_twice_gives_byte_identical_traces(scenario):
 def test_golden_trace_replays_from_its_own_inputs(scenario):
     """The trace alone is enough: replaying the golden file's recorded inputs gives the golden file."""
     recorded = _golden(scenario)
-    assert golden.render(replay(recorded, registry=golden.registry())) == golden.render(recorded)
+    assert golden.render(replay(recorded, registry=golden.registry(scenario.profile))) == golden.render(recorded)
 
 
 def test_every_golden_file_has_a_scenario():
@@ -75,63 +74,84 @@ def test_every_golden_file_has_a_scenario():
 
 
 def test_every_scenario_states_an_expectation():
-    assert [s.name for s in SCENARIOS if not s.expect] == []
+    assert [s.key for s in SCENARIOS if not s.expect] == []
 
 
-# -- the matrix covers what the issue asks for ----------------------------------------
+def test_every_profile_has_golden_scenarios():
+    assert "seeds" in PROFILES
+    for name in PROFILES:
+        assert profiles.get(name).name == name
 
 
-def _documents():
-    return [(s, _golden(s)) for s in SCENARIOS]
+# -- the matrix covers what the issue asks for, per profile -----------------------------
 
 
-def test_matrix_size_and_families():
-    assert len(SCENARIOS) >= 120
+def _documents(profile: str = "seeds"):
+    return [(s, _golden(s)) for s in SCENARIOS if s.profile == profile]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_matrix_size_and_families(profile):
+    docs = _documents(profile)
+    assert len(docs) >= 150
     per_family = defaultdict(int)
-    for _, doc in _documents():
+    for _, doc in docs:
         per_family[doc["family"]] += 1
-    assert set(per_family) == {f.value for f in QuantFamily}
-    assert min(per_family.values()) >= 30, per_family
+    assert set(per_family) == {f.value for f in profiles.get(profile).policies}
+    if profile == "seeds":
+        assert min(per_family.values()) >= 30, per_family
 
 
-def test_matrix_covers_every_platform_preset():
+def test_seeds_matrix_covers_every_platform_preset():
     used = set()
-    for scenario in SCENARIOS:
+    for scenario in SEEDS:
         platform = scenario.spec["platform"]
         used.add(platform if isinstance(platform, str) else platform.get("preset"))
     assert set(PRESETS) <= used, f"presets without a scenario: {sorted(set(PRESETS) - used)}"
 
 
-def test_matrix_selects_every_builtin_backend():
-    registry = default_registry()
+@pytest.mark.parametrize("profile", PROFILES)
+def test_matrix_selects_every_builtin_backend(profile):
+    registry = golden.registry(profile)
     selected = defaultdict(set)
-    for _, doc in _documents():
+    for _, doc in _documents(profile):
         if doc["outcome"]["status"] == "selected":
             selected[doc["family"]].add(doc["outcome"]["backend"])
-    for family in QuantFamily:
+    for family in profiles.get(profile).policies:
         builtin = {name for fam, name in registry.builtin if fam is family}
         assert builtin <= selected[family.value], f"{family.value}: never selected {sorted(builtin - selected[family.value])}"
 
 
-def test_matrix_visits_every_state_and_outcome():
+@pytest.mark.parametrize("profile", PROFILES)
+def test_matrix_visits_every_state_and_outcome(profile):
     states, outcomes, events, vias = set(), set(), set(), set()
-    for _, doc in _documents():
+    for _, doc in _documents(profile):
         states.update(doc["path"])
         outcome = doc["outcome"]
         outcomes.add(outcome["error"]["type"] if outcome["status"] == "failed" else outcome["status"])
         events.update(e["event"] for e in doc["events"])
         if "via" in outcome:
             vias.add((doc["family"], outcome["via"]))
-    assert set(STEP_STATES) | set(TERMINAL_STATES) <= states
+    policies = profiles.get(profile).policies
+    step_states = {s.name for policy in policies.values() for s in policy.steps}
+    assert step_states | {"selected", "failed"} <= states
+    assert {"selected", "BackendUnsupportedError", "NoBackendError"} <= outcomes
+    assert events >= {"guard", "transition", "candidate", "scan", "prepare_finalize"}
+    # every step of every family's policy decides at least one scenario
+    for family, policy in policies.items():
+        for step in {s.name for s in policy.steps}:
+            assert (family.value, step) in vias, f"no {family.value} scenario is decided in {step}"
+
+
+def test_seeds_matrix_has_every_outcome_and_event():
+    outcomes, events = set(), set()
+    for _, doc in _documents("seeds"):
+        outcome = doc["outcome"]
+        outcomes.add(outcome["error"]["type"] if outcome["status"] == "failed" else outcome["status"])
+        events.update(e["event"] for e in doc["events"])
     assert outcomes == {"selected", "fallback_none", "BackendUnsupportedError", "NoBackendError"}
     assert events >= {"guard", "transition", "candidate", "pruned", "rewritten", "mapped", "scan", "fallback", "note",
                       "flashinfer_family", "prepare_finalize"}
-    # every step of every family's policy decides at least one scenario
-    from moe_fsm.fsm.policy import POLICIES
-
-    for family, policy in POLICIES.items():
-        for step in {s.state for s in policy.steps}:
-            assert (family.value, step) in vias, f"no {family.value} scenario is decided in {step}"
 
 
 # Which families read each variable, and the values that count as on / off.

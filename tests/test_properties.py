@@ -19,8 +19,14 @@ from hypothesis import strategies as st
 from moe_fsm.backends.registry import default_registry
 from moe_fsm.decision import Decision, DecisionInputs, decide, replay
 from moe_fsm.errors import BackendUnsupportedError, InputError, NoBackendError, SelectionError
-from moe_fsm.fsm.policy import POLICIES
-from moe_fsm.inputs.env import ENV_VARS, FLASHINFER_MOE_BACKEND_CHOICES, EnvSnapshot
+from moe_fsm import profiles
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.profiles.seeds.env import ENV as ENV_VARS
+from moe_fsm.profiles.seeds.env import FLASHINFER_MOE_BACKEND_CHOICES
+
+# These properties are stated for the seeds profile, whatever vLLM the test machine has.
+POLICIES = profiles.get("seeds").policies
+SEEDS = profiles.ProfileChoice("seeds", "property tests")
 from moe_fsm.inputs.layer import Activation, MoELayer
 from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
 from moe_fsm.inputs.platform import PRESETS, Library, PlatformFacts, Vendor
@@ -98,7 +104,7 @@ def _all_user_names() -> list[str]:
     names = set()
     for policy in POLICIES.values():
         names.update(policy.user_names)
-    for extension in default_registry().extension_names.values():
+    for extension in default_registry("seeds").extension_names.values():
         names.update(extension)
     return sorted(names)
 
@@ -167,8 +173,9 @@ def _build(data) -> DecisionInputs:
     parallel = data.draw(parallel_configs(), label="parallel")
     request = BackendRequest.parse(data.draw(requests, label="request"))
     env = EnvSnapshot.from_mapping(data.draw(env_mappings(), label="env"), strict_names=True)
+    ENV_VARS.reader(env)  # a value the profile cannot parse is an InputError naming it
     platform = data.draw(platforms(), label="platform")
-    return DecisionInputs(layer, parallel, request, env, platform)
+    return DecisionInputs(layer, parallel, request, env, platform, SEEDS)
 
 
 def _decide(inputs: DecisionInputs, **kwargs) -> tuple[dict, type | None]:
@@ -209,6 +216,7 @@ def realistic_inputs(draw):
         request=BackendRequest.parse(request),
         env=EnvSnapshot.from_mapping(env, strict_names=True),
         platform=PRESETS[draw(st.sampled_from(sorted(PRESETS)))],
+        profile=SEEDS,
     )
 
 

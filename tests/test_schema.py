@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -11,12 +12,12 @@ import pytest
 
 from moe_fsm.decision import decide, make_inputs
 from moe_fsm.errors import SelectionError
-from moe_fsm.inputs.env import ENV_VARS
 from moe_fsm.inputs.layer import Activation, MoELayer
 from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
 from moe_fsm.inputs.platform import Library, Vendor, preset
 from moe_fsm.inputs.quant import Granularity, QuantScheme
-from moe_fsm.fsm.policy import START, STEP_STATES, TERMINAL_STATES
+from moe_fsm import profiles
+from moe_fsm.fsm.policy import TERMINAL_STATES
 from moe_fsm.trace import schema
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,10 +42,17 @@ def test_schema_is_a_valid_draft_2020_12_schema():
 
 def test_schema_enums_follow_the_code():
     defs = schema.load_schema()["$defs"]
-    assert set(defs["state"]["enum"]) == {START, *STEP_STATES, *TERMINAL_STATES}
-    assert set(defs["step_state"]["enum"]) == set(STEP_STATES)
     assert set(defs["terminal_state"]["enum"]) == set(TERMINAL_STATES)
-    assert set(defs["env_var"]["enum"]) == set(ENV_VARS)
+    state = re.compile(defs["state"]["pattern"])
+    env_var = re.compile(defs["env_var"]["pattern"])
+    for name in profiles.names():
+        profile = profiles.get(name)
+        assert re.fullmatch(defs["profile"]["properties"]["name"]["pattern"], name)
+        for family, policy in profile.policies.items():
+            assert re.fullmatch(defs["family"]["pattern"], family.value)
+            for step in policy.steps:
+                assert state.fullmatch(step.name) and step.name not in ("start", *TERMINAL_STATES), step.name
+        assert all(env_var.fullmatch(n) for n in profile.env)
     assert set(defs["platform"]["properties"]["vendor"]["enum"]) == {v.value for v in Vendor}
     assert set(defs["platform"]["properties"]["libraries"]["items"]["enum"]) == {lib.value for lib in Library}
     assert set(defs["layer"]["properties"]["activation"]["enum"]) == {a.value for a in Activation}
@@ -81,20 +89,22 @@ MUTATIONS = {
     "wrong schema version": lambda d: d.update(schema_version=2),
     "missing outcome": lambda d: d.pop("outcome"),
     "family disagrees with the layer": lambda d: d.update(family="nvfp4"),
-    "unknown state in path": lambda d: d["path"].insert(1, "warp_drive"),
+    "malformed state in path": lambda d: d["path"].insert(1, "Warp Drive!"),
     "path without terminal": lambda d: d["path"].pop(),
     "two terminals": lambda d: d["path"].append("failed"),
     "start twice": lambda d: d["path"].insert(1, "start"),
     "unknown event": lambda d: d["events"].append({"event": "teleport"}),
     "guard without result": lambda d: d["events"][0].pop("result"),
     "guard with stray field": lambda d: d["events"][0].update(why="because"),
-    "unknown env var in a reading": lambda d: next(e for e in d["events"] if e.get("guard") == "flashinfer_env")["inputs"]["env"][0].update(name="VLLM_NOPE"),
+    "malformed env var in a reading": lambda d: next(e for e in d["events"] if e.get("guard") == "flashinfer_env")["inputs"]["env"][0].update(name="vllm nope"),
     "candidate supported without kernel": lambda d: next(e for e in d["events"] if e["event"] == "candidate" and e["supported"]).update(kernel=None),
     "candidate rejected without reason": lambda d: next(e for e in d["events"] if e["event"] == "candidate" and not e["supported"]).update(reason=None),
-    "transition to a step by conclude": lambda d: next(e for e in d["events"] if e["event"] == "transition" and e["trigger"] == "conclude").update(dest="auto_scan"),
+    "transition from start to a terminal state": lambda d: next(e for e in d["events"] if e["event"] == "transition").update(dest="selected"),
+    "guard of an unknown kind": lambda d: d["events"][0].update(guard="vibes"),
+    "profile without reason": lambda d: d["inputs"]["profile"].pop("reason"),
     "layer without dtype": lambda d: d["inputs"]["layer"].pop("dtype"),
     "negative experts": lambda d: d["inputs"]["layer"].update(num_experts=-1),
-    "unknown env var in inputs": lambda d: d["inputs"]["env"].update(VLLM_TYPO="1"),
+    "malformed env var in inputs": lambda d: d["inputs"]["env"].update({"vllm typo": "1"}),
     "env value not a string": lambda d: d["inputs"]["env"].update(VLLM_USE_FLASHINFER_MOE_FP8=1),
     "cuda without capability": lambda d: d["inputs"]["platform"].update(capability=None),
     "unknown library": lambda d: d["inputs"]["platform"]["libraries"].append("cudnn"),

@@ -10,21 +10,23 @@ it instantiates the experts and prepare/finalize objects as one modular kernel.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Union
 
+from moe_fsm import profiles
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.verdict import SupportContext
-from moe_fsm.errors import BackendUnavailableError, SelectionError
+from moe_fsm.errors import BackendUnavailableError, InputError, SelectionError
 from moe_fsm.fsm.decide import DecisionRun
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts, probe
 from moe_fsm.inputs.request import BackendRequest
-from moe_fsm.modular.interfaces import ActivationFormat
+from moe_fsm.inputs.formats import ActivationFormat
+from moe_fsm.profiles import ProfileChoice
 from moe_fsm.trace import document as trace_doc
 from moe_fsm.trace.recorder import Recorder
 
@@ -38,9 +40,11 @@ class DecisionInputs:
     request: BackendRequest
     env: EnvSnapshot
     platform: PlatformFacts
+    profile: ProfileChoice = field(default_factory=profiles.resolve_default)
 
     def to_json(self) -> dict:
         return {
+            "profile": self.profile.to_json(),
             "layer": self.layer.to_json(),
             "parallel": self.parallel.to_json(),
             "request": self.request.to_json(),
@@ -56,7 +60,11 @@ class DecisionInputs:
             request=BackendRequest.from_json(data["request"]),
             env=EnvSnapshot.from_json(data["env"]),
             platform=PlatformFacts.from_json(data["platform"]),
+            profile=ProfileChoice.from_json(data["profile"]) if "profile" in data else PRE_PROFILE_TRACES,
         )
+
+
+PRE_PROFILE_TRACES = ProfileChoice(profiles.SEEDS, "recorded before moe-fsm had policy profiles: the seed snapshot")
 
 
 @dataclass(frozen=True)
@@ -111,8 +119,9 @@ def make_inputs(
     backend: Union[str, Mapping[str, str], BackendRequest, None] = None,
     env: Union[EnvSnapshot, Mapping[str, str], None] = None,
     platform: PlatformFacts | None = None,
+    policy: str | ProfileChoice | None = None,
 ) -> DecisionInputs:
-    """Fill the defaults an engine would: the process env and the probed platform."""
+    """Fill the defaults an engine would: the process env, the probed platform, the default profile."""
     if env is None:
         env = EnvSnapshot.from_process()
     elif not isinstance(env, EnvSnapshot):
@@ -123,19 +132,25 @@ def make_inputs(
         request=BackendRequest.parse(backend),
         env=env,
         platform=platform or probed_platform(),
+        profile=profiles.choose(policy),
     )
 
 
 def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: bool = True,
            layer_name: str | None = None, trace_path: Union[str, Path, None] = None) -> Decision:
     """Run the machine; on failure write the trace (if ``trace_path``) and raise with it attached."""
-    registry = registry or default_registry()
+    profile = profiles.get(inputs.profile.name)
+    if registry is None:
+        registry = default_registry(profile.name)
+    elif registry.profile is not profile:
+        raise InputError(f"the registry serves profile {registry.profile.name!r}, the inputs ask for {profile.name!r}")
     started_at, t0 = time.time(), time.perf_counter()
     family = inputs.layer.family
+    policy = profile.policy(family)
     fmt = ActivationFormat.BATCHED if inputs.parallel.batched_activation_format else ActivationFormat.STANDARD
-    ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, inputs.env, fmt)
+    ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, profile.env.reader(inputs.env), fmt)
     recorder = Recorder(enabled=trace)
-    run = DecisionRun(ctx, inputs.request.for_family(family), inputs.request.source_for(family), registry, recorder)
+    run = DecisionRun(ctx, policy, inputs.request.for_family(family), inputs.request.source_for(family), registry, recorder)
     run.run()
     if run.error is not None:
         outcome = {
@@ -173,9 +188,12 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
 
 
 def select(layer: MoELayer, parallel: ParallelConfig | None = None, backend=None, env=None,
-           platform: PlatformFacts | None = None, **kwargs) -> Decision:
-    """The one-call form: ``select(layer, parallel, backend="auto", env=os.environ, platform=probe())``."""
-    return decide(make_inputs(layer, parallel, backend, env, platform), **kwargs)
+           platform: PlatformFacts | None = None, policy: str | ProfileChoice | None = None, **kwargs) -> Decision:
+    """The one-call form: ``select(layer, parallel, backend="auto", env=os.environ, platform=probe(), policy=None)``.
+
+    ``policy``: a profile name (``"seeds"``, ``"vllm-0.33"``); None follows the installed vLLM.
+    """
+    return decide(make_inputs(layer, parallel, backend, env, platform, policy), **kwargs)
 
 
 def replay(document: dict, *, registry: Registry | None = None) -> dict:

@@ -1,10 +1,11 @@
-"""Golden decision traces: a scenario matrix and its recorded canonical traces.
+"""Golden decision traces: per policy profile, a scenario matrix and its recorded canonical traces.
 
-``traces/scenarios.toml`` lists named scenarios (``[[scenario]]`` tables with
-the input spec of :mod:`moe_fsm.cli.inputs`, an ``about`` line and an
-``expect`` written from vLLM's seed functions, not from our output);
-``traces/golden/<name>.json`` holds each scenario's canonical trace (no
-volatile part). :func:`check` decides every scenario again and reports each
+``traces/<profile>/scenarios/*.toml`` list named scenarios (``[[scenario]]``
+tables with the input spec of :mod:`moe_fsm.cli.inputs`, an ``about`` line and
+an ``expect`` written from that profile's source -- the seed functions, vLLM
+0.33.0's oracles -- not from our output); several files let several people add
+families without conflicts. ``traces/<profile>/golden/<name>.json`` holds each
+scenario's canonical trace (no volatile part), decided under that profile. :func:`check` decides every scenario again and reports each
 difference as a unified diff; :func:`update` rewrites the golden files.
 Scenarios never read the process environment or probe the machine: env and
 platform are part of the scenario. Nor do they see third-party plugins: they are
@@ -16,19 +17,20 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from functools import lru_cache
 from importlib.metadata import entry_points
 
+from moe_fsm import profiles
 from moe_fsm.backends.registry import ENTRY_POINT_GROUP, Registry
 from moe_fsm.decision import DecisionInputs, decide
 from moe_fsm.errors import InputError, SelectionError
 from moe_fsm.trace import document as trace_doc
 
-SCENARIO_FILE = "scenarios.toml"
+SCENARIO_SUBDIR = "scenarios"
 GOLDEN_SUBDIR = "golden"
 SPEC_KEYS = ("layer", "parallel", "backend", "env", "platform")
 SCENARIO_KEYS = ("name", "about", "expect", "expect_message", "expect_kernel", "expect_via", *SPEC_KEYS)
@@ -41,6 +43,7 @@ class Scenario:
     name: str
     about: str
     spec: dict = field(hash=False)
+    profile: str = profiles.SEEDS
     expect: str | None = None  # "selected:TRITON", "fallback_none:NONE", "failed:NoBackendError"
     expect_message: str | None = None  # a substring of the error message
     expect_kernel: str | None = None
@@ -54,15 +57,22 @@ class Scenario:
         if "platform" not in spec:
             raise InputError(f"scenario {self.name!r} names no platform (scenarios never probe the machine)")
         try:
-            return inputs_from_spec(spec)
+            return replace(inputs_from_spec(spec), profile=self.choice())
         except InputError as err:
             raise InputError(f"scenario {self.name!r}: {err}") from None
 
+    def choice(self) -> profiles.ProfileChoice:
+        return profiles.ProfileChoice(self.profile, f"golden scenario of traces/{self.profile}")
 
-@lru_cache(maxsize=1)
-def registry() -> Registry:
-    """Built-ins plus the extension backends moe-fsm itself registers (its own entry points only)."""
-    reg = Registry.builtin_only()
+    @property
+    def key(self) -> str:
+        return f"{self.profile}/{self.name}"
+
+
+@lru_cache(maxsize=None)
+def registry(profile: str = profiles.SEEDS) -> Registry:
+    """A profile's built-ins plus the extension backends moe-fsm itself registers (its own entry points only)."""
+    reg = Registry.builtin_only(profile)
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         dist = getattr(ep, "dist", None)
         if dist is not None and dist.metadata["Name"].lower().replace("_", "-") == "moe-fsm":
@@ -74,27 +84,52 @@ def traces_dir(path: str | Path | None = None) -> Path:
     return Path(path) if path is not None else Path("traces")
 
 
-def load_scenarios(directory: str | Path | None = None) -> list[Scenario]:
+def profile_dirs(directory: str | Path | None = None) -> list[str]:
+    """The profiles with golden scenarios under the traces directory (``<dir>/<profile>/scenarios/``)."""
+    root = traces_dir(directory)
+    found = sorted(p.parent.name for p in root.glob(f"*/{SCENARIO_SUBDIR}") if p.is_dir())
+    for name in found:
+        profiles.get(name)  # a directory for an unknown profile is an error, not a silent skip
+    return found
+
+
+def load_scenarios(directory: str | Path | None = None, profile: str | None = None) -> list[Scenario]:
+    """The scenarios of one profile, or of every profile with a directory (``profile=None``)."""
+    if not traces_dir(directory).is_dir():
+        raise InputError(f"traces directory {traces_dir(directory)} does not exist")
+    if profile is None:
+        names = profile_dirs(directory)
+        if not names:
+            raise InputError(f"{traces_dir(directory)} has no <profile>/{SCENARIO_SUBDIR}/ directory")
+        return [s for name in names for s in load_scenarios(directory, name)]
+    folder = traces_dir(directory) / profile / SCENARIO_SUBDIR
+    files = sorted(folder.glob("*.toml"))
+    if not files:
+        raise InputError(f"{folder} has no scenario files (*.toml)")
+    scenarios, seen = [], set()
+    for path in files:
+        scenarios.extend(_load_file(path, profile, seen))
+    return scenarios
+
+
+def _load_file(path: Path, profile: str, seen: set) -> list[Scenario]:
     import tomllib
 
-    path = traces_dir(directory) / SCENARIO_FILE
     try:
         data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"scenario file {path} does not exist") from None
     except tomllib.TOMLDecodeError as err:
         raise InputError(f"{path} is not valid TOML: {err}") from None
     tables = data.get("scenario")
     if not isinstance(tables, list) or not tables:
         raise InputError(f"{path} has no [[scenario]] tables")
-    scenarios, seen = [], set()
+    scenarios = []
     for index, table in enumerate(tables):
         name = table.get("name")
         where = f"{path}: scenario #{index + 1}" + (f" ({name})" if name else "")
         if not isinstance(name, str) or not _NAME.match(name):
             raise InputError(f"{where}: name must match {_NAME.pattern}")
         if name in seen:
-            raise InputError(f"{where}: duplicate name")
+            raise InputError(f"{where}: duplicate name in traces/{profile}")
         seen.add(name)
         unknown = sorted(set(table) - set(SCENARIO_KEYS))
         if unknown:
@@ -110,6 +145,7 @@ def load_scenarios(directory: str | Path | None = None) -> list[Scenario]:
             expect_message=table.get("expect_message"),
             expect_kernel=table.get("expect_kernel"),
             expect_via=table.get("expect_via"),
+            profile=profile,
         ))
     return scenarios
 
@@ -117,7 +153,7 @@ def load_scenarios(directory: str | Path | None = None) -> list[Scenario]:
 def decide_scenario(scenario: Scenario) -> dict:
     """The scenario's canonical trace (the decision, or the error's trace)."""
     try:
-        document = decide(scenario.inputs(), registry=registry(), layer_name=scenario.name).trace
+        document = decide(scenario.inputs(), registry=registry(scenario.profile), layer_name=scenario.name).trace
     except SelectionError as err:
         document = err.trace
     return trace_doc.canonical(document)
@@ -127,8 +163,8 @@ def render(document: dict) -> str:
     return trace_doc.dumps(document, include_volatile=False)
 
 
-def golden_path(directory: str | Path | None, name: str) -> Path:
-    return traces_dir(directory) / GOLDEN_SUBDIR / f"{name}.json"
+def golden_path(directory: str | Path | None, scenario: Scenario) -> Path:
+    return traces_dir(directory) / scenario.profile / GOLDEN_SUBDIR / f"{scenario.name}.json"
 
 
 def expectation_failure(scenario: Scenario, document: dict) -> str | None:
@@ -154,7 +190,7 @@ def expectation_failure(scenario: Scenario, document: dict) -> str | None:
 
 def diff_against_golden(scenario: Scenario, directory: str | Path | None = None, document: dict | None = None) -> str | None:
     """None when the scenario's trace equals its golden file, else a readable unified diff."""
-    path = golden_path(directory, scenario.name)
+    path = golden_path(directory, scenario)
     new = render(document if document is not None else decide_scenario(scenario))
     try:
         old = path.read_text()
@@ -163,7 +199,7 @@ def diff_against_golden(scenario: Scenario, directory: str | Path | None = None,
     if old == new:
         return None
     diff = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                fromfile=f"{path} (golden)", tofile=f"{scenario.name} (decided now)")
+                                fromfile=f"{path} (golden)", tofile=f"{scenario.key} (decided now)")
     return "".join(diff)
 
 
@@ -180,22 +216,24 @@ class CheckReport:
 
 
 def _stale(directory: str | Path | None, scenarios: list[Scenario]) -> list[Path]:
-    names = {s.name for s in scenarios}
-    folder = traces_dir(directory) / GOLDEN_SUBDIR
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.glob("*.json") if p.stem not in names)
+    keys = {s.key for s in scenarios}
+    stale = []
+    for profile in sorted({s.profile for s in scenarios}):
+        folder = traces_dir(directory) / profile / GOLDEN_SUBDIR
+        if folder.is_dir():
+            stale.extend(p for p in folder.glob("*.json") if f"{profile}/{p.stem}" not in keys)
+    return sorted(stale)
 
 
-def check(directory: str | Path | None = None, only: list[str] | None = None) -> CheckReport:
-    scenarios = _select(load_scenarios(directory), only)
+def check(directory: str | Path | None = None, only: list[str] | None = None, profile: str | None = None) -> CheckReport:
+    scenarios = _select(load_scenarios(directory, profile), only)
     report = CheckReport()
     for scenario in scenarios:
         document = decide_scenario(scenario)
         report.checked += 1
         diff = diff_against_golden(scenario, directory, document)
         if diff is not None:
-            report.diffs[scenario.name] = diff
+            report.diffs[scenario.key] = diff
         failure = expectation_failure(scenario, document)
         if failure:
             report.expectation_failures.append(failure)
@@ -212,9 +250,9 @@ class UpdateReport:
     expectation_failures: list[str] = field(default_factory=list)
 
 
-def update(directory: str | Path | None = None, only: list[str] | None = None) -> UpdateReport:
+def update(directory: str | Path | None = None, only: list[str] | None = None, profile: str | None = None) -> UpdateReport:
     """Rewrite golden files that differ (and remove those of deleted scenarios)."""
-    all_scenarios = load_scenarios(directory)
+    all_scenarios = load_scenarios(directory, profile)
     scenarios = _select(all_scenarios, only)
     report = UpdateReport()
     for scenario in scenarios:
@@ -222,7 +260,7 @@ def update(directory: str | Path | None = None, only: list[str] | None = None) -
         failure = expectation_failure(scenario, document)
         if failure:
             report.expectation_failures.append(failure)
-        path = golden_path(directory, scenario.name)
+        path = golden_path(directory, scenario)
         text = render(document)
         if path.exists() and path.read_text() == text:
             report.unchanged += 1
@@ -237,13 +275,16 @@ def update(directory: str | Path | None = None, only: list[str] | None = None) -
 
 
 def _select(scenarios: list[Scenario], only: list[str] | None) -> list[Scenario]:
+    """``only`` names scenarios as NAME (in any profile) or PROFILE/NAME."""
     if not only:
         return scenarios
-    by_name = {s.name: s for s in scenarios}
-    missing = [n for n in only if n not in by_name]
-    if missing:
-        raise InputError(f"no scenario named {missing}")
-    return [by_name[n] for n in only]
+    chosen = []
+    for wanted in only:
+        matches = [s for s in scenarios if wanted in (s.name, s.key)]
+        if not matches:
+            raise InputError(f"no scenario named {wanted!r}")
+        chosen.extend(m for m in matches if m not in chosen)
+    return chosen
 
 
 def summarize(document: dict) -> dict[str, Any]:

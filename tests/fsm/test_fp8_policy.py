@@ -108,7 +108,7 @@ def test_fp8_env_one_tries_trtllm_then_cutlass(pick):
 
 def test_deep_gemm_set_forces_deep_gemm(pick):
     decision = pick("fp8_block", "sm90", env={"VLLM_USE_DEEP_GEMM": "1"})
-    assert (decision.backend, decision.via) == ("DEEPGEMM", "env_override")
+    assert (decision.backend, decision.via) == ("DEEPGEMM", "deep_gemm_override")
     assert pick("fp8_block", "sm90", env={"VLLM_MOE_USE_DEEP_GEMM": "1"}, parallel=BATCHED).backend == "BATCHED_DEEPGEMM"
     with pytest.raises(ValueError, match="FP8 MoE backend DEEPGEMM does not support the deployment configuration since needs compute capability 9.0 or 10.x, this is 8.0"):
         pick("fp8_block", "sm80", env={"VLLM_USE_DEEP_GEMM": "1"})
@@ -118,7 +118,7 @@ def test_deep_gemm_set_forces_deep_gemm(pick):
 def test_deep_gemm_off_prunes_it(pick, env):
     decision = pick("fp8_block", "sm100", env={"VLLM_USE_FLASHINFER_MOE_FP8": "0", **env})
     assert decision.backend == "TRITON"
-    assert decision.trace["path"] == ["start", "flashinfer_preference", "env_override", "auto_scan", "selected"]
+    assert decision.trace["path"] == ["start", "flashinfer_preference", "deep_gemm_override", "auto_scan", "selected"]
 
 
 def test_forced_marlin_comes_after_deep_gemm_and_before_aiter(pick):
@@ -129,15 +129,15 @@ def test_forced_marlin_comes_after_deep_gemm_and_before_aiter(pick):
 
 def test_aiter_env(pick):
     decision = pick("fp8_block", "rocm-mi300", env={"VLLM_ROCM_USE_AITER": "1"})
-    assert (decision.backend, decision.via) == ("AITER", "env_override")
+    assert (decision.backend, decision.via) == ("AITER", "aiter_override")
     decision = pick("fp8_block", "rocm-mi300", env={"VLLM_ROCM_USE_AITER_MOE": "0"})
     assert decision.backend == "TRITON"
-    assert decision.trace["path"] == ["start", "env_override", "auto_scan", "selected"]
+    assert decision.trace["path"] == ["start", "aiter_override", "auto_scan", "selected"]
     with pytest.raises(ValueError, match="FP8 MoE backend AITER does not support the deployment configuration since needs a rocm device"):
         pick("fp8_block", "sm90", env={"VLLM_ROCM_USE_AITER": "1", "VLLM_USE_DEEP_GEMM": "0"})
 
 
-def test_env_override_state_is_entered_twice_when_both_rules_apply(pick):
+def test_both_env_overrides_are_entered_when_both_rules_apply(pick):
     env = {"VLLM_USE_DEEP_GEMM": "0", "VLLM_ROCM_USE_AITER": "0"}
     decision = pick("fp8_block", "sm90", env=env)
-    assert decision.trace["path"] == ["start", "env_override", "env_override", "auto_scan", "selected"]
+    assert decision.trace["path"] == ["start", "deep_gemm_override", "aiter_override", "auto_scan", "selected"]

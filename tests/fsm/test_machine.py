@@ -4,38 +4,45 @@ import json
 
 import pytest
 
-from moe_fsm.backends.catalog import BackendSpec, KernelSpec
+from moe_fsm import profiles
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.requirements import OnVendor
+from moe_fsm.backends.specs import BackendSpec, KernelSpec
 from moe_fsm.backends.verdict import SupportContext
 from moe_fsm.decision import DecisionInputs, decide, make_inputs, replay, select
 from moe_fsm.errors import EnvVarError, InputError, NoBackendError, SelectionError
-from moe_fsm.fsm.machine import mermaid, selection_machine
-from moe_fsm.fsm.policy import POLICIES, STEP_STATES, TERMINAL_STATES
+from moe_fsm.fsm.machine import machine_for, mermaid
+from moe_fsm.fsm.policy import TERMINAL_STATES
 from moe_fsm.inputs.env import ENV_VARS, EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import Vendor, preset
 from moe_fsm.inputs.quant import QuantFamily, QuantScheme
 from moe_fsm.inputs.request import BackendRequest
-from moe_fsm.modular.interfaces import ActivationFormat
+from moe_fsm.inputs.formats import ActivationFormat
 from moe_fsm.trace.document import canonical, dumps
 
 
-def test_machine_is_built_once():
-    assert selection_machine() is selection_machine()
+SEEDS = profiles.get("seeds")
+SEEDS_ENV = SEEDS.env
+
+
+def test_each_policy_machine_is_built_once():
+    for policy in SEEDS.policies.values():
+        assert machine_for(policy) is machine_for(policy)
 
 
 def test_every_state_is_in_the_diagram():
-    diagram = mermaid()
-    for state in (*STEP_STATES, *TERMINAL_STATES):
-        assert state in diagram
+    for policy in SEEDS.policies.values():
+        diagram = mermaid(policy)
+        for state in (*(s.name for s in policy.steps), *TERMINAL_STATES):
+            assert state in diagram
 
 
 def test_every_policy_ends_with_auto_scan_and_names_existing_backends():
-    registry = default_registry()
-    for family, policy in POLICIES.items():
-        assert policy.steps[-1].state == "auto_scan"
+    registry = default_registry("seeds")
+    for family, policy in SEEDS.policies.items():
+        assert policy.steps[-1].name == "auto_scan"
         named = set(policy.user_names.values()) | set(policy.batched_variants.values())
         for backends in policy.priority.values():
             named |= set(backends)
@@ -76,15 +83,15 @@ def test_untraced_decisions_reach_the_same_outcome():
 
 def test_env_registry_rejects_bad_values_naming_variable_and_accepted_values():
     with pytest.raises(EnvVarError, match=r"VLLM_USE_FLASHINFER_MOE_FP8='maybe' is not valid; accepted values: 0 or 1"):
-        EnvSnapshot.from_mapping({"VLLM_USE_FLASHINFER_MOE_FP8": "maybe"})
+        SEEDS_ENV.reader(EnvSnapshot.from_mapping({"VLLM_USE_FLASHINFER_MOE_FP8": "maybe"}))
     with pytest.raises(EnvVarError, match=r"VLLM_FLASHINFER_MOE_BACKEND='fast' is not valid; accepted values: throughput, latency, masked_gemm"):
-        EnvSnapshot.from_mapping({"VLLM_FLASHINFER_MOE_BACKEND": "fast"})
+        select(MoELayer(), env={"VLLM_FLASHINFER_MOE_BACKEND": "fast"}, platform=preset("sm90"), policy="seeds")
     with pytest.raises(InputError, match="unknown environment variable"):
         EnvSnapshot.from_mapping({"VLLM_USE_FLASHINFER_MOE_FP9": "1"}, strict_names=True)
 
 
 def test_env_snapshot_tells_unset_from_default():
-    env = EnvSnapshot.from_mapping({"VLLM_USE_DEEP_GEMM": "1", "PATH": "/bin"})
+    env = SEEDS_ENV.reader(EnvSnapshot.from_mapping({"VLLM_USE_DEEP_GEMM": "1", "PATH": "/bin"}))
     assert env.is_set("VLLM_USE_DEEP_GEMM") and env.value("VLLM_USE_DEEP_GEMM") is True
     assert not env.is_set("VLLM_MOE_USE_DEEP_GEMM") and env.value("VLLM_MOE_USE_DEEP_GEMM") is True
     assert set(ENV_VARS) >= {"VLLM_USE_FLASHINFER_MOE_FP16", "VLLM_ROCM_USE_AITER_MOE", "VLLM_TEST_FORCE_FP8_MARLIN"}
@@ -124,15 +131,15 @@ def test_inputs_round_trip_through_json():
 
 
 def test_registry_answers_any_backend_directly():
-    registry = default_registry()
-    ctx = SupportContext(MoELayer(quant=QuantScheme.nvfp4()), ParallelConfig(), preset("sm90"), EnvSnapshot(), ActivationFormat.STANDARD)
+    registry = default_registry("seeds")
+    ctx = SupportContext(MoELayer(quant=QuantScheme.nvfp4()), ParallelConfig(), preset("sm90"), SEEDS_ENV.reader(EnvSnapshot()), ActivationFormat.STANDARD)
     verdict = registry.verdict(QuantFamily.NVFP4, "FLASHINFER_TRTLLM", ctx)
     assert not verdict.supported
     assert verdict.reason == "needs compute capability 10.x, this is 9.0"
     assert registry.verdict(QuantFamily.NVFP4, "MARLIN", ctx).kernel == "MarlinExperts"
     assert "flashinfer.cutlass_fused_moe is not installed" in registry.verdict(
         QuantFamily.FP8, "FLASHINFER_CUTLASS",
-        SupportContext(MoELayer(quant=QuantScheme.fp8()), ParallelConfig(), preset("sm90-bare"), EnvSnapshot(), ActivationFormat.STANDARD),
+        SupportContext(MoELayer(quant=QuantScheme.fp8()), ParallelConfig(), preset("sm90-bare"), SEEDS_ENV.reader(EnvSnapshot()), ActivationFormat.STANDARD),
     ).reason
 
 
@@ -141,9 +148,9 @@ def test_plugins_register_backends_tried_after_the_builtins():
     registry.register_kernel(KernelSpec("TpuPluginExperts", ActivationFormat.STANDARD, (OnVendor((Vendor.TPU,)),)))
     registry.register_backend(BackendSpec("TPU_PLUGIN", QuantFamily.FP8, ("TpuPluginExperts",)), "tpu_plugin")
     layer = MoELayer(quant=QuantScheme.fp8())
-    decision = decide(make_inputs(layer, env={}, platform=preset("tpu")), registry=registry)
+    decision = decide(make_inputs(layer, env={}, platform=preset("tpu"), policy="seeds"), registry=registry)
     assert (decision.backend, decision.kernel) == ("TPU_PLUGIN", "TpuPluginExperts")
-    explicit = decide(make_inputs(layer, backend="tpu_plugin", env={}, platform=preset("tpu")), registry=registry)
+    explicit = decide(make_inputs(layer, backend="tpu_plugin", env={}, platform=preset("tpu"), policy="seeds"), registry=registry)
     assert explicit.via == "explicit_user_choice"
     with pytest.raises(InputError, match="reserved by a built-in backend"):
         registry.register_backend(BackendSpec("TRITON", QuantFamily.FP8, ("TpuPluginExperts",)), "triton2")

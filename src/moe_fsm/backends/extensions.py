@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moe_fsm.backends.catalog import STANDARD, BackendSpec, KernelSpec
-from moe_fsm.backends.requirements import Requirement
+from moe_fsm.backends.requirements import Format, Requirement
+from moe_fsm.backends.specs import BackendSpec, KernelSpec
 from moe_fsm.inputs.platform import Library, Vendor
 from moe_fsm.inputs.quant import QuantFamily
-from moe_fsm.modular.interfaces import ActivationFormat
+from moe_fsm.inputs.formats import ActivationFormat
 
 USER_NAME = "torch_grouped_mm"
 
@@ -44,7 +44,7 @@ class GroupedMMEligible(Requirement):
 
 
 GROUPED_MM_KERNEL = KernelSpec(
-    "GroupedMMExperts", ActivationFormat.STANDARD, (GroupedMMEligible(), STANDARD),
+    "GroupedMMExperts", ActivationFormat.STANDARD, (GroupedMMEligible(), Format(ActivationFormat.STANDARD)),
     impl="moe_fsm.experts.grouped_mm_experts:GroupedMMExperts",
 )
 

@@ -1,6 +1,7 @@
-"""The public backend registry: ask any backend's verdict for any input.
+"""The public backend registry: ask any backend's verdict for any input, under one profile.
 
-Built-in kernels and backends come from ``catalog.py``. Third-party backends
+Built-in kernels and backends are a policy profile's data
+(``moe_fsm.profiles.<name>``); a registry serves one profile. Third-party backends
 register through the ``moe_fsm.backends`` entry-point group: each entry point
 names a callable that receives the registry and calls ``register_kernel`` /
 ``register_backend`` (the out-of-tree registration vLLM's FP8 oracle leaves
@@ -13,17 +14,22 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
-from moe_fsm.backends.catalog import BACKENDS, FALLBACK_KERNELS, KERNELS, BackendSpec, KernelSpec
+from moe_fsm.backends.specs import BackendSpec, KernelSpec
 from moe_fsm.backends.verdict import BackendVerdict, Check, SupportContext, Verdict
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.quant import QuantFamily
+
+if TYPE_CHECKING:
+    from moe_fsm.profiles.profile import Profile
 
 ENTRY_POINT_GROUP = "moe_fsm.backends"
 
 
 @dataclass
 class Registry:
+    profile: "Profile"
     kernels: dict[str, KernelSpec] = field(default_factory=dict)
     backends: dict[QuantFamily, dict[str, BackendSpec]] = field(default_factory=dict)
     extension_names: dict[QuantFamily, dict[str, str]] = field(default_factory=dict)
@@ -31,12 +37,19 @@ class Registry:
     _verdicts: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def builtin_only(cls) -> "Registry":
+    def builtin_only(cls, profile: "Profile | str | None" = None) -> "Registry":
+        """The profile's own kernels and backends (default: the seeds profile), no plugins."""
+        from moe_fsm import profiles
+
+        if not isinstance(profile, profiles.Profile):
+            profile = profiles.get(profile or profiles.SEEDS)
+        backends = {fam: dict(policy.backends) for fam, policy in profile.policies.items()}
         return cls(
-            kernels=dict(KERNELS),
-            backends={fam: dict(specs) for fam, specs in BACKENDS.items()},
-            extension_names={fam: {} for fam in QuantFamily},
-            builtin=frozenset((fam, name) for fam, specs in BACKENDS.items() for name in specs),
+            profile=profile,
+            kernels=dict(profile.kernels),
+            backends=backends,
+            extension_names={fam: {} for fam in profile.policies},
+            builtin=frozenset((fam, name) for fam, specs in backends.items() for name in specs),
         )
 
     def register_kernel(self, spec: KernelSpec) -> None:
@@ -47,6 +60,8 @@ class Registry:
 
     def register_backend(self, spec: BackendSpec, user_name: str) -> None:
         """Add a backend to a family; ``user_name`` is what --backend accepts for it."""
+        if spec.family not in self.backends:  # a plugin's backend for a family this profile has no policy for
+            return
         family_specs = self.backends[spec.family]
         if (spec.family, spec.name) in self.builtin:
             raise InputError(f"cannot register {spec.family.value} backend {spec.name!r}: the name is reserved by a built-in backend")
@@ -101,7 +116,7 @@ class Registry:
 
     def fallback_verdicts(self, ctx: SupportContext) -> BackendVerdict:
         """What runs a layer the oracle leaves to the platform (FP8 NONE)."""
-        kernels = FALLBACK_KERNELS.get(ctx.platform.vendor, ())
+        kernels = self.profile.fallback_kernels.get(ctx.platform.vendor, ())
         return BackendVerdict("NONE", tuple(self.kernel_verdict(k, ctx) for k in kernels))
 
     def implementation(self, kernel: str):
@@ -113,14 +128,17 @@ class Registry:
         return getattr(importlib.import_module(module), attr)
 
 
-_DEFAULT: Registry | None = None
+_DEFAULTS: dict[str, Registry] = {}
 
 
-def default_registry() -> Registry:
-    """Built-ins plus installed plugins, loaded once per process."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        registry = Registry.builtin_only()
+def default_registry(profile: str | None = None) -> Registry:
+    """A profile's built-ins plus installed plugins, loaded once per process (default: the default profile)."""
+    from moe_fsm import profiles
+
+    name = profile or profiles.resolve_default().name
+    registry = _DEFAULTS.get(name)
+    if registry is None or registry.profile is not profiles.get(name):
+        registry = Registry.builtin_only(name)
         registry.load_entry_points()
-        _DEFAULT = registry
-    return _DEFAULT
+        _DEFAULTS[name] = registry
+    return registry

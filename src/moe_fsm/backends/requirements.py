@@ -16,7 +16,7 @@ from moe_fsm.backends.verdict import SupportContext
 from moe_fsm.inputs.layer import Activation
 from moe_fsm.inputs.platform import Library, Vendor
 from moe_fsm.inputs.quant import QuantKey
-from moe_fsm.modular.interfaces import ActivationFormat
+from moe_fsm.inputs.formats import ActivationFormat
 
 
 class Requirement:
@@ -232,3 +232,30 @@ class EnvEnabled(Requirement):
         if not off:
             return None
         return f"it is not enabled — set {' and '.join(f'{n}=1' for n in self.names)} to enable it"
+
+
+@dataclass(frozen=True)
+class LoRAEnabled(Requirement):
+    """The layer carries LoRA adapters (a step guard: the LoRA shortcut)."""
+
+    def describe(self) -> str:
+        return "LoRA enabled"
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        return None if ctx.layer.lora else "LoRA is off"
+
+
+@dataclass(frozen=True)
+class EnvOff(Requirement):
+    """Not usable while an env switch reads true (vLLM 0.33: VLLM_BATCH_INVARIANT and kernels without batch invariance)."""
+
+    name: str
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.name} off ({self.why})"
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        if not ctx.env.value(self.name):
+            return None
+        return f"kernel does not support {self.why} ({self.name} is on)"

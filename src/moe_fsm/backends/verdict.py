@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.env import EnvReader
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts
-from moe_fsm.modular.interfaces import ActivationFormat
+from moe_fsm.inputs.formats import ActivationFormat
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class SupportContext:
     layer: MoELayer
     parallel: ParallelConfig
     platform: PlatformFacts
-    env: EnvSnapshot
+    env: EnvReader  # the env snapshot as the decision's profile reads it
     activation_format: ActivationFormat
 
 

@@ -1,41 +1,73 @@
-"""`moe-fsm diagram`: the selection machine as Mermaid, read from the machine itself.
+"""`moe-fsm diagram`: each family's machine per policy profile, as Mermaid, read from the machines.
 
-Docs embed the output in a ```mermaid block; ``--check FILE`` fails when that
-block differs from the machine (so the picture never drifts) and ``--update
-FILE`` rewrites it.
+Without arguments it prints one section per profile and family (a heading and
+a ```mermaid block); ``--profile`` / ``--family`` narrow it (both: the bare
+Mermaid of that one machine). Docs embed the full output between two marker
+lines; ``--check FILE`` fails when that part differs from the machines (so the
+pictures never drift) and ``--update FILE`` rewrites it.
 """
 
 from __future__ import annotations
 
 import difflib
-import re
 import sys
 from pathlib import Path
 
+from moe_fsm import profiles
 from moe_fsm.errors import InputError
 from moe_fsm.fsm.machine import mermaid
+from moe_fsm.inputs.quant import QuantFamily
 
-_BLOCK = re.compile(r"```mermaid[ \t]*\n(.*?)```", re.DOTALL)
+BEGIN = "<!-- moe-fsm diagram: generated from the machines, do not edit by hand -->"
+END = "<!-- end of moe-fsm diagram -->"
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "diagram",
-        help="print the selection state machine as a Mermaid state diagram",
-        description="Print the FSM as Mermaid, generated from the transitions machine. With --check FILE, exit 1 "
-                    "(with a diff) if the first ```mermaid block of FILE differs; with --update FILE, rewrite it.",
+        help="print each family's selection machine, per policy profile, as Mermaid state diagrams",
+        description="Print the machines as Mermaid, generated from the transitions machines (one per family and "
+                    "policy profile). With --check FILE, exit 1 (with a diff) if FILE's generated part differs; "
+                    "with --update FILE, rewrite it.",
     )
+    parser.add_argument("--profile", metavar="NAME", help=f"only this policy profile ({', '.join(profiles.names())})")
+    parser.add_argument("--family", choices=[f.value for f in QuantFamily], help="only this family")
+    parser.add_argument("--list", action="store_true", help="list the policy profiles and their families")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--check", metavar="FILE", help="compare FILE's embedded mermaid block with the machine")
-    group.add_argument("--update", metavar="FILE", help="replace FILE's embedded mermaid block with the machine's")
+    group.add_argument("--check", metavar="FILE", help="compare FILE's generated diagrams with the machines")
+    group.add_argument("--update", metavar="FILE", help="replace FILE's generated diagrams with the machines'")
     parser.set_defaults(func=run)
 
 
-def embedded_block(text: str, path: str) -> re.Match:
-    match = _BLOCK.search(text)
-    if match is None:
-        raise InputError(f"{path} has no ```mermaid block")
-    return match
+def _machines(profile: str | None, family: str | None):
+    chosen = [profiles.get(profile)] if profile else [profiles.get(n) for n in profiles.names()]
+    for p in chosen:
+        for fam, policy in p.policies.items():
+            if family is None or fam.value == family:
+                yield p, fam, policy
+
+
+def document(profile: str | None = None, family: str | None = None) -> str:
+    """The generated markdown: a heading, the steps in order and the diagram, per profile and family."""
+    parts = [BEGIN, ""]
+    for p, fam, policy in _machines(profile, family):
+        parts.append(f"## {p.name}: {fam.value}")
+        parts.append("")
+        parts.append(f"Steps, in order: {', '.join(s.name for s in policy.steps)}.")
+        parts.append("")
+        parts.append("```mermaid")
+        parts.append(mermaid(policy).rstrip("\n"))
+        parts.append("```")
+        parts.append("")
+    parts.append(END)
+    return "\n".join(parts) + "\n"
+
+
+def generated_part(text: str, path: str) -> tuple[int, int]:
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise InputError(f"{path} has no generated diagram part (the lines {BEGIN!r} ... {END!r})")
+    return start, end + len(END) + 1
 
 
 def _read(path: str) -> str:
@@ -46,24 +78,35 @@ def _read(path: str) -> str:
 
 
 def run(args) -> int:
-    current = mermaid()
+    if args.list:
+        for name in profiles.names():
+            p = profiles.get(name)
+            print(f"{name:<14} {', '.join(f.value for f in p.policies)}  ({p.about})")
+        return 0
+    if args.profile and args.family and not (args.check or args.update):
+        policy = profiles.get(args.profile).policy(QuantFamily(args.family))
+        sys.stdout.write(mermaid(policy))
+        return 0
+    current = document(args.profile, args.family)
     if args.check:
-        block = embedded_block(_read(args.check), args.check).group(1)
-        if block.rstrip() == current.rstrip():
-            print(f"{args.check}: the state diagram matches the machine")
+        text = _read(args.check)
+        start, end = generated_part(text, args.check)
+        embedded = text[start:end]
+        if embedded.rstrip() == current.rstrip():
+            print(f"{args.check}: the state diagrams match the machines")
             return 0
-        diff = difflib.unified_diff(block.rstrip().splitlines(keepends=False), current.rstrip().splitlines(keepends=False),
+        diff = difflib.unified_diff(embedded.rstrip().splitlines(), current.rstrip().splitlines(),
                                     fromfile=f"{args.check} (embedded)", tofile="moe-fsm diagram", lineterm="")
-        print(f"{args.check}: the state diagram differs from the machine; run moe-fsm diagram --update {args.check}")
+        print(f"{args.check}: the state diagrams differ from the machines; run moe-fsm diagram --update {args.check}")
         print("\n".join(diff))
         return 1
     if args.update:
         text = _read(args.update)
-        match = embedded_block(text, args.update)
-        new = text[: match.start(1)] + current + text[match.end(1):]
+        start, end = generated_part(text, args.update)
+        new = text[:start] + current + text[end:]
         if new != text:
             Path(args.update).write_text(new)
-            print(f"{args.update}: state diagram updated")
+            print(f"{args.update}: state diagrams updated")
         else:
             print(f"{args.update}: already up to date")
         return 0

@@ -17,10 +17,11 @@ from moe_fsm.backends.verdict import BackendVerdict, SupportContext
 from moe_fsm.cli import render
 from moe_fsm.decision import DecisionInputs, decide
 from moe_fsm.errors import InputError, SelectionError
-from moe_fsm.fsm.policy import POLICIES, FamilyPolicy
+from moe_fsm.fsm.policy import FamilyPolicy
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.request import BackendRequest
-from moe_fsm.modular.interfaces import ActivationFormat
+from moe_fsm.inputs.formats import ActivationFormat
+from moe_fsm.profiles import get as get_profile
 from moe_fsm.trace import document as trace_doc
 from moe_fsm.trace import schema
 
@@ -105,8 +106,9 @@ def _wrong_family_hint(document: dict) -> str | None:
     if request is None:
         return None
     name, family = request["requested"], document["family"]
-    registry = default_registry()
-    owners = [f.value for f, policy in POLICIES.items()
+    profile = DecisionInputs.from_json(document["inputs"]).profile.name
+    registry = default_registry(profile)
+    owners = [f.value for f, policy in get_profile(profile).policies.items()
               if f.value != family and (name in policy.user_names or name in registry.extension_names[f])]
     if not owners:
         return None
@@ -122,8 +124,8 @@ def _story(document: dict) -> list[str]:
     for event in document["events"]:
         kind = event["event"]
         if kind == "guard":
-            state = render.GUARD_STATE[event["guard"]]
-            label = render.STATE_TEXT[state]
+            state = render.guard_state(event)
+            label = render.state_text(state)
             if event["result"]:
                 out.append(f"  - entered {label} ({state}): {render.guard_text(event)}")
             else:
@@ -176,12 +178,13 @@ class Alternative:
 
 def alternatives(document: dict, registry: Registry | None = None) -> list[Alternative]:
     """Every backend of the family, asked again on the trace's inputs."""
-    registry = registry or default_registry()
     inputs = DecisionInputs.from_json(document["inputs"])
+    profile = get_profile(inputs.profile.name)
+    registry = registry or default_registry(profile.name)
     family = inputs.layer.family
-    policy = POLICIES[family]
+    policy = profile.policy(family)
     fmt = ActivationFormat.BATCHED if inputs.parallel.batched_activation_format else ActivationFormat.STANDARD
-    ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, inputs.env, fmt)
+    ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, profile.env.reader(inputs.env), fmt)
     pruned = {}
     for event in document["events"]:
         if event["event"] == "pruned":

@@ -9,7 +9,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "golden",
         help="check (default) or regenerate the golden traces of the scenario matrix",
-        description="Decide every scenario of DIR/scenarios.toml and compare with DIR/golden/<name>.json. --check "
+        description="Decide every scenario of DIR/<profile>/scenarios/*.toml under that policy profile and compare "
+                    "with DIR/<profile>/golden/<name>.json, for every profile with a directory. --check "
                     "(the default) exits 1 with a unified diff per changed decision, per unmet expectation and per "
                     "stale golden file; --update rewrites the golden files that differ and removes stale ones.",
     )
@@ -17,6 +18,7 @@ def register(subparsers) -> None:
     mode.add_argument("--check", action="store_true", help="compare with the golden files (the default)")
     mode.add_argument("--update", action="store_true", help="rewrite the golden files from the current decisions")
     parser.add_argument("--dir", default="traces", metavar="DIR", help="the traces directory (default: traces)")
+    parser.add_argument("--profile", metavar="NAME", help="only this policy profile's scenarios (default: every profile)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and their outcomes, then exit")
     parser.add_argument("names", nargs="*", metavar="NAME", help="only these scenarios")
     parser.set_defaults(func=run)
@@ -24,12 +26,12 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     if args.list:
-        for scenario in golden._select(golden.load_scenarios(args.dir), args.names):
+        for scenario in golden._select(golden.load_scenarios(args.dir, args.profile), args.names):
             summary = golden.summarize(golden.decide_scenario(scenario))
-            print(f"{scenario.name:<52} {summary['status']:<14} {summary['result']}")
+            print(f"{scenario.key:<62} {summary['status']:<14} {summary['result']}")
         return 0
     if args.update:
-        report = golden.update(args.dir, args.names)
+        report = golden.update(args.dir, args.names, args.profile)
         for path in report.written:
             print(f"wrote   {path}")
         for path in report.removed:
@@ -39,7 +41,7 @@ def run(args) -> int:
             print(f"EXPECTATION NOT MET: {failure}")
         return 1 if report.expectation_failures else 0
 
-    report = golden.check(args.dir, args.names)
+    report = golden.check(args.dir, args.names, args.profile)
     for name, diff in report.diffs.items():
         print(f"--- {name}: the decision trace changed")
         print(diff.rstrip("\n"))
@@ -48,7 +50,8 @@ def run(args) -> int:
     for path in report.stale:
         print(f"stale golden file {path}: no scenario has that name (moe-fsm golden --update removes it)")
     if report.ok:
-        print(f"golden: {report.checked} scenarios match their golden traces")
+        print(f"golden: {report.checked} scenarios match their golden traces "
+              f"({', '.join(golden.profile_dirs(args.dir)) if not args.profile else args.profile})")
         return 0
     print(f"golden: {len(report.diffs)} of {report.checked} traces differ, "
           f"{len(report.expectation_failures)} expectations not met, {len(report.stale)} stale files; "

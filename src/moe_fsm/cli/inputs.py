@@ -15,6 +15,8 @@ golden scenario matrix. A spec is a mapping with the sections
 ``env``       table of registered variable -> value
 ``platform``  "probe", a preset name, a table in the trace's platform form, or
               {preset = "sm90", add_libraries = [...], remove_libraries = [...]}
+``policy``    a policy profile name ("seeds", "vllm-0.33") or "default" (the
+              installed vLLM's); ``profile`` is the trace's {name, reason} form
 
 A decision trace is a valid ``--input`` as well: its recorded inputs are used,
 so ``select --input TRACE.json --backend triton`` asks "what if" of a past
@@ -31,7 +33,8 @@ from typing import Any, Mapping
 
 from moe_fsm.decision import DecisionInputs, probed_platform
 from moe_fsm.errors import InputError
-from moe_fsm.inputs.env import ENV_VARS, EnvSnapshot
+from moe_fsm import profiles
+from moe_fsm.inputs.env import EnvSnapshot, known_env_vars
 from moe_fsm.inputs.layer import Activation, MoELayer
 from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
 from moe_fsm.inputs.platform import PRESETS, Library, PlatformFacts, preset
@@ -41,7 +44,7 @@ from moe_fsm.inputs.quant import (
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.trace import document as trace_doc
 
-SECTIONS = ("layer", "parallel", "backend", "request", "env", "platform")
+SECTIONS = ("layer", "parallel", "backend", "request", "env", "platform", "policy", "profile")
 
 LAYER_ALIASES = {
     "experts": "num_experts",
@@ -118,6 +121,9 @@ def add_input_arguments(parser) -> None:
     ctx.add_argument("--no-env", action="store_true", help="ignore the process environment (as if no variable were set)")
     ctx.add_argument("--platform", metavar="NAME",
                      help=f"'probe' (this machine, the default) or a preset: {', '.join(PRESETS)}")
+    ctx.add_argument("--policy", metavar="PROFILE",
+                     help="whose rules decide: a policy profile (seeds, vllm-0.33, ...; see moe-fsm diagram --list) or "
+                          "'default': the installed vLLM's profile, else seeds")
 
 
 def _positive_int(text: str) -> int:
@@ -169,6 +175,9 @@ def inputs_from_args(args) -> DecisionInputs:
         spec.pop("request", None)
     if args.platform is not None:
         spec["platform"] = args.platform
+    if args.policy is not None:
+        spec["policy"] = args.policy
+        spec.pop("profile", None)
 
     if args.env:
         env = dict(spec.get("env") or {})
@@ -239,6 +248,8 @@ def inputs_from_spec(spec: Mapping[str, Any]) -> DecisionInputs:
         raise InputError(f"unknown input section(s) {unknown}; accepted: {list(SECTIONS)}")
     if "backend" in spec and "request" in spec:
         raise InputError("give the backend request as 'backend' or 'request', not both")
+    if "policy" in spec and "profile" in spec:
+        raise InputError("give the policy profile as 'policy' (a name) or 'profile' (a trace's table), not both")
     layer = spec.get("layer")
     if not isinstance(layer, MoELayer):
         layer = layer_from_spec(layer or {})
@@ -256,7 +267,14 @@ def inputs_from_spec(spec: Mapping[str, Any]) -> DecisionInputs:
     else:
         raise InputError(f"env must be a table of NAME = VALUE, got {type(env_spec).__name__}")
     platform = platform_from_spec(spec.get("platform", "probe"))
-    return DecisionInputs(layer=layer, parallel=parallel, request=request, env=env, platform=platform)
+    if "profile" in spec:
+        choice = profiles.ProfileChoice.from_json(spec["profile"])
+    else:
+        policy = spec.get("policy")
+        if policy is not None and not isinstance(policy, str):
+            raise InputError(f"policy must be a profile name ({profiles.names()}) or 'default', got {policy!r}")
+        choice = profiles.choose(policy)
+    return DecisionInputs(layer=layer, parallel=parallel, request=request, env=env, platform=platform, profile=choice)
 
 
 def _env_text(value: Any) -> str:
@@ -419,5 +437,5 @@ def _bool(name: str, value: Any) -> bool:
     raise InputError(f"{name} must be true or false, got {value!r}")
 
 
-def known_env_vars() -> list[str]:
-    return sorted(ENV_VARS)
+def env_var_names() -> list[str]:
+    return sorted(known_env_vars())

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from moe_fsm.inputs.env import ENV_VARS
+from moe_fsm.inputs.env import known_env_vars
 
-GUARD_STATE = {
+# Guards of traces recorded before guard events named their step.
+_OLD_GUARD_STATE = {
     "lora_enabled": "lora_shortcut",
     "explicit_request": "explicit_user_choice",
     "flashinfer_env": "flashinfer_preference",
@@ -21,15 +22,21 @@ GUARD_STATE = {
 
 STATE_TEXT = {
     "lora_shortcut": "LoRA shortcut",
-    "explicit_user_choice": "explicit user choice",
     "flashinfer_preference": "FlashInfer preference",
-    "env_override": "env override",
+    "deep_gemm_override": "DeepGEMM env override",
+    "aiter_override": "AITER env override",
     "forced_marlin": "forced Marlin",
-    "auto_scan": "auto scan",
-    "selected": "selected",
     "fallback_none": "fallback (NONE)",
-    "failed": "failed",
 }
+
+
+def guard_state(event: dict) -> str:
+    return event.get("step") or _OLD_GUARD_STATE[event["guard"]]
+
+
+def state_text(state: str) -> str:
+    """A state's name for a person: 'deep_gemm_override' -> 'deep gemm override'."""
+    return STATE_TEXT.get(state, state.replace("_", " "))
 
 
 # -- inputs --------------------------------------------------------------------------
@@ -118,6 +125,8 @@ def inputs_lines(document: dict, indent: str = "  ") -> list[str]:
         f"{indent}request:  {request_text(inputs['request'], document['family'])}",
         f"{indent}env:      {env_text(inputs['env'])}",
     ]
+    if "profile" in inputs:
+        lines.append(f"{indent}policy:   {inputs['profile']['name']} ({inputs['profile']['reason']})")
     if document.get("layer_name"):
         lines.insert(0, f"{indent}name:     {document['layer_name']}")
     return lines
@@ -135,12 +144,14 @@ def reading_text(reading: dict) -> str:
 
 
 def _is_flag(name: str) -> bool:
-    var = ENV_VARS.get(name)
+    var = known_env_vars().get(name)
     return var is not None and var.accepted == "0 or 1"
 
 
 def guard_text(event: dict) -> str:
     guard, inputs = event["guard"], event["inputs"]
+    if guard == "when":
+        return "; ".join(f"{c['condition']}: {'yes' if c['holds'] else 'no, ' + c['reason']}" for c in inputs["when"])
     if guard == "lora_enabled":
         if not inputs["lora_backend"]:
             return "the family has no LoRA shortcut"
@@ -148,6 +159,8 @@ def guard_text(event: dict) -> str:
     if guard == "explicit_request":
         if inputs["requested"] == "auto":
             return f"{inputs['source']} is auto"
+        if inputs["requested"] in inputs.get("passthrough", ()):
+            return f"{inputs['source']} asks for {inputs['requested']!r}, which this family treats as auto"
         return f"{inputs['source']} asks for {inputs['requested']!r}"
     if guard == "auto_scan":
         return "no earlier step decided"
@@ -180,11 +193,12 @@ def event_lines(document: dict, detail: bool = False) -> list[str]:
     for event in document["events"]:
         kind = event["event"]
         if kind == "guard":
-            state = GUARD_STATE[event["guard"]]
+            state = guard_state(event)
             verb = "enter" if event["result"] else "skip "
             lines.append(f"    {verb} {state:<22} {guard_text(event)}")
         elif kind == "transition":
-            lines.append(f"  [{event['dest']}]" + ("" if event["trigger"] == "advance" else "  (conclude)"))
+            concluded = event["trigger"] == "conclude" or event["dest"] in ("selected", "fallback_none", "failed")
+            lines.append(f"  [{event['dest']}]" + ("  (conclude)" if concluded else ""))
         elif kind == "candidate":
             lines.extend(candidate_lines(event, detail))
         elif kind == "mapped":
@@ -196,6 +210,10 @@ def event_lines(document: dict, detail: bool = False) -> list[str]:
             lines.append(f"    pruned {', '.join(event['backends'])}: {event['because']}{env}")
         elif kind == "scan":
             lines.append(f"    scan order: {', '.join(event['candidates']) or '(empty)'}")
+        elif kind == "reordered":
+            lines.append(f"    moved {', '.join(event['backends'])} to the {event['to']}: {event['because']}")
+        elif kind == "unchecked":
+            lines.append(f"    chose {event['backend']} -> {event['kernel']} unchecked: {event['because']}")
         elif kind == "fallback":
             lines.append(f"    fallback {event['backend']}: {event['because']}")
         elif kind == "note":
@@ -218,7 +236,7 @@ def outcome_lines(document: dict) -> list[str]:
     kernel = outcome["kernel"] or "none (the platform's own MoE path)"
     head = "SELECTED" if status == "selected" else "FALLBACK"
     lines = [
-        f"{head}: {outcome['backend']}  (experts kernel {kernel}, via {STATE_TEXT.get(outcome['via'], outcome['via'])}, "
+        f"{head}: {outcome['backend']}  (experts kernel {kernel}, via {state_text(outcome['via'])}, "
         f"{outcome['activation_format']} activation format)",
         f"  prepare/finalize: {outcome['prepare_finalize']['name']}: {outcome['prepare_finalize']['reason']}",
     ]

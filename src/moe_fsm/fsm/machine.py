@@ -1,10 +1,14 @@
-"""The one state machine every decision runs through, built once per process.
+"""The machine that decides: one ``transitions.Machine`` per policy, built once.
 
-States are vLLM's oracle steps made explicit. ``advance`` moves to the next
-step whose guard holds (the guard is evaluated, and recorded, by the decision
-model); ``conclude`` ends in selected, fallback_none or failed. Which steps a
-family has, and in what order, is its policy's data: the edges here are the
-union over the three policies, so one definition serves all of them.
+Its states are ``start``, the policy's steps in order, and the terminal states.
+It has one trigger, ``advance``. From a step, the ordered transitions first
+conclude (to ``selected``, ``fallback_none`` or ``failed``, when the step has
+resolved the decision), then lead to each later step in the policy's order,
+with that step's guard as the condition. ``transitions`` evaluates the
+conditions in order and takes the first that holds, so skipping a step is its
+guard failing, and every evaluation is recorded by the guard itself. Entering
+a step runs its action. Nothing here names a family or a profile: a policy's
+steps are its machine.
 """
 
 from __future__ import annotations
@@ -13,62 +17,58 @@ from functools import lru_cache
 
 from transitions import Machine
 
-from moe_fsm.fsm.policy import (
-    AUTO_SCAN, ENV_OVERRIDE, EXPLICIT_USER_CHOICE, FAILED, FALLBACK_NONE, FLASHINFER_PREFERENCE,
-    FORCED_MARLIN, LORA_SHORTCUT, POLICIES, SELECTED, START, STEP_STATES, TERMINAL_STATES,
-)
+from moe_fsm.fsm.policy import FAILED, FALLBACK_NONE, SELECTED, START, TERMINAL_STATES, FamilyPolicy
 
-GUARD_TEXT = {
-    LORA_SHORTCUT: "LoRA on and the family has a LoRA backend",
-    EXPLICIT_USER_CHOICE: "backend requested for the family is not auto",
-    FLASHINFER_PREFERENCE: "the family's VLLM_USE_FLASHINFER_MOE_* is set (FP16: reads 1)",
-    ENV_OVERRIDE: "a DeepGEMM / AITER variable is set",
-    FORCED_MARLIN: "VLLM_TEST_FORCE_FP8_MARLIN reads true",
-    AUTO_SCAN: "no earlier step decided",
-}
 CONCLUSIONS = (
-    (SELECTED, "has_selection", "a backend's verdict is supported"),
-    (FALLBACK_NONE, "falls_back_to_platform", "FP8 scan exhausted off CUDA/ROCm"),
-    (FAILED, "has_error", "an error was raised"),
+    (SELECTED, "a backend's verdict is supported",
+     lambda event: event.model.selection is not None and event.model.selection.status == SELECTED),
+    (FALLBACK_NONE, "nothing applies on this vendor: the platform's own MoE path",
+     lambda event: event.model.selection is not None and event.model.selection.status == FALLBACK_NONE),
+    (FAILED, "an error was raised", lambda event: event.model.error is not None),
 )
 
 
-def _advance_edges() -> list[tuple[str, str]]:
-    """Every (source, dest) some policy can take: any step may be skipped when its guard fails."""
-    edges = []
-    for policy in POLICIES.values():
-        states = [START] + [step.state for step in policy.steps]
-        for i, source in enumerate(states[:-1]):
-            for dest in states[i + 1:]:
-                if (source, dest) not in edges:
-                    edges.append((source, dest))
-    return edges
+def _entered(event) -> None:
+    event.model.entered(event)
 
 
-def _conclude_edges() -> list[tuple[str, str, str]]:
-    edges = []
-    for state in STEP_STATES:
-        for dest, condition, _ in CONCLUSIONS:
-            if dest == FALLBACK_NONE and state != AUTO_SCAN:
-                continue
-            edges.append((state, dest, condition))
-    return edges
+def _acting(step):
+    def act(event) -> None:
+        event.model.act(step)
+    return act
 
 
-@lru_cache(maxsize=1)
-def selection_machine() -> Machine:
-    """The shared machine; decision models are driven through it without being added to it."""
-    transitions = [
-        {"trigger": "advance", "source": s, "dest": d, "conditions": "next_step_is", "after": "on_entered"}
-        for s, d in _advance_edges()
-    ] + [
-        {"trigger": "conclude", "source": s, "dest": d, "conditions": c, "after": "on_entered"}
-        for s, d, c in _conclude_edges()
-    ]
+def _guarded(step):
+    def holds(event) -> bool:
+        return step.guard(event.model)
+    return holds
+
+
+def _transitions(policy: FamilyPolicy) -> list[dict]:
+    steps = policy.steps
+    out = []
+    for index, source in enumerate([None, *steps]):
+        source_name = START if source is None else source.name
+        if source is not None:
+            for dest, _, condition in CONCLUSIONS:
+                out.append({"trigger": "advance", "source": source_name, "dest": dest,
+                            "conditions": condition, "after": _entered})
+        for step in steps[index:]:
+            out.append({"trigger": "advance", "source": source_name, "dest": step.name,
+                        "conditions": _guarded(step), "after": [_entered, _acting(step)]})
+    return out
+
+
+@lru_cache(maxsize=None)
+def machine_for(policy: FamilyPolicy) -> Machine:
+    """The policy's machine; decision models are driven through it without being added to it."""
+    names = [s.name for s in policy.steps]
+    if len(set(names)) != len(names):
+        raise ValueError(f"the {policy.label} policy names a step twice: {names}")
     return Machine(
         model=None,
-        states=[START, *STEP_STATES, *TERMINAL_STATES],
-        transitions=transitions,
+        states=[START, *names, *TERMINAL_STATES],
+        transitions=_transitions(policy),
         initial=START,
         auto_transitions=False,
         send_event=True,
@@ -76,20 +76,16 @@ def selection_machine() -> Machine:
     )
 
 
-def mermaid() -> str:
-    """The machine as a Mermaid state diagram, read from the machine's own transitions."""
-    machine = selection_machine()
+def mermaid(policy: FamilyPolicy) -> str:
+    """The policy's machine as a Mermaid state diagram, read from the machine's own transitions."""
+    machine = machine_for(policy)
+    steps = {s.name: s for s in policy.steps}
+    conclusion_text = {dest: text for dest, text, _ in CONCLUSIONS}
     lines = ["stateDiagram-v2", f"    [*] --> {START}"]
-    for event_name in ("advance", "conclude"):
-        event = machine.events[event_name]
-        for source, transitions in event.transitions.items():
-            for t in transitions:
-                if event_name == "advance":
-                    label = f"advance [{GUARD_TEXT[t.dest]}]"
-                else:
-                    label = next(text for dest, _, text in CONCLUSIONS if dest == t.dest)
-                    label = f"conclude [{label}]"
-                lines.append(f"    {source} --> {t.dest}: {label}")
+    for source, transitions in machine.events["advance"].transitions.items():
+        for order, t in enumerate(transitions, 1):
+            label = steps[t.dest].guard_text() if t.dest in steps else conclusion_text[t.dest]
+            lines.append(f"    {source} --> {t.dest}: {order}. {label}")
     for state in TERMINAL_STATES:
         lines.append(f"    {state} --> [*]")
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""The environment variables the oracles read, parsed by one typed registry.
+"""Environment variables as the oracles read them: typed definitions, snapshots, readers.
 
 vLLM distinguishes a variable that is unset from one set to its default
 (``envs.is_set``): every "explicit env" branch is gated on presence. An
@@ -6,6 +6,10 @@ vLLM distinguishes a variable that is unset from one set to its default
 present and parses on demand, so both questions can be asked. Parsing is
 strict: a value vLLM would silently coerce (``VLLM_USE_FLASHINFER_MOE_FP8=maybe``)
 is an error naming the variable and what it accepts.
+
+Which variables exist, and how each is parsed, is data of a policy profile
+(``moe_fsm.profiles.<name>.env``: an ``EnvRegistry``); vLLM releases read
+different sets. This module only gives the building blocks.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class EnvVar:
     doc: str
 
 
-def _int_flag(name: str) -> Callable[[str], bool]:
+def int_flag(name: str) -> Callable[[str], bool]:
     def parse(raw: str) -> bool:
         value = raw.strip()
         if value in ("0", "1"):
@@ -39,7 +43,7 @@ def _int_flag(name: str) -> Callable[[str], bool]:
     return parse
 
 
-def _bool_word(name: str) -> Callable[[str], bool]:
+def bool_word(name: str) -> Callable[[str], bool]:
     def parse(raw: str) -> bool:
         value = raw.strip().lower()
         if value in ("1", "true"):
@@ -51,7 +55,7 @@ def _bool_word(name: str) -> Callable[[str], bool]:
     return parse
 
 
-def _choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+def choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         value = raw.strip().lower()
         if value in choices:
@@ -61,74 +65,83 @@ def _choice(name: str, choices: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
-FLASHINFER_MOE_BACKEND_CHOICES = ("throughput", "latency", "masked_gemm")
+@dataclass(frozen=True, eq=False)
+class EnvRegistry:
+    """The variables one policy profile reads, by name (a profile's data; compared by identity)."""
+
+    variables: Mapping[str, EnvVar]
+
+    @classmethod
+    def of(cls, *variables: EnvVar) -> "EnvRegistry":
+        return cls(MappingProxyType({v.name: v for v in variables}))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.variables
+
+    def __iter__(self):
+        return iter(self.variables)
+
+    def __getitem__(self, name: str) -> EnvVar:
+        return self.variables[name]
+
+    def get(self, name: str) -> EnvVar | None:
+        return self.variables.get(name)
+
+    def reader(self, snapshot: "EnvSnapshot") -> "EnvReader":
+        """The snapshot as this registry reads it; a value its parser refuses is an EnvVarError now."""
+        for name, raw in snapshot.raw:
+            var = self.variables.get(name)
+            if var is not None:
+                var.parse(raw)
+        return EnvReader(snapshot, self)
 
 
-def _registry(*variables: EnvVar) -> Mapping[str, EnvVar]:
-    return MappingProxyType({v.name: v for v in variables})
+def known_env_vars() -> Mapping[str, EnvVar]:
+    """Every variable some registered policy profile reads (a later profile's definition wins)."""
+    from moe_fsm.profiles import known_env_vars as union
+
+    return union()
 
 
-ENV_VARS: Mapping[str, EnvVar] = _registry(
-    EnvVar("VLLM_USE_FLASHINFER_MOE_FP16", False, _int_flag("VLLM_USE_FLASHINFER_MOE_FP16"), "0 or 1",
-           "Prefer FlashInfer kernels for unquantized MoE."),
-    EnvVar("VLLM_USE_FLASHINFER_MOE_FP8", False, _int_flag("VLLM_USE_FLASHINFER_MOE_FP8"), "0 or 1",
-           "Set: force (1) or exclude (0) FlashInfer kernels for FP8 MoE."),
-    EnvVar("VLLM_USE_FLASHINFER_MOE_FP4", False, _int_flag("VLLM_USE_FLASHINFER_MOE_FP4"), "0 or 1",
-           "Set: force (1) or exclude (0) FlashInfer kernels for NVFP4 MoE."),
-    EnvVar("VLLM_FLASHINFER_MOE_BACKEND", "latency",
-           _choice("VLLM_FLASHINFER_MOE_BACKEND", FLASHINFER_MOE_BACKEND_CHOICES),
-           ", ".join(FLASHINFER_MOE_BACKEND_CHOICES),
-           "Which FlashInfer MoE family: throughput=CUTLASS, latency=TRTLLM (SM100 only), masked_gemm=CuteDSL."),
-    EnvVar("VLLM_USE_DEEP_GEMM", True, _int_flag("VLLM_USE_DEEP_GEMM"), "0 or 1",
-           "DeepGEMM globally; set to 1 (with VLLM_MOE_USE_DEEP_GEMM not 0) it forces DeepGEMM for FP8 MoE."),
-    EnvVar("VLLM_MOE_USE_DEEP_GEMM", True, _int_flag("VLLM_MOE_USE_DEEP_GEMM"), "0 or 1",
-           "DeepGEMM for MoE only; 0 excludes it."),
-    EnvVar("VLLM_TEST_FORCE_FP8_MARLIN", False, _bool_word("VLLM_TEST_FORCE_FP8_MARLIN"),
-           "1, true, 0 or false (case-insensitive)", "Force the Marlin weight-only MoE kernel."),
-    EnvVar("VLLM_ROCM_USE_AITER", False, _bool_word("VLLM_ROCM_USE_AITER"),
-           "1, true, 0 or false (case-insensitive)", "AITER master switch on ROCm."),
-    EnvVar("VLLM_ROCM_USE_AITER_MOE", True, _bool_word("VLLM_ROCM_USE_AITER_MOE"),
-           "1, true, 0 or false (case-insensitive)", "AITER MoE switch on ROCm (needs VLLM_ROCM_USE_AITER too)."),
-)
+def __getattr__(name: str):
+    if name == "ENV_VARS":  # the union, computed from the profiles (which import this module)
+        return known_env_vars()
+    raise AttributeError(name)
 
 
 @dataclass(frozen=True)
 class EnvSnapshot:
-    """The registered variables that were present, as raw strings; validated on creation."""
+    """The present variables that some profile reads, as raw strings.
+
+    A snapshot is profile-independent: which of its variables a decision reads,
+    and how it parses them, is the profile's ``EnvRegistry`` (see ``reader``).
+    """
 
     raw: tuple[tuple[str, str], ...] = ()
 
-    def __post_init__(self) -> None:
-        for name, value in self.raw:
-            ENV_VARS[name].parse(value)
-
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, str], *, strict_names: bool = False) -> "EnvSnapshot":
-        """Keep the registered variables of ``mapping``; other names are ignored.
+        """Keep the variables of ``mapping`` that some profile reads; other names are ignored.
 
-        With ``strict_names`` (explicit ``--env`` flags), an unknown VLLM_ name is an
+        With ``strict_names`` (explicit ``--env`` flags), an unknown name is an
         error, because a typo there would otherwise silently change nothing.
         """
+        known = known_env_vars()
         if strict_names:
-            unknown = sorted(k for k in mapping if k not in ENV_VARS)
+            unknown = sorted(k for k in mapping if k not in known)
             if unknown:
-                raise InputError(f"unknown environment variable(s) {unknown}; moe-fsm reads: {sorted(ENV_VARS)}")
-        return cls(tuple(sorted((k, str(v)) for k, v in mapping.items() if k in ENV_VARS)))
+                raise InputError(f"unknown environment variable(s) {unknown}; moe-fsm reads: {sorted(known)}")
+        return cls(tuple(sorted((k, str(v)) for k, v in mapping.items() if k in known)))
 
     @classmethod
     def from_process(cls) -> "EnvSnapshot":
         return cls.from_mapping(os.environ)
 
-    def is_set(self, name: str) -> bool:
-        _check_known(name)
-        return any(k == name for k, _ in self.raw)
-
-    def value(self, name: str) -> object:
-        var = _check_known(name)
+    def raw_value(self, name: str) -> str | None:
         for key, raw in self.raw:
             if key == name:
-                return var.parse(raw)
-        return var.default
+                return raw
+        return None
 
     def to_json(self) -> dict:
         return dict(self.raw)
@@ -138,8 +151,31 @@ class EnvSnapshot:
         return cls.from_mapping(data, strict_names=True)
 
 
-def _check_known(name: str) -> EnvVar:
-    try:
-        return ENV_VARS[name]
-    except KeyError:
-        raise InputError(f"environment variable {name!r} is not in moe-fsm's registry: {sorted(ENV_VARS)}") from None
+@dataclass(frozen=True)
+class EnvReader:
+    """A snapshot read through one profile's registry: presence (vLLM's ``envs.is_set``) and parsed value."""
+
+    snapshot: EnvSnapshot
+    registry: EnvRegistry
+
+    def is_set(self, name: str) -> bool:
+        self._known(name)
+        return self.snapshot.raw_value(name) is not None
+
+    def value(self, name: str) -> object:
+        var = self._known(name)
+        raw = self.snapshot.raw_value(name)
+        return var.default if raw is None else var.parse(raw)
+
+    def reading(self, name: str) -> dict:
+        """What a decision saw of one variable: present or not, raw text, parsed value."""
+        raw = self.snapshot.raw_value(name)
+        return {"name": name, "set": raw is not None, "raw": raw, "value": self.value(name)}
+
+    def _known(self, name: str) -> EnvVar:
+        var = self.registry.get(name)
+        if var is None:
+            raise InputError(f"environment variable {name!r} is not read by this profile: {sorted(self.registry)}")
+        return var
+
+

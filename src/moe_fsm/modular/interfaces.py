@@ -25,12 +25,7 @@ from typing import Optional, Protocol
 
 import torch
 
-
-class ActivationFormat(str, Enum):
-    """Standard: tokens as rows [M, K]. Batched: per local expert [E_local, max_tokens, K]."""
-
-    STANDARD = "standard"
-    BATCHED = "batched"
+from moe_fsm.inputs.formats import ActivationFormat  # noqa: F401  (re-exported: the runtime's name for it)
 
 
 class WeightAndReduce(str, Enum):

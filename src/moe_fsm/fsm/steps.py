@@ -1,0 +1,313 @@
+"""The kinds of step an oracle is made of, each parameterised by data.
+
+A policy's steps are instances of these kinds; each instance is one state of
+that policy's machine. A step has a guard (does it apply to this decision? the
+machine evaluates it as the condition of the transition into the step, and the
+evaluation is recorded) and an action (run when the state is entered: it
+selects, raises, or narrows the candidates and leaves the decision open).
+Every kind reads only the decision's frozen inputs and the registry's verdicts,
+so a new family whose oracle is shaped like the existing ones is new data, not
+new code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+from moe_fsm.errors import BackendUnsupportedError, NoBackendError
+from moe_fsm.inputs.formats import ActivationFormat
+from moe_fsm.inputs.request import AUTO
+
+if TYPE_CHECKING:
+    from moe_fsm.backends.requirements import Requirement
+    from moe_fsm.fsm.decide import DecisionRun
+
+FI_CUTLASS, FI_TRTLLM, FI_CUTEDSL = "CUTLASS", "TENSORRT_LLM", "CUTEDSL"
+
+
+@dataclass(frozen=True)
+class Step:
+    """Base of the step kinds; ``name`` is the state's name (unique within a policy)."""
+
+    name: str
+
+    def guard(self, run: "DecisionRun") -> bool:
+        raise NotImplementedError
+
+    def act(self, run: "DecisionRun") -> None:
+        raise NotImplementedError
+
+    def guard_text(self) -> str:
+        """The guard in words, for the state diagram."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Shortcut(Step):
+    """When every condition holds, the first supported candidate is the decision.
+
+    vLLM's LoRA steps (seeds FP8: LoRA forces TRITON; 0.33 unquantized: the
+    FlashInfer TRT-LLM LoRA experts, else TRITON) and platform shortcuts (0.33:
+    TPU and OOT return their backend at once). When no candidate is supported,
+    ``otherwise`` is selected without a support check (as vLLM returns it), or,
+    without ``otherwise``, the last rejection is raised as a ValueError.
+    """
+
+    when: tuple["Requirement", ...] = ()
+    candidates: tuple[str, ...] = ()
+    otherwise: str | None = None
+
+    def guard(self, run) -> bool:
+        checks = [(r, r.failure(run.ctx)) for r in self.when]
+        result = all(failure is None for _, failure in checks)
+        if run.rec.enabled:
+            run.record_guard(self, "when", {"when": [
+                {"condition": r.description, "holds": failure is None, "reason": failure} for r, failure in checks
+            ]}, result)
+        return result
+
+    def act(self, run) -> None:
+        rejected = run.scan(self.candidates)
+        if run.selection is not None:
+            return
+        if self.otherwise is not None:
+            run.select_unchecked(self.otherwise, f"{self.name}: vLLM returns {self.otherwise} without a support check")
+            return
+        last = rejected[-1]
+        raise BackendUnsupportedError(run.policy.unsupported_message.format(backend=last.backend, reason=last.reason))
+
+    def guard_text(self) -> str:
+        return " and ".join(r.description for r in self.when) or "always"
+
+
+@dataclass(frozen=True)
+class ExplicitChoice(Step):
+    """The backend the user named for the family (``moe_backend`` / ``--backend``).
+
+    ``passthrough``: names the oracle treats as auto for this family (vLLM 0.33's
+    unquantized oracle lets 'humming' and 'marlin' fall through).
+    """
+
+    passthrough: tuple[str, ...] = ()
+
+    def guard(self, run) -> bool:
+        result = run.request != AUTO and run.request not in self.passthrough
+        if run.rec.enabled:
+            inputs = {"requested": run.request, "source": run.request_source}
+            if self.passthrough:
+                inputs["passthrough"] = list(self.passthrough)
+            run.record_guard(self, "explicit_request", inputs, result)
+        return result
+
+    def act(self, run) -> None:
+        policy, ctx = run.policy, run.ctx
+        backend = policy.user_names.get(run.request) or run.registry.extension_names[policy.family].get(run.request)
+        if backend is None:
+            accepted = list(policy.user_names) + list(run.registry.extension_names[policy.family])
+            where = "" if run.request_source == "backend" else f" (from {run.request_source})"
+            raise BackendUnsupportedError(
+                f"moe_backend='{run.request}' is not supported for {policy.label} MoE{where}. Expected one of {accepted}."
+            )
+        run.rec.emit("mapped", requested=run.request, backend=backend)
+        backend = run.batched_rewrite(backend)
+        if backend in policy.gated_by_allow_vllm_cutlass and not ctx.layer.allow_vllm_cutlass:
+            raise BackendUnsupportedError(f"vLLM CUTLASS {policy.label} MoE backend is disabled for this configuration.")
+        if run.clamp_blocks(backend):
+            use = " or ".join(repr(policy.user_name_of(b)) for b in sorted(policy.clamp_backends))
+            raise BackendUnsupportedError(
+                f"Model sets swiglu_limit={ctx.layer.swiglu_limit}, but the explicitly requested "
+                f"moe_backend={run.request!r} does not apply the SwiGLU clamp. Use {use} instead."
+            )
+        run.require(backend, policy.explicit_unavailable.get(backend))
+
+    def guard_text(self) -> str:
+        extra = f" (nor one of {', '.join(self.passthrough)})" if self.passthrough else ""
+        return f"backend requested for the family is not auto{extra}"
+
+
+@dataclass(frozen=True)
+class FlashInferPreference(Step):
+    """How a family reacts to its VLLM_USE_FLASHINFER_MOE_* variable (the seed oracles).
+
+    ``gate_on_presence``: the FP8/NVFP4 oracles act when the variable is *set*
+    (0 prunes FlashInfer, 1 forces it); the unquantized oracle acts only when it
+    reads true and otherwise carries on. ``pinned`` maps the FlashInfer family
+    named by ``family_var`` to a backend (a missing key is an error with
+    ``unpinnable``); ``requires_latency`` lists backends tried only when that
+    variable reads ``latency``. ``exhausted``: the NoBackendError message when no
+    candidate runs (None: carry on to the next step).
+    """
+
+    env_var: str = ""
+    gate_on_presence: bool = True
+    candidates: tuple[str, ...] = ()
+    pinned: Mapping[str, str] | None = None
+    unpinnable: str = ""
+    requires_latency: tuple[str, ...] = ()
+    exhausted: str | None = None
+    family_var: str = "VLLM_FLASHINFER_MOE_BACKEND"
+
+    def guard(self, run) -> bool:
+        env = run.ctx.env
+        result = env.is_set(self.env_var) if self.gate_on_presence else bool(env.value(self.env_var))
+        if run.rec.enabled:
+            test = "is set" if self.gate_on_presence else "reads 1"
+            run.record_guard(self, "flashinfer_env", {"test": test}, result, (self.env_var,))
+        return result
+
+    def act(self, run) -> None:
+        env, layer = run.ctx.env, run.ctx.layer
+        if self.gate_on_presence and not env.value(self.env_var):
+            run.prune(self.candidates, f"{self.env_var}=0 rejects FlashInfer")
+            return
+        if self.pinned is not None and env.is_set(self.family_var):
+            family = self._flashinfer_family(run)
+            backend = self.pinned.get(family)
+            if backend is None:
+                raise BackendUnsupportedError(
+                    self.unpinnable or f"FlashInfer MOE backend {family} does not support {run.policy.label} MoE."
+                )
+            if run.clamp_blocks(backend):
+                raise BackendUnsupportedError(
+                    f"Model sets swiglu_limit={layer.swiglu_limit}, but the FlashInfer backend selected via "
+                    f"{self.family_var} ({backend}) does not apply the SwiGLU clamp."
+                )
+            run.require(backend)
+            return
+        candidates = [b for b in self.candidates if not run.clamp_blocks(b)]
+        if self.requires_latency and env.value(self.family_var) != "latency":
+            run.prune(self.requires_latency, f"{self.family_var} does not read latency", env=env.reading(self.family_var))
+            candidates = [b for b in candidates if b not in self.requires_latency]
+        rejected = run.scan(candidates)
+        if run.selection is None and self.exhausted is not None:
+            raise NoBackendError(self.exhausted + reasons(rejected))
+
+    def _flashinfer_family(self, run) -> str:
+        """vLLM's get_flashinfer_moe_backend: latency means TRTLLM only on SM100."""
+        value = run.ctx.env.value(self.family_var)
+        if value == "throughput":
+            family = FI_CUTLASS
+        elif value == "masked_gemm":
+            family = FI_CUTEDSL
+        elif run.ctx.platform.is_capability_family(10):
+            family = FI_TRTLLM
+        else:
+            family = FI_CUTLASS
+            run.rec.emit("note", text="Flashinfer TRTLLM MOE backend is only supported on SM100 and later, "
+                                      "using CUTLASS backend instead")
+        run.rec.emit("flashinfer_family", env=run.ctx.env.reading(self.family_var), family=family)
+        return family
+
+    def guard_text(self) -> str:
+        return f"{self.env_var} {'is set' if self.gate_on_presence else 'reads 1'}"
+
+
+@dataclass(frozen=True)
+class EnvOverride(Step):
+    """Env switches that, when any is set, force a backend (all read true) or prune it (any reads false).
+
+    ``unsupported``: what happens when the forced backend cannot run: "raise" (a
+    ValueError, vLLM's _return_or_raise) or "prune" (vLLM 0.33's unquantized AITER:
+    warn and scan the rest).
+    """
+
+    names: tuple[str, ...] = ()
+    standard: str = ""
+    batched: str = ""
+    prunes: tuple[str, ...] = ()
+    unsupported: str = "raise"
+
+    def guard(self, run) -> bool:
+        env = run.ctx.env
+        result = any(env.is_set(n) for n in self.names)
+        if run.rec.enabled:
+            run.record_guard(self, "env_override_set", {"test": "any is set"}, result, self.names)
+        return result
+
+    def act(self, run) -> None:
+        env = run.ctx.env
+        if not all(env.value(n) for n in self.names):
+            off = [n for n in self.names if not env.value(n)]
+            run.prune(self.prunes, f"{', '.join(off)} disables it")
+            return
+        backend = self.batched if run.ctx.activation_format is ActivationFormat.BATCHED else self.standard
+        if self.unsupported == "raise":
+            run.require(backend)
+            return
+        run.scan([backend])
+        if run.selection is None:
+            run.prune(self.prunes, f"{' and '.join(self.names)} ask for {backend}, which cannot run this layer; "
+                                   "the remaining backends are scanned")
+
+    def guard_text(self) -> str:
+        return "any of " + ", ".join(self.names) + " is set"
+
+
+@dataclass(frozen=True)
+class ForcedBackend(Step):
+    """A switch that forces one backend when it reads true (seeds: VLLM_TEST_FORCE_FP8_MARLIN)."""
+
+    env_var: str = ""
+    backend: str = ""
+
+    def guard(self, run) -> bool:
+        result = bool(run.ctx.env.value(self.env_var))
+        if run.rec.enabled:
+            run.record_guard(self, "force_backend", {"test": "reads true", "backend": self.backend}, result, (self.env_var,))
+        return result
+
+    def act(self, run) -> None:
+        run.require(self.backend)
+
+    def guard_text(self) -> str:
+        return f"{self.env_var} reads true"
+
+
+@dataclass(frozen=True)
+class AutoScan(Step):
+    """The priority scan: the policy's list for the vendor, reordered and pruned, first supported wins.
+
+    Its guard always holds, so every policy's last step is an AutoScan. When
+    nothing runs: NONE on the policy's ``none_on_vendors``, else the policy's
+    exhausted error.
+    """
+
+    def guard(self, run) -> bool:
+        if run.rec.enabled:
+            run.record_guard(self, "auto_scan", {}, True)
+        return True
+
+    def act(self, run) -> None:
+        policy, ctx = run.policy, run.ctx
+        candidates = list(policy.priority_for(ctx.platform.vendor))
+        for rule in policy.reorders:
+            if all(r.failure(ctx) is None for r in rule.when):
+                moving = [b for b in rule.backends if b in candidates]
+                rest = [b for b in candidates if b not in moving]
+                candidates = moving + rest if rule.to == "front" else rest + moving
+                run.rec.emit("reordered", backends=moving, to=rule.to, because=rule.because)
+        if policy.gated_by_allow_vllm_cutlass and not ctx.layer.allow_vllm_cutlass:
+            run.prune(policy.gated_by_allow_vllm_cutlass, "allow_vllm_cutlass is off for this checkpoint")
+        clamp_blocked = [b for b in candidates if run.clamp_blocks(b)]
+        if clamp_blocked:
+            run.prune(clamp_blocked, f"swiglu_limit={ctx.layer.swiglu_limit} needs a backend that applies the SwiGLU clamp")
+        candidates += [spec.name for spec in run.registry.extensions(policy.family) if spec.auto_select]
+        candidates = [b for b in candidates if b not in run.pruned]
+        run.rec.emit("scan", candidates=candidates)
+        rejected = run.scan(candidates)
+        if run.selection is not None:
+            return
+        if ctx.platform.vendor in policy.none_on_vendors:
+            run.fall_back_to_platform()
+            return
+        raise policy.exhausted_error(policy.exhausted_message + reasons(rejected))
+
+    def guard_text(self) -> str:
+        return "no earlier step decided"
+
+
+def reasons(rejected) -> str:
+    if not rejected:
+        return ""
+    return " Rejected: " + "; ".join(f"{v.backend} ({v.reason})" for v in rejected) + "."

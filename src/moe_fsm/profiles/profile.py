@@ -1,0 +1,61 @@
+"""A policy profile: everything that decides, for one vLLM version, as data."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from moe_fsm.backends.specs import KernelSpec
+from moe_fsm.fsm.policy import FamilyPolicy
+from moe_fsm.inputs.env import EnvRegistry
+from moe_fsm.inputs.platform import Vendor
+from moe_fsm.inputs.quant import QuantFamily
+
+
+@dataclass(frozen=True, eq=False)
+class Profile:
+    """The family policies, kernel catalog, env registry and messages of one vLLM version.
+
+    ``vllm_version``: the release it is read from ((0, 33) for 0.33.x); None for
+    ``seeds``, the snapshot the project is specified from, which counts as older
+    than every release profile. ``fallback_kernels``: what moe-fsm runs where the
+    oracle leaves a layer to the platform (FP8's NONE).
+    """
+
+    name: str
+    about: str
+    vllm_version: tuple[int, ...] | None
+    policies: Mapping[QuantFamily, FamilyPolicy]
+    kernels: Mapping[str, KernelSpec]
+    env: EnvRegistry
+    fallback_kernels: Mapping[Vendor, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def policy(self, family: QuantFamily) -> FamilyPolicy:
+        from moe_fsm.errors import InputError
+
+        try:
+            return self.policies[family]
+        except KeyError:
+            raise InputError(
+                f"profile {self.name!r} has no policy for {family.value} layers; it covers "
+                f"{sorted(f.value for f in self.policies)}"
+            ) from None
+
+
+def family_policies(package: str) -> Mapping[QuantFamily, FamilyPolicy]:
+    """Every ``POLICY`` of a profile package's modules (one module per family), by family.
+
+    Adding a family to a profile is adding a module; nothing else lists them.
+    """
+    found: dict[QuantFamily, FamilyPolicy] = {}
+    for info in sorted(pkgutil.iter_modules(importlib.import_module(package).__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{package}.{info.name}")
+        policy = getattr(module, "POLICY", None)
+        if isinstance(policy, FamilyPolicy):
+            if policy.family in found:
+                raise ValueError(f"{package}: two modules define the {policy.family.value} policy")
+            found[policy.family] = policy
+    return MappingProxyType(found)

@@ -1,0 +1,137 @@
+"""Policy profiles: chosen by the installed vLLM or explicitly, recorded in the trace, and only data."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+
+import pytest
+
+from moe_fsm import profiles
+from moe_fsm.decision import DecisionInputs, decide, make_inputs, replay, select
+from moe_fsm.errors import InputError
+from moe_fsm.fsm.policy import Reorder
+from moe_fsm.fsm.steps import AutoScan
+from moe_fsm.backends.requirements import CudaCapability
+from moe_fsm.inputs.env import EnvRegistry
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.platform import preset
+from moe_fsm.inputs.quant import QuantFamily, QuantScheme
+from moe_fsm.trace.document import canonical
+
+SEEDS = profiles.get("seeds")
+
+
+def test_shipped_profiles_are_found_by_name():
+    assert "seeds" in profiles.names()
+    assert SEEDS.vllm_version is None
+    assert set(SEEDS.policies) == {QuantFamily.UNQUANTIZED, QuantFamily.FP8, QuantFamily.NVFP4}
+    with pytest.raises(InputError, match=r"unknown policy profile 'vllm-9.9'; known: \["):
+        profiles.get("vllm-9.9")
+
+
+@pytest.fixture
+def release_profiles():
+    """Two release profiles built from the seeds' data (a profile is data), registered for the test."""
+    made = []
+    for name, version in (("test-0.30", (0, 30)), ("test-0.40", (0, 40))):
+        made.append(profiles.register(dataclasses.replace(SEEDS, name=name, vllm_version=version)))
+    yield made
+    for profile in made:
+        profiles.unregister(profile.name)
+
+
+def test_default_follows_the_installed_vllm(release_profiles):
+    none = profiles.choose_for_vllm(None)
+    assert none.name == "seeds" and "no vLLM distribution is installed" in none.reason
+    exact = profiles.choose_for_vllm("0.40.2")
+    assert exact.name == "test-0.40" and exact.reason == "vLLM 0.40.2 is installed beside moe-fsm"
+    newer = profiles.choose_for_vllm("0.45.0rc1")
+    assert newer.name == "test-0.40" and "nearest older profile" in newer.reason
+    between = profiles.choose_for_vllm("0.35.1")
+    assert between.name == "test-0.30" and "note:" in between.reason
+    older = profiles.choose_for_vllm("0.20.0")
+    assert older.name == "seeds" and "older than every release profile" in older.reason
+
+
+def test_version_parsing():
+    assert profiles.version_tuple("0.33.0") == (0, 33, 0)
+    assert profiles.version_tuple("0.33.0rc1") == (0, 33, 0)
+    assert profiles.version_tuple("0.34.0.dev12+g1234") == (0, 34, 0)
+
+
+def test_the_trace_records_the_profile_and_why_and_replay_uses_it(release_profiles):
+    layer = MoELayer(quant=QuantScheme.fp8())
+    decision = select(layer, env={}, platform=preset("sm90"), policy="test-0.30")
+    assert decision.trace["inputs"]["profile"] == {"name": "test-0.30", "reason": "asked for explicitly (policy=)"}
+    assert decision.inputs.profile.name == "test-0.30"
+    assert replay(decision.trace) == canonical(decision.trace)
+    assert DecisionInputs.from_json(decision.trace["inputs"]).profile.name == "test-0.30"
+
+
+def test_traces_without_a_profile_replay_under_seeds():
+    decision = select(MoELayer(), env={}, platform=preset("sm90"), policy="seeds")
+    old = {**decision.trace, "inputs": {k: v for k, v in decision.trace["inputs"].items() if k != "profile"}}
+    assert DecisionInputs.from_json(old["inputs"]).profile.name == "seeds"
+
+
+def test_a_profile_built_from_data_changes_the_decision_without_new_code():
+    """A test-only profile: FP8 without the LoRA shortcut and with FlashInfer moved to the back on SM90."""
+    fp8 = SEEDS.policy(QuantFamily.FP8)
+    steps = tuple(s for s in fp8.steps if s.name != "lora_shortcut")
+    reorder = Reorder(when=(CudaCapability(exact=((9, 0),)),), backends=("FLASHINFER_TRTLLM", "FLASHINFER_CUTLASS"),
+                      to="back", because="FlashInfer is slower than Triton on SM90 (test profile)")
+    changed = dataclasses.replace(fp8, steps=steps, reorders=(reorder,))
+    profile = profiles.register(dataclasses.replace(
+        SEEDS, name="test-data-only", vllm_version=None,
+        policies=MappingProxyType({**SEEDS.policies, QuantFamily.FP8: changed}),
+    ))
+    try:
+        layer = MoELayer(quant=QuantScheme.fp8(), lora=True)
+        seeds = select(layer, env={}, platform=preset("sm90"), policy="seeds")
+        other = select(layer, env={}, platform=preset("sm90"), policy=profile.name)
+        assert (seeds.backend, seeds.via) == ("TRITON", "lora_shortcut")
+        assert other.via == "auto_scan" and "lora_shortcut" not in other.trace["path"]
+        reordered = [e for e in other.trace["events"] if e["event"] == "reordered"]
+        assert reordered and reordered[0]["to"] == "back"
+        plain = select(MoELayer(quant=QuantScheme.fp8()), env={}, platform=preset("sm90"), policy=profile.name)
+        assert plain.backend == "DEEPGEMM"  # FLASHINFER_CUTLASS under seeds: it moved behind DeepGEMM
+    finally:
+        profiles.unregister(profile.name)
+
+
+def test_a_profile_reads_only_its_own_env_registry():
+    only_deep_gemm = EnvRegistry.of(SEEDS.env["VLLM_USE_DEEP_GEMM"], SEEDS.env["VLLM_MOE_USE_DEEP_GEMM"],
+                                    SEEDS.env["VLLM_ROCM_USE_AITER"], SEEDS.env["VLLM_ROCM_USE_AITER_MOE"])
+    fp8 = SEEDS.policy(QuantFamily.FP8)
+    steps = tuple(s for s in fp8.steps if s.name not in ("flashinfer_preference", "forced_marlin"))
+    profile = profiles.register(dataclasses.replace(
+        SEEDS, name="test-fewer-env", vllm_version=None, env=only_deep_gemm,
+        policies=MappingProxyType({QuantFamily.FP8: dataclasses.replace(fp8, steps=steps)}),
+    ))
+    try:
+        env = {"VLLM_USE_FLASHINFER_MOE_FP8": "maybe", "VLLM_TEST_FORCE_FP8_MARLIN": "1"}
+        decision = select(MoELayer(quant=QuantScheme.fp8()), env=env, platform=preset("sm90"), policy=profile.name)
+        assert decision.backend == "FLASHINFER_CUTLASS"  # neither variable is read by this profile
+        with pytest.raises(InputError, match="has no policy for unquantized layers"):
+            select(MoELayer(), env={}, platform=preset("sm90"), policy=profile.name)
+    finally:
+        profiles.unregister(profile.name)
+
+
+def test_a_registry_of_another_profile_is_refused():
+    from moe_fsm.backends.registry import Registry
+
+    inputs = make_inputs(MoELayer(), env={}, platform=preset("sm90"), policy="seeds")
+    other = profiles.register(dataclasses.replace(SEEDS, name="test-other", vllm_version=None))
+    try:
+        with pytest.raises(InputError, match="the registry serves profile 'test-other'"):
+            decide(inputs, registry=Registry.builtin_only("test-other"))
+    finally:
+        profiles.unregister(other.name)
+
+
+def test_every_policy_ends_with_an_auto_scan():
+    for name in profiles.names():
+        for policy in profiles.get(name).policies.values():
+            assert isinstance(policy.steps[-1], AutoScan), (name, policy.family)
