@@ -21,6 +21,7 @@ and the same FlashInfer and apache-tvm-ffi versions as the GPU machine will do.
 
     python tools/build_flashinfer_sm90.py --out prebuilt/ --jobs 16
     python tools/build_flashinfer_sm90.py --dry-run          # list the objects, build nothing
+    python tools/build_flashinfer_sm90.py --pack-runtime fi.tar.xz   # the package to carry, sans sources
 """
 
 from __future__ import annotations
@@ -120,6 +121,46 @@ def undefined_at_load(so_path: Path) -> list[str]:
     return sorted(s for s in eager if not s.startswith(("_ITM", "__gmon", "_Jv_", "__cxa", "_ZTI", "__gxx")))
 
 
+# What of flashinfer/data the trimmed build reads (the spec's include paths and sources).
+BUILD_SOURCES = ("csrc/nv_internal", "csrc/fused_moe/cutlass_backend", "cutlass/include",
+                 "cutlass/tools/util/include", "include", "spdlog", "cccl")
+
+
+def pack_runtime(archive: Path, with_build_sources: bool) -> int:
+    """Archive the FlashInfer package as the adapter needs it at run time: Python only.
+
+    Leaves out ``flashinfer/data`` (the C++/CUDA sources and headers only a build reads) and the
+    experimental kernels ``import flashinfer.fused_moe`` does not load: about 60 MiB of the
+    wheel's 426 MiB, a few MiB compressed, so it fits a device call's carry with the module.
+    ``with_build_sources`` adds the part of ``data`` the trimmed build reads, for building on a
+    machine that cannot install the wheel.
+    """
+    import tarfile
+
+    import flashinfer
+    import flashinfer.fused_moe  # noqa: F401  (loads what the adapter's import loads)
+
+    root = Path(flashinfer.__file__).parent
+    loaded = {Path(m.__file__).resolve() for m in list(sys.modules.values())
+              if getattr(m, "__file__", None) and m.__name__.startswith("flashinfer")}
+    with tarfile.open(archive, "w:xz") as tar:
+        for path in sorted(root.rglob("*")):
+            relative = path.relative_to(root)
+            if not path.is_file() or path.suffix == ".pyc":
+                continue
+            if relative.parts[0] == "data" and not (
+                with_build_sources and any(relative.as_posix().startswith(f"data/{d}/") for d in BUILD_SOURCES)
+            ):
+                continue
+            if relative.parts[0] == "experimental" and path.resolve() not in loaded and path.name != "__init__.py":
+                continue
+            tar.add(path, arcname=str(Path("flashinfer") / relative))
+        for dist in root.parent.glob("flashinfer_python-*.dist-info"):
+            tar.add(dist, arcname=dist.name)
+    print(f"{archive}: {archive.stat().st_size / 2**20:.1f} MiB")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("flashinfer-prebuilt"),
@@ -134,8 +175,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="a directory with include/ and lib/ to add, for a CUDA toolkit without cuBLAS headers, "
                              "libnvrtc or the libcuda stub (for example the nvidia/cu13 folder of NVIDIA's pip wheels)")
     parser.add_argument("--dry-run", action="store_true", help="print the object list and exit")
+    parser.add_argument("--pack-runtime", type=Path, metavar="ARCHIVE.tar.xz",
+                        help="instead of building, archive the FlashInfer package without its build sources")
+    parser.add_argument("--with-build-sources", action="store_true",
+                        help="with --pack-runtime: include the sources and headers the trimmed build reads")
     args = parser.parse_args(argv)
 
+    if args.pack_runtime:
+        return pack_runtime(args.pack_runtime, args.with_build_sources)
     dtype_sets = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     unknown = sorted(set(dtype_sets) - set(DTYPE_SETS))
     if unknown:
