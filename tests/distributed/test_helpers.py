@@ -137,9 +137,12 @@ def test_row_bytes_round_trip_any_dtype(rows: int) -> None:
         torch.randn(rows, 4).to(torch.bfloat16),
     ]
     packed, layout = pack_row_bytes(tensors)
-    assert packed.shape == (rows, 8 + 24 + 8 + 5 + 8) and packed.dtype == torch.uint8
+    # fields at 0, 8, 32, 40 and 46 (bf16 aligned to 2 bytes), the row padded from 54 to 64 bytes
+    assert [f.start for f in layout.fields] == [0, 8, 32, 40, 46]
+    assert packed.shape == (rows, 64) and packed.dtype == torch.uint8
     for a, b in zip(tensors, unpack_row_bytes(packed, layout)):
         assert a.dtype == b.dtype and a.shape == b.shape
+        assert rows == 0 or b.data_ptr() - packed.data_ptr() < layout.row_bytes  # a view into the packed rows
         assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a, b.view(torch.uint8) if b.element_size() == 1 else b)
 
 
@@ -159,7 +162,8 @@ def test_row_bytes_need_aligned_rows() -> None:
         (ParallelConfig(dp_size=2), STD, "AllGatherReduceScatterPrepareFinalize", PrepareFinalizeKind.ALLGATHER_REDUCESCATTER),
         (ParallelConfig(dp_size=2), BAT, "AllGatherReduceScatterPrepareFinalize", PrepareFinalizeKind.ALLGATHER_REDUCESCATTER),
         (ParallelConfig(dp_size=2, ep_size=2), STD, "AllGatherReduceScatterPrepareFinalize", PrepareFinalizeKind.ALLGATHER_REDUCESCATTER),
-        (ParallelConfig(dp_size=4, ep_size=4, all2all="torch_all2all"), BAT, "AllToAllPrepareFinalize", PrepareFinalizeKind.TORCH_ALL2ALL),
+        (ParallelConfig(dp_size=4, ep_size=4, all2all="torch_all2all"), STD, "AllToAllPrepareFinalize", PrepareFinalizeKind.TORCH_ALL2ALL),
+        (ParallelConfig(dp_size=4, ep_size=4, all2all="torch_all2all"), BAT, "FixedCapacityAllToAllPrepareFinalize", PrepareFinalizeKind.TORCH_ALL2ALL),
         (ParallelConfig(ep_size=2), STD, "ExpertParallelReducePrepareFinalize", PrepareFinalizeKind.EP_ALL_REDUCE),
         (ParallelConfig(tp_size=2, ep_size=2), BAT, "ExpertParallelReducePrepareFinalize", PrepareFinalizeKind.EP_ALL_REDUCE),
         (ParallelConfig(dp_size=2, ep_size=2, all2all="deepep_high_throughput"), STD, "DeepEPHTPrepareAndFinalize", PrepareFinalizeKind.DEEPEP_HIGH_THROUGHPUT),
@@ -186,8 +190,6 @@ def test_choice_reason_names_the_all_to_all_kind() -> None:
         (ParallelConfig(dp_size=2, ep_size=2, all2all="deepep_high_throughput"), BAT, "deepep_high_throughput.*standard.*batched"),
         (ParallelConfig(dp_size=2, ep_size=2, all2all="flashinfer_all2allv"), BAT, "flashinfer_all2allv.*batched"),
         (ParallelConfig(dp_size=2, ep_size=4), STD, "ep_size must equal dp_size \\* tp_size"),
-        (ParallelConfig(tp_size=2, dp_size=2), STD, "tp_size=1"),
-        (ParallelConfig(tp_size=2, dp_size=2, ep_size=4, all2all="torch_all2all"), STD, "tp_size=1"),
         (ParallelConfig(tp_size=4, ep_size=2), STD, "ep_size = tp_size"),
         (ParallelConfig(), "rows", "not one of"),
     ],
@@ -206,6 +208,15 @@ def test_build_local_and_refuse_vllm_kinds() -> None:
         parallel = ParallelConfig(dp_size=2, ep_size=2, all2all=kind)
         with pytest.raises(BackendUnavailableError, match=kind):
             build_prepare_finalize(choose_prepare_finalize(parallel, STD), parallel, 8)
+
+
+@pytest.mark.parametrize("parallel", [ParallelConfig(tp_size=2, dp_size=2), ParallelConfig(tp_size=2, dp_size=2, ep_size=4),
+                                      ParallelConfig(tp_size=2, dp_size=2, ep_size=4, all2all="torch_all2all")])
+def test_tp_inside_a_dp_replica_is_chosen_as_vllm_does_but_not_built_here(parallel) -> None:
+    choice = choose_prepare_finalize(parallel, STD)
+    assert not choice.buildable and "tp_size=1" in choice.not_buildable_because
+    with pytest.raises(BackendUnavailableError, match="cannot be built by moe-fsm.*tp_size=1"):
+        build_prepare_finalize(choice, parallel, 8)
 
 
 def test_build_distributed_needs_a_process_group() -> None:
@@ -261,7 +272,7 @@ def test_backend_and_timeout_from_env(monkeypatch) -> None:
 
 def test_torchrun_command_line_keeps_rank_arguments_out_of_its_parser() -> None:
     command = torchrun_command(2)
-    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert command[:4] == [sys.executable, "-m", "moe_fsm.launch_trampoline", "--agent"]
     assert "--standalone" in command and command[command.index("--nproc-per-node") + 1] == "2"
     assert command[-2:] == ["-m", "moe_fsm.launch_trampoline"]
     env = launch_env(["moe-fsm", "run", "--nproc", "2"], {"X": "1"})

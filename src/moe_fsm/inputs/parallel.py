@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from enum import Enum
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
 
 
@@ -23,6 +24,7 @@ class AllToAllKind(str, Enum):
     FLASHINFER_ALL2ALLV = "flashinfer_all2allv"
 
 
+@hashed_once
 @dataclass(frozen=True)
 class ParallelConfig:
     """tp/dp/ep sizes; ``batched_activation_format`` says experts see [E_local, T, K] inputs."""
@@ -38,10 +40,12 @@ class ParallelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.batched_activation_format, bool):
+            raise InputError(f"batched_activation_format must be True or False, got {self.batched_activation_format!r}")
         if not isinstance(self.all2all, AllToAllKind):
             try:
                 object.__setattr__(self, "all2all", AllToAllKind(self.all2all))
-            except ValueError:
+            except (ValueError, TypeError):
                 raise InputError(
                     f"all2all {self.all2all!r} is not one of {[k.value for k in AllToAllKind]}"
                 ) from None
@@ -68,6 +72,8 @@ class ParallelConfig:
 
     @classmethod
     def from_json(cls, data: dict) -> "ParallelConfig":
+        if not isinstance(data, dict):
+            raise InputError(f"a parallel config must be an object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
