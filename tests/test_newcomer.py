@@ -39,7 +39,7 @@ def test_setup_commands_install_the_cpu_torch_build_before_the_package():
 def test_readme_library_examples_run_as_shown(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     examples = _blocks("python")
-    assert len(examples) == 2
+    assert len(examples) == 3  # select / build, then moe_fsm inside transformers
     for code in examples:
         exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
@@ -47,6 +47,8 @@ def test_readme_library_examples_run_as_shown(tmp_path, monkeypatch, capsys):
     assert out[2] == "FLASHINFER_B12X"
     assert "which moe-fsm models for selection but cannot run" in out[3]
     assert (tmp_path / "traces" / "layer0.json").exists()
+    assert out[4] == "moe_fsm: 4 experts module(s) of Qwen3MoeForCausalLM, 1 distinct decision(s); traces in moe-fsm-traces/qwen3/"
+    assert len(list((tmp_path / "moe-fsm-traces" / "qwen3").glob("*.json"))) == 4
 
 
 def test_numpy_is_declared_so_torch_does_not_warn_at_import():
