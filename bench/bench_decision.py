@@ -2,7 +2,7 @@
 
 Not a test: run it and read the table.
 
-    python bench/bench_decision.py            # the table
+    python bench/bench_decision.py            # the table, then each target of issue 8 met or not
     python bench/bench_decision.py --profile  # plus a cProfile of the worst case (FP8 on a CPU, warm, traced)
 
 Per decision (median of many, in microseconds), with tracing on and off:
@@ -14,7 +14,12 @@ The model rows decide a DeepSeek-V3-like model (61 MoE layers of one FP8 128x128
 scheme on an H100 preset), and a mixed NVFP4+FP8 variant (the PR #43334 checkpoint shape:
 40 NVFP4 and 21 per-tensor FP8 layers on GB10 with --backend nvfp4=flashinfer_b12x), either
 with one decision per layer (the first one cold) or with an engine-style cache keyed by
-DecisionInputs (one decision per distinct input, then dictionary hits).
+DecisionInputs (one decision per distinct input, then dictionary hits). "cached lookup" is one
+such hit: an engine's dictionary lookup with a freshly built, equal DecisionInputs.
+
+Targets (issue 8, on the 2-core CPU machine): traced warm decision <= 40 us median for the typical
+cases, <= 80 us for the worst case, cold <= 150 us, cached lookup <= 2 us, 61-layer model <= 1 ms cached.
+The machine is shared: run it when it is quiet and read medians.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import preset
 from moe_fsm.inputs.quant import QuantScheme
 
-TARGET_US = 100.0
+TARGETS_US = {"typical traced warm": 40.0, "worst traced warm": 80.0, "cold traced": 150.0, "cached lookup": 2.0,
+              "61-layer model, cached": 1000.0}
 
 
 def fresh_registry() -> Registry:
@@ -96,6 +102,18 @@ def time_cold(inputs: DecisionInputs, trace: bool, n: int) -> float:
     return median_us(samples)
 
 
+def time_lookup(inputs: DecisionInputs, n: int) -> float:
+    """One cached lookup: a dict hit with a freshly built DecisionInputs equal to the cached one."""
+    cache = {inputs: _decide(inputs)}
+    samples = []
+    for _ in range(n):
+        fresh = replace(inputs)
+        t0 = time.perf_counter_ns()
+        cache.get(fresh)
+        samples.append(time.perf_counter_ns() - t0)
+    return median_us(samples)
+
+
 def model_layers(mixed: bool) -> list[DecisionInputs]:
     if not mixed:
         inputs = make_inputs(DEEPSEEK_FP8, ParallelConfig(), "auto", {}, preset("sm90"))
@@ -144,45 +162,12 @@ def profile_worst(n: int = 3000, top: int = 18) -> str:
     return out.getvalue()
 
 
-def what_if_direct_emit(n: int) -> None:
-    """How much of a traced decision is the structlog pipeline? Same events, appended directly."""
-    import logging
-
-    from moe_fsm.trace import recorder
-
-    original = recorder.Recorder.emit
-
-    def emit(self, event, **fields):
-        if self.enabled:
-            if recorder.FORWARD_LOGGER.isEnabledFor(logging.DEBUG):
-                self._log.info(event, **fields)  # the structlog path, for live forwarding
-            else:
-                fields["event"] = event
-                self.events.append(fields)
-
-    # the event dicts must come out the same as through structlog
-    probe = CASES[WORST]
-    before = _decide(probe, registry=fresh_registry())
-    recorder.Recorder.emit = emit
-    try:
-        after = _decide(probe, registry=fresh_registry())
-        same = before.trace["events"] == after.trace["events"]
-        print(f"\nwhat if Recorder.emit appended events directly (identical events: {same}):")
-        for name, inputs in CASES.items():
-            print(f"  {name:<52} traced warm {time_warm(inputs, True, n):>7.1f} us")
-    finally:
-        recorder.Recorder.emit = original
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=2000, help="decisions per warm measurement (default 2000)")
     parser.add_argument("--cold-n", type=int, default=400, help="decisions per cold measurement (default 400)")
     parser.add_argument("--repeats", type=int, default=30, help="repetitions of each 61-layer model (default 30)")
     parser.add_argument("--profile", action="store_true", help="also profile the worst case")
-    parser.add_argument("--what-if-direct-emit", action="store_true",
-                        help="experiment: patch Recorder.emit (in this process only) to append events directly and "
-                             "use structlog only when the moe_fsm.decision logger is enabled; re-time the cases")
     args = parser.parse_args(argv)
 
     for policy in default_registry().profile.policies.values():
@@ -196,19 +181,27 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'one decision (us)':<52} {'traced warm':>11} {'traced cold':>11} {'untraced warm':>13} {'untraced cold':>13}"
     print(header)
     print("-" * len(header))
-    worst_traced = 0.0
+    typical_warm, cold = 0.0, 0.0
     for name, inputs in CASES.items():
         tw = time_warm(inputs, True, args.n)
         tc = time_cold(inputs, True, args.cold_n)
         uw = time_warm(inputs, False, args.n)
         uc = time_cold(inputs, False, args.cold_n)
-        worst_traced = max(worst_traced, tw)
+        if name == WORST:
+            worst_warm = tw
+        else:
+            typical_warm = max(typical_warm, tw)
+        cold = max(cold, tc)
         print(f"{name:<52} {tw:>11.1f} {tc:>11.1f} {uw:>13.1f} {uc:>13.1f}")
+
+    lookup = time_lookup(CASES[WORST], args.n)
+    print(f"\ncached lookup (an engine's dict hit with a fresh, equal DecisionInputs): {lookup:.2f} us")
 
     print()
     header = f"{'61-layer model (ms, whole model)':<62} {'traced':>11} {'untraced':>11}"
     print(header)
     print("-" * len(header))
+    model_cached = 0.0
     for mixed in (False, True):
         layers = model_layers(mixed)
         label = "mixed NVFP4+FP8, sm121" if mixed else "DeepSeek-V3-like FP8 block, sm90"
@@ -216,13 +209,16 @@ def main(argv: list[str] | None = None) -> int:
             how = "cache by DecisionInputs" if cached else "decide every layer"
             t = time_model(layers, cached, True, args.repeats)
             u = time_model(layers, cached, False, args.repeats)
+            if cached:
+                model_cached = max(model_cached, t)
             print(f"{label + ', ' + how:<62} {t:>11.3f} {u:>11.3f}")
 
-    print()
-    verdict = "within" if worst_traced < TARGET_US else "OVER"
-    print(f"slowest warm traced decision: {worst_traced:.1f} us ({verdict} the {TARGET_US:.0f} us target)")
-    if args.what_if_direct_emit:
-        what_if_direct_emit(args.n)
+    print("\ntargets (issue 8):")
+    measured = {"typical traced warm": typical_warm, "worst traced warm": worst_warm, "cold traced": cold,
+                "cached lookup": lookup, "61-layer model, cached": model_cached * 1000}
+    for what, limit in TARGETS_US.items():
+        got = measured[what]
+        print(f"  {what:<24} {got:>9.1f} us  (target <= {limit:g} us: {'met' if got <= limit else 'NOT met'})")
     if args.profile:
         print("\nprofile of the worst case (warm, traced):\n")
         print(profile_worst())

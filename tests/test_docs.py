@@ -27,6 +27,8 @@ def _golden_parts():
         document = json.loads(path.read_text())
         events.extend(document["events"])
         outcomes.append(document["outcome"])
+        if document.get("build"):
+            outcomes.append(document["build"])
     return events, outcomes
 
 

@@ -16,7 +16,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Union
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm import profiles
+from moe_fsm.backends.build_plan import BuildPlan, plan_build
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.verdict import SupportContext
 from moe_fsm.errors import BackendUnavailableError, InputError, SelectionError, TraceWriteError
@@ -32,6 +34,7 @@ from moe_fsm.trace import document as trace_doc
 from moe_fsm.trace.recorder import Recorder
 
 
+@hashed_once
 @dataclass(frozen=True)
 class DecisionInputs:
     """Everything a decision depends on; hashable, so engines can cache decisions by it."""
@@ -103,30 +106,26 @@ class Decision:
     activation_format: ActivationFormat
     prepare_finalize: object
     trace: dict
+    plan: BuildPlan  # what moe-fsm can run here: apart from the decision
 
     @property
     def outcome(self) -> dict:
         return self.trace["outcome"]
 
+    @property
+    def runner(self) -> str | None:
+        """The kernel spec moe-fsm will instantiate: the decided kernel, a named substitute, or None."""
+        return self.plan.experts
+
     def build(self, registry: Registry | None = None):
-        """Instantiate the experts and prepare/finalize pair as one modular kernel."""
+        """Instantiate the experts and prepare/finalize pair as one modular kernel (torch from here on)."""
         from moe_fsm.modular.kernel import ModularKernel
         from moe_fsm.prepare_finalize.choice import build_prepare_finalize
 
-        registry = registry or default_registry()
-        if self.kernel is None:
-            raise BackendUnavailableError(
-                f"backend {self.backend} leaves this layer to the {self.inputs.platform.vendor.value} platform's own MoE "
-                "path; moe-fsm has no kernel to build for it"
-            )
-        experts_cls = registry.implementation(self.kernel)
-        if experts_cls is None:
-            note = registry.kernels[self.kernel].library_note
-            raise BackendUnavailableError(
-                f"backend {self.backend} selects {self.kernel}, which moe-fsm models for selection but cannot run"
-                + (f" (it is {note})" if note else " (it is vLLM's own compiled kernel)")
-            )
-        experts = experts_cls(self.inputs.layer)
+        registry = registry or default_registry(self.inputs.profile.name)
+        if self.plan.experts is None:
+            raise BackendUnavailableError(self.plan.because)
+        experts = registry.implementation(self.plan.experts)(self.inputs.layer)
         prepare_finalize = build_prepare_finalize(
             self.prepare_finalize, self.inputs.parallel, num_experts=self.inputs.layer.num_experts,
             quant=self.inputs.layer.quant,
@@ -174,6 +173,15 @@ def make_inputs(
     )
 
 
+@lru_cache(maxsize=256)
+def _inputs_json(inputs: DecisionInputs) -> dict:
+    """The inputs' JSON form, built once per distinct inputs (an engine decides the same ones per layer).
+
+    Shared by the documents of equal inputs: trace documents are read-only; copy one to change it.
+    """
+    return inputs.to_json()
+
+
 def _env_snapshot(env) -> EnvSnapshot:
     if env is None or env is os.environ:
         return EnvSnapshot.from_process()
@@ -209,10 +217,12 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
     started_at, t0 = time.time(), time.perf_counter()
     family = inputs.layer.family
     policy = profile.policy(family)
-    fmt = ActivationFormat.BATCHED if inputs.parallel.batched_activation_format else ActivationFormat.STANDARD
+    request = inputs.request.for_family(family)
+    batched = inputs.parallel.batched_activation_format or request in policy.batched_requests
+    fmt = ActivationFormat.BATCHED if batched else ActivationFormat.STANDARD
     ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, profile.env.reader(inputs.env), fmt)
     recorder = Recorder(enabled=trace)
-    run = DecisionRun(ctx, policy, inputs.request.for_family(family), inputs.request.source_for(family), registry, recorder)
+    run = DecisionRun(ctx, policy, request, inputs.request.source_for(family), registry, recorder)
     run.run()
     if run.error is not None:
         outcome = {
@@ -224,6 +234,7 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
             },
             "activation_format": fmt.value,
         }
+        plan = None
     else:
         sel = run.selection
         outcome = {
@@ -233,10 +244,11 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
             "via": sel.via,
             "activation_format": fmt.value,
             "prepare_finalize": run.prepare_finalize.to_json(),
-            "runnable": sel.kernel is not None and registry.kernels[sel.kernel].impl is not None,
         }
+        plan = plan_build(registry, sel.backend, sel.kernel, ctx, run.prepare_finalize)
     document = trace_doc.build_document(
-        inputs=inputs.to_json(), family=family.value, path=run.path, events=recorder.events, outcome=outcome,
+        inputs=_inputs_json(inputs), family=family.value, path=run.path, events=recorder.events, outcome=outcome,
+        build=plan.to_json() if plan is not None else None,
         layer_name=layer_name, started_at=started_at, duration_us=(time.perf_counter() - t0) * 1e6,
     )
     if run.error is not None:
@@ -246,7 +258,7 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
         raise run.error
     if trace_path is not None:
         _write_trace(trace_path, document, layer_name)
-    return Decision(inputs, sel.status, sel.backend, sel.kernel, sel.via, fmt, run.prepare_finalize, document)
+    return Decision(inputs, sel.status, sel.backend, sel.kernel, sel.via, fmt, run.prepare_finalize, document, plan)
 
 
 def _write_trace(path, document: dict, layer_name: str | None, failure: SelectionError | None = None) -> Path:

@@ -33,7 +33,7 @@ from moe_fsm.trace import document as trace_doc
 SCENARIO_SUBDIR = "scenarios"
 GOLDEN_SUBDIR = "golden"
 SPEC_KEYS = ("layer", "parallel", "backend", "env", "platform")
-SCENARIO_KEYS = ("name", "about", "expect", "expect_message", "expect_kernel", "expect_via", *SPEC_KEYS)
+SCENARIO_KEYS = ("name", "about", "expect", "expect_message", "expect_kernel", "expect_via", "expect_runs", *SPEC_KEYS)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _EXPECT = re.compile(r"^(selected|fallback_none):[A-Za-z0-9_]+$|^failed:(BackendUnsupportedError|NoBackendError)$")
 
@@ -48,6 +48,7 @@ class Scenario:
     expect_message: str | None = None  # a substring of the error message
     expect_kernel: str | None = None
     expect_via: str | None = None
+    expect_runs: str | None = None  # the kernel moe-fsm builds for it here (build.experts)
 
     def inputs(self) -> DecisionInputs:
         from moe_fsm.cli.inputs import inputs_from_spec
@@ -148,6 +149,7 @@ def _load_file(path: Path, profile: str, seen: set) -> list[Scenario]:
             expect_message=table.get("expect_message"),
             expect_kernel=table.get("expect_kernel"),
             expect_via=table.get("expect_via"),
+            expect_runs=table.get("expect_runs"),
             profile=profile,
         ))
     return scenarios
@@ -184,6 +186,8 @@ def expectation_failure(scenario: Scenario, document: dict) -> str | None:
             problems.append(f"expected the error message to contain {scenario.expect_message!r}, got {message!r}")
     if scenario.expect_kernel and outcome.get("kernel") != scenario.expect_kernel:
         problems.append(f"expected experts kernel {scenario.expect_kernel}, got {outcome.get('kernel')}")
+    if scenario.expect_runs and (document.get("build") or {}).get("experts") != scenario.expect_runs:
+        problems.append(f"expected moe-fsm to build {scenario.expect_runs}, got {(document.get('build') or {}).get('experts')}")
     if scenario.expect_via and outcome.get("via") != scenario.expect_via:
         problems.append(f"expected it decided in {scenario.expect_via}, got {outcome.get('via')}")
     if problems:

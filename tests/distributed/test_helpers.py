@@ -190,8 +190,6 @@ def test_choice_reason_names_the_all_to_all_kind() -> None:
         (ParallelConfig(dp_size=2, ep_size=2, all2all="deepep_high_throughput"), BAT, "deepep_high_throughput.*standard.*batched"),
         (ParallelConfig(dp_size=2, ep_size=2, all2all="flashinfer_all2allv"), BAT, "flashinfer_all2allv.*batched"),
         (ParallelConfig(dp_size=2, ep_size=4), STD, "ep_size must equal dp_size \\* tp_size"),
-        (ParallelConfig(tp_size=2, dp_size=2), STD, "tp_size=1"),
-        (ParallelConfig(tp_size=2, dp_size=2, ep_size=4, all2all="torch_all2all"), STD, "tp_size=1"),
         (ParallelConfig(tp_size=4, ep_size=2), STD, "ep_size = tp_size"),
         (ParallelConfig(), "rows", "not one of"),
     ],
@@ -210,6 +208,15 @@ def test_build_local_and_refuse_vllm_kinds() -> None:
         parallel = ParallelConfig(dp_size=2, ep_size=2, all2all=kind)
         with pytest.raises(BackendUnavailableError, match=kind):
             build_prepare_finalize(choose_prepare_finalize(parallel, STD), parallel, 8)
+
+
+@pytest.mark.parametrize("parallel", [ParallelConfig(tp_size=2, dp_size=2), ParallelConfig(tp_size=2, dp_size=2, ep_size=4),
+                                      ParallelConfig(tp_size=2, dp_size=2, ep_size=4, all2all="torch_all2all")])
+def test_tp_inside_a_dp_replica_is_chosen_as_vllm_does_but_not_built_here(parallel) -> None:
+    choice = choose_prepare_finalize(parallel, STD)
+    assert not choice.buildable and "tp_size=1" in choice.not_buildable_because
+    with pytest.raises(BackendUnavailableError, match="cannot be built by moe-fsm.*tp_size=1"):
+        build_prepare_finalize(choice, parallel, 8)
 
 
 def test_build_distributed_needs_a_process_group() -> None:

@@ -94,8 +94,16 @@ class Registry:
 
     def kernel_verdict(self, kernel: str, ctx: SupportContext, extra=()) -> Verdict:
         spec = self.kernels[kernel]
-        checks = tuple(Check(r, r.failure(ctx)) for r in (*extra, *spec.requirements))
-        return Verdict(kernel, checks)
+        return Verdict(kernel, tuple(self._check(r, ctx) for r in (*extra, *spec.requirements)))
+
+    def _check(self, requirement, ctx: SupportContext) -> Check:
+        """A requirement evaluated once per context: kernel classes share many (no LoRA, a format, a library)."""
+        checks = self.memo_for(ctx).setdefault("checks", {})
+        key = id(requirement)  # requirements live as long as the registry's catalog
+        check = checks.get(key)
+        if check is None:
+            check = checks[key] = Check(requirement, requirement.failure(ctx))
+        return check
 
     def memo_for(self, ctx: SupportContext) -> dict:
         """The verdict memo of one context: verdicts are pure, and an engine asks the same ones for every layer."""
@@ -114,10 +122,20 @@ class Registry:
             per_ctx[key] = BackendVerdict(backend, tuple(self.kernel_verdict(k, ctx, spec.extra) for k in spec.kernels))
         return per_ctx[key]
 
+    def step_verdict(self, family: QuantFamily, backend: str, ctx: SupportContext,
+                     kernels: tuple[str, ...] | None, extra: tuple = ()) -> BackendVerdict:
+        """A backend's verdict with a step's own kernel classes and extra conditions (not memoized)."""
+        spec = self.spec(family, backend)
+        return BackendVerdict(backend, tuple(self.kernel_verdict(k, ctx, (*spec.extra, *extra))
+                                             for k in (kernels if kernels is not None else spec.kernels)))
+
     def fallback_verdicts(self, ctx: SupportContext) -> BackendVerdict:
-        """What runs a layer the oracle leaves to the platform (FP8 NONE)."""
-        kernels = self.profile.fallback_kernels.get(ctx.platform.vendor, ())
-        return BackendVerdict("NONE", tuple(self.kernel_verdict(k, ctx) for k in kernels))
+        """What moe-fsm runs for a layer the oracle leaves to the platform (FP8 NONE); memoized like verdicts."""
+        per_ctx = self.memo_for(ctx)
+        if "NONE" not in per_ctx:
+            kernels = self.profile.fallback_kernels.get(ctx.platform.vendor, ())
+            per_ctx["NONE"] = BackendVerdict("NONE", tuple(self.kernel_verdict(k, ctx) for k in kernels))
+        return per_ctx["NONE"]
 
     def implementation(self, kernel: str):
         """Import the experts class behind a kernel; None when moe-fsm only models it."""

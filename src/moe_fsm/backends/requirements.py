@@ -219,6 +219,34 @@ class MaxExperts(Requirement):
 
 
 @dataclass(frozen=True)
+class ShapeMultiple(Requirement):
+    """Hidden and intermediate sizes a multiple of ``multiple`` when the layer's weights are ``weight`` keys.
+
+    A kernel whose tiles or scale blocks cover ``multiple`` columns cannot take a
+    partial one; ``why`` names where vLLM (or the library) checks it.
+    """
+
+    multiple: int
+    weight: tuple[QuantKey, ...]
+    why: str
+
+    def describe(self) -> str:
+        keys = ", ".join(str(k) for k in self.weight)
+        return f"hidden and intermediate sizes multiples of {self.multiple} with {keys} weights ({self.why})"
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        layer = ctx.layer
+        if layer.quant.weight not in self.weight:
+            return None
+        off = [f"{name} {size}" for name, size in (("hidden_size", layer.hidden_size),
+                                                     ("intermediate_size", layer.intermediate_size))
+               if size % self.multiple]
+        if not off:
+            return None
+        return f"needs sizes that are multiples of {self.multiple} ({self.why}), this layer has {' and '.join(off)}"
+
+
+@dataclass(frozen=True)
 class EnvEnabled(Requirement):
     """Enabled by env switches that must all read true (vLLM's AITER rule)."""
 
@@ -259,3 +287,25 @@ class EnvOff(Requirement):
         if not ctx.env.value(self.name):
             return None
         return f"kernel does not support {self.why} ({self.name} is on)"
+
+
+@dataclass(frozen=True)
+class Condition(Requirement):
+    """Any other support condition, as text plus a predicate on the SupportContext.
+
+    For the checks vLLM writes inline in an ``is_supported_config`` override
+    (expert-count limits, dimension alignment, a SwiGLU-clamp rule), where no
+    dedicated requirement kind exists; ``failure`` is the reason in vLLM's words.
+    """
+
+    text: str
+    holds: Callable[..., bool]
+    failure_text: str = ""
+
+    def describe(self) -> str:
+        return self.text
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        if self.holds(ctx):
+            return None
+        return self.failure_text or f"kernel does not support this layer (needs {self.text})"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.inputs.env import EnvReader
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
@@ -11,6 +13,7 @@ from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.formats import ActivationFormat
 
 
+@hashed_once
 @dataclass(frozen=True)
 class SupportContext:
     """Everything a support predicate may read; nothing else is consulted."""
@@ -22,8 +25,7 @@ class SupportContext:
     activation_format: ActivationFormat
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(NamedTuple):
     """One requirement as evaluated: the requirement, and why it failed (None when it passed)."""
 
     requirement: object  # a backends.requirements.Requirement
@@ -90,7 +92,25 @@ class BackendVerdict:
         return self.kernel is not None
 
     def summary(self) -> dict:
-        """The trace's view: each kernel's failing checks (passing ones are implied)."""
+        """The trace's view: each kernel's failing checks (passing ones are implied).
+
+        Computed once per verdict (verdicts are immutable and memoized); treat it as read-only.
+        """
+        cached = self.__dict__.get("_summary")
+        if cached is None:
+            cached = self._summarize()
+            object.__setattr__(self, "_summary", cached)
+        return cached
+
+    def candidate_event(self) -> dict:
+        """The trace's ``candidate`` event for this verdict, built once; read-only."""
+        cached = self.__dict__.get("_event")
+        if cached is None:
+            cached = {**self.summary(), "event": "candidate"}
+            object.__setattr__(self, "_event", cached)
+        return cached
+
+    def _summarize(self) -> dict:
         return {
             "backend": self.backend,
             "supported": self.supported,

@@ -1,4 +1,4 @@
-"""The `moe-fsm` command: select, explain, replay, diagram, golden, plan (and run, tune).
+"""The `moe-fsm` command: select, explain, replay, diff, diagram, golden, plan (and run, tune).
 
 Each subcommand module exposes ``register(subparsers)``, which adds its parser
 and sets ``func`` to a handler returning the exit status. ``main`` never lets a
@@ -30,7 +30,7 @@ EXIT_STATUSES = """exit status:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from moe_fsm.cli import diagram, explain, golden_cmd, plan_cmd, replay, run_cmd, select_cmd, tune_cmd
+    from moe_fsm.cli import diagram, diff_cmd, explain, golden_cmd, plan_cmd, replay, run_cmd, select_cmd, tune_cmd
 
     parser = argparse.ArgumentParser(
         prog="moe-fsm",
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"moe-fsm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (select_cmd, explain, replay, diagram, golden_cmd, plan_cmd, run_cmd, tune_cmd):
+    for module in (select_cmd, explain, replay, diff_cmd, diagram, golden_cmd, plan_cmd, run_cmd, tune_cmd):
         module.register(subparsers)
     return parser
 

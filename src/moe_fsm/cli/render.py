@@ -191,40 +191,52 @@ def event_lines(document: dict, detail: bool = False) -> list[str]:
     """The decision, event by event, grouped under the state it happened in."""
     lines: list[str] = ["  [start]"]
     for event in document["events"]:
-        kind = event["event"]
-        if kind == "guard":
-            state = guard_state(event)
-            verb = "enter" if event["result"] else "skip "
-            lines.append(f"    {verb} {state:<22} {guard_text(event)}")
-        elif kind == "transition":
-            concluded = event["trigger"] == "conclude" or event["dest"] in ("selected", "fallback_none", "failed")
-            lines.append(f"  [{event['dest']}]" + ("  (conclude)" if concluded else ""))
-        elif kind == "candidate":
-            lines.extend(candidate_lines(event, detail))
-        elif kind == "mapped":
-            lines.append(f"    mapped {event['requested']!r} -> {event['backend']}")
-        elif kind == "rewritten":
-            lines.append(f"    rewrote {event['backend']} -> {event['to']} ({event['because']})")
-        elif kind == "pruned":
-            env = f" [{reading_text(event['env'])}]" if event.get("env") else ""
-            lines.append(f"    pruned {', '.join(event['backends'])}: {event['because']}{env}")
-        elif kind == "scan":
-            lines.append(f"    scan order: {', '.join(event['candidates']) or '(empty)'}")
-        elif kind == "reordered":
-            lines.append(f"    moved {', '.join(event['backends'])} to the {event['to']}: {event['because']}")
-        elif kind == "unchecked":
-            lines.append(f"    chose {event['backend']} -> {event['kernel']} unchecked: {event['because']}")
-        elif kind == "fallback":
-            lines.append(f"    fallback {event['backend']}: {event['because']}")
-        elif kind == "note":
-            lines.append(f"    note: {event['text']}")
-        elif kind == "flashinfer_family":
-            lines.append(f"    {reading_text(event['env'])} names the FlashInfer {event['family']} family")
-        elif kind == "prepare_finalize":
-            lines.append(f"    prepare/finalize {event['name']}: {event['reason']}")
-        else:  # an event this renderer does not know: show it raw rather than drop it
-            lines.append(f"    {kind}: " + ", ".join(f"{k}={v!r}" for k, v in event.items() if k != "event"))
+        lines.extend(lines_of(event, detail))
     return lines
+
+
+def lines_of(event: dict, detail: bool = False) -> list[str]:
+    """One event as the lines ``select`` prints for it."""
+    kind = event["event"]
+    if kind == "guard":
+        verb = "enter" if event["result"] else "skip "
+        return [f"    {verb} {guard_state(event):<22} {guard_text(event)}"]
+    if kind == "transition":
+        concluded = event["trigger"] == "conclude" or event["dest"] in ("selected", "fallback_none", "failed")
+        return [f"  [{event['dest']}]" + ("  (conclude)" if concluded else "")]
+    if kind == "candidate":
+        return candidate_lines(event, detail)
+    if kind == "mapped":
+        return [f"    mapped {event['requested']!r} -> {event['backend']}"]
+    if kind == "rewritten":
+        return [f"    rewrote {event['backend']} -> {event['to']} ({event['because']})"]
+    if kind == "pruned":
+        env = f" [{reading_text(event['env'])}]" if event.get("env") else ""
+        return [f"    pruned {', '.join(event['backends'])}: {event['because']}{env}"]
+    if kind == "scan":
+        return [f"    scan order: {', '.join(event['candidates']) or '(empty)'}"]
+    if kind == "reordered":
+        return [f"    moved {', '.join(event['backends'])} to the {event['to']}: {event['because']}"]
+    if kind == "unchecked":
+        return [f"    chose {event['backend']} -> {event['kernel']} unchecked: {event['because']}"]
+    if kind == "fallback":
+        return [f"    fallback {event['backend']}: {event['because']}"]
+    if kind == "note":
+        return [f"    note: {event['text']}"]
+    if kind == "flashinfer_family":
+        return [f"    {reading_text(event['env'])} names the FlashInfer {event['family']} family"]
+    if kind == "prepare_finalize":
+        return [f"    prepare/finalize {event['name']}: {event['reason']}"]
+    # an event this renderer does not know: show it raw rather than drop it
+    return [f"    {kind}: " + ", ".join(f"{k}={v!r}" for k, v in event.items() if k != "event")]
+
+
+def decision_text(document: dict) -> str:
+    """The outcome in a few words: 'TRITON (TritonExperts)', 'NONE', 'NoBackendError'."""
+    outcome = document["outcome"]
+    if outcome["status"] == "failed":
+        return f"{outcome['error']['type']} ({outcome['error']['builtin']})"
+    return outcome["backend"] + (f" ({outcome['kernel']})" if outcome.get("kernel") else "")
 
 
 def outcome_lines(document: dict) -> list[str]:
@@ -240,10 +252,20 @@ def outcome_lines(document: dict) -> list[str]:
         f"{outcome['activation_format']} activation format)",
         f"  prepare/finalize: {outcome['prepare_finalize']['name']}: {outcome['prepare_finalize']['reason']}",
     ]
-    if not outcome["runnable"]:
-        lines.append("  note: moe-fsm models this kernel for selection but cannot run it itself "
-                     "(vLLM's compiled kernel or a library it does not wrap)")
+    build = document.get("build")
+    if build is not None:
+        lines.append(f"  here: {build_text(build)}")
     return lines
+
+
+def build_text(build: dict) -> str:
+    """What moe-fsm can run of the decision on this machine (the decision itself is vLLM's)."""
+    experts = {"native": f"builds {build['experts']}", "substitute": f"builds {build['experts']} instead",
+               "unavailable": "cannot build the experts"}[build["how"]]
+    text = f"moe-fsm {experts} ({build['because']})"
+    if not build["prepare_finalize_buildable"]:
+        text += f"; the prepare/finalize cannot be built here: {build['prepare_finalize_because']}"
+    return text
 
 
 def path_text(document: dict) -> str:

@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from moe_fsm.engine.engine import DEFAULT_TRACE_DIR
 from moe_fsm.engine.presets import DEFAULT_PRESET, PRESETS, preset
 from moe_fsm.errors import InputError
+from moe_fsm.trace.document import DEFAULT_TRACE_DIR
 
 DEFAULT_REPEATS = 3  # engine.run.DEFAULT_REPEATS; the flag's default without importing torch
 MAX_TOKENS = 1 << 17

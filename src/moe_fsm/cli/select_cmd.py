@@ -13,7 +13,7 @@ from moe_fsm.decision import decide
 from moe_fsm.errors import SelectionError
 from moe_fsm.trace import document as trace_doc
 
-DEFAULT_TRACE_DIR = "moe-fsm-traces"
+DEFAULT_TRACE_DIR = trace_doc.DEFAULT_TRACE_DIR
 
 
 def register(subparsers) -> None:

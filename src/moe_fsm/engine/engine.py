@@ -31,7 +31,7 @@ from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.profiles import ProfileChoice
 from moe_fsm.trace import document as trace_doc
 
-DEFAULT_TRACE_DIR = Path("moe-fsm-traces")
+DEFAULT_TRACE_DIR = Path(trace_doc.DEFAULT_TRACE_DIR)
 
 
 @dataclass

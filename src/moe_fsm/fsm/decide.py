@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moe_fsm.backends.pf_choice import choose_prepare_finalize
 from moe_fsm.backends.registry import Registry
 from moe_fsm.backends.verdict import BackendVerdict, SupportContext
-from moe_fsm.errors import BackendUnsupportedError, SelectionError
+from moe_fsm.errors import BackendUnsupportedError, InputError, SelectionError
 from moe_fsm.fsm.machine import machine_for
 from moe_fsm.fsm.policy import FALLBACK_NONE, SELECTED, START, TERMINAL_STATES, FamilyPolicy
 from moe_fsm.fsm.steps import Step
@@ -73,16 +74,32 @@ class DecisionRun:
             self.selection = None
 
     def record_guard(self, step: Step, guard: str, inputs: dict, result: bool, env_vars: tuple[str, ...] = ()) -> None:
-        if env_vars:
-            inputs = {**inputs, "env": [self.ctx.env.reading(n) for n in env_vars]}
-        self.rec.emit("guard", step=step.name, guard=guard, inputs=inputs, result=result)
+        self.rec.append(_guard_event(step, guard, inputs, result, env_vars, self.ctx.env))
+
+    def env_guard(self, step: Step, evaluate) -> bool:
+        """A guard that reads only env variables: evaluated (and its event built) once per env snapshot.
+
+        ``evaluate(env)`` returns (result, guard kind, inputs, variables read).
+        """
+        memo = self.ctx.env.guards
+        known = memo.get(step)
+        if known is None:
+            result, guard, inputs, env_vars = evaluate(self.ctx.env)
+            known = memo[step] = (result, _guard_event(step, guard, inputs, result, env_vars, self.ctx.env))
+        if self.rec.enabled:
+            self.rec.append(known[1])
+        return known[0]
 
     # -- what steps are made of -------------------------------------------------------
 
-    def verdict(self, backend: str) -> BackendVerdict:
-        verdict = self.registry.verdict(self.ctx.layer.family, backend, self.ctx, self._memo)
+    def verdict(self, backend: str, kernels: tuple[str, ...] | None = None, extra: tuple = ()) -> BackendVerdict:
+        """A backend's verdict (``kernels`` / ``extra``: a step's own kernel classes and conditions for it)."""
+        if kernels is None and not extra:
+            verdict = self.registry.verdict(self.ctx.layer.family, backend, self.ctx, self._memo)
+        else:
+            verdict = self.registry.step_verdict(self.ctx.layer.family, backend, self.ctx, kernels, extra)
         if self.rec.enabled:
-            self.rec.emit("candidate", **verdict.summary())
+            self.rec.append(verdict.candidate_event())
         return verdict
 
     def select(self, verdict: BackendVerdict) -> None:
@@ -98,23 +115,19 @@ class DecisionRun:
         self._choose_prepare_finalize()
 
     def fall_back_to_platform(self) -> None:
-        """The oracle returns NONE: the platform runs the layer its own way."""
-        fallback = self.registry.fallback_verdicts(self.ctx)
+        """The oracle returns NONE: the platform runs the layer its own way (what moe-fsm runs is build's business)."""
         self.rec.emit(
             "fallback",
             backend="NONE",
-            kernel=fallback.kernel,
+            kernel=None,
             because=f"no {self.policy.label} backend applies on a {self.ctx.platform.vendor.value} platform; "
-            + ("the platform runs the layer its own way" if fallback.kernel is None else f"moe-fsm runs it with {fallback.kernel}"),
+                    "the platform runs the layer its own way",
         )
-        self.selection = Selection(FALLBACK_NONE, "NONE", fallback.kernel, self.state)
+        self.selection = Selection(FALLBACK_NONE, "NONE", None, self.state)
         self._choose_prepare_finalize()
 
     def _choose_prepare_finalize(self) -> None:
         """The terminal pairing: how tokens reach the chosen experts, from the parallel config."""
-        from moe_fsm.errors import InputError
-        from moe_fsm.prepare_finalize.choice import choose_prepare_finalize
-
         try:
             self.prepare_finalize = choose_prepare_finalize(self.ctx.parallel, self.ctx.activation_format)
         except InputError as err:
@@ -136,11 +149,14 @@ class DecisionRun:
             message = f"{message}: {verdict.reason}."
         raise BackendUnsupportedError(message)
 
-    def scan(self, candidates) -> list[BackendVerdict]:
+    def scan(self, candidates, kernels=None, extra=None) -> list[BackendVerdict]:
         """Try candidates in order; select the first supported. Returns the rejections."""
         rejected = []
         for backend in candidates:
-            verdict = self.verdict(backend)
+            if kernels or extra:
+                verdict = self.verdict(backend, (kernels or {}).get(backend), (extra or {}).get(backend, ()))
+            else:
+                verdict = self.verdict(backend)
             if verdict.supported:
                 self.select(verdict)
                 return rejected
@@ -162,3 +178,9 @@ class DecisionRun:
             self.rec.emit("rewritten", backend=backend, to=batched, because="experts use the batched activation format")
             return batched
         return backend
+
+
+def _guard_event(step: Step, guard: str, inputs: dict, result: bool, env_vars, env) -> dict:
+    if env_vars:
+        inputs = {**inputs, "env": [env.reading(n) for n in env_vars]}
+    return {"event": "guard", "step": step.name, "guard": guard, "inputs": inputs, "result": result}

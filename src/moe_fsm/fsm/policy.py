@@ -41,8 +41,22 @@ class Reorder:
 
     when: tuple["Requirement", ...]
     backends: tuple[str, ...]
-    to: str  # "front" | "back"
+    to: str  # "front" | "back" | "before:BACKEND" (just ahead of BACKEND; vLLM's prioritize_humming)
     because: str
+
+    def apply(self, candidates: list[str]) -> list[str]:
+        """The scan order after this rule (its condition already holds)."""
+        moving = [b for b in self.backends if b in candidates]
+        rest = [b for b in candidates if b not in moving]
+        if self.to == "front":
+            return moving + rest
+        if self.to.startswith("before:"):
+            anchor = self.to.split(":", 1)[1]
+            if anchor not in rest:
+                return candidates  # nothing to go ahead of: vLLM leaves the list as it is
+            at = rest.index(anchor)
+            return rest[:at] + moving + rest[at:]
+        return rest + moving
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +75,8 @@ class FamilyPolicy:
     exhausted_error: type[SelectionError] = NoBackendError
     reorders: tuple[Reorder, ...] = ()
     clamp_backends: frozenset[str] | None = None
+    clamp_refusal: str | None = None  # format(limit=, request=, use=); None: the seeds' wording
+    batched_requests: frozenset[str] = frozenset()  # user names that put the experts in the batched format
     gated_by_allow_vllm_cutlass: tuple[str, ...] = ()
     explicit_unavailable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     none_on_vendors: frozenset[Vendor] = frozenset()

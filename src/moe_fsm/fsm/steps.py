@@ -12,7 +12,7 @@ new code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
 from moe_fsm.errors import BackendUnsupportedError, NoBackendError
@@ -26,9 +26,12 @@ if TYPE_CHECKING:
 FI_CUTLASS, FI_TRTLLM, FI_CUTEDSL = "CUTLASS", "TENSORRT_LLM", "CUTEDSL"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Step:
-    """Base of the step kinds; ``name`` is the state's name (unique within a policy)."""
+    """Base of the step kinds; ``name`` is the state's name (unique within a policy).
+
+    Steps compare and hash by identity: a step is one state of one policy's machine.
+    """
 
     name: str
 
@@ -43,7 +46,7 @@ class Step:
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Shortcut(Step):
     """When every condition holds, the first supported candidate is the decision.
 
@@ -52,11 +55,17 @@ class Shortcut(Step):
     TPU and OOT return their backend at once). When no candidate is supported,
     ``otherwise`` is selected without a support check (as vLLM returns it), or,
     without ``otherwise``, the last rejection is raised as a ValueError.
+    ``kernels`` / ``extra``: for a candidate, the kernel classes tried in this step
+    instead of the backend's own, and conditions added to theirs (0.33's LoRA step
+    tries TrtLlmBf16LoRAExperts under FLASHINFER_TRTLLM, and only when the
+    per-partition intermediate size is a multiple of 128).
     """
 
     when: tuple["Requirement", ...] = ()
     candidates: tuple[str, ...] = ()
     otherwise: str | None = None
+    kernels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    extra: Mapping[str, tuple["Requirement", ...]] = field(default_factory=dict)
 
     def guard(self, run) -> bool:
         checks = [(r, r.failure(run.ctx)) for r in self.when]
@@ -68,7 +77,7 @@ class Shortcut(Step):
         return result
 
     def act(self, run) -> None:
-        rejected = run.scan(self.candidates)
+        rejected = run.scan(self.candidates, self.kernels, self.extra)
         if run.selection is not None:
             return
         if self.otherwise is not None:
@@ -81,7 +90,7 @@ class Shortcut(Step):
         return " and ".join(r.description for r in self.when) or "always"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ExplicitChoice(Step):
     """The backend the user named for the family (``moe_backend`` / ``--backend``).
 
@@ -115,10 +124,10 @@ class ExplicitChoice(Step):
             raise BackendUnsupportedError(f"vLLM CUTLASS {policy.label} MoE backend is disabled for this configuration.")
         if run.clamp_blocks(backend):
             use = " or ".join(repr(policy.user_name_of(b)) for b in sorted(policy.clamp_backends))
-            raise BackendUnsupportedError(
-                f"Model sets swiglu_limit={ctx.layer.swiglu_limit}, but the explicitly requested "
-                f"moe_backend={run.request!r} does not apply the SwiGLU clamp. Use {use} instead."
-            )
+            raise BackendUnsupportedError((policy.clamp_refusal or (
+                "Model sets swiglu_limit={limit}, but the explicitly requested moe_backend={request!r} does not "
+                "apply the SwiGLU clamp. Use {use} instead."
+            )).format(limit=ctx.layer.swiglu_limit, request=run.request, use=use))
         run.require(backend, policy.explicit_unavailable.get(backend))
 
     def guard_text(self) -> str:
@@ -126,7 +135,7 @@ class ExplicitChoice(Step):
         return f"backend requested for the family is not auto{extra}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FlashInferPreference(Step):
     """How a family reacts to its VLLM_USE_FLASHINFER_MOE_* variable (the seed oracles).
 
@@ -149,12 +158,11 @@ class FlashInferPreference(Step):
     family_var: str = "VLLM_FLASHINFER_MOE_BACKEND"
 
     def guard(self, run) -> bool:
-        env = run.ctx.env
+        return run.env_guard(self, self._evaluate)
+
+    def _evaluate(self, env):
         result = env.is_set(self.env_var) if self.gate_on_presence else bool(env.value(self.env_var))
-        if run.rec.enabled:
-            test = "is set" if self.gate_on_presence else "reads 1"
-            run.record_guard(self, "flashinfer_env", {"test": test}, result, (self.env_var,))
-        return result
+        return result, "flashinfer_env", {"test": "is set" if self.gate_on_presence else "reads 1"}, (self.env_var,)
 
     def act(self, run) -> None:
         env, layer = run.ctx.env, run.ctx.layer
@@ -203,7 +211,7 @@ class FlashInferPreference(Step):
         return f"{self.env_var} {'is set' if self.gate_on_presence else 'reads 1'}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EnvOverride(Step):
     """Env switches that, when any is set, force a backend (all read true) or prune it (any reads false).
 
@@ -219,11 +227,10 @@ class EnvOverride(Step):
     unsupported: str = "raise"
 
     def guard(self, run) -> bool:
-        env = run.ctx.env
-        result = any(env.is_set(n) for n in self.names)
-        if run.rec.enabled:
-            run.record_guard(self, "env_override_set", {"test": "any is set"}, result, self.names)
-        return result
+        return run.env_guard(self, self._evaluate)
+
+    def _evaluate(self, env):
+        return any(env.is_set(n) for n in self.names), "env_override_set", {"test": "any is set"}, self.names
 
     def act(self, run) -> None:
         env = run.ctx.env
@@ -244,7 +251,7 @@ class EnvOverride(Step):
         return "any of " + ", ".join(self.names) + " is set"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ForcedBackend(Step):
     """A switch that forces one backend when it reads true (seeds: VLLM_TEST_FORCE_FP8_MARLIN)."""
 
@@ -252,10 +259,11 @@ class ForcedBackend(Step):
     backend: str = ""
 
     def guard(self, run) -> bool:
-        result = bool(run.ctx.env.value(self.env_var))
-        if run.rec.enabled:
-            run.record_guard(self, "force_backend", {"test": "reads true", "backend": self.backend}, result, (self.env_var,))
-        return result
+        return run.env_guard(self, self._evaluate)
+
+    def _evaluate(self, env):
+        result = bool(env.value(self.env_var))
+        return result, "force_backend", {"test": "reads true", "backend": self.backend}, (self.env_var,)
 
     def act(self, run) -> None:
         run.require(self.backend)
@@ -264,7 +272,7 @@ class ForcedBackend(Step):
         return f"{self.env_var} reads true"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AutoScan(Step):
     """The priority scan: the policy's list for the vendor, reordered and pruned, first supported wins.
 
@@ -284,8 +292,7 @@ class AutoScan(Step):
         for rule in policy.reorders:
             if all(r.failure(ctx) is None for r in rule.when):
                 moving = [b for b in rule.backends if b in candidates]
-                rest = [b for b in candidates if b not in moving]
-                candidates = moving + rest if rule.to == "front" else rest + moving
+                candidates = rule.apply(candidates)
                 run.rec.emit("reordered", backends=moving, to=rule.to, because=rule.because)
         if policy.gated_by_allow_vllm_cutlass and not ctx.layer.allow_vllm_cutlass:
             run.prune(policy.gated_by_allow_vllm_cutlass, "allow_vllm_cutlass is off for this checkpoint")

@@ -15,10 +15,11 @@ different sets. This module only gives the building blocks.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import EnvVarError, InputError
 
 
@@ -87,13 +88,23 @@ class EnvRegistry:
     def get(self, name: str) -> EnvVar | None:
         return self.variables.get(name)
 
+    _readers: dict = field(default_factory=dict, repr=False)
+
     def reader(self, snapshot: "EnvSnapshot") -> "EnvReader":
-        """The snapshot as this registry reads it; a value its parser refuses is an EnvVarError now."""
-        for name, raw in snapshot.raw:
-            var = self.variables.get(name)
-            if var is not None:
-                var.parse(raw)
-        return EnvReader(snapshot, self)
+        """The snapshot as this registry reads it; a value its parser refuses is an EnvVarError now.
+
+        One reader per distinct snapshot (an engine decides every layer with the same one).
+        """
+        reader = self._readers.get(snapshot)
+        if reader is None:
+            for name, raw in snapshot.raw:
+                var = self.variables.get(name)
+                if var is not None:
+                    var.parse(raw)
+            if len(self._readers) >= 256:
+                self._readers.clear()
+            reader = self._readers[snapshot] = EnvReader(snapshot, self)
+        return reader
 
 
 def known_env_vars() -> Mapping[str, EnvVar]:
@@ -109,6 +120,7 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
+@hashed_once
 @dataclass(frozen=True)
 class EnvSnapshot:
     """The present variables that some profile reads, as raw strings.
@@ -151,6 +163,7 @@ class EnvSnapshot:
         return cls.from_mapping(data, strict_names=True)
 
 
+@hashed_once
 @dataclass(frozen=True)
 class EnvReader:
     """A snapshot read through one profile's registry: presence (vLLM's ``envs.is_set``) and parsed value."""
@@ -167,10 +180,16 @@ class EnvReader:
         raw = self.snapshot.raw_value(name)
         return var.default if raw is None else var.parse(raw)
 
+    _readings: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    guards: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # env-only guards' results
+
     def reading(self, name: str) -> dict:
-        """What a decision saw of one variable: present or not, raw text, parsed value."""
-        raw = self.snapshot.raw_value(name)
-        return {"name": name, "set": raw is not None, "raw": raw, "value": self.value(name)}
+        """What a decision saw of one variable: present or not, raw text, parsed value (built once; read-only)."""
+        reading = self._readings.get(name)
+        if reading is None:
+            raw = self.snapshot.raw_value(name)
+            reading = self._readings[name] = {"name": name, "set": raw is not None, "raw": raw, "value": self.value(name)}
+        return reading
 
     def _known(self, name: str) -> EnvVar:
         var = self.registry.get(name)

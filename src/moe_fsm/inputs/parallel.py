@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from enum import Enum
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
 
 
@@ -23,6 +24,7 @@ class AllToAllKind(str, Enum):
     FLASHINFER_ALL2ALLV = "flashinfer_all2allv"
 
 
+@hashed_once
 @dataclass(frozen=True)
 class ParallelConfig:
     """tp/dp/ep sizes; ``batched_activation_format`` says experts see [E_local, T, K] inputs."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
 
 
@@ -87,6 +88,7 @@ _KEY_TEXT.update({
 })
 
 
+@hashed_once
 @dataclass(frozen=True)
 class QuantScheme:
     """Family plus the (weight, activation) keys; unquantized layers have neither key."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Union
 
+from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.quant import QuantFamily
 
@@ -24,6 +25,7 @@ def normalize_backend_name(name: str) -> str:
     return name.strip().lower().replace("-", "_")
 
 
+@hashed_once
 @dataclass(frozen=True)
 class BackendRequest:
     """``default`` applies to every family not listed in ``per_family``."""

@@ -21,8 +21,11 @@ class Profile:
 
     ``vllm_version``: the release it is read from ((0, 33) for 0.33.x); None for
     ``seeds``, the snapshot the project is specified from, which counts as older
-    than every release profile. ``fallback_kernels``: what moe-fsm runs where the
-    oracle leaves a layer to the platform (FP8's NONE).
+    than every release profile. The last two fields are about moe-fsm's runtime,
+    never about the decision: ``fallback_kernels``, what moe-fsm runs where the
+    oracle leaves a layer to the platform (FP8's NONE); ``substitutes``, for a
+    kernel class moe-fsm does not implement, the kernel spec that computes the
+    same numerics (e.g. vLLM's NVFP4 emulation experts -> moe-fsm's torch emulation).
     """
 
     name: str
@@ -32,6 +35,7 @@ class Profile:
     kernels: Mapping[str, KernelSpec]
     env: EnvRegistry
     fallback_kernels: Mapping[Vendor, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    substitutes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def policy(self, family: QuantFamily) -> FamilyPolicy:
         from moe_fsm.errors import InputError

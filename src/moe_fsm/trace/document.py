@@ -15,14 +15,17 @@ import platform as host_platform
 import re
 import tempfile
 import time
+from functools import lru_cache
 from pathlib import Path
 
 SCHEMA_ID = "moe-fsm/decision-trace"
+DEFAULT_TRACE_DIR = "moe-fsm-traces"  # where select and run write traces unless told otherwise
 SCHEMA_VERSION = 1
 
 
 def build_document(*, inputs: dict, family: str, path: list[str], events: list[dict], outcome: dict,
-                   layer_name: str | None, started_at: float, duration_us: float) -> dict:
+                   build: dict | None, layer_name: str | None, started_at: float, duration_us: float) -> dict:
+    """``outcome`` is the decision (vLLM's, for the profile); ``build`` what moe-fsm can run of it here."""
     from moe_fsm import __version__
 
     return {
@@ -34,15 +37,21 @@ def build_document(*, inputs: dict, family: str, path: list[str], events: list[d
         "path": path,
         "events": events,
         "outcome": outcome,
+        "build": build,
         "volatile": {
             "started_at": round(started_at, 6),
             "duration_us": round(duration_us, 1),
-            "host": host_platform.node(),
             "pid": os.getpid(),
-            "moe_fsm_version": __version__,
-            "python": host_platform.python_version(),
+            **_process_facts(__version__),
         },
     }
+
+
+@lru_cache(maxsize=1)
+def _process_facts(version: str) -> dict:
+    """host and versions: the same for every decision of a process, looked up once."""
+    return {"host": host_platform.node(), "moe_fsm_version": version,
+            "python": host_platform.python_version()}
 
 
 def canonical(document: dict) -> dict:

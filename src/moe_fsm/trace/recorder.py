@@ -1,10 +1,13 @@
-"""Collects a decision's structured events through moe-fsm's own structlog logger.
+"""Collects a decision's structured events; forwards them through structlog when someone listens.
 
-moe-fsm runs inside someone else's engine, so it never calls
-``structlog.configure`` or touches the host's logging setup: each recorder wraps
-its own logger with its own processor chain. The chain appends every event to
-the decision's list; when the stdlib logger ``moe_fsm.decision`` is enabled for
-DEBUG, events are also forwarded there as JSON, for operators who want them live.
+Every event is a flat dict (``event`` plus its fields) appended to the
+decision's list, which becomes the trace document's ``events``. That costs one
+dict per event. structlog stays the event API for consumers: when the stdlib
+logger ``moe_fsm.decision`` is enabled for DEBUG, each event also goes through
+moe-fsm's own structlog logger and processor chain, which renders it as JSON
+into that logger. Nobody listening means structlog's pipeline is not paid for
+(it is not even imported). moe-fsm runs inside someone else's engine, so it
+never calls ``structlog.configure`` or touches the host's logging setup.
 """
 
 from __future__ import annotations
@@ -12,41 +15,48 @@ from __future__ import annotations
 import json
 import logging
 
-import structlog
-
 FORWARD_LOGGER = logging.getLogger("moe_fsm.decision")
-
-
-class _Collect:
-    """Processor: keep a copy of the event in the decision's list."""
-
-    def __init__(self, sink: list) -> None:
-        self.sink = sink
-
-    def __call__(self, logger, method_name, event_dict):
-        self.sink.append(dict(event_dict))
-        return event_dict
+_structlog_logger = None
 
 
 def _forward(logger, method_name, event_dict):
-    if FORWARD_LOGGER.isEnabledFor(logging.DEBUG):
-        FORWARD_LOGGER.debug(json.dumps(event_dict, sort_keys=True, default=str))
+    FORWARD_LOGGER.debug(json.dumps(event_dict, sort_keys=True, default=str))
     return ""
+
+
+def _listener():
+    """moe-fsm's own structlog logger (built on first use), whose chain forwards to ``moe_fsm.decision``."""
+    global _structlog_logger
+    if _structlog_logger is None:
+        import structlog
+
+        _structlog_logger = structlog.wrap_logger(
+            structlog.ReturnLogger(),
+            processors=[_forward],
+            wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+            cache_logger_on_first_use=False,
+        )
+    return _structlog_logger
 
 
 class Recorder:
     """The event list of one decision; ``enabled=False`` keeps only what the outcome needs."""
 
+    __slots__ = ("enabled", "events", "_live")
+
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.events: list[dict] = []
-        self._log = structlog.wrap_logger(
-            structlog.ReturnLogger(),
-            processors=[_Collect(self.events), _forward],
-            wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
-            cache_logger_on_first_use=False,
-        ).bind()
+        self._live = enabled and FORWARD_LOGGER.isEnabledFor(logging.DEBUG)
 
     def emit(self, event: str, **fields) -> None:
         if self.enabled:
-            self._log.info(event, **fields)
+            fields["event"] = event
+            self.append(fields)
+
+    def append(self, event: dict) -> None:
+        """Record an event dict as it is (it may be shared between decisions: events are read-only)."""
+        if self.enabled:
+            self.events.append(event)
+            if self._live:
+                _listener().info(event["event"], **{k: v for k, v in event.items() if k != "event"})

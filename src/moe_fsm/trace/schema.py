@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from importlib import resources
 
 from moe_fsm.errors import InputError
 
@@ -32,6 +31,8 @@ class TraceSchemaError(InputError):
 @lru_cache(maxsize=1)
 def load_schema() -> dict:
     """The schema as shipped in the package."""
+    from importlib import resources
+
     text = resources.files("moe_fsm").joinpath(SCHEMA_RESOURCE).read_text()
     return json.loads(text)
 

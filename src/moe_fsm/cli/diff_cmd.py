@@ -1,0 +1,142 @@
+"""`moe-fsm diff`: one layer, or every layer of a `run` preset, under two policy profiles side by side."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+
+from moe_fsm import diff, profiles
+from moe_fsm.cli import render
+from moe_fsm.cli.inputs import add_input_arguments, inputs_from_args
+from moe_fsm.errors import InputError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "diff",
+        help="decide a layer (or every layer of a preset) under two policy profiles and show where they part",
+        description="What changes for a model when vLLM is upgraded: the same inputs decided under two policy "
+                    "profiles, side by side, with the first step where the paths part and the events that say "
+                    "why. Exit 0 when every decision is the same, 1 when some differ, 2 on bad input.",
+    )
+    parser.add_argument("--from", dest="before", default=profiles.SEEDS, metavar="PROFILE",
+                        help=f"the profile to compare from (default {profiles.SEEDS})")
+    parser.add_argument("--to", dest="after", metavar="PROFILE",
+                        help="the profile to compare to (default: the newest vLLM release profile)")
+    parser.add_argument("--preset", metavar="NAME",
+                        help="every MoE layer of a `moe-fsm run` preset instead of one layer (layer flags are ignored)")
+    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    add_input_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    before = profiles.get(args.before).name
+    after = args.after or diff.newest_release()
+    if after is None:
+        raise InputError(f"--to is needed: the only profiles are {profiles.names()}")
+    profiles.get(after)
+    base = inputs_from_args(args)
+    if args.preset:
+        from moe_fsm.engine.presets import preset
+
+        model = preset(args.preset)
+        layers = [(spec.name, replace(base, layer=spec.layer)) for spec in model.layers]
+        title = model.describe()
+    else:
+        layers = [(None, base)]
+        title = None
+    groups: dict = {}
+    for name, inputs in layers:
+        groups.setdefault(inputs, []).append(name)
+    results = [(names, diff.diff_layer(inputs, before, after)) for inputs, names in groups.items()]
+    if args.json:
+        sys.stdout.write(json.dumps([_json(names, d) for names, d in results], indent=2, sort_keys=True) + "\n")
+    else:
+        print("\n".join(_text(before, after, title, results)))
+    return 0 if all(d.same_decision for _, d in results) else 1
+
+
+def _json(names, d: diff.LayerDiff) -> dict:
+    part = d.divergence
+    return {
+        "layers": [n for n in names if n is not None],
+        "same_decision": d.same_decision,
+        "from": {"profile": d.before.profile, "path": d.before.document["path"], "outcome": d.before.outcome,
+                 "unread_env": list(d.unread_env[0])},
+        "to": {"profile": d.after.profile, "path": d.after.document["path"], "outcome": d.after.outcome,
+               "unread_env": list(d.unread_env[1])},
+        "parts_at": None if part is None else {"segment": part.segment, "states": list(part.state),
+                                               "from_events": part.events[0], "to_events": part.events[1]},
+    }
+
+
+def _text(before: str, after: str, title: str | None, results) -> list[str]:
+    out = [f"moe-fsm diff: {before} -> {after}" + (f"  ({title})" if title else "")]
+    first = results[0][1].before.document
+    skip = ("policy:",) if title is None else ("policy:", "layer:")
+    out.extend(line for line in render.inputs_lines(first) if not line.lstrip().startswith(skip))
+    for names, d in results:
+        out.append("")
+        if title is not None:
+            out.append(f"{_layer_range(names)}: {render.layer_text(d.before.document['inputs']['layer'])}")
+        width = max(len(before), len(after), 24)
+        rows = [
+            ("decision", render.decision_text(d.before.document), render.decision_text(d.after.document)),
+            ("via", d.before.outcome.get("via", "-"), d.after.outcome.get("via", "-")),
+            ("path", render.path_text(d.before.document), render.path_text(d.after.document)),
+        ]
+        errors = [side.outcome["error"]["message"] if side.outcome["status"] == "failed" else "-"
+                  for side in (d.before, d.after)]
+        if errors != ["-", "-"]:
+            rows.append(("error", *errors))
+        if any(d.unread_env):
+            rows.append(("env it ignores", ", ".join(d.unread_env[0]) or "-", ", ".join(d.unread_env[1]) or "-"))
+        left = max(width, *(len(r[1]) for r in rows))
+        out.append(f"  {'':<15} {before:<{left}}  {after}")
+        out.extend(f"  {label:<15} {a:<{left}}  {b}" for label, a, b in rows)
+        out.extend(_divergence_lines(d, before, after))
+    same = sum(len(names) for names, d in results if d.same_decision)
+    total = sum(len(names) for names, _ in results)
+    if title is not None:
+        out.append("")
+        out.append(f"{total - same} of {total} layers decide differently under {after} than under {before}")
+    return out
+
+
+def _divergence_lines(d: diff.LayerDiff, before: str, after: str) -> list[str]:
+    part = d.divergence
+    verdict = "same decision" if d.same_decision else "DIFFERENT decision"
+    if part is None:
+        return [f"  {verdict}; the paths do not part"]
+    state_a, state_b = part.state
+    where = (f"in {state_a}" if state_a == state_b else f"at {state_a} ({before}) / {state_b} ({after})")
+    lines = [f"  {verdict}; the paths part {where}:"]
+    for profile, events in ((before, part.events[0]), (after, part.events[1])):
+        lines.append(f"    {profile}:")
+        shown = [line for event in events for line in render.lines_of(event)]
+        lines.extend("    " + line for line in shown or ["    (nothing: the decision had ended)"])
+    return lines
+
+
+def _layer_range(names: list[str]) -> str:
+    indices = []
+    for name in names:
+        digits = [int(part) for part in name.split(".") if part.isdigit()]
+        indices.append(digits[0] if digits else None)
+    if None in indices or not indices:
+        return f"{len(names)} layer(s)"
+    return f"layers {_ranges(sorted(indices))} ({len(names)})"
+
+
+def _ranges(indices: list[int]) -> str:
+    spans, start, prev = [], indices[0], indices[0]
+    for i in indices[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(spans)
