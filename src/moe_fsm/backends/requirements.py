@@ -270,3 +270,25 @@ class EnvOff(Requirement):
         if not ctx.env.value(self.name):
             return None
         return f"kernel does not support {self.why} ({self.name} is on)"
+
+
+@dataclass(frozen=True)
+class Condition(Requirement):
+    """Any other support condition, as text plus a predicate on the SupportContext.
+
+    For the checks vLLM writes inline in an ``is_supported_config`` override
+    (expert-count limits, dimension alignment, a SwiGLU-clamp rule), where no
+    dedicated requirement kind exists; ``failure`` is the reason in vLLM's words.
+    """
+
+    text: str
+    holds: Callable[..., bool]
+    failure_text: str = ""
+
+    def describe(self) -> str:
+        return self.text
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        if self.holds(ctx):
+            return None
+        return self.failure_text or f"kernel does not support this layer (needs {self.text})"

@@ -40,6 +40,9 @@ class Library(str, Enum):
     VLLM_OPS = "vllm._custom_ops"
     TORCH_GROUPED_MM = "torch._grouped_mm"
     TORCH_SCALED_GROUPED_MM = "torch._scaled_grouped_mm"
+    HUMMING = "humming"
+    HPC = "hpc"
+    B12X = "b12x"
 
 
 @hashed_once
@@ -188,6 +191,9 @@ _ENTRY_POINTS: dict[Library, tuple[str, str | None]] = {
     Library.DEEP_GEMM: ("deep_gemm", None),
     Library.AITER: ("aiter", None),
     Library.VLLM_OPS: ("vllm._custom_ops", None),
+    Library.HUMMING: ("humming", None),
+    Library.HPC: ("hpc", None),
+    Library.B12X: ("b12x", None),
 }
 
 
