@@ -7,6 +7,7 @@ from moe_fsm.engine.engine import Engine, LoadedLayer
 from moe_fsm.engine.presets import LayerSpec
 from moe_fsm.errors import (
     BackendUnavailableError, BackendUnsupportedError, InputError, MoeFsmError, NoBackendError, SelectionError,
+    TraceWriteError,
 )
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import Activation, MoELayer
@@ -19,5 +20,5 @@ __all__ = [
     "Activation", "AllToAllKind", "BackendRequest", "BackendUnavailableError", "BackendUnsupportedError", "Decision",
     "DecisionInputs", "Engine", "EnvSnapshot", "InputError", "LayerSpec", "LoadedLayer", "MoELayer", "MoeFsmError", "NoBackendError", "ParallelConfig",
     "PlatformFacts", "QuantFamily", "QuantScheme", "SelectionError", "decide", "make_inputs", "preset", "probe",
-    "replay", "select",
+    "replay", "select", "TraceWriteError",
 ]

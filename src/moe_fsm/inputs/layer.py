@@ -81,8 +81,14 @@ class MoELayer:
             object.__setattr__(self, "swiglu_limit", float(self.swiglu_limit))
         if self.router_weight_on_input and self.top_k != 1:
             raise InputError("router_weight_on_input needs top_k == 1 (the weight scales the one expert's input)")
-        if self.quant.family is QuantFamily.NVFP4 and self.hidden_size % 16:
-            raise InputError(f"NVFP4 needs hidden_size divisible by 16, got {self.hidden_size}")
+        if self.quant.family is QuantFamily.NVFP4:
+            # One e4m3 scale per 16 elements along each GEMM's reduction dimension: K for w1, N for w2.
+            for name in ("hidden_size", "intermediate_size"):
+                if getattr(self, name) % 16:
+                    raise InputError(
+                        f"NVFP4 needs {name} divisible by 16 (one block scale per 16 values along the GEMM's "
+                        f"reduction), got {getattr(self, name)}"
+                    )
 
     @property
     def family(self) -> QuantFamily:
