@@ -160,17 +160,19 @@ def test_cli_bad_config_is_one_line(tmp_path, capsys):
     assert "names no expert count" in capsys.readouterr().err
 
 
-def test_config_reading_needs_no_torch():
-    """The plan's readers are decision core: they run where torch cannot even be imported."""
+def test_plan_needs_no_torch(tmp_path):
+    """plan is decision core: the whole command runs where torch cannot even be imported."""
     import subprocess
     import sys
 
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "from moe_fsm.plan.model_config import read_model_config\n"
-        "from moe_fsm.plan.quant_config import layer_quant\n"
-        f"m = read_model_config({str(CONFIGS / 'deepseek-r1-fp4')!r})\n"
-        "print(len(m.moe_layers), layer_quant(m.quantization, m.experts_module(3)).scheme.family.value)\n"
+        "from moe_fsm.cli.main import main\n"
+        f"sys.exit(main(['plan', {str(CONFIGS / 'synthetic-mixed-nvfp4-fp8')!r}, '--platform', 'sm121', '--no-env', "
+        f"'--policy', 'seeds', '--backend', 'nvfp4=flashinfer_b12x', '--json', '--trace-dir', {str(tmp_path)!r}]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["58", "nvfp4"]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    backends = {row["backend"] for row in json.loads(done.stdout)["layers"]}
+    assert backends == {"TRITON", "FLASHINFER_B12X", "FLASHINFER_CUTLASS"}
+    assert len(list(tmp_path.glob("*.json"))) == 48
