@@ -19,8 +19,11 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
 
 
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, re.DOTALL)
+def _blocks(lang: str, section: str | None = None) -> list[str]:
+    text = README
+    if section is not None:
+        text = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.DOTALL)
 
 
 def test_setup_commands_install_the_cpu_torch_build_before_the_package():
@@ -38,8 +41,8 @@ def test_setup_commands_install_the_cpu_torch_build_before_the_package():
 
 def test_readme_library_examples_run_as_shown(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    examples = [b for b in _blocks("python") if "import transformers" not in b and "torch, transformers" not in b]
-    assert len(examples) == 2  # the transformers example needs transformers (tests/integrations cover it)
+    examples = _blocks("python", section="As a library")
+    assert len(examples) == 2
     for code in examples:
         exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()

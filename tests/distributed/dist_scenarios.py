@@ -236,6 +236,8 @@ def run_scenario(s: Scenario, rank: int, world: int, device: torch.device) -> di
         )
     else:
         pf = build_prepare_finalize(choice, parallel, NUM_EXPERTS, quant=layer.quant, max_num_tokens=s.capacity)
+        if pf.name != choice.name:
+            raise AssertionError(f"the choice names {choice.name} but build_prepare_finalize built {pf.name}")
     kernel = ModularKernel(pf, experts_cls(rank_layer), rank_layer)
 
     out = kernel(

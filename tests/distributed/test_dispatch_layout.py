@@ -1,20 +1,27 @@
-"""The device-side index arithmetic of the all-to-all P/Fs, in one process, against plain Python."""
+"""The device-side index arithmetic of the all-to-all P/Fs, and the fixed-capacity P/F on one rank, in one process."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from moe_fsm.distributed import ExpertPlacement, pack_row_bytes, unpack_row_bytes
+from moe_fsm.errors import KernelInputError
+from moe_fsm.experts.torch_experts import TorchBatchedExperts
+from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.kernels.grouping import group_by_expert
+from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.prepare_finalize import dispatch_layout
 from moe_fsm.prepare_finalize.dispatch_layout import (
     add_returned_rows,
     destinations,
-    fill_empty_row,
+    empty_row,
     send_order,
     slabs_for,
 )
+from moe_fsm.prepare_finalize.fixed_all2all import FixedCapacityAllToAllPrepareFinalize
+from moe_fsm.prepare_finalize.local import LocalBatchedPrepareFinalize
 from moe_fsm.prepare_finalize.reduce import BatchedLayout, reduce_batched
 
 
@@ -52,7 +59,7 @@ def test_send_order_groups_tokens_by_destination_in_order(tokens: int, capacity:
 def test_empty_row_has_no_expert_and_no_weight() -> None:
     rows = [torch.randn(2, 6).to(torch.bfloat16), torch.randint(0, 5, (2, 3), dtype=torch.int64), torch.rand(2, 3)]
     packed, layout = pack_row_bytes(rows, spare_rows=1)
-    fill_empty_row(packed, layout, ids_field=-2)
+    packed[-1] = empty_row(layout, -2, packed.device)
     payload, ids, weights = unpack_row_bytes(packed, layout)
     assert torch.equal(payload[:2], rows[0]) and torch.equal(ids[:2], rows[1])
     assert payload[2].abs().sum() == 0 and ids[2].tolist() == [-1, -1, -1] and weights[2].abs().sum() == 0
@@ -113,3 +120,34 @@ def test_returned_rows_add_into_their_tokens() -> None:
     returned = torch.arange(6, dtype=torch.float32).unsqueeze(1).repeat(1, 2).to(torch.bfloat16)
     total = add_returned_rows(returned, order, 3)
     assert total[:, 0].tolist() == [0.0, 4.0, 1.0 + 5.0]
+
+
+@pytest.fixture
+def world_of_one():
+    """A one-rank gloo group in this process (the fixed-capacity P/F on its own, no other ranks)."""
+    if dist.is_initialized():
+        pytest.skip("this process already has a process group")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_fixed_capacity_on_one_rank_matches_the_local_batched_kernel(world_of_one) -> None:
+
+    gen = torch.Generator().manual_seed(5)
+    layer = MoELayer(num_experts=6, top_k=2, hidden_size=16, intermediate_size=8, dtype="float32")
+    x = torch.randn(5, 16, generator=gen)
+    ids = _random_ids(5, 2, 6, gen, hot=True)
+    weights = torch.rand(5, 2, generator=gen)
+    w1, w2 = torch.randn(6, 16, 16, generator=gen) * 0.2, torch.randn(6, 16, 8, generator=gen) * 0.2
+    placement = ExpertPlacement(6, 1, 0)
+    fixed = FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=8)
+    got = ModularKernel(fixed, TorchBatchedExperts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
+    want = ModularKernel(LocalBatchedPrepareFinalize(), TorchBatchedExperts(layer), layer)(x, w1, w2, weights, ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+    small = FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=4)
+    with pytest.raises(KernelInputError, match="at most 4 tokens per rank"):
+        ModularKernel(small, TorchBatchedExperts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
+    with pytest.raises(KernelInputError, match="max_tokens_per_rank must be a positive integer"):
+        FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=0)

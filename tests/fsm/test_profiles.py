@@ -34,7 +34,7 @@ def test_shipped_profiles_are_found_by_name():
 def release_profiles():
     """Two release profiles built from the seeds' data (a profile is data), registered for the test."""
     made = []
-    for name, version in (("test-0.30", (0, 30)), ("test-0.40", (0, 40))):
+    for name, version in (("test-0.40", (0, 40)), ("test-0.50", (0, 50))):
         made.append(profiles.register(dataclasses.replace(SEEDS, name=name, vllm_version=version)))
     yield made
     for profile in made:
@@ -44,12 +44,12 @@ def release_profiles():
 def test_default_follows_the_installed_vllm(release_profiles):
     none = profiles.choose_for_vllm(None)
     assert none.name == "seeds" and "no vLLM distribution is installed" in none.reason
-    exact = profiles.choose_for_vllm("0.40.2")
-    assert exact.name == "test-0.40" and exact.reason == "vLLM 0.40.2 is installed beside moe-fsm"
-    newer = profiles.choose_for_vllm("0.45.0rc1")
-    assert newer.name == "test-0.40" and "nearest older profile" in newer.reason
-    between = profiles.choose_for_vllm("0.35.1")
-    assert between.name == "test-0.30" and "note:" in between.reason
+    exact = profiles.choose_for_vllm("0.50.2")
+    assert exact.name == "test-0.50" and exact.reason == "vLLM 0.50.2 is installed beside moe-fsm"
+    newer = profiles.choose_for_vllm("0.55.0rc1")
+    assert newer.name == "test-0.50" and "nearest older profile" in newer.reason
+    between = profiles.choose_for_vllm("0.45.1")
+    assert between.name == "test-0.40" and "note:" in between.reason
     older = profiles.choose_for_vllm("0.20.0")
     assert older.name == "seeds" and "older than every release profile" in older.reason
 
@@ -62,11 +62,11 @@ def test_version_parsing():
 
 def test_the_trace_records_the_profile_and_why_and_replay_uses_it(release_profiles):
     layer = MoELayer(quant=QuantScheme.fp8())
-    decision = select(layer, env={}, platform=preset("sm90"), policy="test-0.30")
-    assert decision.trace["inputs"]["profile"] == {"name": "test-0.30", "reason": "asked for explicitly (policy=)"}
-    assert decision.inputs.profile.name == "test-0.30"
+    decision = select(layer, env={}, platform=preset("sm90"), policy="test-0.40")
+    assert decision.trace["inputs"]["profile"] == {"name": "test-0.40", "reason": "asked for explicitly (policy=)"}
+    assert decision.inputs.profile.name == "test-0.40"
     assert replay(decision.trace) == canonical(decision.trace)
-    assert DecisionInputs.from_json(decision.trace["inputs"]).profile.name == "test-0.30"
+    assert DecisionInputs.from_json(decision.trace["inputs"]).profile.name == "test-0.40"
 
 
 def test_traces_without_a_profile_replay_under_seeds():

@@ -128,3 +128,24 @@ def test_default_config_of_an_untuned_shape(num_tokens):
     x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=27)
     g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=27)
     assert rel_err(fused_experts(x, w1, w2, g, ids), reference(x, w1, w2, g, ids)) < BF16_TOL
+
+
+def test_direct_launches_after_the_first_compute_the_same_layer(monkeypatch):
+    """Direct-launch mode (opt-in): after one launch per argument signature, launches skip Triton's binding."""
+    from moe_fsm.kernels.triton_moe import _runtime
+
+    monkeypatch.setenv(_runtime.DIRECT_LAUNCH_ENV, "1")
+
+    shape = QWEN3_30B
+    w1, w2 = float_weights(shape)
+    for num_tokens in (1, 37):
+        first_x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=40)
+        first_g, first_ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=40)
+        fused_experts(first_x, w1, w2, first_g, first_ids)
+        cached = len(_runtime._compiled)
+        assert cached > 0
+        x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=41)
+        g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=41)
+        out = fused_experts(x, w1, w2, g, ids, out=torch.full((num_tokens, shape.hidden), float("nan"), dtype=torch.bfloat16, device="cuda"))
+        assert len(_runtime._compiled) == cached  # no new signature: every launch went direct
+        assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL

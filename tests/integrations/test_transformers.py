@@ -18,6 +18,7 @@ pytest.importorskip("transformers.integrations.moe", reason="needs transformers 
 
 import moe_fsm.engine.engine as engine_module  # noqa: E402
 from moe_fsm.errors import InputError, MoeFsmError  # noqa: E402
+from moe_fsm.inputs.platform import preset  # noqa: E402
 from moe_fsm.experts.torch_experts import TorchExperts  # noqa: E402
 from moe_fsm.integrations.transformers import enable, experts_modules, moe_fsm_ids, torch_kernel  # noqa: E402
 from moe_fsm.modular.kernel import ModularKernel  # noqa: E402
@@ -182,7 +183,7 @@ def test_inference_only_kernels_in_training(training, tmp_path):
 
 
 def test_dropped_experts_convert_at_the_boundary(tmp_path):
-    """transformers marks another rank's slots with id >= E; they contribute nothing, as in eager."""
+    """transformers marks another rank's slots with id >= E; they contribute nothing."""
     model = build("qwen3_moe", torch.float32)
     enable(model, env={}, trace_dir=tmp_path)
     module = dict(experts_modules(model))["model.layers.0.mlp.experts"]
@@ -192,8 +193,8 @@ def test_dropped_experts_convert_at_the_boundary(tmp_path):
     weights = torch.rand(5, 2)
     out = module(hidden, ids, weights)
     model.set_experts_implementation("eager")
-    with torch.no_grad():
-        expected = module(hidden, ids, weights)
+    with torch.no_grad():  # eager on the same slots with the dropped ones given weight 0
+        expected = module(hidden, ids.clamp(max=7), weights * (ids < 8))
     assert torch.allclose(out, expected, atol=1e-6)
     converted, expert_map = moe_fsm_ids(ids, 8)
     assert converted.tolist() == [[0, -1], [-1, 3], [1, 2], [-1, -1], [7, 0]]
@@ -241,19 +242,51 @@ def test_unknown_training_mode_and_model_without_experts():
         enable(transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, intermediate_size=32)), env={})
 
 
+def test_a_decided_kernel_that_cannot_be_built_here_runs_the_torch_experts(tmp_path):
+    """Deciding for an H100 picks TRITON; its kernels do not compute float32, so the torch experts run, said so."""
+    model = build("olmoe", torch.float32)
+    ids = tokens()
+    reference = eager_logits(model, ids)
+    enabled = enable(model, env={}, trace_dir=tmp_path, platform=preset("sm90"), policy="seeds")
+    assert {p.loaded.decision.backend for p in enabled.modules.values()} == {"TRITON"}
+    assert set(enabled.substitutes) == set(enabled.modules)
+    assert "float32" in next(iter(enabled.substitutes.values()))
+    assert "runs the torch experts" in enabled.summary()
+    with torch.no_grad():
+        assert rel_error(model(ids).logits, reference) < 1e-5
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_cuda_model_runs_the_decided_kernel_and_trains_through_the_torch_experts(dtype, tmp_path):
-    """On a GPU enable() decides for the probed platform; a forward that needs gradients takes the torch experts."""
+    """On a GPU enable() decides for the probed platform; a forward that needs gradients takes the torch experts.
+
+    Each experts module is compared with eager on the same routing: whole-model logits in bf16 are not a
+    fair check, since a tiny random router has near-ties that flip under any rounding difference (transformers'
+    own grouped_mm differs from its eager by as much).
+    """
     model = build("qwen3_moe", dtype).cuda()
     ids = tokens().cuda()
     reference = eager_logits(model, ids)
     enabled = enable(model, env={}, trace_dir=tmp_path)
     prepared = next(iter(enabled.modules.values()))
     assert prepared.device.type == "cuda"
-    with torch.no_grad():
-        assert rel_error(model(ids).logits, reference) < TOLERANCE[dtype]
+    generator = torch.Generator().manual_seed(3)
+    for name, module in experts_modules(model):
+        hidden = torch.randn(33, 64, generator=generator).to("cuda", dtype)
+        weights, expert_ids = torch.topk(torch.rand(33, 8, generator=generator), 2)
+        weights, expert_ids = weights.to("cuda", dtype), expert_ids.cuda()
+        with torch.no_grad():
+            model.set_experts_implementation("moe_fsm")
+            out = module(hidden, expert_ids, weights)
+            model.set_experts_implementation("eager")
+            expected = module(hidden, expert_ids, weights)
+        assert rel_error(out, expected) < TOLERANCE[dtype], name
+    model.set_experts_implementation("moe_fsm")
+    if dtype is torch.float32:
+        with torch.no_grad():
+            assert rel_error(model(ids).logits, reference) < TOLERANCE[dtype]
     if prepared.inference_only:
         assert enabled.training_substitutes == list(enabled.modules)
     model.train()
@@ -266,3 +299,18 @@ def test_cuda_model_runs_the_decided_kernel_and_trains_through_the_torch_experts
         assert grad is not None and torch.isfinite(grad.float()).all()
         if dtype is torch.float32:
             assert rel_error(grad, reference_grads[f"{name}.gate_up_proj"]) < 1e-4
+
+
+def test_readme_transformers_example_runs_as_shown(tmp_path, monkeypatch, capsys):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Real models: inside transformers, and `plan` from a config.json\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "moe_fsm: 4 experts module(s) of Qwen3MoeForCausalLM, 1 distinct decision(s); traces in moe-fsm-traces/qwen3/"
+    assert out[1] == "    4 x CPU (TorchExperts + LocalPrepareFinalize, float32): model.layers.0.mlp.experts ..."
+    assert len(list((tmp_path / "moe-fsm-traces" / "qwen3").glob("*.json"))) == 4

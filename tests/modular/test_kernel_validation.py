@@ -9,7 +9,7 @@ import pytest
 import torch
 from modular_cases import kernel_for, layer_for, make_call, seed_for, single_thread  # noqa: F401
 
-from moe_fsm.errors import KernelInputError
+from moe_fsm.errors import InputError, KernelInputError
 from moe_fsm.experts.torch_experts import TorchBatchedExperts, TorchExperts
 from moe_fsm.inputs.quant import Granularity, QuantFamily, QuantKey, QuantScheme
 from moe_fsm.modular.kernel import ModularKernel
@@ -106,10 +106,8 @@ def test_nvfp4_refusals() -> None:
 
 
 def test_nvfp4_needs_intermediate_divisible_by_16() -> None:
-    """Refused where the layer is described (issue 12 item 5), before any selection or kernel sees it."""
-    from moe_fsm.errors import InputError
-
-    with pytest.raises(InputError, match="NVFP4 needs intermediate_size divisible by 16 .*got 40"):
+    """Refused where the layer is described, before any selection or kernel sees it (issue 12, item 5)."""
+    with pytest.raises(InputError, match="NVFP4 needs intermediate_size divisible by 16 .* got 40"):
         layer_for(NVFP4, intermediate_size=40)
 
 

@@ -21,6 +21,7 @@ reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from enum import Enum
 
 from moe_fsm.errors import InputError
@@ -124,8 +125,15 @@ class PrepareFinalizeChoice:
 
 
 def choose_prepare_finalize(parallel: ParallelConfig, experts_format: ActivationFormat) -> PrepareFinalizeChoice:
-    """Pick how tokens reach experts that take ``experts_format``; InputError for impossible pairs."""
-    fmt = _format(experts_format)
+    """Pick how tokens reach experts that take ``experts_format``; InputError for impossible pairs.
+
+    Pure, so remembered per (parallel config, format): every layer of a model asks the same.
+    """
+    return _choose(parallel, _format(experts_format))
+
+
+@lru_cache(maxsize=64)
+def _choose(parallel: ParallelConfig, fmt: ActivationFormat) -> PrepareFinalizeChoice:
     sizes = f"tp_size={parallel.tp_size}, dp_size={parallel.dp_size}, ep_size={parallel.ep_size}"
     if parallel.batched_activation_format and fmt is ActivationFormat.STANDARD:
         raise InputError(

@@ -93,9 +93,20 @@ class Registry:
         return [self.backends[family][name] for name in self.extension_names[family].values()]
 
     def kernel_verdict(self, kernel: str, ctx: SupportContext, extra=()) -> Verdict:
+        """A kernel class's verdict; each requirement is checked once per context (kernels share many:
+        no LoRA, a format, a library), keyed by identity (requirements live as long as the catalog)."""
         spec = self.kernels[kernel]
-        checks = tuple(Check(r, r.failure(ctx)) for r in (*extra, *spec.requirements))
-        return Verdict(kernel, checks)
+        memo = self.memo_for(ctx)
+        checks = memo.get("checks")
+        if checks is None:
+            checks = memo["checks"] = {}
+        out = []
+        for requirement in (*extra, *spec.requirements) if extra else spec.requirements:
+            check = checks.get(id(requirement))
+            if check is None:
+                check = checks[id(requirement)] = Check(requirement, requirement.failure(ctx))
+            out.append(check)
+        return Verdict(kernel, tuple(out))
 
     def memo_for(self, ctx: SupportContext) -> dict:
         """The verdict memo of one context: verdicts are pure, and an engine asks the same ones for every layer."""

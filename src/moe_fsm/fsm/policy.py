@@ -41,8 +41,22 @@ class Reorder:
 
     when: tuple["Requirement", ...]
     backends: tuple[str, ...]
-    to: str  # "front" | "back"
+    to: str  # "front" | "back" | "before:BACKEND" (just ahead of BACKEND; vLLM's prioritize_humming)
     because: str
+
+    def apply(self, candidates: list[str]) -> list[str]:
+        """The scan order after this rule (its condition already holds)."""
+        moving = [b for b in self.backends if b in candidates]
+        rest = [b for b in candidates if b not in moving]
+        if self.to == "front":
+            return moving + rest
+        if self.to.startswith("before:"):
+            anchor = self.to.split(":", 1)[1]
+            if anchor not in rest:
+                return candidates  # nothing to go ahead of: vLLM leaves the list as it is
+            at = rest.index(anchor)
+            return rest[:at] + moving + rest[at:]
+        return rest + moving
 
 
 @dataclass(frozen=True, eq=False)

@@ -292,8 +292,7 @@ class AutoScan(Step):
         for rule in policy.reorders:
             if all(r.failure(ctx) is None for r in rule.when):
                 moving = [b for b in rule.backends if b in candidates]
-                rest = [b for b in candidates if b not in moving]
-                candidates = moving + rest if rule.to == "front" else rest + moving
+                candidates = rule.apply(candidates)
                 run.rec.emit("reordered", backends=moving, to=rule.to, because=rule.because)
         if policy.gated_by_allow_vllm_cutlass and not ctx.layer.allow_vllm_cutlass:
             run.prune(policy.gated_by_allow_vllm_cutlass, "allow_vllm_cutlass is off for this checkpoint")

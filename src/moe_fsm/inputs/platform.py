@@ -40,6 +40,9 @@ class Library(str, Enum):
     VLLM_OPS = "vllm._custom_ops"
     TORCH_GROUPED_MM = "torch._grouped_mm"
     TORCH_SCALED_GROUPED_MM = "torch._scaled_grouped_mm"
+    HUMMING = "humming"
+    HPC = "hpc"
+    B12X = "b12x"
 
 
 @hashed_once
@@ -107,6 +110,13 @@ class PlatformFacts:
         return self.vendor is Vendor.ROCM and (self.gcn_arch or "").startswith(("gfx94", "gfx95"))
 
     def describe(self) -> str:
+        cached = self.__dict__.get("_description")
+        if cached is None:
+            cached = self._describe()
+            object.__setattr__(self, "_description", cached)
+        return cached
+
+    def _describe(self) -> str:
         if self.vendor is Vendor.CUDA:
             return f"CUDA {self.capability[0]}.{self.capability[1]} ({self.device_name})"
         if self.vendor is Vendor.ROCM:
@@ -187,6 +197,9 @@ _ENTRY_POINTS: dict[Library, tuple[str, str | None]] = {
     Library.DEEP_GEMM: ("deep_gemm", None),
     Library.AITER: ("aiter", None),
     Library.VLLM_OPS: ("vllm._custom_ops", None),
+    Library.HUMMING: ("humming", None),
+    Library.HPC: ("hpc", None),
+    Library.B12X: ("b12x", None),
 }
 
 

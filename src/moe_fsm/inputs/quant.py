@@ -34,6 +34,7 @@ class Granularity(str, Enum):
     GROUP_1x16 = "group1x16"  # NVFP4: e4m3 scale per 16 elements, plus a global fp32 scale
 
 
+@hashed_once
 @dataclass(frozen=True)
 class QuantKey:
     """The data type and scale layout of one quantized operand (weights or activations)."""

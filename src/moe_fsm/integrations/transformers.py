@@ -25,6 +25,11 @@ needs gradients when grad mode is on and an input or weight requires them, as in
 eager: run inference under ``torch.no_grad()`` or ``torch.inference_mode()`` (as
 ``generate()`` does) to get the decided kernel on every layer.
 
+A decided kernel moe-fsm cannot build here (one it only models, like vLLM's
+compiled CUTLASS, or a dtype its implementation lacks, like float32 for the Triton
+kernels) is replaced by the torch experts of the same layer, and
+``EnabledModel.substitutes`` / ``summary()`` say so and why; the trace keeps the decision.
+
 Dropped experts: transformers marks a slot another rank computes with an id
 >= num_experts; moe-fsm's convention is -1 plus an ``expert_map``. The conversion
 happens here, at the boundary.
@@ -40,18 +45,17 @@ import torch
 
 from moe_fsm.decision import probed_platform
 from moe_fsm.engine.engine import DEFAULT_TRACE_DIR, Engine, LoadedLayer
-from moe_fsm.errors import InputError, MoeFsmError
+from moe_fsm.errors import BackendUnavailableError, InputError, KernelInputError, MoeFsmError
 from moe_fsm.inputs.env import EnvSnapshot
-from moe_fsm.inputs.layer import Activation, MoELayer
+from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts, Vendor
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.plan.model_config import ACTIVATIONS
 from moe_fsm.profiles import ProfileChoice
 
 IMPLEMENTATION = "moe_fsm"
 
-# transformers' ``hidden_act`` names that moe-fsm's gated activations compute exactly.
-ACTIVATIONS = {"silu": Activation.SILU, "swish": Activation.SILU, "gelu": Activation.GELU}
 
 # Experts classes whose forward is torch operators autograd can follow.
 DIFFERENTIABLE_EXPERTS = frozenset({"TorchExperts", "TorchBatchedExperts"})
@@ -69,6 +73,7 @@ class PreparedExperts:
     kernel: object
     training_kernel: Optional[object]
     device: torch.device
+    substitute_reason: Optional[str] = None  # why the torch experts run instead of the decided kernel
 
     @property
     def inference_only(self) -> bool:
@@ -89,6 +94,11 @@ class EnabledModel:
         return self.engine.trace_dir
 
     @property
+    def substitutes(self) -> dict[str, str]:
+        """Modules whose decided kernel moe-fsm cannot build here, which run the torch experts: name -> why."""
+        return {name: p.substitute_reason for name, p in self.modules.items() if p.substitute_reason}
+
+    @property
     def training_substitutes(self) -> list[str]:
         """Modules whose decided kernel is inference-only and that train through the torch experts."""
         return [name for name, p in self.modules.items() if p.inference_only and p.training_kernel is not None]
@@ -97,17 +107,18 @@ class EnabledModel:
         groups: dict[tuple, list[str]] = {}
         for name, p in self.modules.items():
             d = p.loaded.decision
-            key = (d.backend, d.kernel or "-", d.prepare_finalize.name, p.layer.dtype, p.inference_only)
+            runs = f"{p.kernel.experts.name} + {p.kernel.prepare_finalize.name}"
+            key = (d.backend, runs, p.layer.dtype, p.inference_only, p.substitute_reason)
             groups.setdefault(key, []).append(name)
         lines = [
             f"moe_fsm: {len(self.modules)} experts module(s) of {self.model_class}, "
             f"{self.engine.distinct_decisions} distinct decision(s); traces in {self.trace_dir}/"
         ]
-        for (backend, kernel, pf, dtype, inference_only), names in groups.items():
-            note = ""
+        for (backend, kernel, dtype, inference_only, substitute), names in groups.items():
+            note = f"; runs the torch experts: {substitute}" if substitute else ""
             if inference_only:
-                note = "; training: torch experts" if self.training == "torch" else "; training: refused"
-            lines.append(f"  {len(names):3d} x {backend} ({kernel} + {pf}, {dtype}{note}): {names[0]}" + (" ..." if len(names) > 1 else ""))
+                note += "; training: torch experts" if self.training == "torch" else "; training: refused"
+            lines.append(f"  {len(names):3d} x {backend} ({kernel}, {dtype}{note}): {names[0]}" + (" ..." if len(names) > 1 else ""))
         return "\n".join(lines)
 
 
@@ -149,20 +160,23 @@ def enable(
     specs = [(name, module, layer_spec(module, model_class=type(model).__name__, name=name)) for name, module in found]
     ExpertsInterface.register(IMPLEMENTATION, experts_forward)
     engine = Engine(
-        parallel=parallel, request=backend, env=env, policy=policy,
+        parallel=parallel, request=backend, env=env, policy=policy, build=False,
         platform=platform or platform_for(_weights(found[0][1])[0].device), trace_dir=trace_dir,
     )
-    prepared, torch_kernels = {}, {}
+    prepared, kernels, torch_kernels = {}, {}, {}
     for name, module, layer in specs:
         loaded = engine.load_layer(name, layer)
-        kernel = loaded.kernel
+        key = engine.inputs_for(layer)
+        if key not in kernels:
+            kernels[key] = build_kernel(loaded.decision, layer, engine)
+        kernel, substitute_reason = kernels[key]
         training_kernel = kernel if kernel.experts.name in DIFFERENTIABLE_EXPERTS else None
         if training_kernel is None and training == "torch":
             if layer not in torch_kernels:
                 torch_kernels[layer] = torch_kernel(layer)
             training_kernel = torch_kernels[layer]
         prepared[name] = module._moe_fsm = PreparedExperts(
-            name, layer, loaded, kernel, training_kernel, _weights(module)[0].device,
+            name, layer, loaded, kernel, training_kernel, _weights(module)[0].device, substitute_reason,
         )
     model.set_experts_implementation(IMPLEMENTATION)
     return EnabledModel(type(model).__name__, engine, prepared, training)
@@ -229,6 +243,15 @@ def platform_for(device: torch.device) -> PlatformFacts:
     if device.type == "cpu":
         return replace(probed, vendor=Vendor.CPU, capability=None, gcn_arch=None, device_name="cpu")
     return probed
+
+
+def build_kernel(decision, layer: MoELayer, engine: Engine) -> tuple[object, Optional[str]]:
+    """The decided kernel; where moe-fsm cannot build it here (a kernel it only models, a dtype its
+    implementation lacks), the torch experts of the same layer, with the reason."""
+    try:
+        return decision.build(engine.registry), None
+    except (BackendUnavailableError, KernelInputError) as err:
+        return torch_kernel(layer), f"{decision.kernel or decision.backend} cannot be built here ({err})"
 
 
 def torch_kernel(layer: MoELayer):

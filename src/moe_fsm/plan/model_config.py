@@ -28,7 +28,8 @@ SHARED_EXPERTS_KEYS = ("n_shared_experts", "num_shared_experts")
 # configs name): most checkpoints use ``mlp``; Mixtral keeps its experts under ``block_sparse_moe``.
 MOE_BLOCK = {"MixtralForCausalLM": "block_sparse_moe", "PhimoeForCausalLM": "block_sparse_moe"}
 
-# Activations by ``hidden_act``; architectures with their own gated activation override it.
+# transformers' ``hidden_act`` names that moe-fsm's gated activations compute exactly (the config reader and the
+# transformers integration share it); architectures with their own gated activation override it.
 ACTIVATIONS = {"silu": Activation.SILU, "swish": Activation.SILU, "gelu": Activation.GELU}
 ARCH_ACTIVATION = {"GptOssForCausalLM": Activation.SWIGLUOAI}
 

@@ -40,7 +40,7 @@ from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.distributed.group import group_rank_and_size
 from moe_fsm.errors import KernelInputError
 from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PrepareFinalize, PreparedTokens, WeightAndReduce
-from moe_fsm.prepare_finalize.dispatch_layout import add_returned_rows, destinations, fill_empty_row, send_order
+from moe_fsm.prepare_finalize.dispatch_layout import add_returned_rows, destinations, empty_row, send_order
 from moe_fsm.prepare_finalize.transport import (
     PlacementGuard,
     SourceRows,
@@ -77,6 +77,7 @@ class ExpertParallelDispatch(PrepareFinalize):
         self.quantize_first = quantize_first
         self._guard = PlacementGuard(placement, self.name)
         self._owner: dict[torch.device, torch.Tensor] = {}
+        self._empty_rows: dict[tuple[RowLayout, torch.device], torch.Tensor] = {}
 
     def _check_call(self, num_experts: int, expert_map: Optional[torch.Tensor]) -> int:
         """The world size, after checking that this rank, group and layer are the ones the placement describes."""
@@ -114,7 +115,10 @@ class ExpertParallelDispatch(PrepareFinalize):
             quantize_first=self.quantize_first,
         )
         packed, layout = pack_row_bytes(source.wire_fields(topk_ids, topk_weights), spare_rows=1)
-        fill_empty_row(packed, layout, ids_field=-2)
+        key = (layout, packed.device)
+        if key not in self._empty_rows:
+            self._empty_rows[key] = empty_row(layout, -2, packed.device)
+        packed[-1].copy_(self._empty_rows[key])
         return source, packed, layout
 
 
@@ -140,10 +144,18 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         super().__init__(placement, group=group, quantize_first=quantize_first)
         self._format = ActivationFormat(activation_format)
         self.local = local_prepare_finalize(self._format, max_num_tokens)
+        self._signatures: dict[tuple[RowLayout, torch.device], torch.Tensor] = {}
 
     @property
     def activation_format(self) -> ActivationFormat:
         return self._format
+
+    def _layout_records(self, layout: RowLayout, device: torch.device, world: int) -> torch.Tensor:
+        """int64 [W, 2]: this rank's layout signature, once per destination, to travel next to the counts."""
+        key = (layout, device)
+        if key not in self._signatures:
+            self._signatures[key] = torch.tensor([layout_signature(layout)] * world, dtype=torch.int64, device=device)
+        return self._signatures[key]
 
     def prepare(
         self,
@@ -162,13 +174,14 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         )
         dest = self._destinations(topk_ids)
         send_counts = dest.sum(dim=0)
-        signature = layout_signature(layout)
-        records = torch.stack([send_counts, *(torch.full_like(send_counts, v) for v in signature)], dim=1)
+        records = torch.cat([send_counts.unsqueeze(1), self._layout_records(layout, send_counts.device, world)], dim=1)
         received = exchange_counts(records, group=self.group)
         # The one host synchronisation: all_to_all_single takes its splits as Python integers.
         counts = torch.cat([send_counts, received.reshape(-1)]).tolist()
         send = tuple(counts[:world])
-        check_row_layouts([tuple(counts[world + 3 * s + 1 : world + 3 * s + 3]) for s in range(world)], signature, self.name)
+        check_row_layouts(
+            [tuple(counts[world + 3 * s + 1 : world + 3 * s + 3]) for s in range(world)], layout_signature(layout), self.name
+        )
         recv = tuple(counts[world + 3 * s] for s in range(world))
 
         starts = torch.cumsum(send_counts, 0) - send_counts

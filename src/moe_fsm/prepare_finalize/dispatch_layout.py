@@ -36,20 +36,19 @@ def send_order(dest: torch.Tensor, starts: torch.Tensor, total: int) -> torch.Te
     rows in all (the sum of the counts, or W times the capacity).
     """
     num_tokens, world = dest.shape
-    position = torch.cumsum(dest, dim=0) - 1
-    slot = torch.where(dest, starts.view(1, world) + position, torch.full_like(position, total))
-    token = torch.arange(num_tokens, device=dest.device).unsqueeze(1).expand(num_tokens, world)
+    slot = torch.where(dest, torch.cumsum(dest, dim=0) + (starts - 1).view(1, world), total)
     order = torch.full((total + 1,), num_tokens, dtype=torch.int64, device=dest.device)
-    order.scatter_(0, slot.reshape(-1), token.reshape(-1))
+    token = torch.arange(num_tokens, device=dest.device).unsqueeze(1)  # broadcast over the W destinations
+    order.index_put_((slot,), token)
     return order[:total]
 
 
-def fill_empty_row(packed: torch.Tensor, layout: RowLayout, ids_field: int) -> None:
-    """The last packed row becomes a row no expert computes: zero payload, scale and weights, ids -1."""
-    empty = packed[-1]
-    empty.zero_()
+def empty_row(layout: RowLayout, ids_field: int, device: torch.device) -> torch.Tensor:
+    """uint8 [row_bytes]: a packed row no expert computes: zero payload, scale and weights, ids -1."""
+    row = torch.zeros(layout.row_bytes, dtype=torch.uint8, device=device)
     f = layout.fields[ids_field]
-    empty[f.start : f.start + f.nbytes] = 255  # -1 in two's complement, whatever the integer width
+    row[f.start : f.start + f.nbytes] = 255  # -1 in two's complement, whatever the integer width
+    return row
 
 
 def add_returned_rows(returned: torch.Tensor, order: torch.Tensor, num_tokens: int) -> torch.Tensor:

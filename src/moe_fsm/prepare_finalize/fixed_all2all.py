@@ -94,7 +94,9 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
         """Once per row layout: check every rank packs rows alike (the only call that waits on the host).
 
         Ranks meet here on their first call with a layout, outside any graph capture,
-        since a capture replays the shapes of the warm-up call before it.
+        since a capture replays the shapes of the warm-up call before it. Ranks must
+        switch layouts (dtype, quantizer) together: a rank meeting here while the
+        others dispatch would stall them until the process group's timeout.
         """
         if signature in self._agreed:
             return

@@ -21,7 +21,7 @@ from typing import Optional, Union
 import torch
 
 from moe_fsm.errors import KernelInputError
-from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, require_device
+from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, launch, require_device
 from moe_fsm.kernels.triton_moe.align import AlignedRouting, PairBlocks, align_tokens, pair_blocks
 from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, get_config, validate_config
 from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE, quantize_activation
@@ -167,7 +167,7 @@ def _launch(
             expert_num_tokens = num_padded
         num_valid = rows.num_pairs
     we, wn, wk = w.stride()
-    kernels().moe_gemm_kernel[grid](
+    args = (
         a,
         dummy if a_scale is None else a_scale,
         w,
@@ -192,6 +192,8 @@ def _launch(
         as_e, as_m, as_k,
         sws_e, sws_n, sws_k,
         os_e, os_m, os_n,
+    )
+    constexprs = dict(
         A_ROW_DIV=a_row_div,
         BATCHED=batched,
         PAIR_BLOCKS=isinstance(rows, PairBlocks),
@@ -209,9 +211,8 @@ def _launch(
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
     )
+    launch(kernels().moe_gemm_kernel, grid, args, constexprs, config.num_warps, config.num_stages)
 
 
 def w1_gemm(
@@ -308,9 +309,10 @@ def topk_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, out: tor
     k_dim = y.shape[-1]
     block = min(1024, max(16, 1 << (k_dim - 1).bit_length()))
     if num_tokens:
-        kernels().topk_sum_kernel[(num_tokens, -(-k_dim // block))](
-            y, topk_ids.contiguous(), out, k_dim, num_experts, y.stride(0), out.stride(0),
-            TOP_K=top_k, TOPK_POW2=max(2, 1 << (top_k - 1).bit_length()), BLOCK=block,
+        launch(
+            kernels().topk_sum_kernel, (num_tokens, -(-k_dim // block)),
+            (y, topk_ids.contiguous(), out, k_dim, num_experts, y.stride(0), out.stride(0)),
+            dict(TOP_K=top_k, TOPK_POW2=max(2, 1 << (top_k - 1).bit_length()), BLOCK=block),
         )
     return out
 

@@ -1,0 +1,314 @@
+"""vLLM 0.33.0's experts classes for the unquantized, FP8 and NVFP4 oracles, with their support checks.
+
+Each ``KernelSpec`` is one class that ``backend_to_kernel_cls`` names, its
+requirements taken from the class's ``is_supported_config`` and ``_supports_*``
+methods (``vllm/model_executor/layers/fused_moe/experts/*.py``; the common
+chain is ``FusedMoEExperts.is_supported_config`` in ``modular_kernel.py``:
+device, activation, quantization scheme, parallel config, routing, format,
+VLLM_BATCH_INVARIANT, LoRA). moe-fsm's inputs cover gated SiLU / SwiGLU-OAI /
+GELU layers routed by plain top-k renormalize with router logits in the input
+dtype; checks on anything else (hash routing, expert bias, EPLB, sequence
+parallelism) always pass for them and are left out. Where vLLM checks no
+library, none is required here either (Marlin and TritonExperts ask only the
+device). docs/vllm-0.33-oracles.md has the notes, class by class.
+"""
+
+from __future__ import annotations
+
+from moe_fsm.backends.requirements import (
+    Activations, Condition, CudaCapability, EnvOff, Format, Importable, LoRAEnabled, NoLoRA, OnVendor, ParallelRule,
+    QuantSchemes,
+)
+from moe_fsm.backends.specs import KernelSpec
+from moe_fsm.inputs.formats import ActivationFormat
+from moe_fsm.inputs.layer import Activation
+from moe_fsm.inputs.parallel import AllToAllKind
+from moe_fsm.inputs.platform import Library, Vendor
+from moe_fsm.inputs.quant import (
+    FP8_DYNAMIC_GROUP128, FP8_DYNAMIC_TENSOR, FP8_DYNAMIC_TOKEN, FP8_STATIC_BLOCK128, FP8_STATIC_CHANNEL,
+    FP8_STATIC_TENSOR, NVFP4_DYNAMIC, NVFP4_STATIC,
+)
+from moe_fsm.profiles.seeds.kernels import KERNELS as SEEDS
+
+STANDARD = Format(ActivationFormat.STANDARD)
+BATCHED = Format(ActivationFormat.BATCHED)
+ALL = Activations((Activation.SILU, Activation.SWIGLUOAI, Activation.GELU))
+SILU = Activations((Activation.SILU,))
+SILU_SWIGLUOAI = Activations((Activation.SILU, Activation.SWIGLUOAI))
+SILU_GELU = Activations((Activation.SILU, Activation.GELU))
+NOT_BATCH_INVARIANT = EnvOff("VLLM_BATCH_INVARIANT", "batch invariance")
+
+UNQUANTIZED = (None, None)
+FP8_BLOCK = (FP8_STATIC_BLOCK128, FP8_DYNAMIC_GROUP128)
+FP8_CHANNEL_TOKEN = (FP8_STATIC_CHANNEL, FP8_DYNAMIC_TOKEN)
+FP8_TENSOR_TOKEN = (FP8_STATIC_TENSOR, FP8_DYNAMIC_TOKEN)
+FP8_TENSOR_STATIC = (FP8_STATIC_TENSOR, FP8_STATIC_TENSOR)
+FP8_TENSOR_DYNAMIC = (FP8_STATIC_TENSOR, FP8_DYNAMIC_TENSOR)
+FP8_TRITON = (FP8_BLOCK, FP8_CHANNEL_TOKEN, FP8_TENSOR_TOKEN, FP8_TENSOR_STATIC, FP8_TENSOR_DYNAMIC)
+NVFP4 = (NVFP4_STATIC, NVFP4_DYNAMIC)
+NVFP4_W4A16 = (NVFP4_STATIC, None)
+
+
+def _a2a(p, *kinds) -> bool:
+    return p.use_all2all_kernels and p.all2all in kinds
+
+
+NO_FI_A2A = ParallelRule("no FlashInfer all-to-all", lambda p: not _a2a(p, AllToAllKind.FLASHINFER_ALL2ALLV))
+NO_FI_OR_DEEPEP_HT = ParallelRule(
+    "no FlashInfer or DeepEP high-throughput all-to-all",
+    lambda p: not _a2a(p, AllToAllKind.FLASHINFER_ALL2ALLV, AllToAllKind.DEEPEP_HIGH_THROUGHPUT),
+)
+NO_A2A_BUT_AG_RS = ParallelRule(
+    "no all-to-all kernels other than all-gather/reduce-scatter",
+    lambda p: not p.use_all2all_kernels or p.all2all is AllToAllKind.ALLGATHER_REDUCESCATTER,
+)
+NO_A2A = ParallelRule("no all-to-all kernels", lambda p: not p.use_all2all_kernels)
+A2A_NOT_AG_RS_OR_DEEPEP_HT = ParallelRule(
+    "all-to-all kernels other than all-gather/reduce-scatter and DeepEP high-throughput",
+    lambda p: p.use_all2all_kernels and p.all2all not in (AllToAllKind.ALLGATHER_REDUCESCATTER,
+                                                          AllToAllKind.DEEPEP_HIGH_THROUGHPUT),
+)
+NO_EP = ParallelRule("no expert parallelism", lambda p: not p.use_ep)
+
+CUDA_ALIKE_OR_XPU = OnVendor((Vendor.CUDA, Vendor.ROCM, Vendor.XPU))
+BLACKWELL_TRTLLM = (CudaCapability(families=(10,)), Importable(Library.FLASHINFER_TRTLLM_MOE))
+AITER_ENABLED = Condition(
+    "ROCm CDNA3+ with aiter importable, VLLM_ROCM_USE_AITER=1 and VLLM_ROCM_USE_AITER_MOE=1 (rocm_aiter_ops.is_fused_moe_enabled)",
+    lambda ctx: ctx.platform.vendor is Vendor.ROCM and ctx.platform.has(Library.AITER)
+    and (ctx.platform.gcn_arch or "").startswith(("gfx942", "gfx950"))
+    and ctx.env.value("VLLM_ROCM_USE_AITER") and ctx.env.value("VLLM_ROCM_USE_AITER_MOE"),
+    "kernel does not support current device. AITER MoE is not enabled — set VLLM_ROCM_USE_AITER=1 and "
+    "VLLM_ROCM_USE_AITER_MOE=1 to enable it",
+)
+DEEP_GEMM_SUPPORTED = Condition(
+    "is_deep_gemm_supported(): compute capability 9.0, 10.x or 12.x, VLLM_USE_DEEP_GEMM on, deep_gemm importable",
+    lambda ctx: (ctx.platform.is_capability(9, 0) or ctx.platform.is_capability_family(10)
+                 or ctx.platform.is_capability_family(12))
+    and bool(ctx.env.value("VLLM_USE_DEEP_GEMM")) and ctx.platform.has(Library.DEEP_GEMM),
+    "kernel does not support current device (DeepGEMM needs compute capability 9.0, 10.x or 12.x, "
+    "VLLM_USE_DEEP_GEMM on and deep_gemm importable)",
+)
+CUTLASS_GROUP_GEMM = Condition(
+    "cutlass_group_gemm_supported(): vLLM's compiled ops on compute capability 9.0 to 10.x",
+    lambda ctx: ctx.platform.capability is not None and (9, 0) <= ctx.platform.capability < (11, 0)
+    and ctx.platform.has(Library.VLLM_OPS),
+    "kernel does not support current device (vLLM's CUTLASS grouped GEMM needs compute capability 9.0-10.x)",
+)
+NO_AMX = Condition(
+    "an x86 CPU with AMX tiles (moe-fsm's CPU platform facts describe none)", lambda ctx: False,
+    "kernel does not support current device (needs an x86 CPU with AMX)",
+)
+
+
+def _fp8_hardware(ctx) -> bool:
+    """current_platform.supports_fp8(): CUDA 8.9+, ROCm CDNA/RDNA, and XPU (XPUPlatform says True)."""
+    return ctx.platform.supports_fp8 or ctx.platform.vendor is Vendor.XPU
+
+
+def _batched_fp8_hardware(ctx) -> bool:
+    """BatchedTritonExperts: ROCm CDNA3+ (or RDNA4), or CUDA 8.9+."""
+    p = ctx.platform
+    if p.vendor is Vendor.ROCM:
+        return (p.gcn_arch or "").startswith(("gfx942", "gfx950", "gfx1250", "gfx1200", "gfx1201"))
+    return p.vendor is Vendor.CUDA and p.has_capability(8, 9)
+
+
+def _cap_at_least(major, minor=0):
+    return lambda ctx: ctx.platform.has_capability(major, minor)
+
+
+def _padded_experts_below_1024(ctx) -> bool:
+    if ctx.platform.vendor not in (Vendor.CUDA, Vendor.ROCM):
+        return True
+    return -(-ctx.layer.num_experts // 32) * 32 < 1024
+
+
+TRITON_EXPERT_LIMIT = Condition("fewer than 1024 padded experts on CUDA/ROCm (moe_align_block_size)",
+                                _padded_experts_below_1024,
+                                "kernel's moe_align_block_size requires fewer than 1024 padded experts")
+AT_MOST_2048_EXPERTS = Condition("at most 2048 experts (FlashInfer TRTLLM routing)",
+                                 lambda ctx: ctx.layer.num_experts <= 2048,
+                                 "FlashInfer TRTLLM routing supports at most 2048 experts")
+ROUTER_LOGITS_BF16_FP32 = Condition("router logits (the input dtype) bfloat16 or float32",
+                                    lambda ctx: ctx.layer.dtype in ("bfloat16", "float32"),
+                                    "kernel does not support router logits dtype float16")
+BF16_ONLY = Condition("bfloat16 activations", lambda ctx: ctx.layer.dtype == "bfloat16",
+                      "kernel does not support this input/output dtype (bfloat16 only)")
+HALF_ONLY = Condition("float16 or bfloat16 activations", lambda ctx: ctx.layer.dtype in ("bfloat16", "float16"),
+                      "kernel does not support this input/output dtype")
+TRTLLM_FP8_CLAMP = Condition(
+    "a SwiGLU clamp only with block-scaled FP8 and SiLU",
+    lambda ctx: ctx.layer.swiglu_limit is None or (
+        (ctx.layer.quant.weight, ctx.layer.quant.activation) == FP8_BLOCK and ctx.layer.activation is Activation.SILU),
+    "the TRTLLM FP8 kernels apply the SwiGLU alpha/beta/clamp parameters only for block-scaled weights with a "
+    "SwiGLU activation",
+)
+TRTLLM_LORA_INTERMEDIATE = Condition(
+    "per-partition intermediate size a multiple of 128 (the oracle's TRTLLM LoRA gate)",
+    lambda ctx: intermediate_per_partition(ctx) % 128 == 0,
+    "the FlashInfer TRTLLM LoRA kernel needs the per-partition intermediate size to be a multiple of 128",
+)
+
+
+def intermediate_per_partition(ctx) -> int:
+    """vLLM's intermediate_size_per_partition: TP is flattened across DP; with EP experts are whole."""
+    p = ctx.parallel
+    return ctx.layer.intermediate_size // (1 if p.use_ep else p.tp_size * p.dp_size)
+
+
+def _cpu_grouped_gemm(ctx) -> bool:
+    """CPUUnquantizedExperts._supports_grouped_gemm: hidden and (padded) intermediate divisible by 32."""
+    per_partition = intermediate_per_partition(ctx)
+    padded = per_partition if ctx.layer.activation is Activation.SWIGLUOAI else -(-per_partition // 32) * 32
+    return ctx.layer.hidden_size % 32 == 0 and padded % 32 == 0
+
+
+def _spec(name, fmt, *requirements, impl=None, note=""):
+    return KernelSpec(name, fmt, tuple(requirements), impl=impl, library_note=note)
+
+
+S, B = ActivationFormat.STANDARD, ActivationFormat.BATCHED
+TRITON_IMPL = SEEDS["TritonExperts"].impl
+BATCHED_TRITON_IMPL = SEEDS["BatchedTritonExperts"].impl
+FI_CUTLASS_IMPL = SEEDS["FlashInferExperts"].impl
+
+KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
+    # -- Triton (experts/triton_moe.py, fused_batched_moe.py) --------------------------------------------
+    _spec("TritonExperts", S, CUDA_ALIKE_OR_XPU, ALL,
+          QuantSchemes((UNQUANTIZED,), gated=(("with FP8 hardware", _fp8_hardware, FP8_TRITON),)),
+          NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT, impl=TRITON_IMPL),
+    _spec("BatchedTritonExperts", B, CUDA_ALIKE_OR_XPU, ALL,
+          QuantSchemes((UNQUANTIZED,), gated=(("with FP8 hardware (CUDA 8.9+, ROCm CDNA3+)", _batched_fp8_hardware,
+                                               FP8_TRITON),)),
+          BATCHED, NOT_BATCH_INVARIANT, NoLoRA(), impl=BATCHED_TRITON_IMPL),
+    # -- FlashInfer CUTLASS (experts/flashinfer_cutlass_moe.py) -------------------------------------------
+    _spec("FlashInferExperts", S,
+          CudaCapability(exact=((9, 0),), families=(10, 12)), Importable(Library.FLASHINFER_CUTLASS_MOE),
+          SILU_SWIGLUOAI,
+          QuantSchemes((), gated=(
+              ("compute capability 9.0+", _cap_at_least(9), (UNQUANTIZED, FP8_TENSOR_STATIC)),
+              ("compute capability 9.0 exactly", lambda ctx: ctx.platform.is_capability(9, 0), (FP8_BLOCK,)),
+              ("compute capability 10.0+", _cap_at_least(10), (NVFP4,)),
+          )),
+          STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), impl=FI_CUTLASS_IMPL,
+          note="flashinfer.fused_moe.cutlass_fused_moe"),
+    # -- FlashInfer TRTLLM BF16 (experts/trtllm_bf16_moe.py, trtllm_lora_moe.py) --------------------------
+    _spec("TrtLlmBf16ExpertsMonolithic", S, *BLACKWELL_TRTLLM, SILU, QuantSchemes((UNQUANTIZED,)), NO_A2A_BUT_AG_RS,
+          STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), AT_MOST_2048_EXPERTS,
+          note="FlashInfer's TRTLLM-gen BF16 fused MoE, Blackwell only"),
+    _spec("TrtLlmBf16ExpertsModular", S, *BLACKWELL_TRTLLM, SILU, QuantSchemes((UNQUANTIZED,)),
+          A2A_NOT_AG_RS_OR_DEEPEP_HT, STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), AT_MOST_2048_EXPERTS,
+          note="FlashInfer's TRTLLM-gen BF16 routed MoE, Blackwell only"),
+    _spec("TrtLlmBf16LoRAExperts", S, *BLACKWELL_TRTLLM, SILU, QuantSchemes((UNQUANTIZED,)), NO_A2A_BUT_AG_RS,
+          STANDARD, NOT_BATCH_INVARIANT, TRTLLM_LORA_INTERMEDIATE, LoRAEnabled(),
+          note="FlashInfer's TRTLLM-gen BF16 MoE with LoRA deltas (reached only from the LoRA step)"),
+    # -- AITER (experts/rocm_aiter_moe.py) ----------------------------------------------------------------
+    *(_spec(name, S, AITER_ENABLED, ALL, QuantSchemes(pairs), NO_FI_A2A, STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
+            note="AMD's AITER fused MoE (aiter)")
+      for name, pairs in (
+          ("AiterUnquantizedExperts", (UNQUANTIZED,)),
+          ("AiterFp8BlockExperts", (FP8_BLOCK,)),
+          ("AiterFp8TensorExperts", (FP8_TENSOR_STATIC, FP8_TENSOR_DYNAMIC)),
+          ("AiterFp8ChannelExperts", (FP8_CHANNEL_TOKEN,)),
+      )),
+    # -- XPU (experts/xpu_moe.py) -------------------------------------------------------------------------
+    _spec("XPUExperts", S, OnVendor((Vendor.XPU,)), ALL,
+          QuantSchemes((UNQUANTIZED, (FP8_STATIC_TENSOR, None), FP8_TENSOR_DYNAMIC)), STANDARD, NOT_BATCH_INVARIANT,
+          NoLoRA(), note="the XPU platform's MoE kernels (vllm_xpu_kernels)"),
+    _spec("XPUExpertsFp8", S, OnVendor((Vendor.XPU,)), ALL,
+          QuantSchemes(((FP8_STATIC_TENSOR, None), FP8_TENSOR_DYNAMIC)), STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
+          note="the XPU platform's MoE kernels (vllm_xpu_kernels)"),
+    _spec("XPUExpertsMxFp8", S, OnVendor((Vendor.XPU,)), ALL, QuantSchemes(()), STANDARD, NOT_BATCH_INVARIANT,
+          NoLoRA(), note="the XPU platform's MXFP8 MoE kernels"),
+    _spec("XPUExpertsBlockFp8", S, OnVendor((Vendor.XPU,)), ALL, QuantSchemes((FP8_BLOCK,)), STANDARD,
+          NOT_BATCH_INVARIANT, NoLoRA(), note="the XPU platform's block-FP8 MoE kernels"),
+    # -- CPU (experts/cpu_moe.py): the x86/Arm/Power variants need AMX, an Arm or a Power CPU ------------
+    *(_spec(name, S, OnVendor((Vendor.CPU,)), NO_AMX if name.startswith("X86") else Condition(
+            f"a {arch} CPU (moe-fsm's CPU platform facts describe x86)", lambda ctx: False,
+            f"kernel does not support current device (needs a {arch} CPU)"),
+            note="vLLM's CPU MoE kernels")
+      for name, arch in (("X86CPUUnquantizedExperts", "x86"), ("ArmCPUUnquantizedExperts", "Arm"),
+                         ("PowerCPUUnquantizedExperts", "Power"))),
+    _spec("CPUUnquantizedExperts", S, OnVendor((Vendor.CPU,)), ALL, QuantSchemes((UNQUANTIZED,)), STANDARD,
+          NOT_BATCH_INVARIANT, NoLoRA(),
+          Condition("hidden and (padded) intermediate sizes divisible by 32", _cpu_grouped_gemm,
+                    "kernel requires hidden and intermediate dimensions divisible by 32"),
+          impl=SEEDS["TorchExperts"].impl, note="vLLM's portable CPU MoE (moe-fsm runs its torch experts)"),
+    _spec("CPUExpertsFp8", S, OnVendor((Vendor.CPU,)), NO_AMX, SILU_GELU, QuantSchemes((FP8_BLOCK,)), STANDARD,
+          NOT_BATCH_INVARIANT, NoLoRA(), note="vLLM's AMX FP8 W8A16 CPU MoE"),
+    _spec("CPUExpertsFp8W8A8", S, OnVendor((Vendor.CPU,)), NO_AMX, SILU, QuantSchemes((FP8_BLOCK,)), STANDARD,
+          NOT_BATCH_INVARIANT, NoLoRA(), note="vLLM's AMX-FP8 W8A8 CPU MoE"),
+    # -- FlashInfer TRTLLM FP8 (experts/trtllm_fp8_moe.py): SiLU only (the packed SwiGLU-OAI layout only) -
+    _spec("TrtLlmFp8ExpertsMonolithic", S, *BLACKWELL_TRTLLM, SILU, QuantSchemes((FP8_BLOCK, FP8_TENSOR_STATIC)),
+          NO_A2A_BUT_AG_RS, ROUTER_LOGITS_BF16_FP32, STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), TRTLLM_FP8_CLAMP,
+          AT_MOST_2048_EXPERTS, note="FlashInfer's TRTLLM-gen FP8 fused MoE, Blackwell only"),
+    _spec("TrtLlmFp8ExpertsModular", S, *BLACKWELL_TRTLLM, SILU, QuantSchemes((FP8_BLOCK,)),
+          ParallelRule("no all-to-all kernels other than all-gather/reduce-scatter, DeepEP v2 or FlashInfer",
+                       lambda p: not p.use_all2all_kernels or p.all2all in (
+                           AllToAllKind.ALLGATHER_REDUCESCATTER, AllToAllKind.FLASHINFER_ALL2ALLV)),
+          STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), TRTLLM_FP8_CLAMP, AT_MOST_2048_EXPERTS,
+          note="FlashInfer's TRTLLM-gen FP8 routed MoE, Blackwell only"),
+    # -- DeepGEMM (experts/triton_deep_gemm_moe.py, batched_deep_gemm_moe.py) ------------------------------
+    _spec("TritonOrDeepGemmExperts", S, DEEP_GEMM_SUPPORTED, CUDA_ALIKE_OR_XPU, SILU,
+          QuantSchemes((), gated=(("with FP8 hardware", _fp8_hardware, (FP8_BLOCK,)),)), NO_FI_A2A, STANDARD,
+          NOT_BATCH_INVARIANT, NoLoRA(), note="DeepGEMM (deep_gemm) behind vLLM's Triton fallback"),
+    _spec("BatchedDeepGemmExperts", B, DEEP_GEMM_SUPPORTED, SILU, QuantSchemes((FP8_BLOCK,)), BATCHED,
+          NOT_BATCH_INVARIANT, NoLoRA(), note="DeepGEMM's masked grouped GEMM (deep_gemm)"),
+    # -- vLLM CUTLASS (experts/triton_cutlass_moe.py, cutlass_moe.py) --------------------------------------
+    _spec("TritonOrCutlassExperts", S, CUTLASS_GROUP_GEMM, CUDA_ALIKE_OR_XPU, ALL,
+          QuantSchemes((FP8_CHANNEL_TOKEN, FP8_TENSOR_DYNAMIC, FP8_TENSOR_STATIC)), NO_FI_OR_DEEPEP_HT, STANDARD,
+          NOT_BATCH_INVARIANT, NoLoRA(), note="vLLM's own CUTLASS FP8 grouped GEMM (vllm._custom_ops)"),
+    _spec("CutlassBatchedExpertsFp8", B, CUTLASS_GROUP_GEMM, ALL,
+          QuantSchemes((FP8_CHANNEL_TOKEN, FP8_TENSOR_DYNAMIC, FP8_TENSOR_STATIC)), BATCHED, NOT_BATCH_INVARIANT,
+          NoLoRA(), note="vLLM's own CUTLASS FP8 grouped GEMM (vllm._custom_ops)"),
+    _spec("CutlassExpertsFp4", S, CudaCapability(families=(10, 11, 12)), ALL, QuantSchemes((NVFP4,)),
+          NO_FI_OR_DEEPEP_HT, STANDARD, NoLoRA(),
+          note="vLLM's own CUTLASS NVFP4 grouped GEMM (vllm._custom_ops); batch invariant, expert parallel"),
+    # -- Marlin, Humming, HPC ------------------------------------------------------------------------------
+    _spec("MarlinExperts", S, CudaCapability(minimum=(7, 5)), ALL,
+          QuantSchemes((FP8_BLOCK, FP8_CHANNEL_TOKEN, FP8_TENSOR_STATIC, NVFP4), weight_only=True),
+          NO_FI_A2A, STANDARD, NOT_BATCH_INVARIANT,
+          note="vLLM's Marlin weight-only kernels (vllm._custom_ops); LoRA-capable"),
+    *(_spec(name, fmt, Importable(Library.HUMMING), CudaCapability(minimum=(7, 5)), ALL,
+            QuantSchemes((FP8_BLOCK, FP8_CHANNEL_TOKEN, FP8_TENSOR_STATIC, FP8_TENSOR_TOKEN, NVFP4, NVFP4_W4A16,
+                          (FP8_STATIC_BLOCK128, FP8_DYNAMIC_TOKEN), (FP8_STATIC_CHANNEL, FP8_STATIC_TENSOR),
+                          (FP8_STATIC_CHANNEL, FP8_DYNAMIC_GROUP128), (FP8_STATIC_TENSOR, FP8_DYNAMIC_GROUP128))),
+            Format(fmt), NoLoRA(), note="the humming MoE kernels (humming)")
+      for name, fmt in (("BatchedHummingGroupedExperts", B), ("HummingGroupedExperts", S),
+                        ("HummingIndexedExperts", S))),
+    _spec("HPCExperts", S, CudaCapability(exact=((9, 0),)), Importable(Library.HPC), SILU,
+          QuantSchemes((FP8_TENSOR_STATIC, FP8_BLOCK)), STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
+          note="Tencent's hpc-ops MoE (hpc), Hopper only"),
+    # -- NVFP4: FlashInfer TRTLLM, CuTe DSL, b12x; vLLM's b12x; emulation ------------------------------------
+    _spec("TrtLlmNvFp4ExpertsMonolithic", S, *BLACKWELL_TRTLLM, SILU_GELU, QuantSchemes((NVFP4,)), NO_A2A,
+          ROUTER_LOGITS_BF16_FP32, STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
+          note="FlashInfer's TRTLLM-gen NVFP4 fused MoE, Blackwell only"),
+    _spec("TrtLlmNvFp4ExpertsModular", S, *BLACKWELL_TRTLLM, SILU_GELU, QuantSchemes((NVFP4,)), STANDARD,
+          NOT_BATCH_INVARIANT, NoLoRA(), note="FlashInfer's TRTLLM-gen NVFP4 routed MoE, Blackwell only"),
+    _spec("FlashInferCuteDSLExperts", S, CudaCapability(families=(10,)), Importable(Library.FLASHINFER_CUTEDSL_MOE),
+          SILU_SWIGLUOAI, QuantSchemes((NVFP4,)), STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
+          note="FlashInfer's CuTe DSL NVFP4 MoE"),
+    _spec("FlashInferCuteDSLBatchedExperts", B, CudaCapability(families=(10,)),
+          Importable(Library.FLASHINFER_CUTEDSL_MOE), SILU, QuantSchemes((NVFP4,)), BATCHED, NOT_BATCH_INVARIANT,
+          NoLoRA(), note="FlashInfer's CuTe DSL masked grouped GEMM"),
+    _spec("FlashInferB12xExperts", S, CudaCapability(families=(12,)), Importable(Library.FLASHINFER_B12X_MOE), SILU,
+          QuantSchemes((NVFP4, NVFP4_W4A16)), NO_EP, STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
+          note="FlashInfer's b12x SM12x NVFP4 MoE"),
+    _spec("B12xExperts", S, HALF_ONLY, CudaCapability(families=(12,)), Importable(Library.B12X), SILU,
+          QuantSchemes((NVFP4, NVFP4_W4A16)), NO_A2A, NO_EP, STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
+          note="the b12x package's fused MoE (b12x)"),
+    _spec("FlashInferMoeEpExperts", S, Condition(
+              "compute capability 10.0 or 10.3", lambda ctx: ctx.platform.capability in ((10, 0), (10, 3)),
+              "kernel does not support current device (needs compute capability 10.0 or 10.3)"),
+          SILU, QuantSchemes((NVFP4,)),
+          ParallelRule("expert parallelism in the standard format",
+                       lambda p: p.use_ep and not p.batched_activation_format),
+          STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), BF16_ONLY, note="FlashInfer's MoE-EP megakernel (CuTe DSL)"),
+    _spec("Nvfp4QuantizationEmulationTritonExperts", S, NoLoRA(), CUDA_ALIKE_OR_XPU, ALL, QuantSchemes((NVFP4,)),
+          NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT, impl=SEEDS["TorchExperts"].impl,
+          note="vLLM's NVFP4 emulation on its Triton experts (moe-fsm runs its torch emulation of the same numerics)"),
+)}
+
+# Where the FP8 oracle returns NONE the platform runs the layer itself; on a CPU moe-fsm runs its emulation.
+FALLBACK_KERNELS: dict[Vendor, tuple[str, ...]] = {Vendor.CPU: ("TorchExperts", "TorchBatchedExperts")}
+KERNELS.update({name: SEEDS[name] for name in ("TorchExperts", "TorchBatchedExperts")})
