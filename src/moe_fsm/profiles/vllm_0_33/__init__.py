@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 from moe_fsm.profiles.profile import Profile, family_policies
 from moe_fsm.profiles.vllm_0_33.env import ENV
-from moe_fsm.profiles.vllm_0_33.kernels import FALLBACK_KERNELS, KERNELS
+from moe_fsm.profiles.vllm_0_33.kernels import FALLBACK_KERNELS, KERNELS, SUBSTITUTES
 
 PROFILE = Profile(
     name="vllm-0.33",
@@ -22,4 +22,5 @@ PROFILE = Profile(
     kernels=MappingProxyType(KERNELS),
     env=ENV,
     fallback_kernels=MappingProxyType(FALLBACK_KERNELS),
+    substitutes=MappingProxyType(SUBSTITUTES),
 )

@@ -305,9 +305,12 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
                        lambda p: p.use_ep and not p.batched_activation_format),
           STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), BF16_ONLY, note="FlashInfer's MoE-EP megakernel (CuTe DSL)"),
     _spec("Nvfp4QuantizationEmulationTritonExperts", S, NoLoRA(), CUDA_ALIKE_OR_XPU, ALL, QuantSchemes((NVFP4,)),
-          NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT, impl=SEEDS["TorchExperts"].impl,
-          note="vLLM's NVFP4 emulation on its Triton experts (moe-fsm runs its torch emulation of the same numerics)"),
+          NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT,
+          note="vLLM's NVFP4 emulation on its Triton experts"),
 )}
+
+# Kernels moe-fsm does not implement but runs with the same numerics (build's business, never the decision's).
+SUBSTITUTES: dict[str, str] = {"Nvfp4QuantizationEmulationTritonExperts": "TorchExperts"}
 
 # Where the FP8 oracle returns NONE the platform runs the layer itself; on a CPU moe-fsm runs its emulation.
 FALLBACK_KERNELS: dict[Vendor, tuple[str, ...]] = {Vendor.CPU: ("TorchExperts", "TorchBatchedExperts")}
