@@ -142,7 +142,7 @@ def test_select_accepts_a_trace_as_input_with_overrides(capsys, tmp_path):
      "VLLM_FLASHINFER_MOE_BACKEND='fastest' is not valid; accepted values: throughput, latency, masked_gemm"),
     (["--platform", "sm90", "--env", "VLLM_USE_FLASHINFER_MOE_FP9=1"], "unknown environment variable(s) ['VLLM_USE_FLASHINFER_MOE_FP9']"),
     (["--platform", "sm90", "--env", "NOEQUALS"], "must look like NAME=VALUE"),
-    (["--platform", "sm90", "--backend", "int8=triton"], "backend mapping key 'int8' is not a quantization family"),
+    (["--platform", "sm90", "--backend", "int9=triton"], "backend mapping key 'int9' is not a quantization family"),
     (["--platform", "sm90", "--quant", "nvfp4", "--hidden", "100"], "NVFP4 needs hidden_size divisible by 16"),
     (["--platform", "sm90", "--quant", "fp8", "--act-scale", "group", "--static-act"], "FP8 activation scale 'group' (static)"),
     (["--platform", "sm90", "--experts", "2", "--top-k", "4"], "top_k=4 exceeds num_experts=2"),

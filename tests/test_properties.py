@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from moe_fsm.backends.registry import default_registry
 from moe_fsm.decision import Decision, DecisionInputs, decide, replay
-from moe_fsm.errors import BackendUnsupportedError, InputError, NoBackendError, SelectionError
+from moe_fsm.errors import BackendUnsupportedError, InputError, NoBackendError, NoPolicyError, SelectionError
 from moe_fsm import profiles
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.profiles.seeds.env import ENV as ENV_VARS
@@ -46,9 +46,20 @@ FP8_VALID = [(w, a, static) for w in ("tensor", "channel", "block") for a, stati
              (("tensor", True), ("tensor", False), ("token", True), ("token", False), ("group", False))]
 
 
+# One scheme of each family that has no policy in the seeds profile yet: they must fail as NoPolicyError.
+NEW_FAMILIES = {
+    "mxfp4": QuantScheme.mxfp4(), "mxfp8": QuantScheme.mxfp8(), "int8": QuantScheme.int8(),
+    "int_wna16": QuantScheme.int_wna16(4, 32, True, "compressed-tensors"), "w4a8": QuantScheme.w4a8(),
+    "w4a8_int8": QuantScheme.w4a8_int8(-1),
+}
+
+
 @st.composite
 def quant_schemes(draw, valid=False):
-    kind = draw(st.sampled_from(["unquantized", "fp8", "nvfp4", "nvfp4-w4a16"]))
+    kinds = ["unquantized", "fp8", "nvfp4", "nvfp4-w4a16"]
+    kind = draw(st.sampled_from(kinds if valid else kinds + list(NEW_FAMILIES)))
+    if kind in NEW_FAMILIES:
+        return NEW_FAMILIES[kind]
     if kind == "unquantized":
         return QuantScheme.unquantized()
     if kind == "nvfp4":
@@ -183,7 +194,7 @@ def _decide(inputs: DecisionInputs, **kwargs) -> tuple[dict, type | None]:
     try:
         decision = decide(inputs, **kwargs)
     except SelectionError as err:
-        assert isinstance(err, (BackendUnsupportedError, NoBackendError)), f"undocumented selection error {type(err)}"
+        assert isinstance(err, (BackendUnsupportedError, NoBackendError, NoPolicyError)), f"undocumented selection error {type(err)}"
         # vLLM's oracles raise these built-ins; engines that catch them keep working.
         assert isinstance(err, ValueError) if isinstance(err, BackendUnsupportedError) else isinstance(err, NotImplementedError)
         assert err.trace is not None and err.trace["outcome"]["status"] == "failed"

@@ -108,7 +108,7 @@ MUTATIONS = {
     "env value not a string": lambda d: d["inputs"]["env"].update(VLLM_USE_FLASHINFER_MOE_FP8=1),
     "cuda without capability": lambda d: d["inputs"]["platform"].update(capability=None),
     "unknown library": lambda d: d["inputs"]["platform"]["libraries"].append("cudnn"),
-    "request mapping with unknown family": lambda d: d["inputs"].update(request={"int8": "triton"}),
+    "request mapping with unknown family": lambda d: d["inputs"].update(request={"int9": "triton"}),
     "selected outcome with error": lambda d: d["outcome"].update(error={"type": "NoBackendError", "builtin": "NotImplementedError", "message": "x"}),
     "selected outcome without prepare/finalize": lambda d: d["outcome"].pop("prepare_finalize"),
     "status disagrees with path": lambda d: d["outcome"].update(status="fallback_none", backend="NONE"),

@@ -21,8 +21,9 @@ from moe_fsm import profiles
 from moe_fsm.backends.build_plan import BuildPlan, plan_build
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.verdict import SupportContext
-from moe_fsm.errors import BackendUnavailableError, InputError, SelectionError, TraceWriteError
+from moe_fsm.errors import BackendUnavailableError, InputError, NoPolicyError, SelectionError, TraceWriteError
 from moe_fsm.fsm.decide import DecisionRun
+from moe_fsm.fsm.policy import FAILED, START
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
@@ -133,6 +134,24 @@ class Decision:
         return ModularKernel(prepare_finalize, experts, self.inputs.layer)
 
 
+def _profiles_with(family) -> str:
+    """Where the family can be decided: the profiles that have its policy (choose one with policy= / --policy)."""
+    names = sorted(name for name, p in profiles.profiles().items() if family in p.policies)
+    return f"; profiles with a {family.value} policy: {', '.join(names)} (--policy / policy=)" if names else ""
+
+
+@dataclass
+class _PolicyLess:
+    """The record of a decision that could not start: the profile has no policy for the family."""
+
+    error: SelectionError
+    selection: None = None
+
+    @property
+    def path(self) -> list[str]:
+        return [START, FAILED]
+
+
 @lru_cache(maxsize=1)
 def probed_platform() -> PlatformFacts:
     return probe()
@@ -217,14 +236,21 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
         raise InputError(f"the registry serves profile {registry.profile.name!r}, the inputs ask for {profile.name!r}")
     started_at, t0 = time.time(), time.perf_counter()
     family = inputs.layer.family
-    policy = profile.policy(family)
+    policy = profile.policies.get(family)
     request = inputs.request.for_family(family)
-    batched = inputs.parallel.batched_activation_format or request in policy.batched_requests
+    batched = inputs.parallel.batched_activation_format or (policy is not None and request in policy.batched_requests)
     fmt = ActivationFormat.BATCHED if batched else ActivationFormat.STANDARD
     ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, profile.env.reader(inputs.env), fmt)
     recorder = Recorder(enabled=trace)
-    run = DecisionRun(ctx, policy, request, inputs.request.source_for(family), registry, recorder)
-    run.run()
+    if policy is None:
+        run = _PolicyLess(NoPolicyError(
+            f"no selection policy for family {family.value} in profile {profile.name}; "
+            f"it has policies for {sorted(f.value for f in profile.policies)}"
+            + _profiles_with(family)
+        ))
+    else:
+        run = DecisionRun(ctx, policy, request, inputs.request.source_for(family), registry, recorder)
+        run.run()
     if run.error is not None:
         outcome = {
             "status": "failed",

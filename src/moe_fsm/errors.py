@@ -48,6 +48,10 @@ class NoBackendError(SelectionError, NotImplementedError):
     """Every candidate backend was rejected."""
 
 
+class NoPolicyError(SelectionError, NotImplementedError):
+    """The policy profile has no selection policy for the layer's quantization family."""
+
+
 class KernelInputError(MoeFsmError, ValueError):
     """Tensors handed to a kernel have the wrong shape, dtype, device or range."""
 

@@ -9,7 +9,7 @@ import pytest
 
 from moe_fsm import profiles
 from moe_fsm.decision import DecisionInputs, decide, make_inputs, replay, select
-from moe_fsm.errors import InputError
+from moe_fsm.errors import InputError, NoPolicyError
 from moe_fsm.fsm.policy import Reorder
 from moe_fsm.fsm.steps import AutoScan
 from moe_fsm.backends.requirements import CudaCapability
@@ -113,7 +113,7 @@ def test_a_profile_reads_only_its_own_env_registry():
         env = {"VLLM_USE_FLASHINFER_MOE_FP8": "maybe", "VLLM_TEST_FORCE_FP8_MARLIN": "1"}
         decision = select(MoELayer(quant=QuantScheme.fp8()), env=env, platform=preset("sm90"), policy=profile.name)
         assert decision.backend == "FLASHINFER_CUTLASS"  # neither variable is read by this profile
-        with pytest.raises(InputError, match="has no policy for unquantized layers"):
+        with pytest.raises(NoPolicyError, match="no selection policy for family unquantized in profile test-fewer-env"):
             select(MoELayer(), env={}, platform=preset("sm90"), policy=profile.name)
     finally:
         profiles.unregister(profile.name)

@@ -12,11 +12,11 @@ as a TODO). Registered backends are accepted by explicit choice and, when
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
-from moe_fsm.backends.specs import BackendSpec, KernelSpec
+from moe_fsm.backends.specs import LAYER_ACTIVATION, BackendSpec, KernelSpec
 from moe_fsm.backends.verdict import BackendVerdict, Check, SupportContext, Verdict
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.quant import QuantFamily
@@ -122,14 +122,16 @@ class Registry:
         key = (family, backend)
         if key not in per_ctx:
             spec = self.spec(family, backend)
-            per_ctx[key] = BackendVerdict(backend, tuple(self.kernel_verdict(k, ctx, spec.extra) for k in spec.kernels))
+            asked = backend_context(spec, ctx)
+            per_ctx[key] = BackendVerdict(backend, tuple(self.kernel_verdict(k, asked, spec.extra) for k in spec.kernels))
         return per_ctx[key]
 
     def step_verdict(self, family: QuantFamily, backend: str, ctx: SupportContext,
                      kernels: tuple[str, ...] | None, extra: tuple = ()) -> BackendVerdict:
         """A backend's verdict with a step's own kernel classes and extra conditions (not memoized)."""
         spec = self.spec(family, backend)
-        return BackendVerdict(backend, tuple(self.kernel_verdict(k, ctx, (*spec.extra, *extra))
+        asked = backend_context(spec, ctx)
+        return BackendVerdict(backend, tuple(self.kernel_verdict(k, asked, (*spec.extra, *extra))
                                              for k in (kernels if kernels is not None else spec.kernels)))
 
     def fallback_verdicts(self, ctx: SupportContext) -> BackendVerdict:
@@ -147,6 +149,15 @@ class Registry:
             return None
         module, _, attr = impl.partition(":")
         return getattr(importlib.import_module(module), attr)
+
+
+def backend_context(spec: BackendSpec, ctx: SupportContext) -> SupportContext:
+    """The context a backend's kernels are asked about: the layer's, with the backend's own activation key if it has one."""
+    key = spec.activation_key
+    if key is LAYER_ACTIVATION or key == ctx.layer.quant.activation:
+        return ctx
+    quant = replace(ctx.layer.quant, activation=key)
+    return replace(ctx, layer=replace(ctx.layer, quant=quant))
 
 
 _DEFAULTS: dict[str, Registry] = {}

@@ -311,7 +311,7 @@ class Condition(Requirement):
 
     text: str
     holds: Callable[..., bool]
-    failure_text: str = ""
+    failure_text: str | Callable[..., str] = ""  # a callable of the context for a reason that names a value
 
     def describe(self) -> str:
         return self.text
@@ -319,4 +319,6 @@ class Condition(Requirement):
     def failure(self, ctx: SupportContext) -> str | None:
         if self.holds(ctx):
             return None
+        if callable(self.failure_text):
+            return self.failure_text(ctx)
         return self.failure_text or f"kernel does not support this layer (needs {self.text})"

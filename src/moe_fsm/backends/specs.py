@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from moe_fsm.backends.requirements import Requirement
 from moe_fsm.inputs.formats import ActivationFormat
-from moe_fsm.inputs.quant import QuantFamily
+from moe_fsm.inputs.quant import QuantFamily, QuantKey
 
 
 @dataclass(frozen=True)
@@ -20,16 +20,33 @@ class KernelSpec:
     library_note: str = ""
 
 
+class _LayerActivation:
+    """The sentinel: a backend's support check uses the layer's own activation key."""
+
+    def __repr__(self) -> str:
+        return "LAYER_ACTIVATION"
+
+
+LAYER_ACTIVATION = _LayerActivation()
+
+
 @dataclass(frozen=True)
 class BackendSpec:
     """A user-visible backend of one family: kernel classes in preference order, plus
-    backend-level conditions some oracles add on top of the kernels' own."""
+    backend-level conditions some oracles add on top of the kernels' own.
+
+    ``activation_key``: the activation quantization key the backend's kernels are
+    asked about. By default the layer's; vLLM 0.33's MXFP4 oracle names one per
+    backend variant (``FLASHINFER_TRTLLM_MXFP4_MXFP8`` is asked about MXFP8
+    activations whatever the checkpoint declares; None is 16-bit).
+    """
 
     name: str
     family: QuantFamily
     kernels: tuple[str, ...]
     extra: tuple[Requirement, ...] = ()
     auto_select: bool = True
+    activation_key: QuantKey | None | _LayerActivation = LAYER_ACTIVATION
 
 
 def backends(family: QuantFamily, *specs: tuple) -> dict[str, BackendSpec]:

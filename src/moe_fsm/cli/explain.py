@@ -20,6 +20,7 @@ from moe_fsm.decision import DecisionInputs, decide
 from moe_fsm.errors import InputError, SelectionError
 from moe_fsm.fsm.policy import FamilyPolicy
 from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.inputs.formats import ActivationFormat
 from moe_fsm.profiles import get as get_profile
@@ -197,7 +198,9 @@ def alternatives(document: dict, registry: Registry | None = None) -> list[Alter
     profile = get_profile(inputs.profile.name)
     registry = registry or default_registry(profile.name)
     family = inputs.layer.family
-    policy = profile.policy(family)
+    policy = profile.policies.get(family)
+    if policy is None:  # the profile has no policy for the family: nothing to ask
+        return []
     fmt = ActivationFormat.BATCHED if inputs.parallel.batched_activation_format else ActivationFormat.STANDARD
     ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, profile.env.reader(inputs.env), fmt)
     pruned = {}
@@ -274,6 +277,8 @@ def alternatives_lines(document: dict, trace_path: str | None = None, registry: 
                 lines.append(f"      with auto it was left out: {a.pruned_by}")
         example = next((a for a in runs if a.backend != chosen), runs[0])
         lines.append(f"    e.g. {base} --backend {family}={example.user_name}")
+    elif QuantFamily(family) not in get_profile(DecisionInputs.from_json(document["inputs"]).profile.name).policies:
+        lines.append(f"  This profile has no {family} policy, so no {family} backend can be asked for.")
     else:
         lines.append(f"  No {family} backend that --backend can name would run this layer on this platform.")
 

@@ -3,8 +3,11 @@
 One spec format serves ``select`` flags, ``--input FILE`` (JSON or TOML) and the
 golden scenario matrix. A spec is a mapping with the sections
 
-``layer``     quant = "unquantized" | "fp8" | "nvfp4" (or the trace's quant object),
-              weight_scale, act_scale, static_act, weight_only (NVFP4 W4A16),
+``layer``     quant = "unquantized" | "fp8" | "nvfp4" | "mxfp4" | "mxfp8" | "int8" |
+              "int_wna16" | "w4a8" | "w4a8_int8" (or the trace's quant object),
+              weight_scale, act_scale, static_act (FP8, INT8), weight_only (NVFP4 W4A16),
+              act_quant (MXFP4), asym_act (INT8), bits, group_size, zero_point,
+              checkpoint, act_order (integer weights), bias,
               num_experts (experts), top_k, hidden_size (hidden), intermediate_size
               (intermediate), activation, swiglu_limit, lora, router_weight_on_input,
               dtype, allow_vllm_cutlass
@@ -40,7 +43,8 @@ from moe_fsm.inputs.layer import Activation, MoELayer
 from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
 from moe_fsm.inputs.platform import PRESETS, Library, PlatformFacts, preset
 from moe_fsm.inputs.quant import (
-    FP8_ACTIVATION_SCALES, FP8_WEIGHT_SCALES, FLOAT_DTYPES, NVFP4_STATIC, QuantFamily, QuantScheme,
+    FP8_ACTIVATION_SCALES, FP8_WEIGHT_SCALES, FLOAT_DTYPES, MXFP4_ACTIVATIONS, NVFP4_STATIC, WNA16_CHECKPOINTS,
+    QuantFamily, QuantScheme,
 )
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.trace import document as trace_doc
@@ -55,12 +59,32 @@ LAYER_ALIASES = {
     "act-scale": "act_scale",
     "static-act": "static_act",
     "weight-only": "weight_only",
+    "act-quant": "act_quant",
+    "asym-act": "asym_act",
+    "group-size": "group_size",
+    "zero-point": "zero_point",
+    "act-order": "act_order",
 }
-LAYER_KEYS = (
-    "quant", "weight_scale", "act_scale", "static_act", "weight_only", "num_experts", "top_k", "hidden_size",
-    "intermediate_size", "activation", "swiglu_limit", "lora", "router_weight_on_input", "dtype", "allow_vllm_cutlass",
+QUANT_WORDS = (
+    "weight_scale", "act_scale", "static_act", "weight_only", "act_quant", "asym_act", "bits", "group_size",
+    "zero_point", "checkpoint", "act_order",
 )
-QUANT_KEYS = ("quant", "weight_scale", "act_scale", "static_act", "weight_only")
+LAYER_KEYS = (
+    "quant", *QUANT_WORDS, "num_experts", "top_k", "hidden_size",
+    "intermediate_size", "activation", "swiglu_limit", "lora", "router_weight_on_input", "dtype", "allow_vllm_cutlass",
+    "bias",
+)
+QUANT_KEYS = ("quant", *QUANT_WORDS)
+# The quant words each new family takes (FP8 and NVFP4 keep their own checks below).
+FAMILY_WORDS = {
+    QuantFamily.MXFP4: ("act_quant",),
+    QuantFamily.MXFP8: (),
+    QuantFamily.INT8: ("weight_scale", "act_scale", "static_act", "asym_act"),
+    QuantFamily.INT_WNA16: ("bits", "group_size", "zero_point", "checkpoint", "act_order"),
+    QuantFamily.W4A8: ("group_size",),
+    QuantFamily.W4A8_INT8: ("group_size",),
+}
+_BOOL_WORDS = ("static_act", "weight_only", "asym_act", "zero_point", "act_order")
 PARALLEL_ALIASES = {"tp": "tp_size", "dp": "dp_size", "ep": "ep_size", "batched": "batched_activation_format"}
 PARALLEL_KEYS = ("tp_size", "dp_size", "ep_size", "batched_activation_format", "all2all")
 PLATFORM_SPEC_KEYS = ("preset", "add_libraries", "remove_libraries")
@@ -91,6 +115,20 @@ def add_input_arguments(parser) -> None:
                        help="FP8 activation scales are static (calibrated), not computed per batch")
     layer.add_argument("--weight-only", action="store_true", default=None,
                        help="NVFP4 weights with 16-bit activations (W4A16)")
+    layer.add_argument("--act-quant", choices=list(MXFP4_ACTIVATIONS),
+                       help="MXFP4 activation quantization (default none: 16-bit activations, as gpt-oss ships)")
+    layer.add_argument("--asym-act", action="store_true", default=None,
+                       help="INT8 W8A8 activations are asymmetric (with a zero point)")
+    layer.add_argument("--bits", type=int, choices=(4, 8), help="int_wna16 weight bits (default 4)")
+    layer.add_argument("--group-size", type=_group_size, metavar="G",
+                       help="columns per weight scale for int_wna16/w4a8/w4a8_int8 (default 128; -1: per channel)")
+    layer.add_argument("--zero-point", action="store_true", default=None,
+                       help="int_wna16 weights are asymmetric, with zero points")
+    layer.add_argument("--checkpoint", choices=list(WNA16_CHECKPOINTS),
+                       help="int_wna16 checkpoint format (default gptq)")
+    layer.add_argument("--act-order", action="store_true", default=None,
+                       help="int_wna16 checkpoint uses activation ordering (GPTQ desc_act)")
+    layer.add_argument("--bias", action="store_true", default=None, help="the experts add biases (gpt-oss)")
     layer.add_argument("--experts", type=_positive_int, metavar="E", help="number of experts (default 8)")
     layer.add_argument("--top-k", type=_positive_int, metavar="K", help="experts per token (default 2)")
     layer.add_argument("--hidden", type=_positive_int, metavar="H", help="hidden size (default 1024)")
@@ -139,6 +177,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _group_size(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1 and value != -1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive group size or -1 (per channel)")
+    return value
+
+
 def _positive_float(text: str) -> float:
     import argparse
 
@@ -161,7 +211,9 @@ def inputs_from_args(args) -> DecisionInputs:
         "top_k": args.top_k, "hidden_size": args.hidden, "intermediate_size": args.intermediate,
         "activation": args.activation, "swiglu_limit": args.swiglu_limit, "lora": args.lora,
         "router_weight_on_input": args.router_weight_on_input, "dtype": args.dtype,
-        "allow_vllm_cutlass": args.allow_vllm_cutlass,
+        "allow_vllm_cutlass": args.allow_vllm_cutlass, "act_quant": args.act_quant, "asym_act": args.asym_act,
+        "bits": args.bits, "group_size": args.group_size, "zero_point": args.zero_point,
+        "checkpoint": args.checkpoint, "act_order": args.act_order, "bias": args.bias,
     }
     parallel_flags = {
         "tp_size": args.tp, "dp_size": args.dp, "ep_size": args.ep,
@@ -324,6 +376,25 @@ def _quant_words(data: Mapping) -> dict:
         return {"quant": "unquantized"}
     if scheme.family is QuantFamily.NVFP4:
         return {"quant": "nvfp4", "weight_only": scheme.activation is None}
+    if scheme.family is QuantFamily.MXFP4:
+        return {"quant": "mxfp4", "act_quant": next(w for w, k in MXFP4_ACTIVATIONS.items() if k == scheme.activation)}
+    if scheme.family is QuantFamily.MXFP8:
+        return {"quant": "mxfp8"}
+    if scheme.family is QuantFamily.INT8:
+        return {
+            "quant": "int8",
+            "weight_scale": _GRANULARITY_WORD[scheme.weight.granularity.value],
+            "act_scale": _GRANULARITY_WORD[scheme.activation.granularity.value],
+            "static_act": scheme.activation.static,
+            "asym_act": not scheme.activation.symmetric,
+        }
+    if scheme.family is QuantFamily.INT_WNA16:
+        return {
+            "quant": "int_wna16", "bits": scheme.weight_bits, "group_size": scheme.group_size,
+            "zero_point": scheme.zero_point, "checkpoint": scheme.checkpoint, "act_order": scheme.act_order,
+        }
+    if scheme.family in (QuantFamily.W4A8, QuantFamily.W4A8_INT8):
+        return {"quant": scheme.family.value, "group_size": scheme.group_size}
     return {
         "quant": "fp8",
         "weight_scale": _GRANULARITY_WORD[scheme.weight.granularity.value],
@@ -334,7 +405,7 @@ def _quant_words(data: Mapping) -> dict:
 
 def quant_from_spec(layer: Mapping) -> QuantScheme:
     quant = layer.get("quant", "unquantized")
-    words = {k: layer[k] for k in ("weight_scale", "act_scale", "static_act", "weight_only") if layer.get(k) is not None}
+    words = {k: layer[k] for k in QUANT_WORDS if layer.get(k) is not None}
     if isinstance(quant, Mapping):
         if words:
             raise InputError(f"layer gives quant as an object and also {sorted(words)}; use one form")
@@ -348,25 +419,57 @@ def quant_from_spec(layer: Mapping) -> QuantScheme:
         raise InputError(f"layer quant must be one of {[f.value for f in QuantFamily]}, got {quant!r}")
     family = quant.strip().lower()
     if family == QuantFamily.UNQUANTIZED.value:
-        if words.get("weight_only") is False:
-            words.pop("weight_only")
+        words = {k: v for k, v in words.items() if not (k in _BOOL_WORDS and v is False)}
         if words:
-            raise InputError(f"{sorted(words)} only apply to quantized layers (quant = fp8 or nvfp4)")
+            raise InputError(f"{sorted(words)} only apply to quantized layers (quant = fp8, nvfp4, ...)")
         return QuantScheme.unquantized()
+    if family in {f.value for f in FAMILY_WORDS}:
+        return _new_family_scheme(QuantFamily(family), words)
     if family == QuantFamily.NVFP4.value:
-        extra = sorted(k for k in words if k != "weight_only")
+        extra = sorted(k for k, v in words.items() if k != "weight_only" and not (k in _BOOL_WORDS and v is False))
         if extra:
-            raise InputError(f"{extra} are FP8 options; an NVFP4 layer takes only weight_only")
+            raise InputError(f"{extra} do not apply to an NVFP4 layer; it takes only weight_only")
         if _bool("weight_only", words.get("weight_only", False)):
             return QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None)
         return QuantScheme.nvfp4()
     if family == QuantFamily.FP8.value:
         if "weight_only" in words and words["weight_only"]:
             raise InputError("weight_only is an NVFP4 option (W4A16); FP8 layers are w8a8 here")
+        foreign = sorted(k for k, v in words.items()
+                         if k not in ("weight_scale", "act_scale", "static_act", "weight_only") and not (k in _BOOL_WORDS and v is False))
+        if foreign:
+            raise InputError(f"{foreign} do not apply to an fp8 layer; it takes weight_scale, act_scale, static_act")
         weight = str(words.get("weight_scale", "block"))
         act = str(words.get("act_scale", DEFAULT_ACT_SCALE.get(weight, "group")))
         return QuantScheme.fp8(weight, act, _bool("static_act", words.get("static_act", False)))
     raise InputError(f"layer quant {quant!r} is not one of {[f.value for f in QuantFamily]}")
+
+
+def _new_family_scheme(family: QuantFamily, words: dict) -> QuantScheme:
+    """The scheme of the MX / INT families from their words; unset booleans count as not given."""
+    allowed = FAMILY_WORDS[family]
+    extra = sorted(k for k, v in words.items() if k not in allowed and not (k in _BOOL_WORDS and v is False))
+    if extra:
+        accepted = f"takes only {list(allowed)}" if allowed else "takes no quant options"
+        raise InputError(f"{extra} do not apply to a {family.value} layer; it {accepted}")
+    w = {k: (_bool(k, v) if k in _BOOL_WORDS else v) for k, v in words.items() if k in allowed}
+    for key in ("bits", "group_size"):
+        if key in w and (isinstance(w[key], bool) or not isinstance(w[key], int)):
+            raise InputError(f"{key} must be an integer, got {w[key]!r}")
+    if family is QuantFamily.MXFP4:
+        return QuantScheme.mxfp4(str(w.get("act_quant", "none")))
+    if family is QuantFamily.MXFP8:
+        return QuantScheme.mxfp8()
+    if family is QuantFamily.INT8:
+        weight = str(w.get("weight_scale", "channel"))
+        act = str(w.get("act_scale", "token" if weight == "channel" else "tensor"))
+        return QuantScheme.int8(weight, act, w.get("static_act", False), not w.get("asym_act", False))
+    if family is QuantFamily.INT_WNA16:
+        return QuantScheme.int_wna16(w.get("bits", 4), w.get("group_size", 128), w.get("zero_point", False),
+                                     str(w.get("checkpoint", "gptq")), w.get("act_order", False))
+    if family is QuantFamily.W4A8:
+        return QuantScheme.w4a8(w.get("group_size", 128))
+    return QuantScheme.w4a8_int8(w.get("group_size", 128))
 
 
 def layer_from_spec(data: Mapping) -> MoELayer:
@@ -375,7 +478,7 @@ def layer_from_spec(data: Mapping) -> MoELayer:
     for key in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
         if key in layer:
             values[key] = layer[key]
-    for key in ("lora", "router_weight_on_input", "allow_vllm_cutlass"):
+    for key in ("lora", "router_weight_on_input", "allow_vllm_cutlass", "bias"):
         if key in layer:
             values[key] = _bool(key, layer[key])
     for key in ("activation", "dtype", "swiglu_limit"):

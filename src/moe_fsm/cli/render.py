@@ -50,11 +50,22 @@ def quant_text(quant: dict) -> str:
     def key(k):
         if k is None:
             return "16-bit"
-        return f"{k['dtype']} {'static' if k['static'] else 'dynamic'} {k['granularity']}"
+        text = f"{k['dtype']} {'static' if k['static'] else 'dynamic'} {k['granularity']}"
+        if k.get("symmetric") is False:
+            text += " asymmetric"
+        return text + (f" ({k['scale_dtype']} scales)" if k.get("scale_dtype") else "")
 
     if quant["family"] == "nvfp4":
         return "NVFP4 " + ("W4A16 (16-bit activations)" if quant["activation"] is None else "W4A4")
-    return f"FP8 (weights {key(quant['weight'])}, activations {key(quant['activation'])})"
+    text = f"{quant['family'].upper()} (weights {key(quant['weight'])}, activations {key(quant['activation'])})"
+    facts = []
+    if quant.get("group_size") is not None:
+        facts.append("per channel" if quant["group_size"] == -1 else f"group size {quant['group_size']}")
+    if quant.get("zero_point"):
+        facts.append("zero points")
+    if quant.get("checkpoint"):
+        facts.append(f"{quant['checkpoint']} checkpoint" + (", act-order" if quant.get("act_order") else ""))
+    return text + (f"; {', '.join(facts)}" if facts else "")
 
 
 def layer_text(layer: dict) -> str:
@@ -73,6 +84,8 @@ def layer_text(layer: dict) -> str:
         options.append("router weight on input")
     if layer.get("allow_vllm_cutlass"):
         options.append("allow_vllm_cutlass")
+    if layer.get("bias"):
+        options.append("expert biases")
     if options:
         parts.append(", ".join(options))
     return "; ".join(parts)

@@ -33,28 +33,31 @@ TERMINAL_STATES = (SELECTED, FALLBACK_NONE, FAILED)
 
 @dataclass(frozen=True)
 class Reorder:
-    """A priority-list adjustment under a condition (vLLM's ``_move_to_back`` / ``_move_to_front``).
+    """A priority-list adjustment under a condition (vLLM's ``_move_to_back`` / ``_move_to_front``,
+    ``prioritize_humming``, the MXFP4 oracle's SM12x rule).
 
     When every requirement in ``when`` holds, ``backends`` move (in the order given)
-    to the ``to`` end of the scan order.
+    to the ``to`` end of the scan order, or next to another backend (``before:`` /
+    ``after:`` it).
     """
 
     when: tuple["Requirement", ...]
     backends: tuple[str, ...]
-    to: str  # "front" | "back" | "before:BACKEND" (just ahead of BACKEND; vLLM's prioritize_humming)
+    to: str  # "front" | "back" | "before:BACKEND" | "after:BACKEND"
     because: str
 
     def apply(self, candidates: list[str]) -> list[str]:
-        """The scan order after this rule (its condition already holds)."""
+        """The scan order after this rule (its condition already holds): ``before:B`` just ahead of B
+        (vLLM's prioritize_humming), ``after:B`` just behind B (the MXFP4 oracle's SM12x rule)."""
         moving = [b for b in self.backends if b in candidates]
         rest = [b for b in candidates if b not in moving]
         if self.to == "front":
             return moving + rest
-        if self.to.startswith("before:"):
-            anchor = self.to.split(":", 1)[1]
+        where, _, anchor = self.to.partition(":")
+        if where in ("before", "after"):
             if anchor not in rest:
-                return candidates  # nothing to go ahead of: vLLM leaves the list as it is
-            at = rest.index(anchor)
+                return candidates  # nothing to go next to: vLLM leaves the list as it is
+            at = rest.index(anchor) + (where == "after")
             return rest[:at] + moving + rest[at:]
         return rest + moving
 

@@ -13,14 +13,17 @@ new code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
 from moe_fsm.errors import BackendUnsupportedError, NoBackendError
 from moe_fsm.inputs.formats import ActivationFormat
+from moe_fsm.inputs.platform import Vendor
 from moe_fsm.inputs.request import AUTO
 
 if TYPE_CHECKING:
     from moe_fsm.backends.requirements import Requirement
+    from moe_fsm.fsm.candidate_steps import ActivationOrder
     from moe_fsm.fsm.decide import DecisionRun
 
 FI_CUTLASS, FI_TRTLLM, FI_CUTEDSL = "CUTLASS", "TENSORRT_LLM", "CUTEDSL"
@@ -278,8 +281,14 @@ class AutoScan(Step):
 
     Its guard always holds, so every policy's last step is an AutoScan. When
     nothing runs: NONE on the policy's ``none_on_vendors``, else the policy's
-    exhausted error.
+    exhausted error. ``activation_order`` (vLLM 0.33 MXFP4) narrows and orders
+    the list by the checkpoint's activation key; ``last_resort`` names, per
+    vendor, a backend required once more after an exhausted scan (vLLM 0.33
+    MXFP4 on XPU), whose refusal is then the error.
     """
+
+    activation_order: "ActivationOrder | None" = None
+    last_resort: Mapping[Vendor, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def guard(self, run) -> bool:
         if run.rec.enabled:
@@ -301,12 +310,19 @@ class AutoScan(Step):
             run.prune(clamp_blocked, f"swiglu_limit={ctx.layer.swiglu_limit} needs a backend that applies the SwiGLU clamp")
         candidates += [spec.name for spec in run.registry.extensions(policy.family) if spec.auto_select]
         candidates = [b for b in candidates if b not in run.pruned]
+        if self.activation_order is not None:
+            candidates = self.activation_order.apply(run, candidates)
         run.rec.emit("scan", candidates=candidates)
         rejected = run.scan(candidates)
         if run.selection is not None:
             return
         if ctx.platform.vendor in policy.none_on_vendors:
             run.fall_back_to_platform()
+            return
+        last = self.last_resort.get(ctx.platform.vendor)
+        if last is not None:
+            run.rec.emit("note", text=f"no backend ran: on {ctx.platform.vendor.value} the oracle asks {last} once more")
+            run.require(last)
             return
         raise policy.exhausted_error(policy.exhausted_message + reasons(rejected))
 

@@ -35,6 +35,7 @@ class MoELayer:
 
     ``allow_vllm_cutlass`` is the FP8 oracle's switch that compressed-tensors
     checkpoints turn on; other FP8 checkpoints leave vLLM's CUTLASS kernels out.
+    ``bias``: the experts add a bias after each GEMM (gpt-oss; vLLM's ``has_bias``).
     ``dtype`` takes a name ("bfloat16") or an engine's dtype object (``torch.bfloat16``),
     stored as the name so the layer stays JSON-able and the core needs no torch.
     """
@@ -50,13 +51,14 @@ class MoELayer:
     router_weight_on_input: bool = False
     dtype: str = "bfloat16"
     allow_vllm_cutlass: bool = False
+    bias: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.quant, QuantScheme):
             raise InputError(
                 f"quant must be a QuantScheme (QuantScheme.unquantized(), .fp8(...), .nvfp4()), got {self.quant!r}"
             )
-        for name in ("lora", "router_weight_on_input", "allow_vllm_cutlass"):
+        for name in ("lora", "router_weight_on_input", "allow_vllm_cutlass", "bias"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise InputError(f"{name} must be True or False, got {value!r}")
@@ -89,6 +91,20 @@ class MoELayer:
                         f"NVFP4 needs {name} divisible by 16 (one block scale per 16 values along the GEMM's "
                         f"reduction), got {getattr(self, name)}"
                     )
+        self._check_groups()
+
+    def _check_groups(self) -> None:
+        """Weight scale groups run along K of both GEMMs, so they must divide hidden and intermediate size."""
+        quant = self.quant
+        width = quant.weight.group_width if quant.weight is not None else None
+        if quant.family is QuantFamily.NVFP4 or width is None and (quant.group_size or -1) < 1:
+            return
+        group = width or quant.group_size
+        if self.hidden_size % group or self.intermediate_size % group:
+            raise InputError(
+                f"{quant.family.value} group size ({group}) must evenly divide both hidden size ({self.hidden_size}) "
+                f"and intermediate size ({self.intermediate_size})"
+            )
 
     @property
     def family(self) -> QuantFamily:
@@ -98,6 +114,8 @@ class MoELayer:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["quant"] = self.quant.to_json()
         data["activation"] = self.activation.value
+        if not self.bias:
+            del data["bias"]  # recorded only when set, so traces of bias-free layers keep their form
         return data
 
     @classmethod

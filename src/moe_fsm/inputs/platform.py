@@ -40,9 +40,15 @@ class Library(str, Enum):
     VLLM_OPS = "vllm._custom_ops"
     TORCH_GROUPED_MM = "torch._grouped_mm"
     TORCH_SCALED_GROUPED_MM = "torch._scaled_grouped_mm"
-    HUMMING = "humming"
+    HUMMING = "humming"  # the humming mixed-precision GEMM library
     HPC = "hpc"
     B12X = "b12x"
+    TRITON_KERNELS = "triton_kernels"  # OpenAI's triton_kernels (gpt-oss MXFP4 MoE)
+    AMD_QUARK = "quark"  # amd-quark (vLLM's OCP MX emulation)
+    ZENTORCH = "zentorch"  # AMD's zentorch CPU ops
+    VLLM_CPU_INT8_MOE = "torch.ops._C.cpu_fused_moe_int8"  # vLLM's Arm/POWER CPU INT8 MoE op
+    VLLM_RDNA3_MOE = "torch.ops._rocm_C.moe_gptq_gemm_rdna3"  # vLLM's RDNA3 GPTQ MoE op
+    TORCH_DYN_QUANT_4BIT = "torch.ops.aten._dyn_quant_matmul_4bit"  # torch's KleidiAI 4-bit ops
 
 
 @hashed_once
@@ -51,7 +57,10 @@ class PlatformFacts:
     """Vendor, device capability and importable libraries.
 
     ``capability`` is the CUDA compute capability (major, minor); ``gcn_arch`` the
-    ROCm architecture (e.g. gfx942). Both are None elsewhere.
+    ROCm architecture (e.g. gfx942). Both are None elsewhere. On a CPU,
+    ``cpu_arch`` is vLLM's ``get_cpu_architecture()`` (x86, arm, powerpc; None:
+    not known) and ``cpu_amx`` whether the cores have AMX tiles, which vLLM's
+    x86 CPU MoE kernels need.
     """
 
     vendor: Vendor = Vendor.CPU
@@ -59,6 +68,8 @@ class PlatformFacts:
     gcn_arch: str | None = None
     device_name: str = "cpu"
     libraries: frozenset[Library] = field(default_factory=frozenset)
+    cpu_arch: str | None = None
+    cpu_amx: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.vendor, Vendor):
@@ -81,6 +92,10 @@ class PlatformFacts:
             raise InputError("a CUDA platform needs its compute capability, e.g. (9, 0)")
         if self.vendor is not Vendor.CUDA and self.capability is not None:
             raise InputError(f"capability is a CUDA fact; vendor {self.vendor.value} has none")
+        if self.cpu_arch is not None and self.cpu_arch not in CPU_ARCHES:
+            raise InputError(f"cpu_arch {self.cpu_arch!r} is not one of {list(CPU_ARCHES)} (or None)")
+        if (self.cpu_arch is not None or self.cpu_amx) and self.vendor is not Vendor.CPU:
+            raise InputError(f"cpu_arch and cpu_amx are CPU facts; vendor {self.vendor.value} has neither")
         libs = set()
         for lib in self.libraries:
             try:
@@ -135,6 +150,8 @@ class PlatformFacts:
             "gcn_arch": self.gcn_arch,
             "device_name": self.device_name,
             "libraries": sorted(lib.value for lib in self.libraries),
+            **({"cpu_arch": self.cpu_arch} if self.cpu_arch is not None else {}),
+            **({"cpu_amx": True} if self.cpu_amx else {}),
         }
 
     @classmethod
@@ -149,6 +166,8 @@ class PlatformFacts:
         values["libraries"] = frozenset(values.get("libraries", ()))
         return cls(**values)
 
+
+CPU_ARCHES = ("x86", "arm", "powerpc")
 
 _FLASHINFER_ALL = frozenset({
     Library.FLASHINFER, Library.FLASHINFER_CUTLASS_MOE, Library.FLASHINFER_TRTLLM_MOE,
@@ -169,6 +188,12 @@ PRESETS: dict[str, PlatformFacts] = {
     "rocm-mi355": PlatformFacts(Vendor.ROCM, None, "gfx950", "AMD Instinct MI355X", frozenset({Library.TRITON, Library.AITER, Library.VLLM_OPS})),
     "xpu": PlatformFacts(Vendor.XPU, None, None, "Intel Data Center GPU Max", frozenset({Library.TRITON})),
     "cpu": PlatformFacts(Vendor.CPU, None, None, "cpu", frozenset()),
+    "cpu-x86": PlatformFacts(Vendor.CPU, None, None, "x86 CPU", frozenset({Library.TORCH_DYN_QUANT_4BIT}), "x86"),
+    "cpu-x86-amx": PlatformFacts(Vendor.CPU, None, None, "x86 CPU with AMX (Xeon Sapphire Rapids)",
+                                 frozenset({Library.TORCH_DYN_QUANT_4BIT}), "x86", True),
+    "cpu-arm": PlatformFacts(Vendor.CPU, None, None, "Arm CPU (Neoverse V2)",
+                             frozenset({Library.TORCH_DYN_QUANT_4BIT, Library.VLLM_CPU_INT8_MOE}), "arm"),
+    "cpu-power": PlatformFacts(Vendor.CPU, None, None, "POWER10 CPU", frozenset({Library.VLLM_CPU_INT8_MOE}), "powerpc"),
     "tpu": PlatformFacts(Vendor.TPU, None, None, "TPU v5e", frozenset()),
     "oot": PlatformFacts(Vendor.OUT_OF_TREE, None, None, "out-of-tree platform plugin", frozenset()),
 }
@@ -200,6 +225,15 @@ _ENTRY_POINTS: dict[Library, tuple[str, str | None]] = {
     Library.HUMMING: ("humming", None),
     Library.HPC: ("hpc", None),
     Library.B12X: ("b12x", None),
+    Library.TRITON_KERNELS: ("triton_kernels", None),
+    Library.AMD_QUARK: ("quark", None),
+    Library.ZENTORCH: ("zentorch", None),
+}
+# Ops vLLM finds as torch.ops.<namespace>.<name> (registered by a compiled extension or by torch itself).
+_TORCH_OPS: dict[Library, tuple[str, str]] = {
+    Library.VLLM_CPU_INT8_MOE: ("_C", "cpu_fused_moe_int8"),
+    Library.VLLM_RDNA3_MOE: ("_rocm_C", "moe_gptq_gemm_rdna3"),
+    Library.TORCH_DYN_QUANT_4BIT: ("aten", "_dyn_quant_matmul_4bit"),
 }
 
 
@@ -225,6 +259,9 @@ def probe() -> PlatformFacts:
         libraries.add(Library.TORCH_GROUPED_MM)
     if hasattr(torch, "_scaled_grouped_mm"):
         libraries.add(Library.TORCH_SCALED_GROUPED_MM)
+    for lib, (namespace, name) in _TORCH_OPS.items():
+        if _has_torch_op(torch, namespace, name):
+            libraries.add(lib)
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
         if torch.version.hip:
@@ -233,4 +270,33 @@ def probe() -> PlatformFacts:
         return PlatformFacts(Vendor.CUDA, torch.cuda.get_device_capability(0), None, name, frozenset(libraries))
     if hasattr(torch, "xpu") and torch.xpu.is_available():
         return PlatformFacts(Vendor.XPU, None, None, torch.xpu.get_device_name(0), frozenset(libraries))
-    return PlatformFacts(Vendor.CPU, None, None, "cpu", frozenset(libraries))
+    return PlatformFacts(Vendor.CPU, None, None, "cpu", frozenset(libraries), _cpu_arch(), _cpu_amx(torch))
+
+
+def _has_torch_op(torch, namespace: str, name: str) -> bool:
+    try:
+        return hasattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _cpu_arch() -> str | None:
+    """vLLM's CpuArchEnum, from the machine name."""
+    import platform
+
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i386", "i686"):
+        return "x86"
+    if machine.startswith(("arm", "aarch64")):
+        return "arm"
+    if machine.startswith(("ppc", "powerpc")):
+        return "powerpc"
+    return None
+
+
+def _cpu_amx(torch) -> bool:
+    check = getattr(getattr(torch, "cpu", None), "_is_amx_tile_supported", None)
+    try:
+        return bool(check()) if check is not None else False
+    except RuntimeError:
+        return False

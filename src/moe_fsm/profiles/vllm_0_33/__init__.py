@@ -13,13 +13,14 @@ from types import MappingProxyType
 from moe_fsm.profiles.profile import Profile, family_policies
 from moe_fsm.profiles.vllm_0_33.env import ENV
 from moe_fsm.profiles.vllm_0_33.kernels import FALLBACK_KERNELS, KERNELS, SUBSTITUTES
+from moe_fsm.profiles.vllm_0_33.kernels_mx_int import KERNELS as MX_INT_KERNELS
 
 PROFILE = Profile(
     name="vllm-0.33",
     about="vLLM 0.33.0's oracles (vllm/model_executor/layers/fused_moe/oracle/) and experts support checks",
     vllm_version=(0, 33),
     policies=family_policies(__name__),
-    kernels=MappingProxyType(KERNELS),
+    kernels=MappingProxyType({**KERNELS, **MX_INT_KERNELS}),
     env=ENV,
     fallback_kernels=MappingProxyType(FALLBACK_KERNELS),
     substitutes=MappingProxyType(SUBSTITUTES),

@@ -36,6 +36,11 @@ def true_word(name: str) -> Callable[[str], bool]:
     return parse
 
 
+def lower_text(raw: str) -> str:
+    """vLLM reads the string as it is and compares it lower-cased."""
+    return raw.strip().lower()
+
+
 INTEGER = "an integer (0 is off, any other integer on)"
 TRUE_WORDS = "true or 1 (any case) is on, anything else off"
 
@@ -51,4 +56,10 @@ ENV = EnvRegistry.of(
            "AITER MoE switch on ROCm (needs VLLM_ROCM_USE_AITER too)."),
     EnvVar("VLLM_B12X_MOE_FP4_FORCE_A16", False, int_bool("VLLM_B12X_MOE_FP4_FORCE_A16"), INTEGER,
            "The b12x NVFP4 MoE runs W4A16 (explicit moe_backend='b12x' only)."),
+    EnvVar("VLLM_HUMMING_MOE_GEMM_TYPE", None, lower_text, "indexed, grouped, grouped_contiguous, grouped_masked or auto",
+           "Which Humming MoE GEMM (indexed / grouped); unset or auto: grouped with expert parallelism, else indexed."),
+    EnvVar("VLLM_CPU_INT4_W4A8", True, int_bool("VLLM_CPU_INT4_W4A8"), INTEGER,
+           "zentorch's DA8W4 INT4 MoE path for WNA16 checkpoints on CPU; 0 turns it off."),
+    EnvVar("VLLM_USE_FLASHINFER_MOE_INT4", False, int_bool("VLLM_USE_FLASHINFER_MOE_INT4"), INTEGER,
+           "FlashInfer's TRTLLM MXINT4 MoE for WNA16 (INT4 group-32) checkpoints on Blackwell."),
 )

@@ -26,7 +26,9 @@ from moe_fsm.inputs.parallel import AllToAllKind
 from moe_fsm.inputs.platform import Library, Vendor
 from moe_fsm.inputs.quant import (
     FP8_DYNAMIC_GROUP128, FP8_DYNAMIC_TENSOR, FP8_DYNAMIC_TOKEN, FP8_STATIC_BLOCK128, FP8_STATIC_CHANNEL,
-    FP8_STATIC_TENSOR, NVFP4_DYNAMIC, NVFP4_STATIC,
+    FP8_STATIC_TENSOR, INT4_STATIC_GROUP, INT4_STATIC_GROUP32, INT8_DYNAMIC_TENSOR, INT8_DYNAMIC_TOKEN,
+    INT8_STATIC_CHANNEL, INT8_STATIC_GROUP, INT8_STATIC_TENSOR, MXFP4_DYNAMIC, MXFP4_STATIC, MXFP8_DYNAMIC,
+    MXFP8_STATIC, NVFP4_DYNAMIC, NVFP4_STATIC, UINT4_STATIC_GROUP, UINT4_STATIC_GROUP32,
 )
 from moe_fsm.profiles.seeds.kernels import KERNELS as SEEDS
 
@@ -47,6 +49,25 @@ FP8_TENSOR_DYNAMIC = (FP8_STATIC_TENSOR, FP8_DYNAMIC_TENSOR)
 FP8_TRITON = (FP8_BLOCK, FP8_CHANNEL_TOKEN, FP8_TENSOR_TOKEN, FP8_TENSOR_STATIC, FP8_TENSOR_DYNAMIC)
 NVFP4 = (NVFP4_STATIC, NVFP4_DYNAMIC)
 NVFP4_W4A16 = (NVFP4_STATIC, None)
+# The MX and integer families' keys (vLLM's kMxfp4Static, kMxfp8Static/Dynamic, kInt4Static(32)(Asym), kInt8Static,
+# kInt8StaticChannelSym x kInt8DynamicTokenSym, ...), for the classes those families share with the ones above.
+MXFP4_W4A16 = (MXFP4_STATIC, None)
+MXFP4_MXFP8 = (MXFP4_STATIC, MXFP8_DYNAMIC)
+MXFP8 = (MXFP8_STATIC, MXFP8_DYNAMIC)
+INT4_EVERY = (INT4_STATIC_GROUP, INT4_STATIC_GROUP32, UINT4_STATIC_GROUP, UINT4_STATIC_GROUP32)
+INT8_W8A8 = (INT8_STATIC_CHANNEL, INT8_DYNAMIC_TOKEN)
+INT8_TENSOR = (INT8_STATIC_TENSOR, INT8_DYNAMIC_TENSOR)
+MARLIN_MX_INT_WEIGHTS = tuple((w, None) for w in (MXFP4_STATIC, MXFP8_STATIC, *INT4_EVERY, INT8_STATIC_GROUP))
+HUMMING_MX_INT = (
+    MXFP4_W4A16, (MXFP4_STATIC, MXFP4_DYNAMIC), MXFP4_MXFP8, (MXFP4_STATIC, FP8_DYNAMIC_TOKEN),
+    (MXFP4_STATIC, FP8_DYNAMIC_GROUP128), (MXFP4_STATIC, INT8_DYNAMIC_TOKEN),
+    (MXFP8_STATIC, None), (MXFP8_STATIC, FP8_DYNAMIC_TOKEN), MXFP8,
+    (INT4_STATIC_GROUP, None), (INT4_STATIC_GROUP, FP8_DYNAMIC_TOKEN),
+    (INT8_STATIC_GROUP, None), (INT8_STATIC_GROUP, FP8_DYNAMIC_TOKEN),
+    (INT8_STATIC_CHANNEL, None), INT8_W8A8,
+    # _is_supported_wna16_weight_key: unsigned integer weights whose groups have a width (not the generic -1)
+    *((w, a) for w in (INT4_STATIC_GROUP32, UINT4_STATIC_GROUP32) for a in (None, FP8_DYNAMIC_TOKEN, INT8_DYNAMIC_TOKEN)),
+)
 
 
 def _a2a(p, *kinds) -> bool:
@@ -113,6 +134,29 @@ def _batched_fp8_hardware(ctx) -> bool:
     return p.vendor is Vendor.CUDA and p.has_capability(8, 9)
 
 
+def _int8_hardware(ctx) -> bool:
+    """TritonExperts' INT8 pairs: CUDA 7.5+ (Turing INT8 tensor cores), ROCm, XPU."""
+    p = ctx.platform
+    return p.vendor in (Vendor.ROCM, Vendor.XPU) or (p.vendor is Vendor.CUDA and p.has_capability(7, 5))
+
+
+def _humming_gemm_type(kind: str) -> Condition:
+    """HummingExpertsBase.is_supported_config, after the generic chain: the class's gemm type is the preferred one.
+
+    get_humming_moe_gemm_type: VLLM_HUMMING_MOE_GEMM_TYPE when set and not auto
+    (grouped means grouped_contiguous), else grouped_contiguous with expert
+    parallelism, else indexed.
+    """
+    def preferred(ctx) -> str:
+        env = ctx.env.value("VLLM_HUMMING_MOE_GEMM_TYPE")
+        if env and env != "auto":
+            return "grouped_contiguous" if env == "grouped" else env
+        return "grouped_contiguous" if ctx.parallel.use_ep else "indexed"
+
+    return Condition(f"the preferred Humming gemm type is {kind}", lambda ctx: preferred(ctx) == kind,
+                     lambda ctx: f"preferred gemm type {preferred(ctx)} != supported gemm type {kind}")
+
+
 def _cap_at_least(major, minor=0):
     return lambda ctx: ctx.platform.has_capability(major, minor)
 
@@ -137,9 +181,10 @@ BF16_ONLY = Condition("bfloat16 activations", lambda ctx: ctx.layer.dtype == "bf
 HALF_ONLY = Condition("float16 or bfloat16 activations", lambda ctx: ctx.layer.dtype in ("bfloat16", "float16"),
                       "kernel does not support this input/output dtype")
 TRTLLM_FP8_CLAMP = Condition(
-    "a SwiGLU clamp only with block-scaled FP8 and SiLU",
+    "a SwiGLU clamp only with block-scaled FP8 or MXFP8 and SiLU",
     lambda ctx: ctx.layer.swiglu_limit is None or (
-        (ctx.layer.quant.weight, ctx.layer.quant.activation) == FP8_BLOCK and ctx.layer.activation is Activation.SILU),
+        (ctx.layer.quant.weight, ctx.layer.quant.activation) in (FP8_BLOCK, MXFP8)
+        and ctx.layer.activation is Activation.SILU),
     "the TRTLLM FP8 kernels apply the SwiGLU alpha/beta/clamp parameters only for block-scaled weights with a "
     "SwiGLU activation",
 )
@@ -154,6 +199,26 @@ def intermediate_per_partition(ctx) -> int:
     """vLLM's intermediate_size_per_partition: TP is flattened across DP; with EP experts are whole."""
     p = ctx.parallel
     return ctx.layer.intermediate_size // (1 if p.use_ep else p.tp_size * p.dp_size)
+
+
+NO_EXPERT_BIAS = Condition("no expert biases", lambda ctx: not ctx.layer.bias, "kernel does not support expert biases")
+
+
+def _mxfp4_w4a8(ctx) -> bool:
+    """b12x's MXFP4 W4A8 path: MXFP4 weights asked about MXFP8 activations."""
+    return (ctx.layer.quant.weight, ctx.layer.quant.activation) == MXFP4_MXFP8
+
+
+B12X_MXFP4 = (
+    Condition("MXFP4: per-rank intermediate size divisible by 32",
+              lambda ctx: ctx.layer.quant.weight != MXFP4_STATIC
+              or intermediate_per_partition(ctx) % 32 == 0,
+              "MXFP4 requires the per-rank intermediate size to be divisible by 32"),
+    Condition("MXFP4 W4A8: SiLU", lambda ctx: not _mxfp4_w4a8(ctx) or ctx.layer.activation is Activation.SILU,
+              "MXFP4 W4A8 supports only SiLU and SiTU"),
+    Condition("MXFP4 W4A8: hidden size divisible by 256", lambda ctx: not _mxfp4_w4a8(ctx) or ctx.layer.hidden_size % 256 == 0,
+              "MXFP4 W4A8 requires hidden size divisible by 256 and per-rank intermediate size divisible by 32"),
+)
 
 
 def _cpu_grouped_gemm(ctx) -> bool:
@@ -175,7 +240,9 @@ FI_CUTLASS_IMPL = SEEDS["FlashInferExperts"].impl
 KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
     # -- Triton (experts/triton_moe.py, fused_batched_moe.py) --------------------------------------------
     _spec("TritonExperts", S, CUDA_ALIKE_OR_XPU, ALL,
-          QuantSchemes((UNQUANTIZED,), gated=(("with FP8 hardware", _fp8_hardware, FP8_TRITON),)),
+          QuantSchemes((UNQUANTIZED,), gated=(("with INT8 hardware (CUDA 7.5+, ROCm, XPU)", _int8_hardware,
+                                               (INT8_W8A8, INT8_TENSOR)),
+                                              ("with FP8 hardware", _fp8_hardware, FP8_TRITON))),
           NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT, impl=TRITON_IMPL),
     _spec("BatchedTritonExperts", B, CUDA_ALIKE_OR_XPU, ALL,
           QuantSchemes((UNQUANTIZED,), gated=(("with FP8 hardware (CUDA 8.9+, ROCm CDNA3+)", _batched_fp8_hardware,
@@ -187,8 +254,8 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           SILU_SWIGLUOAI,
           QuantSchemes((), gated=(
               ("compute capability 9.0+", _cap_at_least(9), (UNQUANTIZED, FP8_TENSOR_STATIC)),
-              ("compute capability 9.0 exactly", lambda ctx: ctx.platform.is_capability(9, 0), (FP8_BLOCK,)),
-              ("compute capability 10.0+", _cap_at_least(10), (NVFP4,)),
+              ("compute capability 9.0 exactly", lambda ctx: ctx.platform.is_capability(9, 0), (FP8_BLOCK, MXFP4_W4A16)),
+              ("compute capability 10.0+", _cap_at_least(10), (NVFP4, MXFP4_MXFP8)),
           )),
           STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), impl=FI_CUTLASS_IMPL,
           note="flashinfer.fused_moe.cutlass_fused_moe"),
@@ -218,7 +285,8 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
     _spec("XPUExpertsFp8", S, OnVendor((Vendor.XPU,)), ALL,
           QuantSchemes(((FP8_STATIC_TENSOR, None), FP8_TENSOR_DYNAMIC)), STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
           note="the XPU platform's MoE kernels (vllm_xpu_kernels)"),
-    _spec("XPUExpertsMxFp8", S, OnVendor((Vendor.XPU,)), ALL, QuantSchemes(()), STANDARD, NOT_BATCH_INVARIANT,
+    _spec("XPUExpertsMxFp8", S, OnVendor((Vendor.XPU,)), ALL, QuantSchemes(((MXFP8_STATIC, None), MXFP8)), STANDARD,
+          NOT_BATCH_INVARIANT,
           NoLoRA(), note="the XPU platform's MXFP8 MoE kernels"),
     _spec("XPUExpertsBlockFp8", S, OnVendor((Vendor.XPU,)), ALL, QuantSchemes((FP8_BLOCK,)), STANDARD,
           NOT_BATCH_INVARIANT, NoLoRA(), note="the XPU platform's block-FP8 MoE kernels"),
@@ -239,10 +307,10 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
     _spec("CPUExpertsFp8W8A8", S, OnVendor((Vendor.CPU,)), NO_AMX, SILU, QuantSchemes((FP8_BLOCK,)), STANDARD,
           NOT_BATCH_INVARIANT, NoLoRA(), note="vLLM's AMX-FP8 W8A8 CPU MoE"),
     # -- FlashInfer TRTLLM FP8 (experts/trtllm_fp8_moe.py): SiLU only (the packed SwiGLU-OAI layout only) -
-    _spec("TrtLlmFp8ExpertsMonolithic", S, *BLACKWELL_TRTLLM, SILU, QuantSchemes((FP8_BLOCK, FP8_TENSOR_STATIC)),
+    _spec("TrtLlmFp8ExpertsMonolithic", S, *BLACKWELL_TRTLLM, SILU, QuantSchemes((FP8_BLOCK, FP8_TENSOR_STATIC, MXFP8)),
           NO_A2A_BUT_AG_RS, ROUTER_LOGITS_BF16_FP32, STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), TRTLLM_FP8_CLAMP,
           AT_MOST_2048_EXPERTS, note="FlashInfer's TRTLLM-gen FP8 fused MoE, Blackwell only"),
-    _spec("TrtLlmFp8ExpertsModular", S, *BLACKWELL_TRTLLM, SILU, QuantSchemes((FP8_BLOCK,)),
+    _spec("TrtLlmFp8ExpertsModular", S, *BLACKWELL_TRTLLM, SILU, QuantSchemes((FP8_BLOCK, MXFP8)),
           ParallelRule("no all-to-all kernels other than all-gather/reduce-scatter, DeepEP v2 or FlashInfer",
                        lambda p: not p.use_all2all_kernels or p.all2all in (
                            AllToAllKind.ALLGATHER_REDUCESCATTER, AllToAllKind.FLASHINFER_ALL2ALLV)),
@@ -266,16 +334,22 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           note="vLLM's own CUTLASS NVFP4 grouped GEMM (vllm._custom_ops); batch invariant, expert parallel"),
     # -- Marlin, Humming, HPC ------------------------------------------------------------------------------
     _spec("MarlinExperts", S, CudaCapability(minimum=(7, 5)), ALL,
-          QuantSchemes((FP8_BLOCK, FP8_CHANNEL_TOKEN, FP8_TENSOR_STATIC, NVFP4), weight_only=True),
+          QuantSchemes((FP8_BLOCK, FP8_CHANNEL_TOKEN, FP8_TENSOR_STATIC, NVFP4, *MARLIN_MX_INT_WEIGHTS), weight_only=True),
           NO_FI_A2A, STANDARD, NOT_BATCH_INVARIANT,
           note="vLLM's Marlin weight-only kernels (vllm._custom_ops); LoRA-capable"),
+    _spec("BatchedMarlinExperts", B, CudaCapability(minimum=(7, 5)), ALL,
+          QuantSchemes((FP8_BLOCK, FP8_CHANNEL_TOKEN, FP8_TENSOR_STATIC, NVFP4, *MARLIN_MX_INT_WEIGHTS), weight_only=True),
+          NO_FI_A2A, BATCHED, NOT_BATCH_INVARIANT, NoLoRA(),
+          note="vLLM's Marlin weight-only kernels, batched format (vllm._custom_ops)"),
     *(_spec(name, fmt, Importable(Library.HUMMING), CudaCapability(minimum=(7, 5)), ALL,
             QuantSchemes((FP8_BLOCK, FP8_CHANNEL_TOKEN, FP8_TENSOR_STATIC, FP8_TENSOR_TOKEN, NVFP4, NVFP4_W4A16,
                           (FP8_STATIC_BLOCK128, FP8_DYNAMIC_TOKEN), (FP8_STATIC_CHANNEL, FP8_STATIC_TENSOR),
-                          (FP8_STATIC_CHANNEL, FP8_DYNAMIC_GROUP128), (FP8_STATIC_TENSOR, FP8_DYNAMIC_GROUP128))),
-            Format(fmt), NoLoRA(), note="the humming MoE kernels (humming)")
-      for name, fmt in (("BatchedHummingGroupedExperts", B), ("HummingGroupedExperts", S),
-                        ("HummingIndexedExperts", S))),
+                          (FP8_STATIC_CHANNEL, FP8_DYNAMIC_GROUP128), (FP8_STATIC_TENSOR, FP8_DYNAMIC_GROUP128),
+                          *HUMMING_MX_INT)),
+            Format(fmt), NoLoRA(), _humming_gemm_type(kind), note="the humming MoE kernels (humming)")
+      for name, fmt, kind in (("BatchedHummingGroupedExperts", B, "grouped_masked"),
+                              ("HummingGroupedExperts", S, "grouped_contiguous"),
+                              ("HummingIndexedExperts", S, "indexed"))),
     _spec("HPCExperts", S, CudaCapability(exact=((9, 0),)), Importable(Library.HPC), SILU,
           QuantSchemes((FP8_TENSOR_STATIC, FP8_BLOCK)), STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
           note="Tencent's hpc-ops MoE (hpc), Hopper only"),
@@ -294,16 +368,19 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
     _spec("FlashInferB12xExperts", S, CudaCapability(families=(12,)), Importable(Library.FLASHINFER_B12X_MOE), SILU,
           QuantSchemes((NVFP4, NVFP4_W4A16)), NO_EP, STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
           note="FlashInfer's b12x SM12x NVFP4 MoE"),
-    _spec("B12xExperts", S, HALF_ONLY, CudaCapability(families=(12,)), Importable(Library.B12X), SILU,
-          QuantSchemes((NVFP4, NVFP4_W4A16)), NO_A2A, NO_EP, STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
+    # b12x.py B12xExperts: its own checks (bias, dtype, the MXFP4 shape and W4A8 rules), then the generic chain.
+    _spec("B12xExperts", S, NO_EXPERT_BIAS, HALF_ONLY, *B12X_MXFP4, CudaCapability(families=(12,)),
+          Importable(Library.B12X), SILU, QuantSchemes((NVFP4, NVFP4_W4A16, MXFP4_MXFP8, MXFP4_W4A16)), NO_A2A, NO_EP,
+          STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
           note="the b12x package's fused MoE (b12x)"),
     _spec("FlashInferMoeEpExperts", S, Condition(
               "compute capability 10.0 or 10.3", lambda ctx: ctx.platform.capability in ((10, 0), (10, 3)),
               "kernel does not support current device (needs compute capability 10.0 or 10.3)"),
-          SILU, QuantSchemes((NVFP4,)),
+          SILU, QuantSchemes((NVFP4, MXFP4_W4A16)),
           ParallelRule("expert parallelism in the standard format",
                        lambda p: p.use_ep and not p.batched_activation_format),
-          STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), BF16_ONLY, note="FlashInfer's MoE-EP megakernel (CuTe DSL)"),
+          STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), BF16_ONLY, NO_EXPERT_BIAS,
+          note="FlashInfer's MoE-EP megakernel (CuTe DSL)"),
     _spec("Nvfp4QuantizationEmulationTritonExperts", S, NoLoRA(), CUDA_ALIKE_OR_XPU, ALL, QuantSchemes((NVFP4,)),
           NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT,
           note="vLLM's NVFP4 emulation on its Triton experts"),
