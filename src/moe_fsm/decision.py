@@ -224,8 +224,9 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
         raise InputError(f"decide() takes DecisionInputs (see make_inputs), got {type(inputs).__name__}")
     if layer_name is not None and not isinstance(layer_name, str):
         raise InputError(f"layer_name must be a string or None, got {type(layer_name).__name__} {layer_name!r:.80}")
-    if trace_path is not None and (not isinstance(trace_path, (str, os.PathLike)) or not str(trace_path).strip()):
-        raise InputError(f"trace_path must be a non-empty path or None, got {trace_path!r:.80}")
+    if trace_path is not None and (not isinstance(trace_path, (str, os.PathLike)) or not str(trace_path).strip()
+                                   or "\0" in str(trace_path)):
+        raise InputError(f"trace_path must be a non-empty path (no NUL character) or None, got {trace_path!r:.80}")
     if registry is not None and not isinstance(registry, Registry):
         raise InputError(f"registry must be a Registry or None, got {type(registry).__name__}")
     profile = profiles.get(inputs.profile.name)

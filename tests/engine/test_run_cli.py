@@ -12,7 +12,6 @@ from moe_fsm.cli.main import main
 from moe_fsm.engine.manifest import MANIFEST_NAME
 from moe_fsm.engine.presets import preset
 from moe_fsm.engine.run import KernelTimer, RunOptions, compare, run_model
-from moe_fsm.errors import InputError
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.platform import preset as platform_preset
 

@@ -208,3 +208,15 @@ def test_golden_outside_the_repository_points_at_dir(capsys):
     code, _, err = run(capsys, "golden", "--check")
     assert code == 2 and "with --dir DIR" in err
     assert run(capsys, "golden", "--check", "--dir", str(ROOT / "traces"))[0] == 0
+
+
+def test_explain_a_guard_event_without_its_step(tmp_path, capsys):
+    """Found by the fuzz test: a guard kind newer than profiles, recorded without its step, made explain raise KeyError."""
+    path = next(p for p in (ROOT / "traces").glob("*/golden/*.json") if '"force_backend"' in p.read_text())
+    document = json.loads(path.read_text())
+    for event in document["events"]:
+        if event.get("guard") == "force_backend":
+            del event["step"]
+    (tmp_path / "t.json").write_text(json.dumps(document))
+    code, out, _ = run(capsys, "explain", "t.json")
+    assert code == 0 and "How the decision went" in out

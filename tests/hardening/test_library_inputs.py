@@ -96,8 +96,9 @@ def test_traces_are_strict_json(tmp_path):
     (lambda: MoELayer(quant="fp8"), "quant must be a QuantScheme"),
     (lambda: select(FP8, parallel="x", platform=SM90, env={}), "parallel must be a ParallelConfig or None, got str"),
     (lambda: select(FP8, platform=SM90, env="VLLM_USE_DEEP_GEMM=0"), "env must be a mapping of variable name to value"),
-    (lambda: select(FP8, platform=SM90, env={}, trace_path=""), "trace_path must be a non-empty path or None"),
-    (lambda: select(FP8, platform=SM90, env={}, trace_path=3), "trace_path must be a non-empty path or None"),
+    (lambda: select(FP8, platform=SM90, env={}, trace_path=""), "trace_path must be a non-empty path"),
+    (lambda: select(FP8, platform=SM90, env={}, trace_path=3), "trace_path must be a non-empty path"),
+    (lambda: select(FP8, platform=SM90, env={}, trace_path="a\0b.json"), "no NUL character"),  # found by the fuzz test
     (lambda: QuantScheme("fp8"), "FP8 weight key None is not one of"),
     (lambda: QuantScheme("fp9"), "quantization family 'fp9' is not one of"),
     (lambda: QuantScheme.fp8(static_activation="yes"), "static_activation must be True or False"),

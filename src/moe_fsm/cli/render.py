@@ -31,7 +31,8 @@ STATE_TEXT = {
 
 
 def guard_state(event: dict) -> str:
-    return event.get("step") or _OLD_GUARD_STATE[event["guard"]]
+    # Guards newer than profiles always record their step; a trace without one is shown by the guard's name.
+    return event.get("step") or _OLD_GUARD_STATE.get(event["guard"], event["guard"])
 
 
 def state_text(state: str) -> str:

@@ -64,6 +64,8 @@ def names() -> list[str]:
 
 
 def get(name: str) -> Profile:
+    if not isinstance(name, str):
+        raise InputError(f"a policy profile is named by a string, got {name!r}; known: {names()}")
     try:
         return profiles()[name]
     except KeyError:

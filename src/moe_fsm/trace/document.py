@@ -171,6 +171,8 @@ def read_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_FILE_BYTE
     from moe_fsm.errors import InputError
 
     path = Path(path)
+    if "\0" in str(path):
+        raise InputError(f"{what} {str(path)!r} is not a file name (it holds a NUL character)")
     try:
         with open(path, "rb") as handle:
             data = handle.read(max_bytes + 1)
