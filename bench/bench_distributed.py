@@ -1,6 +1,7 @@
 """Dispatch + combine time of moe-fsm's distributed prepare/finalize, next to plain collectives of the same bytes.
 
     python bench/bench_distributed.py [--nproc N] [--out docs/perf] [--tokens 128 4096] [--quant none fp8]
+                                      [--pf all2all fixed fixed_graph allgather] [--profile]
 
 Starts itself on N ranks through ``moe_fsm.distributed.launch`` (NCCL with one
 process per GPU when CUDA is present, gloo on the CPU otherwise) unless it is
@@ -8,20 +9,33 @@ already a launched rank. For the DeepSeek-V3 MoE shape (256 experts, hidden
 7168, top-8, uniform random routing, experts split evenly over the ranks) and
 each token count per rank, it times
 
-* ``all2all``: AllToAllPrepareFinalize.prepare + finalize (routing index, quantize,
-  pack, counts exchange, all_to_all_single dispatch; local weighting; all_to_all_single
-  combine and scatter-add), against two plain ``all_to_all_single`` calls with the
-  very same split sizes and byte widths;
+* ``all2all``: AllToAllPrepareFinalize (Standard format) prepare + finalize (quantize,
+  pack, counts exchange, one all_to_all_single dispatch; all_to_all_single combine and
+  scatter-add), against two plain ``all_to_all_single`` calls with the very same split
+  sizes and byte widths;
+* ``fixed``: FixedCapacityAllToAllPrepareFinalize (Batched format, capacity = the tokens
+  per rank), eagerly, against two plain equal-split ``all_to_all_single`` of the same
+  bytes (W blocks of capacity rows each way);
+* ``fixed_graph``: the same prepare + finalize captured once in a CUDA graph and
+  replayed (CUDA only), against the same baseline;
 * ``allgather``: AllGatherReduceScatterPrepareFinalize (with the expert map) against
   a plain single-tensor all-gather + reduce-scatter of the same bytes.
 
 The experts are left out: the expert output handed to finalize is a preallocated
-already-reduced tensor (``WeightAndReduce.EXPERTS``), so the times are the token
-movement alone. Bandwidth is "algorithm bandwidth" in the nccl-tests sense: the
-per-rank bytes of the larger buffer of each collective (all-to-all: what this rank
-sends; all-gather: the gathered output; reduce-scatter: the input), summed over
-dispatch and combine, divided by the slowest rank's median time. The P/F and its
-baseline are charged the same bytes, so their ratio is the P/F's own overhead.
+stand-in (already reduced for the Standard format, per-expert slabs for the
+Batched one), so the times are the token movement alone. FP8 payloads are
+quantized by the quantizer the experts would hand to prepare (the Triton 1x128
+group quantizer on CUDA, the torch one on CPU), and the column "quantize ms" times
+that quantizer alone on the rank's tokens, the part of the P/F time that a fused
+dispatch kernel would hide. Bandwidth is "algorithm bandwidth" in the
+nccl-tests sense: the per-rank bytes of the larger buffer of each collective
+(all-to-all: what this rank sends; all-gather: the gathered output;
+reduce-scatter: the input), summed over dispatch and combine, divided by the
+slowest rank's median time. The P/F and its baseline are charged the same
+bytes, so their ratio is the P/F's own overhead.
+
+``--profile`` also prints rank 0's torch.profiler table of one P/F call per case
+(where the time goes, operator by operator).
 
 Writes ``distributed_{backend}_w{N}.json`` and ``.md`` into ``--out``.
 """
@@ -36,6 +50,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -44,9 +59,10 @@ import torch.distributed as dist
 
 from moe_fsm.distributed import ExpertPlacement, destroy, init_from_env, is_launched, launch
 from moe_fsm.inputs.quant import QuantScheme
-from moe_fsm.modular.interfaces import ExpertScales, WeightAndReduce
+from moe_fsm.modular.interfaces import ExpertScales, InputQuantizer, WeightAndReduce
 from moe_fsm.prepare_finalize.all2all import AllToAllPrepareFinalize
 from moe_fsm.prepare_finalize.allgather import AllGatherReduceScatterPrepareFinalize
+from moe_fsm.prepare_finalize.fixed_all2all import FixedCapacityAllToAllPrepareFinalize
 from moe_fsm.quantize.activations import input_quantizer
 
 NUM_EXPERTS = 256
@@ -57,8 +73,13 @@ QUANTS = {
     "none": None,
     "fp8": QuantScheme.fp8("block", "group"),  # DeepSeek-V3: 1x128 dynamic activation groups
 }
+PF_KINDS = ("all2all", "fixed", "fixed_graph", "allgather")
 # Environment the GPU run must keep as the machine sets it; recorded in the report.
 RECORDED_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "NCCL_DEBUG", "OMP_NUM_THREADS")
+
+# Newer torch (2.13 here) renamed the single-tensor all-gather / reduce-scatter; older releases have only the old names.
+ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER_SINGLE = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -67,9 +88,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default="docs/perf", help="directory for the JSON and Markdown report")
     p.add_argument("--tokens", type=int, nargs="+", default=[128, 4096], help="tokens per rank")
     p.add_argument("--quant", nargs="+", default=list(QUANTS), choices=list(QUANTS), help="dispatch payload")
-    p.add_argument("--pf", nargs="+", default=["all2all", "allgather"], choices=["all2all", "allgather"])
+    p.add_argument("--pf", nargs="+", default=list(PF_KINDS), choices=list(PF_KINDS))
+    p.add_argument("--fixed-max-gib", type=float, default=None,
+                   help="skip fixed-capacity cases whose expert slabs (input + stand-in output) exceed this many GiB "
+                        "(default: 60 on CUDA, 1.5 on CPU)")
     p.add_argument("--warmup", type=int, default=None, help="untimed iterations (default: 5 on GPU, 1 on CPU)")
     p.add_argument("--iters", type=int, default=None, help="timed iterations (default: 20 on GPU, 5 on CPU)")
+    p.add_argument("--profile", action="store_true", help="print rank 0's torch.profiler table of one P/F call per case")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the launch is stopped")
     return p.parse_args(argv)
 
@@ -77,11 +102,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-# Newer torch (2.13 here) renamed the single-tensor all-gather / reduce-scatter; older releases have only the old names.
-ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-REDUCE_SCATTER_SINGLE = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def timed(fn: Callable[[], None], device: torch.device, warmup: int, iters: int) -> list[float]:
@@ -107,21 +127,50 @@ def routing(tokens: int, device: torch.device, seed: int) -> tuple[torch.Tensor,
     return ids.to(torch.int32).to(device), weights.to(torch.float32).to(device)
 
 
-def bench_case(pf_kind: str, quant: str, tokens: int, ctx, warmup: int, iters: int) -> dict:
-    device, rank, world = ctx.device, ctx.rank, ctx.world_size
-    placement = ExpertPlacement(NUM_EXPERTS, world, rank)
-    expert_map = placement.expert_map(device)
+def quantizer_for(quant: str, device: torch.device) -> Optional[InputQuantizer]:
+    """What the experts would hand prepare: the Triton group quantizer on CUDA, the torch emulation on CPU."""
     scheme = QUANTS[quant]
-    quantize = input_quantizer(scheme, ExpertScales()) if scheme is not None else None
-    gen = torch.Generator(device="cpu").manual_seed(100 + rank)
-    hidden = torch.randn(tokens, HIDDEN, generator=gen).to(DTYPE).to(device)
-    ids, weights = routing(tokens, device, seed=200 + rank)
-    output = torch.empty_like(hidden)
+    if scheme is None:
+        return None
+    if device.type == "cuda":
+        from moe_fsm.kernels.triton_moe import quantize_activation
 
-    if pf_kind == "all2all":
-        pf = AllToAllPrepareFinalize(placement, quantize_first=True)
-    else:
-        pf = AllGatherReduceScatterPrepareFinalize(quantize_first=True)
+        return lambda hidden: quantize_activation(hidden, "group")
+    return input_quantizer(scheme, ExpertScales())
+
+
+def captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """``step`` captured once in a CUDA graph (after warm-up on a side stream); returns the replay."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+@dataclass
+class Case:
+    """One measured P/F against its baseline, on this rank."""
+
+    pf: str
+    step: Callable[[], None]
+    baseline: Callable[[], None]
+    baseline_name: str
+    row_bytes: int
+    rows_sent: int
+    nbytes: int
+
+
+def all2all_case(ctx, tokens, hidden, ids, weights, quantize, output) -> Case:
+    device, world = ctx.device, ctx.world_size
+    placement = ExpertPlacement(NUM_EXPERTS, world, ctx.rank)
+    expert_map = placement.expert_map(device)
+    pf = AllToAllPrepareFinalize(placement, quantize_first=True)
 
     def prepare():
         return pf.prepare(hidden, weights, ids, num_experts=NUM_EXPERTS, expert_map=expert_map,
@@ -130,54 +179,148 @@ def bench_case(pf_kind: str, quant: str, tokens: int, ctx, warmup: int, iters: i
     first = prepare()
     stand_in = torch.zeros(first.hidden.shape[0], HIDDEN, dtype=DTYPE, device=device)  # the experts' reduced output
 
-    def dispatch_and_combine() -> None:
+    def step() -> None:
         prepared = prepare()
         pf.finalize(output, stand_in, prepared, topk_weights=prepared.topk_weights, topk_ids=prepared.topk_ids,
                     apply_router_weight_on_input=False, reduce=WeightAndReduce.EXPERTS)
 
     state = first.state
-    combine_row = HIDDEN * torch.empty((), dtype=DTYPE).element_size()
+    send, recv, row_bytes = list(state.send_counts), list(state.recv_counts), state.row_bytes
+    combine_row = HIDDEN * DTYPE.itemsize
+    d_in = torch.zeros(sum(send), row_bytes, dtype=torch.uint8, device=device)
+    d_out = torch.empty(sum(recv), row_bytes, dtype=torch.uint8, device=device)
+    c_in = torch.zeros(sum(recv), HIDDEN, dtype=DTYPE, device=device)
+    c_out = torch.empty(sum(send), HIDDEN, dtype=DTYPE, device=device)
+
+    def baseline() -> None:
+        dist.all_to_all_single(d_out, d_in, output_split_sizes=recv, input_split_sizes=send)
+        dist.all_to_all_single(c_out, c_in, output_split_sizes=send, input_split_sizes=recv)
+
+    nbytes = sum(send) * row_bytes + sum(recv) * combine_row
+    return Case(pf.name, step, baseline, "all_to_all_single x2", row_bytes, sum(send), nbytes)
+
+
+def fixed_case(ctx, tokens, hidden, ids, weights, quantize, output, graph: bool) -> Case:
+    device, world = ctx.device, ctx.world_size
+    placement = ExpertPlacement(NUM_EXPERTS, world, ctx.rank)
+    expert_map = placement.expert_map(device)
+    pf = FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=tokens)
+
+    def prepare():
+        return pf.prepare(hidden, weights, ids, num_experts=NUM_EXPERTS, expert_map=expert_map,
+                          apply_router_weight_on_input=False, quantize=quantize)
+
+    first = prepare()
+    stand_in = torch.zeros(first.hidden.shape[:2] + (HIDDEN,), dtype=DTYPE, device=device)  # the experts' slabs
+
+    def step() -> None:
+        prepared = prepare()
+        pf.finalize(output, stand_in, prepared, topk_weights=prepared.topk_weights, topk_ids=prepared.topk_ids,
+                    apply_router_weight_on_input=False, reduce=WeightAndReduce.BATCHED)
+
+    rows = world * tokens
+    row_bytes = first.state.row_bytes
+    d_in = torch.zeros(rows, row_bytes, dtype=torch.uint8, device=device)
+    d_out = torch.empty_like(d_in)
+    c_in = torch.zeros(rows, HIDDEN, dtype=DTYPE, device=device)
+    c_out = torch.empty_like(c_in)
+
+    def baseline() -> None:
+        dist.all_to_all_single(d_out, d_in)
+        dist.all_to_all_single(c_out, c_in)
+
+    name = pf.name + (" (CUDA graph)" if graph else "")
+    return Case(name, captured(step, device) if graph else step, baseline, "all_to_all_single x2 (equal splits)",
+                row_bytes, rows, rows * (row_bytes + HIDDEN * DTYPE.itemsize))
+
+
+def allgather_case(ctx, tokens, hidden, ids, weights, quantize, output) -> Case:
+    device, world = ctx.device, ctx.world_size
+    expert_map = ExpertPlacement(NUM_EXPERTS, world, ctx.rank).expert_map(device)
+    pf = AllGatherReduceScatterPrepareFinalize(quantize_first=True)
+
+    def prepare():
+        return pf.prepare(hidden, weights, ids, num_experts=NUM_EXPERTS, expert_map=expert_map,
+                          apply_router_weight_on_input=False, quantize=quantize)
+
+    first = prepare()
+    stand_in = torch.zeros(first.hidden.shape[0], HIDDEN, dtype=DTYPE, device=device)
+
+    def step() -> None:
+        prepared = prepare()
+        pf.finalize(output, stand_in, prepared, topk_weights=prepared.topk_weights, topk_ids=prepared.topk_ids,
+                    apply_router_weight_on_input=False, reduce=WeightAndReduce.EXPERTS)
+
+    row_bytes, total = first.state.row_bytes, sum(first.state.sizes)
+    g_in = torch.zeros(tokens, row_bytes, dtype=torch.uint8, device=device)
+    g_out = torch.empty(world * tokens, row_bytes, dtype=torch.uint8, device=device)
+    r_in = torch.zeros(world * tokens, HIDDEN, dtype=DTYPE, device=device)
+    r_out = torch.empty(tokens, HIDDEN, dtype=DTYPE, device=device)
+
+    def baseline() -> None:
+        ALL_GATHER_SINGLE(g_out, g_in)
+        REDUCE_SCATTER_SINGLE(r_out, r_in)
+
+    return Case(pf.name, step, baseline, "all-gather + reduce-scatter (single tensor)", row_bytes, total,
+                total * row_bytes + total * HIDDEN * DTYPE.itemsize)
+
+
+def fixed_slab_gib(tokens: int, world: int, quant: str) -> float:
+    """Memory of the fixed-capacity expert slabs (dispatched input plus the stand-in output)."""
+    rows = NUM_EXPERTS * tokens  # E_local * W * tokens = E * tokens
+    payload = 1 if quant == "fp8" else DTYPE.itemsize
+    return rows * HIDDEN * (payload + DTYPE.itemsize) / 2**30
+
+
+def profile_table(fn: Callable[[], None], device: torch.device) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        synchronize(device)
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=20)
+
+
+def bench_case(pf_kind: str, quant: str, tokens: int, ctx, args, warmup: int, iters: int) -> Optional[dict]:
+    device, rank, world = ctx.device, ctx.rank, ctx.world_size
+    if pf_kind == "fixed_graph" and device.type != "cuda":
+        return None  # CUDA graphs need CUDA
+    limit = args.fixed_max_gib if args.fixed_max_gib is not None else (60.0 if device.type == "cuda" else 1.5)
+    if pf_kind.startswith("fixed") and fixed_slab_gib(tokens, world, quant) > limit:
+        return {"skipped": f"fixed-capacity slabs need {fixed_slab_gib(tokens, world, quant):.1f} GiB > --fixed-max-gib {limit}"}
+    quantize = quantizer_for(quant, device)
+    gen = torch.Generator(device="cpu").manual_seed(100 + rank)
+    hidden = torch.randn(tokens, HIDDEN, generator=gen).to(DTYPE).to(device)
+    ids, weights = routing(tokens, device, seed=200 + rank)
+    output = torch.empty_like(hidden)
+    args_ = (ctx, tokens, hidden, ids, weights, quantize, output)
     if pf_kind == "all2all":
-        send, recv, row_bytes = list(state.send_counts), list(state.recv_counts), state.row_bytes
-        nbytes = sum(send) * row_bytes + sum(recv) * combine_row
-        d_in = torch.zeros(sum(send), row_bytes, dtype=torch.uint8, device=device)
-        d_out = torch.empty(sum(recv), row_bytes, dtype=torch.uint8, device=device)
-        c_in = torch.zeros(sum(recv), HIDDEN, dtype=DTYPE, device=device)
-        c_out = torch.empty(sum(send), HIDDEN, dtype=DTYPE, device=device)
-
-        def baseline() -> None:
-            dist.all_to_all_single(d_out, d_in, output_split_sizes=recv, input_split_sizes=send)
-            dist.all_to_all_single(c_out, c_in, output_split_sizes=send, input_split_sizes=recv)
-
-        rows_out = sum(send)
-        baseline_name = "all_to_all_single x2"
+        case = all2all_case(*args_)
+    elif pf_kind == "allgather":
+        case = allgather_case(*args_)
     else:
-        row_bytes, total = state.row_bytes, sum(state.sizes)
-        nbytes = total * row_bytes + total * combine_row
-        g_in = torch.zeros(tokens, row_bytes, dtype=torch.uint8, device=device)
-        g_out = torch.empty(world * tokens, row_bytes, dtype=torch.uint8, device=device)
-        r_in = torch.zeros(world * tokens, HIDDEN, dtype=DTYPE, device=device)
-        r_out = torch.empty(tokens, HIDDEN, dtype=DTYPE, device=device)
+        case = fixed_case(*args_, graph=pf_kind == "fixed_graph")
 
-        def baseline() -> None:
-            ALL_GATHER_SINGLE(g_out, g_in)
-            REDUCE_SCATTER_SINGLE(r_out, r_in)
-
-        rows_out = total
-        baseline_name = "all-gather + reduce-scatter (single tensor)"
-
-    pf_times = timed(dispatch_and_combine, device, warmup, iters)
-    base_times = timed(baseline, device, warmup, iters)
+    pf_times = timed(case.step, device, warmup, iters)
+    base_times = timed(case.baseline, device, warmup, iters)
+    quant_times = timed(lambda: quantize(hidden), device, warmup, iters) if quantize is not None else [0.0]
+    if args.profile and rank == 0:
+        print(f"--- profile: {case.pf} {quant} {tokens} tok/rank\n{profile_table(case.step, device)}", flush=True)
+    elif args.profile:
+        case.step()  # the other ranks join the profiled call's collectives
     return {
-        "pf": pf.name,
+        "pf": case.pf,
         "quant": quant,
         "tokens_per_rank": tokens,
         "rank": rank,
-        "dispatch_row_bytes": row_bytes,
-        "rows_dispatched": rows_out,
-        "bytes": nbytes,
+        "dispatch_row_bytes": case.row_bytes,
+        "rows_dispatched": case.rows_sent,
+        "bytes": case.nbytes,
         "pf_median_s": statistics.median(pf_times),
-        "baseline": baseline_name,
+        "quantize_median_s": statistics.median(quant_times),
+        "baseline": case.baseline_name,
         "baseline_median_s": statistics.median(base_times),
     }
 
@@ -197,6 +340,7 @@ def summarize(per_rank: list[dict]) -> dict:
         "bytes_per_rank": nbytes,
         "pf_ms": pf_s * 1e3,
         "pf_gbps": nbytes / pf_s / 1e9,
+        "quantize_ms": max(r["quantize_median_s"] for r in per_rank) * 1e3,
         "baseline": first["baseline"],
         "baseline_ms": base_s * 1e3,
         "baseline_gbps": nbytes / base_s / 1e9,
@@ -211,10 +355,10 @@ def device_name(ctx) -> str:
     return f"{platform.processor() or platform.machine()} CPU ({os.cpu_count()} cores)"
 
 
-def write_report(out: Path, meta: dict, cases: list[dict]) -> Path:
+def write_report(out: Path, meta: dict, cases: list[dict], skipped: list[str]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"distributed_{meta['backend']}_w{meta['world_size']}"
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "cases": cases}, indent=1))
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "cases": cases, "skipped": skipped}, indent=1))
     lines = [
         f"# Distributed dispatch + combine: {meta['backend']}, {meta['world_size']} ranks",
         "",
@@ -225,19 +369,23 @@ def write_report(out: Path, meta: dict, cases: list[dict]) -> Path:
         f"after a barrier and ends with a device sync",
         "- GB/s: algorithm bandwidth (per-rank bytes of the larger buffer of each collective, dispatch + combine); "
         "the P/F and its baseline are charged the same bytes",
+        "- quantize ms: the activation quantizer alone on the rank's tokens (included in the P/F time)",
         f"- environment: {', '.join(f'{k}={v}' for k, v in meta['env'].items()) or 'none of the recorded variables set'}",
+        f"- host load average at the end (1, 5, 15 min): {', '.join(map(str, meta['load_average']))} on {os.cpu_count()} cores",
         f"- command: `{meta['command']}`",
         f"- run at {meta['date']}",
         "",
-        "| P/F | payload | tokens/rank | row bytes | rows sent/rank | MB/rank | P/F ms | P/F GB/s | baseline | baseline ms | baseline GB/s | P/F / baseline |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| P/F | payload | tokens/rank | row bytes | rows sent/rank | MB/rank | P/F ms | quantize ms | P/F GB/s | baseline | baseline ms | baseline GB/s | P/F / baseline |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for c in cases:
         lines.append(
             f"| {c['pf']} | {c['quant']} | {c['tokens_per_rank']} | {c['dispatch_row_bytes']} | "
-            f"{c['rows_dispatched_per_rank']:.0f} | {c['bytes_per_rank'] / 1e6:.1f} | {c['pf_ms']:.3f} | {c['pf_gbps']:.2f} | "
-            f"{c['baseline']} | {c['baseline_ms']:.3f} | {c['baseline_gbps']:.2f} | {c['pf_over_baseline']:.2f}x |"
+            f"{c['rows_dispatched_per_rank']:.0f} | {c['bytes_per_rank'] / 1e6:.1f} | {c['pf_ms']:.3f} | {c['quantize_ms']:.3f} | "
+            f"{c['pf_gbps']:.2f} | {c['baseline']} | {c['baseline_ms']:.3f} | {c['baseline_gbps']:.2f} | {c['pf_over_baseline']:.2f}x |"
         )
+    if skipped:
+        lines += ["", "Not run:", *(f"- {line}" for line in skipped)]
     lines.append("")
     md = out / f"{stem}.md"
     md.write_text("\n".join(lines))
@@ -250,20 +398,25 @@ def run_rank(args: argparse.Namespace) -> int:
         gpu = ctx.device.type == "cuda"
         warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
         iters = args.iters if args.iters is not None else (20 if gpu else 5)
-        cases = []
+        cases, skipped = [], []
         for quant in args.quant:
             for tokens in args.tokens:
                 for pf_kind in args.pf:
-                    mine = bench_case(pf_kind, quant, tokens, ctx, warmup, iters)
+                    mine = bench_case(pf_kind, quant, tokens, ctx, args, warmup, iters)
+                    if mine is None or "skipped" in mine:
+                        if ctx.rank == 0:
+                            why = mine["skipped"] if mine else "CUDA graphs need CUDA devices"
+                            skipped.append(f"{pf_kind}, {quant}, {tokens} tokens/rank: {why}")
+                        continue
                     gathered: list[Optional[dict]] = [None] * ctx.world_size
                     dist.all_gather_object(gathered, mine)
                     if ctx.rank == 0:
                         case = summarize(gathered)
                         cases.append(case)
                         print(
-                            f"{case['pf']:<40} {quant:<5} {tokens:>5} tok/rank: P/F {case['pf_ms']:9.3f} ms "
-                            f"{case['pf_gbps']:7.2f} GB/s | {case['baseline']}: {case['baseline_ms']:9.3f} ms "
-                            f"{case['baseline_gbps']:7.2f} GB/s",
+                            f"{case['pf']:<52} {quant:<5} {tokens:>5} tok/rank: P/F {case['pf_ms']:9.3f} ms "
+                            f"(quantize {case['quantize_ms']:7.3f}) | {case['baseline']}: {case['baseline_ms']:9.3f} ms "
+                            f"| {case['pf_over_baseline']:.2f}x",
                             flush=True,
                         )
         if ctx.rank == 0:
@@ -276,10 +429,11 @@ def run_rank(args: argparse.Namespace) -> int:
                 "warmup": warmup,
                 "iters": iters,
                 "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
+                "load_average": [round(v, 1) for v in os.getloadavg()],
                 "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                 "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             }
-            print(f"wrote {write_report(Path(args.out), meta, cases)}")
+            print(f"wrote {write_report(Path(args.out), meta, cases, skipped)}")
     finally:
         destroy()
     return 0

@@ -86,10 +86,10 @@ def test_select_reads_the_process_env_by_default(capsys, monkeypatch):
     assert code == 0 and "SELECTED: DEEPGEMM" in out
 
 
-def test_selection_error_exits_2_and_still_writes_the_trace(capsys, tmp_path):
+def test_selection_error_exits_3_and_still_writes_the_trace(capsys, tmp_path):
     code, out, err = run(capsys, "select", "--platform", "sm121", "--quant", "fp8", "--weight-scale", "tensor",
                          "--act-scale", "tensor", "--static-act", "--backend", "flashinfer_b12x", "--no-env")
-    assert code == 2
+    assert code == 3  # issue 12 item 13: 2 is bad input, 3 a failed selection
     assert "FAILED: BackendUnsupportedError" in out
     assert "moe_backend='flashinfer_b12x' is not supported for FP8 MoE" in err
     document = json.loads((tmp_path / "moe-fsm-traces" / "decision-fp8.json").read_text())
@@ -159,7 +159,7 @@ def test_bad_input_is_one_clear_line(capsys, argv, message):
 
 def test_unknown_backend_is_a_selection_error_naming_the_accepted_names(capsys):
     code, out, err = run(capsys, "select", "--platform", "sm90", "--quant", "fp8", "--backend", "fastest", "--no-env")
-    assert code == 2
+    assert code == 3
     assert "moe_backend='fastest' is not supported for FP8 MoE. Expected one of ['triton', 'deep_gemm'" in err
 
 

@@ -110,6 +110,12 @@ def test_seeds_matrix_covers_every_platform_preset():
     assert set(PRESETS) <= used, f"presets without a scenario: {sorted(set(PRESETS) - used)}"
 
 
+# Backends no scenario can select, because moe-fsm's platform facts cannot describe what they need
+# (vllm-0.33: the AMX CPUs of CPU/CPU_W8A8; the humming and b12x packages, which pick among their
+# own classes at run time). Each is still rejected with its reason in some golden trace.
+UNREACHABLE = {"vllm-0.33": {"fp8": {"CPU", "CPU_W8A8", "HUMMING"}, "nvfp4": {"HUMMING", "B12X"}}}
+
+
 @pytest.mark.parametrize("profile", PROFILES)
 def test_matrix_selects_every_builtin_backend(profile):
     registry = golden.registry(profile)
@@ -119,6 +125,7 @@ def test_matrix_selects_every_builtin_backend(profile):
             selected[doc["family"]].add(doc["outcome"]["backend"])
     for family in profiles.get(profile).policies:
         builtin = {name for fam, name in registry.builtin if fam is family}
+        builtin -= UNREACHABLE.get(profile, {}).get(family.value, set())
         assert builtin <= selected[family.value], f"{family.value}: never selected {sorted(builtin - selected[family.value])}"
 
 

@@ -38,6 +38,8 @@ def _toml_value(value) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
         return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in sorted(value.items())) + " }"
     return json.dumps(str(value))
@@ -46,7 +48,10 @@ def _toml_value(value) -> str:
 def _name(scenario: dict, answer: dict, seen: set) -> str:
     family = {"unquantized": "unq"}.get(scenario["layer"]["quant"], scenario["layer"]["quant"])
     result = answer.get("backend") or answer.get("error")
-    base = re.sub(r"[^a-z0-9.-]+", "-", f"{family}-{scenario['platform']}-{scenario['backend']}-{result}".lower())
+    platform = scenario["platform"]
+    if not isinstance(platform, str):
+        platform = "-".join([platform["preset"], *platform.get("add_libraries", ())])
+    base = re.sub(r"[^a-z0-9.-]+", "-", f"{family}-{platform}-{scenario['backend']}-{result}".lower())
     name, n = base, 2
     while name in seen:
         name, n = f"{base}-{n}", n + 1
@@ -67,7 +72,7 @@ def choose(rows: list[dict]) -> list[dict]:
 
     passes = (
         lambda row: answer(row) + tuple(row["moe_fsm"].get("path", ())),
-        lambda row: answer(row) + (row["scenario"]["platform"],),
+        lambda row: answer(row) + (json.dumps(row["scenario"]["platform"], sort_keys=True),),
         lambda row: answer(row) + tuple(sorted(row["scenario"]["env"].items())),
     )
     for number, key_of in enumerate(passes):

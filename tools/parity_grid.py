@@ -15,7 +15,10 @@ from __future__ import annotations
 import random
 
 PLATFORMS = ("sm80", "sm89", "sm90", "sm90-bare", "sm100", "sm120", "sm121", "rocm-mi300", "rocm-mi355",
-             "xpu", "cpu", "tpu", "oot")
+             "xpu", "cpu", "tpu", "oot",
+             # libraries no preset has: Tencent's hpc-ops on SM90, DeepGEMM on SM12x
+             {"preset": "sm90", "add_libraries": ["hpc"]},
+             {"preset": "sm120", "add_libraries": ["deep_gemm"]})
 
 # Every name either side maps, plus one nobody does.
 BACKEND_NAMES = ("auto", "triton", "batched_triton", "deep_gemm", "cutlass", "flashinfer_trtllm", "flashinfer_cutlass",
@@ -110,6 +113,7 @@ def family_grid(family: str, rng: random.Random) -> list[dict]:
     for platform in PLATFORMS:
         for name in BACKEND_NAMES:
             add(platform, backend=name)
+            add(platform, parallel={"tp_size": 2, "ep_size": 2}, backend=name)
         for var in ENV_VARS:
             for value in ENV_VALUES:
                 add(platform, env={var: value})

@@ -52,9 +52,9 @@ PROBES: dict[str, Library | None] = {
     "has_flashinfer_cutedsl": Library.FLASHINFER_CUTEDSL_MOE,
     "has_flashinfer_b12x_moe": Library.FLASHINFER_B12X_MOE,
     "has_deep_gemm": Library.DEEP_GEMM,
-    "has_humming": getattr(Library, "HUMMING", None),
+    "has_humming": Library.HUMMING,
+    "has_hpc": Library.HPC,
     # Libraries moe-fsm's platform facts do not model: absent on every scenario platform.
-    "has_hpc": None,
     "has_triton_kernels": None,
     "has_zentorch_op": None,
     "has_flashinfer_situ_activation": None,

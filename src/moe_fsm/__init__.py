@@ -3,8 +3,11 @@
 __version__ = "0.1.0"
 
 from moe_fsm.decision import Decision, DecisionInputs, decide, make_inputs, replay, select
+from moe_fsm.engine.engine import Engine, LoadedLayer
+from moe_fsm.engine.presets import LayerSpec
 from moe_fsm.errors import (
     BackendUnavailableError, BackendUnsupportedError, InputError, MoeFsmError, NoBackendError, SelectionError,
+    TraceWriteError,
 )
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import Activation, MoELayer
@@ -15,7 +18,7 @@ from moe_fsm.inputs.request import BackendRequest
 
 __all__ = [
     "Activation", "AllToAllKind", "BackendRequest", "BackendUnavailableError", "BackendUnsupportedError", "Decision",
-    "DecisionInputs", "EnvSnapshot", "InputError", "MoELayer", "MoeFsmError", "NoBackendError", "ParallelConfig",
+    "DecisionInputs", "Engine", "EnvSnapshot", "InputError", "LayerSpec", "LoadedLayer", "MoELayer", "MoeFsmError", "NoBackendError", "ParallelConfig",
     "PlatformFacts", "QuantFamily", "QuantScheme", "SelectionError", "decide", "make_inputs", "preset", "probe",
-    "replay", "select",
+    "replay", "select", "TraceWriteError",
 ]

@@ -9,6 +9,7 @@ it instantiates the experts and prepare/finalize objects as one modular kernel.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -20,7 +21,7 @@ from moe_fsm import profiles
 from moe_fsm.backends.build_plan import BuildPlan, plan_build
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.verdict import SupportContext
-from moe_fsm.errors import BackendUnavailableError, InputError, NoPolicyError, SelectionError
+from moe_fsm.errors import BackendUnavailableError, InputError, NoPolicyError, SelectionError, TraceWriteError
 from moe_fsm.fsm.decide import DecisionRun
 from moe_fsm.fsm.policy import FAILED, START
 from moe_fsm.inputs.env import EnvSnapshot
@@ -46,6 +47,12 @@ class DecisionInputs:
     platform: PlatformFacts
     profile: ProfileChoice = field(default_factory=profiles.resolve_default)
 
+    def __post_init__(self) -> None:
+        for name, cls, hint in _INPUT_TYPES:
+            value = getattr(self, name)
+            if not isinstance(value, cls):
+                raise InputError(f"{name} must be a {cls.__name__} ({hint}), got {type(value).__name__} {value!r:.80}")
+
     def to_json(self) -> dict:
         return {
             "profile": self.profile.to_json(),
@@ -58,15 +65,34 @@ class DecisionInputs:
 
     @classmethod
     def from_json(cls, data: dict) -> "DecisionInputs":
-        return cls(
-            layer=MoELayer.from_json(data["layer"]),
-            parallel=ParallelConfig.from_json(data["parallel"]),
-            request=BackendRequest.from_json(data["request"]),
-            env=EnvSnapshot.from_json(data["env"]),
-            platform=PlatformFacts.from_json(data["platform"]),
-            profile=ProfileChoice.from_json(data["profile"]) if "profile" in data else PRE_PROFILE_TRACES,
-        )
+        """The inputs a trace recorded; InputError naming the problem when they are malformed."""
+        if not isinstance(data, dict):
+            raise InputError(f"recorded inputs must be an object, got {type(data).__name__}")
+        try:
+            return cls(
+                layer=MoELayer.from_json(data["layer"]),
+                parallel=ParallelConfig.from_json(data["parallel"]),
+                request=BackendRequest.from_json(data["request"]),
+                env=EnvSnapshot.from_json(data["env"]),
+                platform=PlatformFacts.from_json(data["platform"]),
+                profile=ProfileChoice.from_json(data["profile"]) if "profile" in data else PRE_PROFILE_TRACES,
+            )
+        except InputError:
+            raise
+        except KeyError as err:
+            raise InputError(f"recorded inputs lack {err}") from None
+        except (TypeError, ValueError, AttributeError) as err:
+            raise InputError(f"recorded inputs are malformed: {err}") from None
 
+
+_INPUT_TYPES = (
+    ("layer", MoELayer, "e.g. MoELayer(quant=QuantScheme.fp8(), num_experts=256, top_k=8)"),
+    ("parallel", ParallelConfig, "e.g. ParallelConfig(dp_size=2, ep_size=2)"),
+    ("request", BackendRequest, "BackendRequest.parse('auto')"),
+    ("env", EnvSnapshot, "EnvSnapshot.from_mapping({...})"),
+    ("platform", PlatformFacts, "preset('sm90') or probe()"),
+    ("profile", ProfileChoice, "profiles.choose(name)"),
+)
 
 PRE_PROFILE_TRACES = ProfileChoice(profiles.SEEDS, "recorded before moe-fsm had policy profiles: the seed snapshot")
 
@@ -133,16 +159,28 @@ def make_inputs(
     platform: PlatformFacts | None = None,
     policy: str | ProfileChoice | None = None,
 ) -> DecisionInputs:
-    """Fill the defaults an engine would: the process env, the probed platform, the default profile."""
-    if env is None:
-        env = EnvSnapshot.from_process()
-    elif not isinstance(env, EnvSnapshot):
-        env = EnvSnapshot.from_mapping(env)
+    """Fill the defaults an engine would: the process env, the probed platform, the default profile.
+
+    ``env``: None (or ``os.environ`` itself) reads the process environment and
+    keeps the variables moe-fsm knows; any other mapping is what the caller
+    means to set, so a name no profile reads is refused, as ``--env`` refuses
+    it (a misspelt variable would otherwise silently change nothing). To pass a
+    whole environment, use ``EnvSnapshot.from_mapping(mapping)``.
+    """
+    if not isinstance(layer, MoELayer):
+        raise InputError(f"layer must be a MoELayer, got {type(layer).__name__} {layer!r:.80}")
+    if parallel is not None and not isinstance(parallel, ParallelConfig):
+        raise InputError(f"parallel must be a ParallelConfig or None, got {type(parallel).__name__} {parallel!r:.80}")
+    if platform is not None and not isinstance(platform, PlatformFacts):
+        raise InputError(
+            f"platform must be a PlatformFacts (preset('sm90'), probe()) or None for this machine, "
+            f"got {type(platform).__name__} {platform!r:.80}"
+        )
     return DecisionInputs(
         layer=layer,
         parallel=parallel or ParallelConfig(),
         request=BackendRequest.parse(backend),
-        env=env,
+        env=_env_snapshot(env),
         platform=platform or probed_platform(),
         profile=profiles.choose(policy),
     )
@@ -157,9 +195,33 @@ def _inputs_json(inputs: DecisionInputs) -> dict:
     return inputs.to_json()
 
 
+def _env_snapshot(env) -> EnvSnapshot:
+    if env is None or env is os.environ:
+        return EnvSnapshot.from_process()
+    if isinstance(env, EnvSnapshot):
+        return env
+    if not isinstance(env, Mapping):
+        raise InputError(
+            f"env must be a mapping of variable name to value (or an EnvSnapshot, or None for os.environ), "
+            f"got {type(env).__name__} {env!r:.80}"
+        )
+    bad = [(k, v) for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
+    if bad:
+        raise InputError(f"env names and values must be strings, got {bad[0][0]!r}: {bad[0][1]!r}")
+    return EnvSnapshot.from_mapping(env, strict_names=True)
+
+
 def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: bool = True,
            layer_name: str | None = None, trace_path: Union[str, Path, None] = None) -> Decision:
     """Run the machine; on failure write the trace (if ``trace_path``) and raise with it attached."""
+    if not isinstance(inputs, DecisionInputs):
+        raise InputError(f"decide() takes DecisionInputs (see make_inputs), got {type(inputs).__name__}")
+    if layer_name is not None and not isinstance(layer_name, str):
+        raise InputError(f"layer_name must be a string or None, got {type(layer_name).__name__} {layer_name!r:.80}")
+    if trace_path is not None and (not isinstance(trace_path, (str, os.PathLike)) or not str(trace_path).strip()):
+        raise InputError(f"trace_path must be a non-empty path or None, got {trace_path!r:.80}")
+    if registry is not None and not isinstance(registry, Registry):
+        raise InputError(f"registry must be a Registry or None, got {type(registry).__name__}")
     profile = profiles.get(inputs.profile.name)
     if registry is None:
         registry = default_registry(profile.name)
@@ -211,11 +273,21 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
     if run.error is not None:
         run.error.trace = document
         if trace_path is not None:
-            run.error.trace_path = str(trace_doc.write_atomic(Path(trace_path), trace_doc.dumps(document)))
+            run.error.trace_path = str(_write_trace(trace_path, document, layer_name, run.error))
         raise run.error
     if trace_path is not None:
-        trace_doc.write_atomic(Path(trace_path), trace_doc.dumps(document))
+        _write_trace(trace_path, document, layer_name)
     return Decision(inputs, sel.status, sel.backend, sel.kernel, sel.via, fmt, run.prepare_finalize, document, plan)
+
+
+def _write_trace(path, document: dict, layer_name: str | None, failure: SelectionError | None = None) -> Path:
+    """Write the trace; a failed write names the layer (and the selection error it would have explained)."""
+    try:
+        return trace_doc.write_atomic(Path(path), trace_doc.dumps(document))
+    except TraceWriteError as err:
+        layer = f"layer {layer_name!r}" if layer_name else "the layer"
+        also = f"; the selection itself failed: {failure.message}" if failure is not None else ""
+        raise TraceWriteError(f"the decision trace of {layer} was not written: {err}{also}") from None
 
 
 def select(layer: MoELayer, parallel: ParallelConfig | None = None, backend=None, env=None,

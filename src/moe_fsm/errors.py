@@ -58,3 +58,7 @@ class KernelInputError(MoeFsmError, ValueError):
 
 class BackendUnavailableError(MoeFsmError, RuntimeError):
     """A selected backend's library is missing where the kernel is built."""
+
+
+class TraceWriteError(MoeFsmError, OSError):
+    """A trace (or run manifest) could not be written; the message names the file, and the layer where known."""

@@ -97,7 +97,10 @@ def profile_dirs(directory: str | Path | None = None) -> list[str]:
 def load_scenarios(directory: str | Path | None = None, profile: str | None = None) -> list[Scenario]:
     """The scenarios of one profile, or of every profile with a directory (``profile=None``)."""
     if not traces_dir(directory).is_dir():
-        raise InputError(f"traces directory {traces_dir(directory)} does not exist")
+        raise InputError(
+            f"traces directory {traces_dir(directory)} does not exist; run from the moe-fsm repository's root "
+            "or name the directory that holds <profile>/scenarios/ with --dir DIR"
+        )
     if profile is None:
         names = profile_dirs(directory)
         if not names:

@@ -54,7 +54,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+def rank_env(rank: int, world: int, port: int, backend: str | None = None, group_timeout_s: int = GROUP_TIMEOUT_S) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         RANK=str(rank),
@@ -65,8 +65,8 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
         MASTER_PORT=str(port),
         OMP_NUM_THREADS="1",
     )
-    env[BACKEND_ENV] = dist_backend()
-    env[TIMEOUT_ENV] = str(GROUP_TIMEOUT_S)
+    env[BACKEND_ENV] = backend or dist_backend()
+    env[TIMEOUT_ENV] = str(group_timeout_s)
     return env
 
 
@@ -82,8 +82,17 @@ def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
 
 
-def run_ranks(world: int, out_dir: Path, names: tuple[str, ...] = ()) -> list[dict]:
-    """Run the worker on ``world`` ranks; return each rank's result file; SuiteError with the logs on any problem."""
+def run_ranks(
+    world: int,
+    out_dir: Path,
+    names: tuple[str, ...] = (),
+    *,
+    worker: Path = WORKER,
+    backend: str | None = None,
+    group_timeout_s: int = GROUP_TIMEOUT_S,
+    deadline_s: int = SUITE_DEADLINE_S,
+) -> list[dict]:
+    """Run ``worker`` on ``world`` ranks; return each rank's result file; SuiteError with the logs on any problem."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for attempt in range(PORT_RETRIES + 1):
         port = free_port()
@@ -93,19 +102,19 @@ def run_ranks(world: int, out_dir: Path, names: tuple[str, ...] = ()) -> list[di
             with open(logs[r], "w") as log:
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, str(WORKER), str(out_dir), *names],
-                        env=rank_env(r, world, port),
+                        [sys.executable, str(worker), str(out_dir), *names],
+                        env=rank_env(r, world, port, backend, group_timeout_s),
                         stdout=log,
                         stderr=subprocess.STDOUT,
                     )
                 )
-        deadline = time.monotonic() + SUITE_DEADLINE_S
+        deadline = time.monotonic() + deadline_s
         try:
             for p in procs:
                 p.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
             _kill(procs)
-            raise SuiteError(f"world {world}: ranks still running after {SUITE_DEADLINE_S} s; rank 0 log:\n{_tail(logs[0])}")
+            raise SuiteError(f"world {world}: ranks still running after {deadline_s} s; rank 0 log:\n{_tail(logs[0])}")
         finally:
             _kill(procs)
         if any("address already in use" in _tail(log, 20000).lower() for log in logs) and attempt < PORT_RETRIES:

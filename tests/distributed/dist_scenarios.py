@@ -29,8 +29,10 @@ from moe_fsm.inputs.quant import QuantScheme
 from moe_fsm.kernels.reference import moe_reference
 from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales
 from moe_fsm.modular.kernel import ModularKernel
+from moe_fsm.prepare_finalize.all2all import AllToAllPrepareFinalize
 from moe_fsm.prepare_finalize.choice import build_prepare_finalize, choose_prepare_finalize
 from moe_fsm.prepare_finalize.local import LocalBatchedPrepareFinalize, LocalPrepareFinalize
+from moe_fsm.prepare_finalize.transport import quantize_before_communication
 from moe_fsm.quantize.weights import dequantize_weights, quantize_experts
 
 NUM_EXPERTS = 10  # 5+5 on two ranks, 3+3+2+2 on four: the uneven split is exercised
@@ -60,12 +62,15 @@ LOCAL_TOL = {"float32": 2e-6, "bfloat16": 1.6e-2}
 LOCAL_TOL_CUDA = {"float32": 1e-5, "bfloat16": 1.6e-2}
 LOCAL_TOL_CUDA_QUANT = 3e-2
 
+_A2A = {"standard": "AllToAllPrepareFinalize", "batched": "FixedCapacityAllToAllPrepareFinalize"}
 MODES = {
-    # mode: (parallel config for a world of W, the P/F class the choice must name)
-    "agrs": (lambda w: ParallelConfig(dp_size=w), "AllGatherReduceScatterPrepareFinalize"),
-    "agrs_ep": (lambda w: ParallelConfig(dp_size=w, ep_size=w), "AllGatherReduceScatterPrepareFinalize"),
-    "a2a": (lambda w: ParallelConfig(dp_size=w, ep_size=w, all2all="torch_all2all"), "AllToAllPrepareFinalize"),
-    "ep_reduce": (lambda w: ParallelConfig(ep_size=w), "ExpertParallelReducePrepareFinalize"),
+    # mode: (parallel config for a world of W, the P/F class the choice must name for each format)
+    "agrs": (lambda w: ParallelConfig(dp_size=w), dict.fromkeys(_A2A, "AllGatherReduceScatterPrepareFinalize")),
+    "agrs_ep": (lambda w: ParallelConfig(dp_size=w, ep_size=w), dict.fromkeys(_A2A, "AllGatherReduceScatterPrepareFinalize")),
+    "a2a": (lambda w: ParallelConfig(dp_size=w, ep_size=w, all2all="torch_all2all"), _A2A),
+    # the variable-size all-to-all in the batched format, which the choice does not pick: built directly
+    "a2a_var": (lambda w: ParallelConfig(dp_size=w, ep_size=w, all2all="torch_all2all"), _A2A),
+    "ep_reduce": (lambda w: ParallelConfig(ep_size=w), dict.fromkeys(_A2A, "ExpertParallelReducePrepareFinalize")),
 }
 
 
@@ -78,11 +83,12 @@ class Scenario:
     fmt: str
     quant: str
     tokens: tuple[int, ...]
-    routing: str = "random"  # random | one_rank (every token to the last rank's experts) | skewed
+    routing: str = "random"  # random | one_rank (every token to the last rank's experts) | skewed | hot
     dtype: str = "float32"
     top_k: int = 2
     on_input: bool = False
     seed: int = 0
+    capacity: Optional[int] = None  # max_num_tokens given to build_prepare_finalize
 
     def layer(self) -> MoELayer:
         return MoELayer(
@@ -119,7 +125,8 @@ def scenarios(world: int) -> list[Scenario]:
 
     for mode in MODES:
         for fmt in ("standard", "batched"):
-            add(mode, fmt, "none", uneven)
+            if mode != "a2a_var" or fmt == "batched":
+                add(mode, fmt, "none", uneven)
     for mode, fmt in (("a2a", "standard"), ("a2a", "batched"), ("agrs_ep", "standard"), ("ep_reduce", "batched")):
         add(mode, fmt, "none", uneven, routing="one_rank")
     add("a2a", "standard", "none", even, routing="skewed")
@@ -140,6 +147,16 @@ def scenarios(world: int) -> list[Scenario]:
     add("a2a", "standard", "none", uneven, top_k=1, on_input=True)
     add("agrs", "standard", "fp8_channel_token", uneven, top_k=1, on_input=True)
     add("a2a", "batched", "fp8_block_group", uneven, routing="one_rank")
+    # Hot experts (every token picks expert 0, most pick expert 1 too: rank 0 computes nearly every pair),
+    # zero-token ranks, and the fixed-capacity dispatch filled to its capacity.
+    for fmt in ("standard", "batched"):
+        add("a2a", fmt, "none", uneven, routing="hot")
+        add("a2a", fmt, "fp8_block_group", uneven, routing="hot", dtype="bfloat16")
+    add("a2a", "batched", "none", (0,) * world, seed=1)
+    add("a2a", "batched", "none", uneven, routing="hot", capacity=max(uneven))
+    add("a2a", "batched", "nvfp4", uneven)
+    add("a2a", "batched", "none", uneven, top_k=1, on_input=True)
+    add("a2a_var", "batched", "fp8_block_group", uneven, routing="hot")
     return out
 
 
@@ -157,6 +174,9 @@ def _routing(s: Scenario, total: int, gen: torch.Generator, world: int) -> tuple
     scores = torch.rand(total, allowed.numel(), generator=gen)
     if s.routing == "skewed":
         scores[:, 0] += 0.9  # most tokens pick expert 0
+    elif s.routing == "hot":
+        scores[:, 0] += 2.0  # every token picks expert 0
+        scores[:, 1] += 0.8  # and most pick expert 1
     ids = allowed[scores.argsort(dim=1, descending=True)[:, : s.top_k]].to(torch.int32)
     weights = torch.rand(total, s.top_k, generator=gen) + 0.1
     weights = (weights / weights.sum(dim=1, keepdim=True)).to(torch.float32)
@@ -194,7 +214,8 @@ def run_scenario(s: Scenario, rank: int, world: int, device: torch.device) -> di
     else:
         start = sum(s.tokens[:rank])
         rows = slice(start, start + s.tokens[rank])
-    parallel_for, expected_name = MODES[s.mode]
+    parallel_for, expected_names = MODES[s.mode]
+    expected_name = expected_names[s.fmt]
     parallel = parallel_for(world)
     rank_layer = layer
     expert_map: Optional[torch.Tensor] = None
@@ -209,7 +230,14 @@ def run_scenario(s: Scenario, rank: int, world: int, device: torch.device) -> di
     choice = choose_prepare_finalize(parallel, fmt)
     if choice.name != expected_name:
         raise AssertionError(f"choice named {choice.name}, expected {expected_name}: {choice.reason}")
-    pf = build_prepare_finalize(choice, parallel, NUM_EXPERTS, quant=layer.quant)
+    if s.mode == "a2a_var":
+        pf = AllToAllPrepareFinalize(
+            ExpertPlacement(NUM_EXPERTS, world, rank), activation_format=fmt, quantize_first=quantize_before_communication(layer.quant)
+        )
+    else:
+        pf = build_prepare_finalize(choice, parallel, NUM_EXPERTS, quant=layer.quant, max_num_tokens=s.capacity)
+        if pf.name != choice.name:
+            raise AssertionError(f"the choice names {choice.name} but build_prepare_finalize built {pf.name}")
     kernel = ModularKernel(pf, experts_cls(rank_layer), rank_layer)
 
     out = kernel(

@@ -137,9 +137,12 @@ def test_row_bytes_round_trip_any_dtype(rows: int) -> None:
         torch.randn(rows, 4).to(torch.bfloat16),
     ]
     packed, layout = pack_row_bytes(tensors)
-    assert packed.shape == (rows, 8 + 24 + 8 + 5 + 8) and packed.dtype == torch.uint8
+    # fields at 0, 8, 32, 40 and 46 (bf16 aligned to 2 bytes), the row padded from 54 to 64 bytes
+    assert [f.start for f in layout.fields] == [0, 8, 32, 40, 46]
+    assert packed.shape == (rows, 64) and packed.dtype == torch.uint8
     for a, b in zip(tensors, unpack_row_bytes(packed, layout)):
         assert a.dtype == b.dtype and a.shape == b.shape
+        assert rows == 0 or b.data_ptr() - packed.data_ptr() < layout.row_bytes  # a view into the packed rows
         assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a, b.view(torch.uint8) if b.element_size() == 1 else b)
 
 
@@ -159,7 +162,8 @@ def test_row_bytes_need_aligned_rows() -> None:
         (ParallelConfig(dp_size=2), STD, "AllGatherReduceScatterPrepareFinalize", PrepareFinalizeKind.ALLGATHER_REDUCESCATTER),
         (ParallelConfig(dp_size=2), BAT, "AllGatherReduceScatterPrepareFinalize", PrepareFinalizeKind.ALLGATHER_REDUCESCATTER),
         (ParallelConfig(dp_size=2, ep_size=2), STD, "AllGatherReduceScatterPrepareFinalize", PrepareFinalizeKind.ALLGATHER_REDUCESCATTER),
-        (ParallelConfig(dp_size=4, ep_size=4, all2all="torch_all2all"), BAT, "AllToAllPrepareFinalize", PrepareFinalizeKind.TORCH_ALL2ALL),
+        (ParallelConfig(dp_size=4, ep_size=4, all2all="torch_all2all"), STD, "AllToAllPrepareFinalize", PrepareFinalizeKind.TORCH_ALL2ALL),
+        (ParallelConfig(dp_size=4, ep_size=4, all2all="torch_all2all"), BAT, "FixedCapacityAllToAllPrepareFinalize", PrepareFinalizeKind.TORCH_ALL2ALL),
         (ParallelConfig(ep_size=2), STD, "ExpertParallelReducePrepareFinalize", PrepareFinalizeKind.EP_ALL_REDUCE),
         (ParallelConfig(tp_size=2, ep_size=2), BAT, "ExpertParallelReducePrepareFinalize", PrepareFinalizeKind.EP_ALL_REDUCE),
         (ParallelConfig(dp_size=2, ep_size=2, all2all="deepep_high_throughput"), STD, "DeepEPHTPrepareAndFinalize", PrepareFinalizeKind.DEEPEP_HIGH_THROUGHPUT),
@@ -268,7 +272,7 @@ def test_backend_and_timeout_from_env(monkeypatch) -> None:
 
 def test_torchrun_command_line_keeps_rank_arguments_out_of_its_parser() -> None:
     command = torchrun_command(2)
-    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert command[:4] == [sys.executable, "-m", "moe_fsm.launch_trampoline", "--agent"]
     assert "--standalone" in command and command[command.index("--nproc-per-node") + 1] == "2"
     assert command[-2:] == ["-m", "moe_fsm.launch_trampoline"]
     env = launch_env(["moe-fsm", "run", "--nproc", "2"], {"X": "1"})

@@ -32,6 +32,14 @@ class BuildPlan:
         return self.experts is not None and self.prepare_finalize_buildable
 
     def to_json(self) -> dict:
+        """The trace's ``build`` part, built once (plans are memoized); read-only."""
+        cached = self.__dict__.get("_json")
+        if cached is None:
+            cached = self._as_json()
+            object.__setattr__(self, "_json", cached)
+        return cached
+
+    def _as_json(self) -> dict:
         return {
             "experts": self.experts,
             "how": self.how,
@@ -43,9 +51,14 @@ class BuildPlan:
 
 
 def plan_build(registry, backend: str, kernel: str | None, ctx, choice: PrepareFinalizeChoice) -> BuildPlan:
-    """The runtime's verdict on a decided (backend, kernel, prepare/finalize)."""
-    experts, how, because = _experts(registry, backend, kernel, ctx)
-    return BuildPlan(experts, how, because, choice.buildable, choice.not_buildable_because)
+    """The runtime's verdict on a decided (backend, kernel, prepare/finalize); pure, so memoized with the verdicts."""
+    memo = registry.memo_for(ctx)
+    key = ("build", backend, kernel, choice)
+    plan = memo.get(key)
+    if plan is None:
+        experts, how, because = _experts(registry, backend, kernel, ctx)
+        plan = memo[key] = BuildPlan(experts, how, because, choice.buildable, choice.not_buildable_because)
+    return plan
 
 
 def _experts(registry, backend: str, kernel: str | None, ctx) -> tuple[str | None, str, str]:

@@ -21,6 +21,7 @@ reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from enum import Enum
 
 from moe_fsm.errors import InputError
@@ -72,6 +73,17 @@ _VLLM_ONLY = {
     ),
 }
 
+# torch_all2all: batched experts get the fixed-capacity dispatch (no host sync, CUDA-graph capturable),
+# as vLLM pairs its batched-format experts with the low-latency all2all backends.
+_ALL2ALL_NAMES = {
+    ActivationFormat.STANDARD: "AllToAllPrepareFinalize",
+    ActivationFormat.BATCHED: "FixedCapacityAllToAllPrepareFinalize",
+}
+_ALL2ALL_NOTES = {
+    ActivationFormat.STANDARD: "",
+    ActivationFormat.BATCHED: "; fixed capacity per rank, no host synchronisation (CUDA-graph capturable)",
+}
+
 _LOCAL_NAMES = {
     ActivationFormat.STANDARD: "LocalPrepareFinalize",
     ActivationFormat.BATCHED: "LocalBatchedPrepareFinalize",
@@ -113,8 +125,15 @@ class PrepareFinalizeChoice:
 
 
 def choose_prepare_finalize(parallel: ParallelConfig, experts_format: ActivationFormat) -> PrepareFinalizeChoice:
-    """Pick how tokens reach experts that take ``experts_format``; InputError for impossible pairs."""
-    fmt = _format(experts_format)
+    """Pick how tokens reach experts that take ``experts_format``; InputError for impossible pairs.
+
+    Pure, so remembered per (parallel config, format): every layer of a model asks the same.
+    """
+    return _choose(parallel, _format(experts_format))
+
+
+@lru_cache(maxsize=64)
+def _choose(parallel: ParallelConfig, fmt: ActivationFormat) -> PrepareFinalizeChoice:
     sizes = f"tp_size={parallel.tp_size}, dp_size={parallel.dp_size}, ep_size={parallel.ep_size}"
     if parallel.batched_activation_format and fmt is ActivationFormat.STANDARD:
         raise InputError(
@@ -194,12 +213,13 @@ def choose_prepare_finalize(parallel: ParallelConfig, experts_format: Activation
         )
     if kind is AllToAllKind.TORCH_ALL2ALL:
         return PrepareFinalizeChoice(
-            "AllToAllPrepareFinalize",
+            _ALL2ALL_NAMES[fmt],
             PrepareFinalizeKind.TORCH_ALL2ALL,
             fmt,
             f"dp_size={parallel.dp_size} with expert parallelism ({sizes}): tokens travel by all-to-all "
             f"(torch_all2all): each token goes once to every rank owning one of its experts, "
-            f"{fmt.value} format on local experts, and comes back weighted",
+            f"{fmt.value} format on local experts, and comes back weighted"
+            + _ALL2ALL_NOTES[fmt],
             uses_expert_map=True,
             group_size=parallel.ep_size,
             not_buildable_because=_nested_tp(parallel, "all-to-all", sizes),

@@ -94,8 +94,16 @@ class Registry:
 
     def kernel_verdict(self, kernel: str, ctx: SupportContext, extra=()) -> Verdict:
         spec = self.kernels[kernel]
-        checks = tuple(Check(r, r.failure(ctx)) for r in (*extra, *spec.requirements))
-        return Verdict(kernel, checks)
+        return Verdict(kernel, tuple(self._check(r, ctx) for r in (*extra, *spec.requirements)))
+
+    def _check(self, requirement, ctx: SupportContext) -> Check:
+        """A requirement evaluated once per context: kernel classes share many (no LoRA, a format, a library)."""
+        checks = self.memo_for(ctx).setdefault("checks", {})
+        key = id(requirement)  # requirements live as long as the registry's catalog
+        check = checks.get(key)
+        if check is None:
+            check = checks[key] = Check(requirement, requirement.failure(ctx))
+        return check
 
     def memo_for(self, ctx: SupportContext) -> dict:
         """The verdict memo of one context: verdicts are pure, and an engine asks the same ones for every layer."""

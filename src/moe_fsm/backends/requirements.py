@@ -219,6 +219,34 @@ class MaxExperts(Requirement):
 
 
 @dataclass(frozen=True)
+class ShapeMultiple(Requirement):
+    """Hidden and intermediate sizes a multiple of ``multiple`` when the layer's weights are ``weight`` keys.
+
+    A kernel whose tiles or scale blocks cover ``multiple`` columns cannot take a
+    partial one; ``why`` names where vLLM (or the library) checks it.
+    """
+
+    multiple: int
+    weight: tuple[QuantKey, ...]
+    why: str
+
+    def describe(self) -> str:
+        keys = ", ".join(str(k) for k in self.weight)
+        return f"hidden and intermediate sizes multiples of {self.multiple} with {keys} weights ({self.why})"
+
+    def failure(self, ctx: SupportContext) -> str | None:
+        layer = ctx.layer
+        if layer.quant.weight not in self.weight:
+            return None
+        off = [f"{name} {size}" for name, size in (("hidden_size", layer.hidden_size),
+                                                     ("intermediate_size", layer.intermediate_size))
+               if size % self.multiple]
+        if not off:
+            return None
+        return f"needs sizes that are multiples of {self.multiple} ({self.why}), this layer has {' and '.join(off)}"
+
+
+@dataclass(frozen=True)
 class EnvEnabled(Requirement):
     """Enabled by env switches that must all read true (vLLM's AITER rule)."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.inputs.env import EnvReader
@@ -24,8 +25,7 @@ class SupportContext:
     activation_format: ActivationFormat
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(NamedTuple):
     """One requirement as evaluated: the requirement, and why it failed (None when it passed)."""
 
     requirement: object  # a backends.requirements.Requirement

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from moe_fsm import profiles
 from moe_fsm.errors import InputError
+from moe_fsm.trace.document import read_text, write_atomic
 from moe_fsm.fsm.machine import mermaid
 from moe_fsm.inputs.quant import QuantFamily
 
@@ -71,10 +72,7 @@ def generated_part(text: str, path: str) -> tuple[int, int]:
 
 
 def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except FileNotFoundError:
-        raise InputError(f"{path} does not exist") from None
+    return read_text(path, "file")
 
 
 def run(args) -> int:
@@ -105,7 +103,7 @@ def run(args) -> int:
         start, end = generated_part(text, args.update)
         new = text[:start] + current + text[end:]
         if new != text:
-            Path(args.update).write_text(new)
+            write_atomic(Path(args.update), new)
             print(f"{args.update}: state diagrams updated")
         else:
             print(f"{args.update}: already up to date")

@@ -15,6 +15,7 @@ from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.requirements import EnvEnabled
 from moe_fsm.backends.verdict import BackendVerdict, SupportContext
 from moe_fsm.cli import render
+from moe_fsm.cli.text import printable
 from moe_fsm.decision import DecisionInputs, decide
 from moe_fsm.errors import InputError, SelectionError
 from moe_fsm.fsm.policy import FamilyPolicy
@@ -41,22 +42,36 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     document = load_trace(args.trace)
-    print("\n".join(explain_lines(document, args.trace)))
+    print(printable("\n".join(explain_lines(document, args.trace))))
     return 0
 
 
 def load_trace(path: str) -> dict:
-    """Load and, where jsonschema is installed, validate a trace; InputError otherwise."""
+    """Load and validate a trace (schema, then names against the recorded profile); InputError otherwise."""
     document = trace_doc.load(path)
-    if schema.available():
-        schema.validate(document, source=str(path))
-    else:
-        # Without the schema, at least make sure the recorded inputs are readable.
-        try:
-            DecisionInputs.from_json(document["inputs"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise InputError(f"{path}: the recorded inputs are malformed ({err})") from None
+    schema.validate(document, source=str(path))
+    inputs = DecisionInputs.from_json(document["inputs"])
+    check_outcome_names(document, inputs, str(path))
     return document
+
+
+def check_outcome_names(document: dict, inputs: DecisionInputs, source: str) -> None:
+    """A selected backend and kernel must be ones the recorded profile has: a trace edited by hand is refused."""
+    outcome = document["outcome"]
+    if outcome["status"] == "failed":
+        return
+    registry = default_registry(inputs.profile.name)
+    family = inputs.layer.family
+    known = registry.backends.get(family, {})
+    if outcome["status"] == "selected" and outcome["backend"] not in known:
+        raise InputError(
+            f"{source}: outcome names backend {outcome['backend']!r}, which profile {inputs.profile.name!r} does not "
+            f"have for {family.value} layers (it has {sorted(known)}); the trace was edited or comes from a plugin "
+            "that is not installed here"
+        )
+    if outcome.get("kernel") is not None and outcome["kernel"] not in registry.kernels:
+        raise InputError(f"{source}: outcome names kernel {outcome['kernel']!r}, which profile "
+                         f"{inputs.profile.name!r} does not have")
 
 
 def explain_lines(document: dict, trace_path: str | None = None) -> list[str]:

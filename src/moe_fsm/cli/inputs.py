@@ -29,6 +29,7 @@ decision. Flags given on the command line override the file.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -195,8 +196,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{value} is not a positive finite number")
     return value
 
 
@@ -257,12 +258,7 @@ def parse_env_flags(flags: list[str]) -> dict[str, str]:
 def load_input_file(path: str | os.PathLike) -> dict:
     """Read a JSON/TOML spec or a decision trace into a spec mapping."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(f"input file {path} does not exist") from None
-    except OSError as err:
-        raise InputError(f"cannot read input file {path}: {err.strerror}") from None
+    text = trace_doc.read_text(path, "input file")
     if path.suffix.lower() == ".toml":
         import tomllib
 
@@ -270,11 +266,13 @@ def load_input_file(path: str | os.PathLike) -> dict:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise InputError(f"input file {path} is not valid TOML: {err}") from None
+        except RecursionError:
+            raise InputError(f"input file {path} nests tables or arrays too deeply") from None
     else:
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise InputError(f"input file {path} is not valid JSON ({err}); TOML files need a .toml suffix") from None
+            data = trace_doc.parse_json(text, f"input file {path}")
+        except InputError as err:
+            raise InputError(f"{err}; TOML files need a .toml suffix") from None
     if not isinstance(data, dict):
         raise InputError(f"input file {path} must hold an object with sections {list(SECTIONS)}")
     if data.get("schema") == trace_doc.SCHEMA_ID:

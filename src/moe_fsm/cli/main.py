@@ -1,9 +1,9 @@
-"""The `moe-fsm` command: select, explain, replay, diff, diagram, golden (and run).
+"""The `moe-fsm` command: select, explain, replay, diff, diagram, golden, plan (and run, tune).
 
 Each subcommand module exposes ``register(subparsers)``, which adds its parser
 and sets ``func`` to a handler returning the exit status. ``main`` never lets a
-user error out as a traceback: malformed input (a flag, a file, an env value, a
-preset name) prints one line naming the problem and exits 2.
+user error out as a traceback: each documented error prints one line naming
+the problem and exits with its own status (EXIT_STATUSES).
 """
 
 from __future__ import annotations
@@ -12,20 +12,36 @@ import argparse
 import sys
 
 from moe_fsm import __version__
-from moe_fsm.errors import MoeFsmError
+from moe_fsm.errors import BackendUnavailableError, MoeFsmError, SelectionError, TraceWriteError
+
+EXIT_OK = 0
+EXIT_DIFFERS = 1  # a check found a difference (replay, golden, diagram --check) or run's layers are off tolerance
+EXIT_BAD_INPUT = 2  # a flag, a file, an env value or a name is malformed (argparse's usage errors too)
+EXIT_NO_BACKEND = 3  # the selection failed, or the selected kernel cannot be built here
+EXIT_WRITE_FAILED = 4  # a trace or the run manifest could not be written
+EXIT_INTERRUPTED = 130
+EXIT_STATUSES = """exit status:
+  0    success (a decision was made, a check found no difference)
+  1    a check found a difference: replay, golden --check, diagram --check; run: a layer off tolerance
+  2    bad input: a flag, a file, an environment value or a name is malformed
+  3    no backend: the selection failed (its trace is still written), or the kernel cannot be built here
+  4    a trace or the run manifest could not be written
+  130  interrupted (Ctrl-C); run --nproc: 124 past its timeout, 128+N on signal N, else a failed rank's status"""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from moe_fsm.cli import diagram, diff_cmd, explain, golden_cmd, replay, run_cmd, select_cmd
+    from moe_fsm.cli import diagram, diff_cmd, explain, golden_cmd, plan_cmd, replay, run_cmd, select_cmd, tune_cmd
 
     parser = argparse.ArgumentParser(
         prog="moe-fsm",
         description="Choose the experts kernel backend of MoE layers with an explicit state machine, and explain, "
                     "replay and check the decision traces it records.",
+        epilog=EXIT_STATUSES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"moe-fsm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (select_cmd, explain, replay, diff_cmd, diagram, golden_cmd, run_cmd):
+    for module in (select_cmd, explain, replay, diff_cmd, diagram, golden_cmd, plan_cmd, run_cmd, tune_cmd):
         module.register(subparsers)
     return parser
 
@@ -49,12 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except MoeFsmError as err:
-        print(f"moe-fsm {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        from moe_fsm.cli.text import printable
+
+        print(printable(f"moe-fsm {args.command}: error: {err}"), file=sys.stderr)
+        return exit_status(err)
     except BrokenPipeError:  # `moe-fsm select --json | head`
-        return 0
+        return EXIT_OK
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+
+
+def exit_status(err: MoeFsmError) -> int:
+    if isinstance(err, TraceWriteError):
+        return EXIT_WRITE_FAILED
+    if isinstance(err, (SelectionError, BackendUnavailableError)):
+        return EXIT_NO_BACKEND
+    return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import sys
+import time
 from pathlib import Path
 
 from moe_fsm.engine.presets import DEFAULT_PRESET, PRESETS, preset
 from moe_fsm.errors import InputError
 from moe_fsm.trace.document import DEFAULT_TRACE_DIR
+
+DEFAULT_REPEATS = 3  # engine.run.DEFAULT_REPEATS; the flag's default without importing torch
+MAX_TOKENS = 1 << 17
+MAX_SEED = (1 << 63) - 1
+# How ranks of `run --nproc` move tokens: the prepare/finalize kinds moe-fsm builds on torch.distributed.
+RUNNABLE_ALL2ALL = ("torch_all2all", "allgather_reducescatter")
 
 
 def register(subparsers) -> None:
@@ -27,45 +35,93 @@ def register(subparsers) -> None:
     parser.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR, help=f"where per-layer traces go (default {DEFAULT_TRACE_DIR}/)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and tokens")
     parser.add_argument("--nproc", type=int, default=1, help="run across N processes (gloo on CPU, NCCL on GPUs)")
-    parser.add_argument("--all2all", default="torch_all2all", help="with --nproc > 1: how tokens travel (torch_all2all or allgather_reducescatter)")
+    parser.add_argument("--all2all", default="torch_all2all",
+                        help=f"with --nproc > 1: how tokens travel ({' or '.join(RUNNABLE_ALL2ALL)})")
+    parser.add_argument("--full-check", action="store_true",
+                        help="check every row of every layer against float64 (default: a sample of rows per layer)")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                        help=f"timed calls per layer; the table shows their median (default {DEFAULT_REPEATS})")
     parser.set_defaults(func=main)
 
 
+def check_args(args, model) -> None:
+    """Every flag the ranks would otherwise trip over, checked before anything is loaded or launched."""
+    if not 0 <= args.tokens <= MAX_TOKENS:
+        raise InputError(f"--tokens must be from 0 to {MAX_TOKENS}, got {args.tokens}")
+    if args.layers is not None and not 1 <= args.layers <= len(model.layers):
+        raise InputError(f"--layers must be from 1 to {len(model.layers)} (the MoE layers of {model.name}), got {args.layers}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise InputError(f"--seed must be from 0 to 2**63-1, got {args.seed}")
+    if not 1 <= args.repeats <= 1000:
+        raise InputError(f"--repeats must be from 1 to 1000, got {args.repeats}")
+    if args.nproc < 1:
+        raise InputError(f"--nproc must be 1 or more, got {args.nproc}")
+    if args.nproc > 1:
+        if args.all2all not in RUNNABLE_ALL2ALL:
+            raise InputError(f"--all2all {args.all2all!r} is not one of {list(RUNNABLE_ALL2ALL)} (what --nproc runs)")
+        layers = model.layers[: args.layers or len(model.layers)]
+        fewest = min(spec.layer.num_experts for spec in layers)
+        if args.nproc > fewest:
+            raise InputError(
+                f"--nproc {args.nproc} spreads the experts over {args.nproc} ranks, but {model.name} has layers of "
+                f"{fewest} experts: use --nproc {fewest} or fewer"
+            )
+
+
 def main(args) -> int:
-    from moe_fsm.engine.report import render_results, render_header
-    from moe_fsm.engine.run import run_model
     from moe_fsm.inputs.env import EnvSnapshot
     from moe_fsm.inputs.request import BackendRequest
 
-    if args.tokens < 0:
-        raise InputError(f"--tokens must be 0 or more, got {args.tokens}")
-    if args.layers is not None and args.layers < 1:
-        raise InputError(f"--layers must be 1 or more, got {args.layers}")
-    if args.nproc < 1:
-        raise InputError(f"--nproc must be 1 or more, got {args.nproc}")
     model = preset(args.preset)
+    check_args(args, model)
     request = BackendRequest.parse(args.backend)
     env = EnvSnapshot.from_process() if args.env is None else EnvSnapshot.from_mapping(_pairs(args.env), strict_names=True)
     from moe_fsm.distributed.group import is_launched
 
-    if args.nproc > 1 or is_launched():
+    if is_launched():
+        from moe_fsm.engine.distributed_run import run_rank
+
+        return run_rank(args, model, request, env, run_options(args))
+    device = _device(args.device, args.nproc)
+    if args.nproc > 1:
         from moe_fsm.engine.distributed_run import launch_run
 
-        return launch_run(args, model, request, env)
-    device = _device(args.device)
-    from moe_fsm.decision import probed_platform
+        return launch_run(args)
+    return _run_here(args, model, request, env, device)
 
+
+def _run_here(args, model, request, env, device) -> int:
+    from moe_fsm.decision import probed_platform
+    from moe_fsm.engine.manifest import write_manifest
+    from moe_fsm.engine.report import make_progress, render_check_mode, render_header, render_results
+    from moe_fsm.engine.run import run_model
+    from moe_fsm.trace.document import remove_stale_temp_files
+
+    started_at = time.time()
+    options = run_options(args)
     platform = probed_platform()
-    print(render_header(model, args.tokens, args.layers, device, platform, request, env))
-    progress = _Progress() if sys.stderr.isatty() else None
+    print(render_header(model, args.tokens, args.layers, device, platform, request, env, (render_check_mode(options),)),
+          flush=True)
+    remove_stale_temp_files(args.trace_dir)
+    progress = make_progress()
     engine, results = run_model(
         model, tokens=args.tokens, num_layers=args.layers, device=device, request=request, env=env,
-        platform=platform, trace_dir=args.trace_dir, seed=args.seed, progress=progress,
+        platform=platform, trace_dir=args.trace_dir, seed=args.seed, options=options, progress=progress,
     )
-    if progress:
-        progress.done()
+    progress.done()
+    write_manifest(
+        args.trace_dir, argv=sys.argv, preset=model.name, tokens=args.tokens, seed=args.seed,
+        check_rows=options.check_rows, repeats=options.repeats, world_size=1, started_at=started_at,
+        results=results, trace_files=[[layer.trace_path] for layer in engine.loaded],
+    )
     print(render_results(results, engine, args.trace_dir))
     return 0 if all(r.ok for r in results) else 1
+
+
+def run_options(args):
+    from moe_fsm.engine.run import DEFAULT_CHECK_ROWS, RunOptions
+
+    return RunOptions(check_rows=None if args.full_check else DEFAULT_CHECK_ROWS, repeats=args.repeats)
 
 
 def _pairs(items: list[str]) -> dict[str, str]:
@@ -78,29 +134,22 @@ def _pairs(items: list[str]) -> dict[str, str]:
     return pairs
 
 
-def _device(name: str) -> str:
-    import torch
-
+def _device(name: str, nproc: int = 1) -> str:
+    """The device after checking it exists here (for --nproc N: cpu, or cuda with N GPUs)."""
     if name == "cpu":
         return name
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise InputError("--device cuda was asked for, but torch sees no CUDA device here; use --device cpu")
-        return name
-    raise InputError(f"--device {name!r} is not one of: cpu, cuda, cuda:N")
+    if not re.fullmatch(r"cuda(:\d+)?", name):
+        raise InputError(f"--device {name!r} is not one of: cpu, cuda, cuda:N")
+    import torch
 
-
-class _Progress:
-    """A one-line progress bar on stderr, for terminals only."""
-
-    def __init__(self, width: int = 30) -> None:
-        self.width = width
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        filled = self.width * done // max(total, 1)
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {label[:48]:<48}")
-        sys.stderr.flush()
-
-    def done(self) -> None:
-        sys.stderr.write("\r" + " " * (self.width + 60) + "\r")
-        sys.stderr.flush()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise InputError(f"--device {name} was asked for, but torch sees no CUDA device here; use --device cpu")
+    if nproc > 1:
+        if name != "cuda":
+            raise InputError(f"--nproc {nproc} gives each rank its own GPU: use --device cuda, not {name}")
+        if nproc > count:
+            raise InputError(f"--nproc {nproc} on --device cuda needs {nproc} GPUs; torch sees {count}")
+    elif name != "cuda" and int(name.split(":")[1]) >= count:
+        raise InputError(f"--device {name}: torch sees {count} CUDA device(s) (cuda:0 to cuda:{count - 1})")
+    return name

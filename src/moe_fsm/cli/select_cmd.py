@@ -7,6 +7,8 @@ from pathlib import Path
 
 from moe_fsm.cli import render
 from moe_fsm.cli.inputs import add_input_arguments, inputs_from_args
+from moe_fsm.cli.main import EXIT_NO_BACKEND
+from moe_fsm.cli.text import printable
 from moe_fsm.decision import decide
 from moe_fsm.errors import SelectionError
 from moe_fsm.trace import document as trace_doc
@@ -20,17 +22,28 @@ def register(subparsers) -> None:
         help="decide the experts backend of one MoE layer and write its decision trace",
         description="Run the selection state machine on one layer. Prints the states visited, each guard and "
                     "candidate verdict, and the outcome; writes the decision trace (JSON) for explain and replay. "
-                    "Exit status: 0 on a decision (including FP8's fallback NONE), 2 on a selection error or bad input.",
+                    "Exit status: 0 on a decision (including FP8's fallback NONE), 2 on bad input, 3 on a selection "
+                    "error (the trace is written all the same), 4 when the trace cannot be written.",
     )
     add_input_arguments(parser)
     out = parser.add_argument_group("output")
     out.add_argument("--trace-out", metavar="PATH",
-                     help=f"where to write the trace (default {DEFAULT_TRACE_DIR}/decision-<family>.json; "
+                     help=f"where to write the trace (default {DEFAULT_TRACE_DIR}/decision-<family>.json, or "
+                          "decision-<family>-2.json, ... where that exists: never over an earlier trace; "
                           "with --json, only when given)")
     out.add_argument("--json", action="store_true", help="print the trace JSON instead of the readable path")
     out.add_argument("--layer-name", metavar="NAME", help="a name for the layer, recorded in the trace")
     out.add_argument("--verbose", "-v", action="store_true", help="show every failing check of every kernel")
     parser.set_defaults(func=run)
+
+
+def first_free(directory: Path, stem: str) -> Path:
+    """``stem.json``, else ``stem-2.json``, ``stem-3.json``, ...: the first name not taken."""
+    path, n = directory / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = directory / f"{stem}-{n}.json"
+    return path
 
 
 def run(args) -> int:
@@ -41,13 +54,13 @@ def run(args) -> int:
     elif args.json:
         trace_path = None
     else:
-        trace_path = Path(DEFAULT_TRACE_DIR) / f"decision-{family}.json"
+        trace_path = first_free(Path(DEFAULT_TRACE_DIR), f"decision-{family}")
 
     try:
         decision = decide(inputs, layer_name=args.layer_name, trace_path=trace_path)
     except SelectionError as err:
         document, written = err.trace, err.trace_path
-        code = 2
+        code = EXIT_NO_BACKEND
     else:
         document, written = decision.trace, (str(trace_path) if trace_path else None)
         code = 0
@@ -63,7 +76,7 @@ def run(args) -> int:
     out.extend(render.event_lines(document, detail=args.verbose))
     out.append("")
     out.extend(render.outcome_lines(document))
-    print("\n".join(out))
+    print(printable("\n".join(out)))
     if written:
         print(f"\ntrace written to {written}")
         print(f"  explain it: moe-fsm explain {written}")

@@ -16,7 +16,9 @@ So:
   result does not depend on the backend);
 * several row-aligned tensors travel as one byte matrix (:func:`pack_row_bytes`), so a
   dispatch is one collective whatever the dtypes (fp8, packed fp4, int ids,
-  float weights).
+  float weights), and the receiver reads the fields back as views;
+* a fixed-capacity exchange (:func:`all_to_all_equal`) sends the same number of
+  rows to every rank, so it needs no sizes at all and never waits on the host.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ import torch.distributed as dist
 
 from moe_fsm.distributed.group import group_rank_and_size
 from moe_fsm.errors import KernelInputError
+
+
+# Every field starts on a multiple of its element size, and rows are padded to this many bytes,
+# so the packed matrix can be read back through typed views (no copies) and rows stay aligned
+# for vectorised copies on the GPU.
+ROW_ALIGN = 16
 
 
 @dataclass(frozen=True)
@@ -51,21 +59,27 @@ class RowLayout:
 
 
 def row_layout(tensors: Sequence[torch.Tensor]) -> RowLayout:
-    """The byte layout of one row of ``tensors`` (each [M, ...], same M)."""
+    """The byte layout of one row of ``tensors`` (each [M, ...], same M), fields aligned to their element size."""
     fields = []
     start = 0
     for t in tensors:
         if t.dim() == 0:
             raise KernelInputError("pack_row_bytes needs row-aligned tensors [M, ...]; got a 0-d tensor")
+        size = t.element_size()
+        start = -(-start // size) * size
         trailing = tuple(t.shape[1:])
-        nbytes = math.prod(trailing) * t.element_size()
+        nbytes = math.prod(trailing) * size
         fields.append(RowField(t.dtype, trailing, start, nbytes))
         start += nbytes
-    return RowLayout(tuple(fields), start)
+    return RowLayout(tuple(fields), -(-start // ROW_ALIGN) * ROW_ALIGN)
 
 
-def pack_row_bytes(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, RowLayout]:
-    """Concatenate row-aligned tensors of any dtypes into one uint8 matrix [M, row_bytes]."""
+def pack_row_bytes(tensors: Sequence[torch.Tensor], *, spare_rows: int = 0) -> tuple[torch.Tensor, RowLayout]:
+    """Lay row-aligned tensors of any dtypes side by side in one uint8 matrix [M + spare_rows, row_bytes].
+
+    One allocation and one copy per tensor; the ``spare_rows`` at the end and the
+    alignment padding are left for the caller to fill (or to ignore).
+    """
     if not tensors:
         raise KernelInputError("pack_row_bytes needs at least one tensor")
     rows = tensors[0].shape[0] if tensors[0].dim() else 0
@@ -75,14 +89,18 @@ def pack_row_bytes(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, RowLa
             raise KernelInputError(
                 f"pack_row_bytes needs tensors with the same number of rows; got {[tuple(x.shape) for x in tensors]}"
             )
-    if rows == 0:  # empty views may carry zero strides that dtype views reject
-        return torch.empty((0, layout.row_bytes), dtype=torch.uint8, device=tensors[0].device), layout
-    parts = [t.contiguous().reshape(rows, math.prod(t.shape[1:])).view(torch.uint8) for t in tensors]
-    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)), layout
+    packed = torch.empty((rows + spare_rows, layout.row_bytes), dtype=torch.uint8, device=tensors[0].device)
+    if rows:
+        for t, f in zip(tensors, layout.fields):
+            packed[:rows, f.start : f.start + f.nbytes].copy_(t.contiguous().reshape(rows, -1).view(torch.uint8))
+    return packed, layout
 
 
 def unpack_row_bytes(packed: torch.Tensor, layout: RowLayout) -> list[torch.Tensor]:
-    """Split a byte matrix [R, row_bytes] from :func:`pack_row_bytes` back into typed tensors [R, ...]."""
+    """Typed views [R, ...] of the fields of a byte matrix [R, row_bytes] from :func:`pack_row_bytes`.
+
+    Views, not copies: each field keeps the packed matrix's row stride.
+    """
     if packed.dim() != 2 or packed.dtype != torch.uint8 or packed.shape[1] != layout.row_bytes:
         raise KernelInputError(
             f"expected packed rows uint8 [R, {layout.row_bytes}], got {packed.dtype} {tuple(packed.shape)}"
@@ -90,11 +108,7 @@ def unpack_row_bytes(packed: torch.Tensor, layout: RowLayout) -> list[torch.Tens
     rows = packed.shape[0]
     if rows == 0:
         return [torch.empty((0, *f.trailing), dtype=f.dtype, device=packed.device) for f in layout.fields]
-    out = []
-    for f in layout.fields:
-        chunk = packed[:, f.start : f.start + f.nbytes].contiguous()
-        out.append(chunk.view(f.dtype).reshape(rows, *f.trailing))
-    return out
+    return [packed[:, f.start : f.start + f.nbytes].view(f.dtype).view(rows, *f.trailing) for f in layout.fields]
 
 
 def all_gather_ints(values: Sequence[int], *, group: Optional[dist.ProcessGroup] = None, device: torch.device) -> list[tuple[int, ...]]:
@@ -197,6 +211,21 @@ def all_to_all_v(
     if wire.dtype == send.dtype:
         return out
     return out.view(send.dtype).reshape(out.shape[0], *send.shape[1:])
+
+
+def all_to_all_equal(rows: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    """Send block d of ``rows`` [W * n, ...] to rank d; block s of the result came from rank s.
+
+    Equal splits: no sizes, no host synchronisation, so it can be captured in a CUDA graph.
+    """
+    _, world = group_rank_and_size(group)
+    if rows.shape[0] % world:
+        raise KernelInputError(f"all_to_all_equal needs a multiple of {world} rows (one block per rank), got {rows.shape[0]}")
+    send = rows.contiguous()
+    wire = wire_view(send)
+    out = torch.empty_like(wire)
+    dist.all_to_all_single(out, wire, group=group)
+    return out if wire.dtype == send.dtype else out.view(send.dtype)
 
 
 def wire_view(t: torch.Tensor) -> torch.Tensor:

@@ -70,6 +70,15 @@ class ExpertPlacement:
         counts = torch.tensor(self.counts, dtype=torch.int64, device=device)
         return torch.repeat_interleave(torch.arange(self.world_size, dtype=torch.int64, device=device), counts)
 
+    def owner_mask(self, device: Optional[torch.device] = None) -> torch.Tensor:
+        """bool [E + 1, W]: row e marks the rank owning expert e; the last row, which id -1 indexes, marks none.
+
+        ``owner_mask()[topk_ids].any(1)`` says which ranks each token must reach, in two kernels.
+        """
+        mask = torch.zeros((self.num_experts + 1, self.world_size), dtype=torch.bool, device=device)
+        mask[torch.arange(self.num_experts, device=device), self.owner_table(device)] = True
+        return mask
+
     def expert_map(self, device: Optional[torch.device] = None) -> torch.Tensor:
         """int32 [E]: local id of each global expert on this rank, -1 where another rank owns it."""
         table = torch.full((self.num_experts,), -1, dtype=torch.int32, device=device)

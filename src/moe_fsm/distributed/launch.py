@@ -7,7 +7,8 @@ with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK set, and each copy calls
 pick a free local rendezvous port, so two launches on one machine do not collide.
 The command reaches the ranks through a trampoline module (see
 :mod:`moe_fsm.launch_trampoline`) because torchrun's own parser would
-otherwise claim arguments such as ``--nproc``.
+otherwise claim arguments such as ``--nproc``; the same module runs torchrun's
+agent, so that no process of a launch outlives the launcher.
 """
 
 from __future__ import annotations
@@ -17,18 +18,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 from moe_fsm.distributed.group import is_launched
 from moe_fsm.errors import InputError
-from moe_fsm.launch_trampoline import ARGV_ENV
+from moe_fsm.launch_trampoline import AGENT_FLAG, ARGV_ENV, LAUNCHER_PID_ENV
 
 TRAMPOLINE = "moe_fsm.launch_trampoline"
 
 
 def torchrun_command(nproc: int) -> list[str]:
-    """The torch.distributed.run command line that starts ``nproc`` local ranks of the launch trampoline.
+    """The agent command line: torch.distributed.run starting ``nproc`` local ranks of the launch trampoline.
 
     The per-rank command itself travels in ``$MOE_FSM_LAUNCH_ARGV`` (see
     :mod:`moe_fsm.launch_trampoline`), out of reach of torchrun's option parser.
@@ -38,7 +41,8 @@ def torchrun_command(nproc: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        TRAMPOLINE,
+        AGENT_FLAG,
         "--standalone",
         "--nnodes",
         "1",
@@ -65,6 +69,7 @@ def launch_env(argv: Sequence[str], env: Optional[Mapping[str, str]] = None) -> 
     if env:
         full.update(env)
     full[ARGV_ENV] = json.dumps(argv)
+    full[LAUNCHER_PID_ENV] = str(os.getpid())
     return full
 
 
@@ -75,14 +80,15 @@ def launch(
     env: Optional[Mapping[str, str]] = None,
     timeout_s: Optional[float] = None,
 ) -> int:
-    """Run ``argv`` as ``nproc`` ranks on this machine and return the launcher's exit status.
+    """Run ``argv`` as ``nproc`` ranks on this machine and return the launch's exit status.
 
     The ranks inherit this environment (plus ``env``), so $MOE_FSM_DIST_BACKEND
-    and $MOE_FSM_DIST_TIMEOUT reach them. The launcher runs in its own process
-    group so that, past ``timeout_s`` (or on Ctrl-C), it is stopped together
-    with its ranks rather than leaving them orphaned; a timeout returns 124, as
-    coreutils' ``timeout`` does. Refused inside a launched rank: a rank that
-    launched again would start N*N processes.
+    and $MOE_FSM_DIST_TIMEOUT reach them. The agent runs in its own session, so
+    the launcher stops it (and it its ranks) itself: past ``timeout_s`` (124, as
+    coreutils' ``timeout`` returns), on Ctrl-C (KeyboardInterrupt propagates) and
+    on SIGTERM or SIGHUP (128 + the signal's number). A failed rank stops the
+    others and its status is returned. Refused inside a launched rank: a rank
+    that launched again would start N*N processes.
     """
     if is_launched():
         raise InputError(
@@ -93,17 +99,48 @@ def launch(
         raise InputError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
     proc = subprocess.Popen(torchrun_command(nproc), env=launch_env(argv, env), start_new_session=True)
     try:
-        return proc.wait(timeout=timeout_s)
+        with _stop_signals_raise():
+            return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _stop(proc)
         return TIMEOUT_STATUS
+    except _StopSignal as stop:
+        _stop(proc)
+        return 128 + stop.signum
     except BaseException:
         _stop(proc)
         raise
 
 
 TIMEOUT_STATUS = 124
-_STOP_GRACE_S = 10.0
+_STOP_GRACE_S = 8.0
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _StopSignal(BaseException):
+    """SIGTERM or SIGHUP reached the launcher while it waited for the agent."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    """Turn SIGTERM/SIGHUP into :class:`_StopSignal` while waiting (their default would orphan the agent)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _StopSignal(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _stop(proc: subprocess.Popen) -> None:

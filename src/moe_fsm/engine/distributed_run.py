@@ -11,6 +11,9 @@ rank 0 gathers the rows and prints the table.
 
 from __future__ import annotations
 
+import signal
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,35 +22,43 @@ import torch.distributed as dist
 
 import moe_fsm
 from moe_fsm.distributed.expert_map import ExpertPlacement
-from moe_fsm.distributed.group import distributed, is_launched
+from moe_fsm.distributed.group import distributed
 from moe_fsm.distributed.launch import launch
 from moe_fsm.distributed.sharding import shard_experts
-from moe_fsm.engine.engine import Engine, route
-from moe_fsm.engine.report import render_header, render_results
-from moe_fsm.engine.run import make_weights, rms_norm, run_layer
+from moe_fsm.engine.engine import Engine, route, trace_file_name
+from moe_fsm.engine.manifest import write_manifest
+from moe_fsm.engine.report import make_progress, render_check_mode, render_header, render_results
+from moe_fsm.engine.run import KernelTimer, RunOptions, WeightBank, rms_norm, run_layer
 from moe_fsm.experts.torch_experts import torch_dtype
 from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.trace.document import remove_stale_temp_files
 
 
-def launch_run(args, model, request, env) -> int:
-    if is_launched():
-        return _run_rank(args, model, request, env)
+def launch_run(args) -> int:
+    """Start ``args.nproc`` ranks running the same command; the flags were checked here first."""
     # The ranks run the package's __main__.py with the same flags minus --nproc: a rank knows it is
     # one from the launcher's environment, and must not launch again.
     script = str(Path(moe_fsm.__file__).parent / "__main__.py")
     argv = [script, "run", "--preset", args.preset, "--tokens", str(args.tokens),
             "--device", args.device, "--backend", args.backend, "--trace-dir", str(args.trace_dir),
-            "--seed", str(args.seed), "--all2all", args.all2all]
+            "--seed", str(args.seed), "--all2all", args.all2all, "--repeats", str(args.repeats)]
     if args.layers is not None:
         argv += ["--layers", str(args.layers)]
+    if args.full_check:
+        argv.append("--full-check")
     for item in args.env or ():
         argv += ["--env", item]
+    remove_stale_temp_files(args.trace_dir)
     return launch(args.nproc, argv)
 
 
-def _run_rank(args, model, request, env) -> int:
+def run_rank(args, model, request, env, options: RunOptions) -> int:
     from moe_fsm.decision import probed_platform
 
+    # A rank has no terminal: Ctrl-C reaches it only as a request to stop, and a rank blocked in a
+    # collective would never see Python's KeyboardInterrupt. Dying at once lets the agent stop the rest.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    started_at = time.time()
     backend = "nccl" if args.device.startswith("cuda") else "gloo"
     with distributed(backend) as ctx:
         parallel = ParallelConfig(dp_size=ctx.world_size, ep_size=ctx.world_size, all2all=args.all2all)
@@ -55,9 +66,10 @@ def _run_rank(args, model, request, env) -> int:
         platform = probed_platform()
         specs = list(model.layers[: args.layers or len(model.layers)])
         if ctx.rank == 0:
-            print(render_header(model, args.tokens, args.layers, f"{device} x {ctx.world_size} ranks ({backend})", platform, request, env))
-            print(f"  parallel: dp={parallel.dp_size} ep={parallel.ep_size} all2all={parallel.all2all.value}; "
-                  f"rank r holds {args.tokens} + r tokens\n")
+            parallel_line = (f"  parallel: dp={parallel.dp_size} ep={parallel.ep_size} all2all={parallel.all2all.value}; "
+                             f"rank r holds {args.tokens} + r tokens")
+            print(render_header(model, args.tokens, args.layers, f"{device} x {ctx.world_size} ranks ({backend})",
+                                platform, request, env, (parallel_line, render_check_mode(options))), flush=True)
         engine = Engine(specs, parallel=parallel, request=request, env=env, platform=platform,
                         trace_dir=args.trace_dir, rank=ctx.rank)
         loaded = engine.load()
@@ -66,27 +78,45 @@ def _run_rank(args, model, request, env) -> int:
         hidden_all = torch.randn(sum(counts), specs[0].layer.hidden_size, generator=generator)
         start = sum(counts[: ctx.rank])
         hidden = hidden_all[start : start + counts[ctx.rank]]
+        bank = WeightBank(generator, device)
+        timer = KernelTimer(options.repeats)
+        progress = make_progress() if ctx.rank == 0 else None
         results = []
         for index, layer_state in enumerate(loaded):
             layer = layer_state.spec.layer
             # Calibrate static scales on every rank's first-layer tokens, so all ranks agree on them.
-            weights = make_weights(layer, generator, device, hidden_all.to(torch_dtype(layer.dtype)))
+            weights = bank(layer, hidden_all.to(torch_dtype(layer.dtype)))
             x = hidden.to(torch_dtype(layer.dtype)).to(device)
             topk_weights, topk_ids = route(x, weights.router, layer.top_k)
             placement = ExpertPlacement(layer.num_experts, ctx.world_size, ctx.rank)
             shard = shard_experts(weights.w1, weights.w2, weights.scales, placement)
             out, result = run_layer(index, layer_state, x, weights, topk_weights, topk_ids,
-                                    shard=shard, expert_map=placement.expert_map(device))
+                                    shard=shard, expert_map=placement.expert_map(device), options=options, timer=timer)
             results.append(result)
             hidden = rms_norm(x + out).to(torch.float32).cpu()
-        # Rank 0 reports each layer's worst rank: error and time travel as one tensor (gather_object
+            if progress is not None:
+                progress(index + 1, len(loaded), layer_state.spec.name, result)
+        if progress is not None:
+            progress.done()
+        # Rank 0 reports each layer's worst rank: figures travel as one tensor (gather_object
         # would need numpy, which torch does not install).
-        mine = torch.tensor([[r.rel_error, r.time_ms] for r in results], dtype=torch.float64, device=device)
+        mine = torch.tensor([[r.rel_error, r.time_ms, r.nonfinite_rows, r.checked_rows] for r in results],
+                            dtype=torch.float64, device=device)
         everyone = [torch.empty_like(mine) for _ in range(ctx.world_size)]
         dist.all_gather(everyone, mine)
-        worst = torch.stack(everyone).amax(dim=0).cpu()
-        rows = [replace(r, rel_error=float(worst[i, 0]), time_ms=float(worst[i, 1])) for i, r in enumerate(results)]
+        stacked = torch.stack(everyone).cpu()
+        worst, total = stacked.amax(dim=0), stacked.sum(dim=0)
+        rows = [replace(r, rel_error=float(worst[i, 0]), time_ms=float(worst[i, 1]), nonfinite_rows=int(total[i, 2]),
+                        checked_rows=int(total[i, 3])) for i, r in enumerate(results)]
         if ctx.rank == 0:
+            write_manifest(
+                args.trace_dir, argv=sys.argv, preset=model.name, tokens=args.tokens, seed=args.seed,
+                check_rows=options.check_rows, repeats=options.repeats, world_size=ctx.world_size,
+                started_at=started_at, results=rows,
+                trace_files=[[args.trace_dir / trace_file_name(i, spec, r) for r in range(ctx.world_size)]
+                             for i, spec in enumerate(specs)],
+            )
             print(render_results(rows, engine, args.trace_dir))
-            print("(rel err and time: the worst rank per layer; traces carry .rank<r> in their names)")
+            print("(rel err and time: the worst rank per layer; checked and non-finite rows: all ranks; "
+                  "traces carry .rank<r> in their names)")
         return 0 if all(r.ok for r in rows) else 1

@@ -5,10 +5,20 @@ checkpoint would ship them; each layer's output is compared with the float64
 reference computed on the weights the kernel actually holds (dequantized), so
 the relative error measures the kernel, not the quantization of the weights.
 Layers are chained (x <- rmsnorm(x + moe(x))) like a model's residual stream.
+
+What makes the default run take seconds, not minutes, on a CPU: layers of one
+configuration (same MoELayer) share one draw of weights (drawing and
+quantizing DeepSeek-V3's 256 experts takes seconds per layer), and the float64
+reference checks a sample of each layer's rows (every row with
+``check_rows=None``, the CLI's ``--full-check``). A layer's time is the median
+of ``repeats`` calls, after one warm-up call the first time a kernel meets a
+shape. Non-finite outputs are counted and fail the layer where the reference
+row is finite (a NaN token must not poison the rest of the batch).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +28,7 @@ import torch
 
 from moe_fsm.engine.engine import DEFAULT_TRACE_DIR, Engine, LoadedLayer, route
 from moe_fsm.engine.presets import ModelPreset
+from moe_fsm.errors import InputError
 from moe_fsm.experts.torch_experts import torch_dtype
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.parallel import ParallelConfig
@@ -44,6 +55,10 @@ TOLERANCE = {
 }
 
 
+DEFAULT_CHECK_ROWS = 16
+DEFAULT_REPEATS = 3
+
+
 @dataclass(frozen=True)
 class LayerResult:
     index: int
@@ -56,10 +71,12 @@ class LayerResult:
     rel_error: float
     tolerance: float
     cached: bool
+    checked_rows: int = 0
+    nonfinite_rows: int = 0  # output rows with a NaN/Inf where the reference row is finite
 
     @property
     def ok(self) -> bool:
-        return self.rel_error <= self.tolerance
+        return self.rel_error <= self.tolerance and self.nonfinite_rows == 0
 
 
 @dataclass
@@ -87,9 +104,41 @@ def make_weights(layer, generator: torch.Generator, device: torch.device, sample
     return LayerWeights(w1q.to(device), w2q.to(device), scales, w1_ref, w2_ref, router.to(device))
 
 
+class WeightBank:
+    """One draw of weights per layer configuration: layers with equal MoELayer share it."""
+
+    def __init__(self, generator: torch.Generator, device: torch.device) -> None:
+        self.generator = generator
+        self.device = device
+        self._drawn: dict = {}
+
+    def __call__(self, layer, sample: torch.Tensor) -> LayerWeights:
+        if layer not in self._drawn:
+            self._drawn[layer] = make_weights(layer, self.generator, self.device, sample)
+        return self._drawn[layer]
+
+    @property
+    def draws(self) -> int:
+        return len(self._drawn)
+
+
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
     xf = x.to(torch.float32)
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How thoroughly each layer is checked and timed (see the module docstring)."""
+
+    check_rows: Optional[int] = DEFAULT_CHECK_ROWS  # None: every row
+    repeats: int = DEFAULT_REPEATS
+
+    def __post_init__(self) -> None:
+        if self.check_rows is not None and (isinstance(self.check_rows, bool) or not isinstance(self.check_rows, int) or self.check_rows < 1):
+            raise InputError(f"check_rows must be a positive integer or None (every row), got {self.check_rows!r}")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or not 1 <= self.repeats <= 1000:
+            raise InputError(f"repeats must be an integer from 1 to 1000, got {self.repeats!r}")
 
 
 def run_model(
@@ -104,6 +153,7 @@ def run_model(
     parallel: ParallelConfig = ParallelConfig(),
     trace_dir: Path = DEFAULT_TRACE_DIR,
     seed: int = 0,
+    options: RunOptions = RunOptions(),
     progress=None,
 ) -> tuple[Engine, list[LayerResult]]:
     """Load (decide + build) and run ``num_layers`` layers of ``model``; one row per layer."""
@@ -116,22 +166,25 @@ def run_model(
     dev = torch.device(device)
     generator = torch.Generator().manual_seed(seed)
     hidden = torch.randn(tokens, specs[0].layer.hidden_size, generator=generator)
+    bank = WeightBank(generator, dev)
+    timer = KernelTimer(options.repeats)
     results = []
     for index, layer_state in enumerate(loaded):
         layer = layer_state.spec.layer
         x = hidden.to(torch_dtype(layer.dtype)).to(dev)
-        weights = make_weights(layer, generator, dev, x)
+        weights = bank(layer, x)
         topk_weights, topk_ids = route(x, weights.router, layer.top_k)
-        out, result = run_layer(index, layer_state, x, weights, topk_weights, topk_ids)
+        out, result = run_layer(index, layer_state, x, weights, topk_weights, topk_ids, options=options, timer=timer)
         results.append(result)
         hidden = rms_norm(x + out).to(torch.float32).cpu()
         if progress is not None:
-            progress(index + 1, len(loaded), layer_state.spec.name)
+            progress(index + 1, len(loaded), layer_state.spec.name, result)
     return engine, results
 
 
 def run_layer(index: int, layer_state: LoadedLayer, x, weights: LayerWeights, topk_weights, topk_ids, *,
-              shard: Optional[tuple] = None, expert_map=None) -> tuple[torch.Tensor, "LayerResult"]:
+              shard: Optional[tuple] = None, expert_map=None, options: RunOptions = RunOptions(),
+              timer: Optional["KernelTimer"] = None) -> tuple[torch.Tensor, "LayerResult"]:
     """Run one layer's kernel on ``x`` and check it against the float64 reference.
 
     ``shard`` is this rank's (w1, w2, scales) when experts are spread over ranks;
@@ -142,29 +195,73 @@ def run_layer(index: int, layer_state: LoadedLayer, x, weights: LayerWeights, to
     w1, w2, scales = shard if shard is not None else (weights.w1, weights.w2, weights.scales)
     kernel = layer_state.kernel
     call = lambda: kernel(x, w1, w2, topk_weights, topk_ids, scales=scales, expert_map=expert_map)
-    out, elapsed = _timed(call, x.is_cuda)
+    timer = timer or KernelTimer(options.repeats)
+    out, elapsed = timer(call, key=(id(kernel), tuple(x.shape[1:]), x.dtype), on_cuda=x.is_cuda)
+    rows = check_rows(x.shape[0], options.check_rows, seed=index)
     ref = moe_reference(
-        x.cpu(), weights.w1_ref, weights.w2_ref, topk_weights.cpu(), topk_ids.cpu(),
+        x.cpu()[rows], weights.w1_ref, weights.w2_ref, topk_weights.cpu()[rows], topk_ids.cpu()[rows],
         activation=layer.activation.value, swiglu_limit=layer.swiglu_limit,
         apply_router_weight_on_input=layer.router_weight_on_input,
     )
-    err = float(torch.linalg.norm(out.cpu().double() - ref) / torch.linalg.norm(ref).clamp_min(1e-30)) if ref.numel() else 0.0
-    return out, _row(index, layer_state, elapsed, err)
+    err, nonfinite = compare(out.cpu()[rows], ref)
+    return out, _row(index, layer_state, elapsed, err, checked_rows=len(rows), nonfinite_rows=nonfinite)
 
 
-def _timed(call, on_cuda: bool):
-    """One warm-up call (first-call allocations, lazy initialization), then one timed call."""
-    call()
-    if on_cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = call()
-    if on_cuda:
-        torch.cuda.synchronize()
-    return out, (time.perf_counter() - start) * 1e3
+def check_rows(total: int, sample: Optional[int], *, seed: int) -> torch.Tensor:
+    """The rows the reference checks: all of them, or ``sample`` of them drawn from ``seed`` (sorted)."""
+    if sample is None or sample >= total:
+        return torch.arange(total)
+    picked = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:sample]
+    return picked.sort().values
 
 
-def _row(index: int, layer_state: LoadedLayer, elapsed_ms: float, err: float) -> LayerResult:
+def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, int]:
+    """(relative error over the rows whose reference is finite, rows non-finite in ``out`` but not in ``ref``)."""
+    if not ref.numel():
+        return 0.0, 0
+    ref_ok = torch.isfinite(ref).all(dim=-1)
+    out = out.double()
+    bad = int((ref_ok & ~torch.isfinite(out).all(dim=-1)).sum())
+    good = ref_ok & torch.isfinite(out).all(dim=-1)
+    if not bool(good.any()):
+        return 0.0, bad
+    diff = torch.linalg.norm(out[good] - ref[good])
+    return float(diff / torch.linalg.norm(ref[good]).clamp_min(1e-30)), bad
+
+
+class KernelTimer:
+    """Median of ``repeats`` calls; one warm-up call the first time a kernel meets a shape.
+
+    The key leaves the token count out, so ranks holding different numbers of
+    tokens still make the same number of calls (each call may be a collective).
+
+    The first timed call's output is the one checked and passed on: every call
+    computes the same thing, and the first is what a model would have used.
+    """
+
+    def __init__(self, repeats: int = DEFAULT_REPEATS) -> None:
+        self.repeats = repeats
+        self._warm: set = set()
+
+    def __call__(self, call, *, key, on_cuda: bool):
+        if key not in self._warm:
+            call()  # first-call allocations, lazy initialization, kernel compilation
+            self._warm.add(key)
+        times, out = [], None
+        for _ in range(self.repeats):
+            if on_cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            result = call()
+            if on_cuda:
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+            out = result if out is None else out
+        return out, statistics.median(times)
+
+
+def _row(index: int, layer_state: LoadedLayer, elapsed_ms: float, err: float, *, checked_rows: int,
+         nonfinite_rows: int) -> LayerResult:
     decision, layer = layer_state.decision, layer_state.spec.layer
     return LayerResult(
         index=index,
@@ -177,4 +274,6 @@ def _row(index: int, layer_state: LoadedLayer, elapsed_ms: float, err: float) ->
         rel_error=err,
         tolerance=TOLERANCE[(layer.family, layer.dtype)],
         cached=layer_state.cached,
+        checked_rows=checked_rows,
+        nonfinite_rows=nonfinite_rows,
     )

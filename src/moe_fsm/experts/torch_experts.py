@@ -25,6 +25,7 @@ past each expert's count.
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -47,6 +48,19 @@ def torch_dtype(name: str) -> torch.dtype:
 def _nonempty(t: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
     """Row blocks of ``t`` for the non-zero ``counts``, in order (one split, no per-expert slicing)."""
     return [part for part, n in zip(torch.split(t, counts), counts) if n]
+
+
+def _expert_gemms(blocks: list[torch.Tensor], weight_t: Callable[[int], torch.Tensor], active: list[int],
+                  out: torch.Tensor, counts: list[int]) -> None:
+    """``out``'s block of expert e = ``blocks[i] @ weight_t(e)``: written in place when inference; when
+    autograd records (training), through copies into single-view slices, which it can follow."""
+    if torch.is_grad_enabled() and (blocks[0].requires_grad or weight_t(active[0]).requires_grad):
+        offsets = list(accumulate(counts, initial=0))
+        for e, x in zip(active, blocks):
+            out.narrow(0, offsets[e], x.shape[0]).copy_(torch.mm(x, weight_t(e)))
+        return
+    for e, x, o in zip(active, blocks, _nonempty(out, counts)):
+        torch.mm(x, weight_t(e), out=o)
 
 
 class ExpertMath:
@@ -93,13 +107,13 @@ class ExpertMath:
         active = [e for e, n in enumerate(counts) if n]
         h = rows.new_empty((rows.shape[0], 2 * self.layer.intermediate_size))
         w1t = self._weights_t(w1, scales.w1_scale, scales.w1_global_scale)
-        for e, x, out in zip(active, _nonempty(rows, counts), _nonempty(h, counts)):
-            torch.mm(x, w1t(e), out=out)
+        if active:
+            _expert_gemms(_nonempty(rows, counts), w1t, active, h, counts)
         intermediate = self.requantize(apply_activation(self.layer.activation.value, h, self.layer.swiglu_limit), scales)
         y = rows.new_empty((rows.shape[0], self.layer.hidden_size))
         w2t = self._weights_t(w2, scales.w2_scale, scales.w2_global_scale)
-        for e, x, out in zip(active, _nonempty(intermediate, counts), _nonempty(y, counts)):
-            torch.mm(x, w2t(e), out=out)
+        if active:
+            _expert_gemms(_nonempty(intermediate, counts), w2t, active, y, counts)
         return y.to(self.out_dtype)
 
     def workspace_bytes(self, rows: int, pairs: int, output_rows: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from enum import Enum
 
@@ -18,6 +19,15 @@ class Activation(str, Enum):
     GELU = "gelu"
 
 
+def dtype_name(dtype) -> str:
+    """``"bfloat16"``, ``"torch.bfloat16"`` or ``torch.bfloat16`` -> ``"bfloat16"`` (by its text: no torch import)."""
+    text = str(dtype)
+    name = text[len("torch."):] if text.startswith("torch.") else text
+    if name not in FLOAT_DTYPES:
+        raise InputError(f"dtype {dtype!r} is not one of {list(FLOAT_DTYPES)} (names or torch dtypes)")
+    return name
+
+
 @hashed_once
 @dataclass(frozen=True)
 class MoELayer:
@@ -26,6 +36,8 @@ class MoELayer:
     ``allow_vllm_cutlass`` is the FP8 oracle's switch that compressed-tensors
     checkpoints turn on; other FP8 checkpoints leave vLLM's CUTLASS kernels out.
     ``bias``: the experts add a bias after each GEMM (gpt-oss; vLLM's ``has_bias``).
+    ``dtype`` takes a name ("bfloat16") or an engine's dtype object (``torch.bfloat16``),
+    stored as the name so the layer stays JSON-able and the core needs no torch.
     """
 
     quant: QuantScheme = field(default_factory=QuantScheme.unquantized)
@@ -42,6 +54,14 @@ class MoELayer:
     bias: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.quant, QuantScheme):
+            raise InputError(
+                f"quant must be a QuantScheme (QuantScheme.unquantized(), .fp8(...), .nvfp4()), got {self.quant!r}"
+            )
+        for name in ("lora", "router_weight_on_input", "allow_vllm_cutlass", "bias"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise InputError(f"{name} must be True or False, got {value!r}")
         for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -51,20 +71,26 @@ class MoELayer:
         if not isinstance(self.activation, Activation):
             try:
                 object.__setattr__(self, "activation", Activation(self.activation))
-            except ValueError:
+            except (ValueError, TypeError):
                 raise InputError(
                     f"activation {self.activation!r} is not one of {[a.value for a in Activation]}"
                 ) from None
-        if self.dtype not in FLOAT_DTYPES:
-            raise InputError(f"dtype {self.dtype!r} is not one of {list(FLOAT_DTYPES)}")
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
         if self.swiglu_limit is not None:
-            if isinstance(self.swiglu_limit, bool) or not isinstance(self.swiglu_limit, (int, float)) or self.swiglu_limit <= 0:
-                raise InputError(f"swiglu_limit must be a positive number or None, got {self.swiglu_limit!r}")
+            if (isinstance(self.swiglu_limit, bool) or not isinstance(self.swiglu_limit, (int, float))
+                    or not math.isfinite(self.swiglu_limit) or self.swiglu_limit <= 0):
+                raise InputError(f"swiglu_limit must be a positive finite number or None, got {self.swiglu_limit!r}")
             object.__setattr__(self, "swiglu_limit", float(self.swiglu_limit))
         if self.router_weight_on_input and self.top_k != 1:
             raise InputError("router_weight_on_input needs top_k == 1 (the weight scales the one expert's input)")
-        if self.quant.family is QuantFamily.NVFP4 and self.hidden_size % 16:
-            raise InputError(f"NVFP4 needs hidden_size divisible by 16, got {self.hidden_size}")
+        if self.quant.family is QuantFamily.NVFP4:
+            # One e4m3 scale per 16 elements along each GEMM's reduction dimension: K for w1, N for w2.
+            for name in ("hidden_size", "intermediate_size"):
+                if getattr(self, name) % 16:
+                    raise InputError(
+                        f"NVFP4 needs {name} divisible by 16 (one block scale per 16 values along the GEMM's "
+                        f"reduction), got {getattr(self, name)}"
+                    )
         self._check_groups()
 
     def _check_groups(self) -> None:
@@ -94,6 +120,8 @@ class MoELayer:
 
     @classmethod
     def from_json(cls, data: dict) -> "MoELayer":
+        if not isinstance(data, dict):
+            raise InputError(f"a layer must be an object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -40,10 +40,12 @@ class ParallelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InputError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.batched_activation_format, bool):
+            raise InputError(f"batched_activation_format must be True or False, got {self.batched_activation_format!r}")
         if not isinstance(self.all2all, AllToAllKind):
             try:
                 object.__setattr__(self, "all2all", AllToAllKind(self.all2all))
-            except ValueError:
+            except (ValueError, TypeError):
                 raise InputError(
                     f"all2all {self.all2all!r} is not one of {[k.value for k in AllToAllKind]}"
                 ) from None
@@ -70,6 +72,8 @@ class ParallelConfig:
 
     @classmethod
     def from_json(cls, data: dict) -> "ParallelConfig":
+        if not isinstance(data, dict):
+            raise InputError(f"a parallel config must be an object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -75,13 +75,19 @@ class PlatformFacts:
         if not isinstance(self.vendor, Vendor):
             try:
                 object.__setattr__(self, "vendor", Vendor(self.vendor))
-            except ValueError:
+            except (ValueError, TypeError):
                 raise InputError(f"vendor {self.vendor!r} is not one of {[v.value for v in Vendor]}") from None
         if self.capability is not None:
-            cap = tuple(self.capability)
-            if len(cap) != 2 or not all(isinstance(c, int) and c >= 0 for c in cap):
+            cap = tuple(self.capability) if isinstance(self.capability, (tuple, list)) else None
+            if cap is None or len(cap) != 2 or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cap):
                 raise InputError(f"capability must be (major, minor) integers, got {self.capability!r}")
             object.__setattr__(self, "capability", cap)
+        if self.gcn_arch is not None and not isinstance(self.gcn_arch, str):
+            raise InputError(f"gcn_arch must be a string like 'gfx942' or None, got {self.gcn_arch!r}")
+        if not isinstance(self.device_name, str):
+            raise InputError(f"device_name must be a string, got {self.device_name!r}")
+        if isinstance(self.libraries, (str, bytes)) or not isinstance(self.libraries, (set, frozenset, list, tuple)):
+            raise InputError(f"libraries must be a set of library names, got {self.libraries!r}")
         if self.vendor is Vendor.CUDA and self.capability is None:
             raise InputError("a CUDA platform needs its compute capability, e.g. (9, 0)")
         if self.vendor is not Vendor.CUDA and self.capability is not None:
@@ -94,7 +100,7 @@ class PlatformFacts:
         for lib in self.libraries:
             try:
                 libs.add(lib if isinstance(lib, Library) else Library(lib))
-            except ValueError:
+            except (ValueError, TypeError):
                 raise InputError(f"library {lib!r} is not one of {[l.value for l in Library]}") from None
         object.__setattr__(self, "libraries", frozenset(libs))
 

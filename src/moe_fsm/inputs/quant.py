@@ -264,8 +264,14 @@ class QuantScheme:
         if not isinstance(self.family, QuantFamily):
             try:
                 object.__setattr__(self, "family", QuantFamily(self.family))
-            except ValueError:
-                raise InputError(f"quantization family {self.family!r} is not one of {[f.value for f in QuantFamily]}") from None
+            except (ValueError, TypeError):
+                raise InputError(
+                    f"quantization family {self.family!r} is not one of {[f.value for f in QuantFamily]}"
+                ) from None
+        for name in ("weight", "activation"):
+            key = getattr(self, name)
+            if key is not None and not isinstance(key, QuantKey):
+                raise InputError(f"a scheme's {name} key must be a QuantKey or None, got {key!r}")
         if self.family is QuantFamily.UNQUANTIZED and (self.weight or self.activation):
             raise InputError("an unquantized scheme has no weight or activation quantization key")
         if self.family is QuantFamily.FP8:
@@ -327,9 +333,11 @@ class QuantScheme:
     @classmethod
     def fp8(cls, weight_scale: str = "block", activation_scale: str = "group", static_activation: bool = False) -> "QuantScheme":
         """FP8 w8a8: weight_scale in tensor|channel|block, activation_scale in tensor|token|group."""
-        if weight_scale not in FP8_WEIGHT_SCALES:
+        if not isinstance(static_activation, bool):
+            raise InputError(f"FP8 static_activation must be True or False, got {static_activation!r}")
+        if not isinstance(weight_scale, str) or weight_scale not in FP8_WEIGHT_SCALES:
             raise InputError(f"FP8 weight_scale {weight_scale!r} is not one of {sorted(FP8_WEIGHT_SCALES)}")
-        act = FP8_ACTIVATION_SCALES.get((activation_scale, static_activation))
+        act = FP8_ACTIVATION_SCALES.get((activation_scale, static_activation)) if isinstance(activation_scale, str) else None
         if act is None:
             accepted = sorted(f"{g} ({'static' if s else 'dynamic'})" for g, s in FP8_ACTIVATION_SCALES)
             kind = "static" if static_activation else "dynamic"

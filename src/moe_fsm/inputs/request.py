@@ -33,6 +33,17 @@ class BackendRequest:
     default: str = AUTO
     per_family: tuple[tuple[QuantFamily, str], ...] = ()
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.default, str) or not self.default.strip():
+            raise InputError(f"a backend request's default must be a backend name or 'auto', got {self.default!r}")
+        if not isinstance(self.per_family, tuple) or not all(
+            isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], QuantFamily) and isinstance(p[1], str)
+            for p in self.per_family
+        ):
+            raise InputError(
+                "per_family must be a tuple of (QuantFamily, name) pairs; use BackendRequest.parse({'fp8': 'triton'})"
+            )
+
     @classmethod
     def parse(cls, spec: Union[str, Mapping[str, str], "BackendRequest", None]) -> "BackendRequest":
         """Accept "auto", "triton", {"nvfp4": "flashinfer_b12x", "fp8": "flashinfer_cutlass"},

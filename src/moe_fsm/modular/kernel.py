@@ -54,6 +54,7 @@ class ModularKernel:
         self.prepare_finalize = prepare_finalize
         self.experts = experts
         self.layer = layer
+        self._validated: set = set()  # call signatures already checked (validate_call)
 
     @property
     def name(self) -> str:
@@ -76,7 +77,7 @@ class ModularKernel:
         prepare/finalize must join its collectives) and yield ``[0, K]``.
         """
         scales = scales or ExpertScales()
-        validate_call(self.layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map)
+        validate_call(self.layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map, self._validated)
         on_input = self.layer.router_weight_on_input
         prepared = self.prepare_finalize.prepare(
             hidden_states,

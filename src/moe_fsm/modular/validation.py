@@ -4,10 +4,20 @@ A kernel handed the wrong shape either crashes deep inside a GEMM or, worse,
 computes something plausible. Each check here names the tensor, what it got and
 what the layer accepts. Expected shapes come from the layer and the scheme's
 weight table entry, so a new weight format is validated without new code here.
+
+Shapes, dtypes and devices are host metadata and always checked. Checks of
+tensor *values* (expert ids in range, the expert map a permutation, static
+scales finite and positive) read device memory, which on a GPU is a host
+synchronization: it stalls the launch queue and makes the forward impossible
+to capture in a CUDA graph. They run where the tensors live on the CPU, and on
+a GPU only in debug mode (``MOE_FSM_DEBUG_CHECKS=1``) and never during a graph
+capture. Without them the Triton kernels still skip an out-of-range id (the slot
+contributes nothing) rather than read outside the weights.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence
 
 import torch
@@ -20,6 +30,20 @@ from moe_fsm.quantize.activations import activation_quant
 from moe_fsm.quantize.weights import weight_format
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+DEBUG_ENV = "MOE_FSM_DEBUG_CHECKS"
+
+
+def debug_checks() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def values_checkable(t: torch.Tensor) -> bool:
+    """Whether reading ``t``'s values here costs no device synchronization, or debug mode asks for it anyway."""
+    if t.device.type == "cpu":
+        return True
+    if not debug_checks():
+        return False
+    return not (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
 
 def _shape(t: torch.Tensor) -> list[int]:
@@ -68,7 +92,7 @@ def check_routing(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_tokens
     _expect_dtype("topk_ids", topk_ids, INDEX_DTYPES)
     if not topk_weights.is_floating_point():
         raise KernelInputError(f"topk_weights has dtype {topk_weights.dtype}; accepted: a floating dtype (float32 preferred)")
-    if topk_ids.numel() == 0:
+    if topk_ids.numel() == 0 or not values_checkable(topk_ids):
         return
     low, high = int(topk_ids.min()), int(topk_ids.max())
     lowest = -1 if has_map else 0
@@ -81,6 +105,8 @@ def check_routing(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_tokens
 def check_expert_map(expert_map: torch.Tensor, layer: MoELayer, num_local: int) -> None:
     _expect_shape("expert_map", expert_map, (layer.num_experts,), "[E] global -> local expert id, -1 if not local")
     _expect_dtype("expert_map", expert_map, INDEX_DTYPES)
+    if not values_checkable(expert_map):
+        return
     local = expert_map[expert_map >= 0]
     if bool(((expert_map < -1) | (expert_map >= num_local)).any()):
         raise KernelInputError(f"expert_map values must lie in -1..{num_local - 1} (w1 holds {num_local} local experts)")
@@ -132,7 +158,7 @@ def check_activation_scales(scales: ExpertScales, layer: MoELayer, num_tokens: i
                 f"{', one per local expert' if quant.key.granularity is Granularity.GROUP_1x16 else ''})"
             )
         _expect_dtype(f"ExpertScales.{field}", value, [torch.float32])
-        if value.numel() and not bool(torch.isfinite(value).all() and (value > 0).all()):
+        if value.numel() and values_checkable(value) and not bool(torch.isfinite(value).all() and (value > 0).all()):
             raise KernelInputError(f"ExpertScales.{field} must be finite and positive; got {value.flatten()[:4].tolist()}")
 
 
@@ -151,8 +177,29 @@ def validate_call(
     topk_ids: torch.Tensor,
     scales: ExpertScales,
     expert_map: Optional[torch.Tensor],
+    seen: Optional[set] = None,
 ) -> None:
-    """Every check, cheapest first; raises KernelInputError on the first problem."""
+    """Every check, cheapest first; raises KernelInputError on the first problem.
+
+    With ``seen`` (a set the caller keeps), a call whose tensors have the shapes,
+    dtypes and devices of one that already passed, and whose values are not to be
+    read (see ``values_checkable``), is not checked again: eager decode calls then
+    pay one tuple comparison instead of the whole walk.
+    """
+    key = None
+    if seen is not None and not values_checkable(topk_ids):
+        key = tuple(
+            None if t is None else (t.shape, t.dtype, t.device)
+            for t in (hidden_states, w1, w2, topk_weights, topk_ids, expert_map, *vars(scales).values())
+        )
+        if key in seen:
+            return
+    _validate(layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map)
+    if key is not None:
+        seen.add(key)
+
+
+def _validate(layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map) -> None:
     scale_tensors = {f"ExpertScales.{k}": v for k, v in vars(scales).items()}
     check_devices(hidden_states, {"w1": w1, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids, "expert_map": expert_map, **scale_tensors})
     check_hidden(hidden_states, layer)

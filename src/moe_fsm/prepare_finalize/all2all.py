@@ -7,14 +7,24 @@ receiving rank's expert map turns the ids it does not own into -1, so the
 experts compute exactly the pairs they own. (Sending one row per pair would
 send a token twice to a rank owning two of its experts; one row per
 (token, rank) is what DeepEP's high-throughput dispatch does, and it carries
-every pair all the same.) The number of rows for each destination is exchanged
-first, then ``all_to_all_single`` moves the rows: the (quantized) payload as it
-is, and the row-wise scales, top-k ids and weights packed into one byte row.
+every pair all the same.)
+
+Each row is the (quantized) payload, its row-wise scale, the top-k ids and
+weights side by side in one byte row, so a dispatch is one ``all_to_all_single``.
+Before it, one small all-to-all exchanges the per-destination counts (and each
+rank's row layout, so a mismatch fails with a reason); reading those counts
+is the one host synchronisation, because ``all_to_all_single`` takes its split
+sizes as Python integers. The send order is computed on the device
+(:mod:`moe_fsm.prepare_finalize.dispatch_layout`) and the received fields are
+read as views of the received bytes.
 
 Combine: each rank weights and sums its own experts' slots per received row
 (the local finalize), sends the partial rows back with the reverse splits, and
-the source rank adds them into its tokens in their original order. Ranks may
-hold any number of tokens, including none, and experts may receive none.
+the source rank adds them into its tokens. Ranks may hold any number of tokens,
+including none, and experts may receive none.
+
+:class:`moe_fsm.prepare_finalize.fixed_all2all.FixedCapacityAllToAllPrepareFinalize`
+is the variant without the host synchronisation, for batched experts.
 """
 
 from __future__ import annotations
@@ -25,14 +35,17 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from moe_fsm.distributed.collectives import all_to_all_v, exchange_counts, pack_row_bytes, unpack_row_bytes, wire_view
+from moe_fsm.distributed.collectives import RowLayout, all_to_all_v, exchange_counts, pack_row_bytes, unpack_row_bytes
 from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.distributed.group import group_rank_and_size
 from moe_fsm.errors import KernelInputError
 from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PrepareFinalize, PreparedTokens, WeightAndReduce
+from moe_fsm.prepare_finalize.dispatch_layout import add_returned_rows, destinations, empty_row, send_order
 from moe_fsm.prepare_finalize.transport import (
     PlacementGuard,
+    SourceRows,
     check_row_layouts,
+    layout_signature,
     local_prepare_finalize,
     receiving_quantizer,
     source_rows,
@@ -41,27 +54,76 @@ from moe_fsm.prepare_finalize.transport import (
 
 @dataclass(frozen=True)
 class DispatchState:
-    """How the rows went out, so they can come back: source token of each sent row, the splits.
+    """How the rows went out, so they can come back: the token of each sent row, the splits.
 
-    ``row_bytes`` is the width of one dispatched row on the wire (payload plus packed scales, ids, weights).
+    ``row_bytes`` is the width of one dispatched row on the wire (payload plus scale, ids, weights, padding).
     """
 
-    token: torch.Tensor  # [S] this rank's token index of each row sent, grouped by destination
+    order: torch.Tensor  # [S] this rank's token index of each row sent, grouped by destination
     send_counts: tuple[int, ...]
     recv_counts: tuple[int, ...]
     row_bytes: int
     local: PreparedTokens
 
 
-def destinations(topk_ids: torch.Tensor, owner: torch.Tensor, world_size: int) -> torch.Tensor:
-    """bool [M, W]: token t must go to rank d (it routes at least one slot to an expert d owns)."""
-    ids = topk_ids.long()
-    ranks = torch.where(ids >= 0, owner[ids.clamp(min=0)], torch.full_like(ids, -1))
-    return (ranks.unsqueeze(-1) == torch.arange(world_size, device=ids.device)).any(dim=1)
+class ExpertParallelDispatch(PrepareFinalize):
+    """What both all-to-all P/Fs share: the placement, its checks, and the rows as they leave this rank."""
+
+    name = "ExpertParallelDispatch"
+
+    def __init__(self, placement: ExpertPlacement, *, group: Optional[dist.ProcessGroup], quantize_first: bool) -> None:
+        self.placement = placement
+        self.group = group
+        self.quantize_first = quantize_first
+        self._guard = PlacementGuard(placement, self.name)
+        self._owner: dict[torch.device, torch.Tensor] = {}
+        self._empty_rows: dict[tuple[RowLayout, torch.device], torch.Tensor] = {}
+
+    def _check_call(self, num_experts: int, expert_map: Optional[torch.Tensor]) -> int:
+        """The world size, after checking that this rank, group and layer are the ones the placement describes."""
+        rank, world = group_rank_and_size(self.group)
+        placement = self.placement
+        if (rank, world, num_experts) != (placement.rank, placement.world_size, placement.num_experts):
+            raise KernelInputError(
+                f"{self.name} was built for rank {placement.rank} of {placement.world_size} with "
+                f"{placement.num_experts} experts, but runs as rank {rank} of {world} with {num_experts}"
+            )
+        self._guard(expert_map)
+        return world
+
+    def _destinations(self, topk_ids: torch.Tensor) -> torch.Tensor:
+        device = topk_ids.device
+        if device not in self._owner:
+            self._owner[device] = self.placement.owner_mask(device)
+        return destinations(topk_ids, self._owner[device])
+
+    def _packed_source(
+        self,
+        hidden_states: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        *,
+        apply_router_weight_on_input: bool,
+        quantize: Optional[InputQuantizer],
+    ) -> tuple[SourceRows, torch.Tensor, RowLayout]:
+        """This rank's rows packed [M + 1, row_bytes]; the last row is the empty row (no expert computes it)."""
+        source = source_rows(
+            hidden_states,
+            topk_weights,
+            apply_router_weight_on_input=apply_router_weight_on_input,
+            quantize=quantize,
+            quantize_first=self.quantize_first,
+        )
+        packed, layout = pack_row_bytes(source.wire_fields(topk_ids, topk_weights), spare_rows=1)
+        key = (layout, packed.device)
+        if key not in self._empty_rows:
+            self._empty_rows[key] = empty_row(layout, -2, packed.device)
+        packed[-1].copy_(self._empty_rows[key])
+        return source, packed, layout
 
 
-class AllToAllPrepareFinalize(PrepareFinalize):
-    """EP dispatch/combine with ``all_to_all_single`` over ``group``, Standard or Batched format.
+class AllToAllPrepareFinalize(ExpertParallelDispatch):
+    """EP dispatch/combine with variable-size ``all_to_all_single`` over ``group``, Standard or Batched format.
 
     ``placement`` says which experts each rank owns; the kernel must be called with
     ``expert_map=placement.expert_map()`` and the local experts' weights.
@@ -79,22 +141,21 @@ class AllToAllPrepareFinalize(PrepareFinalize):
         quantize_first: bool = True,
         max_num_tokens: Optional[int] = None,
     ) -> None:
-        self.placement = placement
+        super().__init__(placement, group=group, quantize_first=quantize_first)
         self._format = ActivationFormat(activation_format)
-        self.group = group
-        self.quantize_first = quantize_first
         self.local = local_prepare_finalize(self._format, max_num_tokens)
-        self._guard = PlacementGuard(placement, self.name)
-        self._owner: dict[torch.device, torch.Tensor] = {}
+        self._signatures: dict[tuple[RowLayout, torch.device], torch.Tensor] = {}
 
     @property
     def activation_format(self) -> ActivationFormat:
         return self._format
 
-    def _owner_table(self, device: torch.device) -> torch.Tensor:
-        if device not in self._owner:
-            self._owner[device] = self.placement.owner_table(device)
-        return self._owner[device]
+    def _layout_records(self, layout: RowLayout, device: torch.device, world: int) -> torch.Tensor:
+        """int64 [W, 2]: this rank's layout signature, once per destination, to travel next to the counts."""
+        key = (layout, device)
+        if key not in self._signatures:
+            self._signatures[key] = torch.tensor([layout_signature(layout)] * world, dtype=torch.int64, device=device)
+        return self._signatures[key]
 
     def prepare(
         self,
@@ -107,41 +168,26 @@ class AllToAllPrepareFinalize(PrepareFinalize):
         apply_router_weight_on_input: bool,
         quantize: Optional[InputQuantizer],
     ) -> PreparedTokens:
-        rank, world = group_rank_and_size(self.group)
-        placement = self.placement
-        if (rank, world, num_experts) != (placement.rank, placement.world_size, placement.num_experts):
-            raise KernelInputError(
-                f"{self.name} was built for rank {placement.rank} of {placement.world_size} with "
-                f"{placement.num_experts} experts, but runs as rank {rank} of {world} with {num_experts}"
-            )
-        self._guard(expert_map)
-        device = hidden_states.device
-        source = source_rows(
-            hidden_states,
-            topk_weights,
-            apply_router_weight_on_input=apply_router_weight_on_input,
-            quantize=quantize,
-            quantize_first=self.quantize_first,
+        world = self._check_call(num_experts, expert_map)
+        source, packed, layout = self._packed_source(
+            hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
         )
-        dest = destinations(topk_ids, self._owner_table(device), world)
-        # Rows grouped by destination rank, tokens in order within each group.
-        dest_rank, token = dest.t().nonzero(as_tuple=True)
-        send_counts = torch.bincount(dest_rank, minlength=world)
-
-        payload = wire_view(source.payload).index_select(0, token)  # gathers run on bytes for float8
-        meta, layout = pack_row_bytes(source.metadata(topk_ids, topk_weights))
-        meta = meta.index_select(0, token)
-        widths = (source.payload_row_bytes, layout.row_bytes)
-        records = torch.stack([send_counts, *(torch.full_like(send_counts, w) for w in widths)], dim=1)
-        received = exchange_counts(records, group=self.group).tolist()
-        check_row_layouts([r[1:] for r in received], widths, self.name)
-        send = tuple(int(c) for c in send_counts.tolist())
-        recv = tuple(int(r[0]) for r in received)
-
-        rows = all_to_all_v(payload, send, recv, group=self.group).view(source.payload.dtype)
-        row_scale, ids, weights = source.split_metadata(
-            unpack_row_bytes(all_to_all_v(meta, send, recv, group=self.group), layout)
+        dest = self._destinations(topk_ids)
+        send_counts = dest.sum(dim=0)
+        records = torch.cat([send_counts.unsqueeze(1), self._layout_records(layout, send_counts.device, world)], dim=1)
+        received = exchange_counts(records, group=self.group)
+        # The one host synchronisation: all_to_all_single takes its splits as Python integers.
+        counts = torch.cat([send_counts, received.reshape(-1)]).tolist()
+        send = tuple(counts[:world])
+        check_row_layouts(
+            [tuple(counts[world + 3 * s + 1 : world + 3 * s + 3]) for s in range(world)], layout_signature(layout), self.name
         )
+        recv = tuple(counts[world + 3 * s] for s in range(world))
+
+        starts = torch.cumsum(send_counts, 0) - send_counts
+        order = send_order(dest, starts, sum(send))
+        wire = all_to_all_v(packed.index_select(0, order), send, recv, group=self.group)
+        rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         local = self.local.prepare(
             rows,
             weights,
@@ -157,7 +203,7 @@ class AllToAllPrepareFinalize(PrepareFinalize):
             topk_ids=local.topk_ids,
             topk_weights=local.topk_weights,
             expert_num_tokens=local.expert_num_tokens,
-            state=DispatchState(token, send, recv, sum(widths), local),
+            state=DispatchState(order, send, recv, layout.row_bytes, local),
         )
 
     def finalize(
@@ -173,17 +219,18 @@ class AllToAllPrepareFinalize(PrepareFinalize):
     ) -> None:
         """Weighted partial sums of our experts per received row, sent back and added into each token."""
         state: DispatchState = prepared.state
-        partial = output.new_empty((sum(state.recv_counts), output.shape[1]))
-        self.local.finalize(
-            partial,
-            expert_output,
-            state.local,
-            topk_weights=state.local.topk_weights,
-            topk_ids=state.local.topk_ids,
-            apply_router_weight_on_input=apply_router_weight_on_input,
-            reduce=reduce,
-        )
+        if reduce is WeightAndReduce.EXPERTS and expert_output.dtype == output.dtype:
+            partial = expert_output  # the experts already reduced each row: send it as it is
+        else:
+            partial = output.new_empty((sum(state.recv_counts), output.shape[1]))
+            self.local.finalize(
+                partial,
+                expert_output,
+                state.local,
+                topk_weights=state.local.topk_weights,
+                topk_ids=state.local.topk_ids,
+                apply_router_weight_on_input=apply_router_weight_on_input,
+                reduce=reduce,
+            )
         returned = all_to_all_v(partial, state.recv_counts, state.send_counts, group=self.group)
-        total = torch.zeros(output.shape, dtype=torch.float32, device=output.device)
-        total.index_add_(0, state.token, returned.to(torch.float32))
-        output.copy_(total)
+        output.copy_(add_returned_rows(returned, state.order, output.shape[0]))

@@ -1,8 +1,8 @@
 """Data-parallel prepare/finalize: all-gather the tokens, reduce-scatter the results.
 
 As vLLM's naive DP path and FlashInfer's all-gather P/F do: every rank
-gathers every rank's tokens (quantized activations as they are; their row-wise
-scales, top-k ids and weights packed into one byte row), computes its share of all of them,
+gathers every rank's tokens (quantized activations, their row-wise scales, top-k
+ids and weights side by side in one byte row, so one all-gather moves them all), computes its share of all of them,
 and a reduce-scatter sums the shares and hands each rank back its own tokens.
 
 What "its share" is depends on expert parallelism:
@@ -30,14 +30,20 @@ import torch.distributed as dist
 from moe_fsm.distributed.collectives import all_gather_ints, all_gather_v, pack_row_bytes, reduce_scatter_v, unpack_row_bytes
 from moe_fsm.distributed.group import group_rank_and_size
 from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PrepareFinalize, PreparedTokens, WeightAndReduce
-from moe_fsm.prepare_finalize.transport import check_row_layouts, local_prepare_finalize, receiving_quantizer, source_rows
+from moe_fsm.prepare_finalize.transport import (
+    check_row_layouts,
+    layout_signature,
+    local_prepare_finalize,
+    receiving_quantizer,
+    source_rows,
+)
 
 
 @dataclass(frozen=True)
 class GatherState:
     """What finalize needs: every rank's token count and the local P/F's prepared tokens.
 
-    ``row_bytes`` is the width of one gathered row on the wire (payload plus packed scales, ids, weights).
+    ``row_bytes`` is the width of one gathered row on the wire (payload plus scale, ids, weights, padding).
     """
 
     sizes: tuple[int, ...]
@@ -92,13 +98,13 @@ class AllGatherReduceScatterPrepareFinalize(PrepareFinalize):
             quantize=quantize,
             quantize_first=self.quantize_first,
         )
-        meta, layout = pack_row_bytes(source.metadata(topk_ids, topk_weights))
-        widths = (source.payload_row_bytes, layout.row_bytes)
-        records = all_gather_ints([source.payload.shape[0], *widths], group=self.group, device=hidden_states.device)
-        check_row_layouts([r[1:] for r in records], widths, self.name)
+        packed, layout = pack_row_bytes(source.wire_fields(topk_ids, topk_weights))
+        signature = layout_signature(layout)
+        records = all_gather_ints([source.payload.shape[0], *signature], group=self.group, device=hidden_states.device)
+        check_row_layouts([r[1:] for r in records], signature, self.name)
         sizes = tuple(r[0] for r in records)
-        rows = all_gather_v(source.payload, sizes, group=self.group)
-        row_scale, ids, weights = source.split_metadata(unpack_row_bytes(all_gather_v(meta, sizes, group=self.group), layout))
+        gathered = all_gather_v(packed, sizes, group=self.group)
+        rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(gathered, layout))
         local = self.local.prepare(
             rows,
             weights,
@@ -114,7 +120,7 @@ class AllGatherReduceScatterPrepareFinalize(PrepareFinalize):
             topk_ids=local.topk_ids,
             topk_weights=local.topk_weights,
             expert_num_tokens=local.expert_num_tokens,
-            state=GatherState(sizes, sum(widths), local),
+            state=GatherState(sizes, layout.row_bytes, local),
         )
 
     def finalize(

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.errors import BackendUnavailableError, InputError
+from moe_fsm.inputs.formats import ActivationFormat
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.quant import QuantScheme
 from moe_fsm.backends.pf_choice import (  # noqa: F401  (the decision's half, re-exported for the runtime)
@@ -23,6 +24,7 @@ from moe_fsm.modular.interfaces import PrepareFinalize
 from moe_fsm.prepare_finalize.all2all import AllToAllPrepareFinalize
 from moe_fsm.prepare_finalize.allgather import AllGatherReduceScatterPrepareFinalize
 from moe_fsm.prepare_finalize.ep_reduce import ExpertParallelReducePrepareFinalize
+from moe_fsm.prepare_finalize.fixed_all2all import DEFAULT_MAX_TOKENS_PER_RANK, FixedCapacityAllToAllPrepareFinalize
 from moe_fsm.prepare_finalize.transport import local_prepare_finalize, quantize_before_communication
 
 
@@ -39,7 +41,9 @@ def build_prepare_finalize(
 
     ``quant`` is the layer's scheme: it decides whether activations are quantized
     before they travel (not for dynamic per-tensor FP8). ``max_num_tokens`` is the
-    batched format's per-expert capacity (None: sized per call). The distributed
+    batched format's per-expert capacity (None: sized per call), except for the
+    fixed-capacity all-to-all, where it is vLLM's ``max_num_tokens``: the most tokens
+    per rank (None: 256, vLLM's default for batched DP). The distributed
     kinds need an initialized process group of ``choice.group_size`` ranks; the
     vLLM-only kinds raise BackendUnavailableError saying what they would need.
     """
@@ -71,6 +75,13 @@ def build_prepare_finalize(
             max_num_tokens=max_num_tokens,
         )
     placement = ExpertPlacement(num_experts, world, rank)
+    if choice.kind is PrepareFinalizeKind.TORCH_ALL2ALL and choice.activation_format is ActivationFormat.BATCHED:
+        return FixedCapacityAllToAllPrepareFinalize(
+            placement,
+            max_tokens_per_rank=max_num_tokens or DEFAULT_MAX_TOKENS_PER_RANK,
+            group=group,
+            quantize_first=quantize_before_communication(quant),
+        )
     if choice.kind is PrepareFinalizeKind.TORCH_ALL2ALL:
         return AllToAllPrepareFinalize(
             placement,

@@ -20,12 +20,13 @@ experts run.
 
 from __future__ import annotations
 
-import math
+import zlib
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from moe_fsm.distributed.collectives import RowLayout, wire_view
 from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.errors import KernelInputError
 from moe_fsm.inputs.quant import Granularity, QuantScheme
@@ -59,9 +60,9 @@ class SourceRows:
     scale every rank holds alike (static per tensor); ``quantized`` says the payload
     is already in the experts' input form.
 
-    On the wire, the payload goes as it is (one collective, no copy into a packed
-    buffer: it is nearly all of the bytes) and the per-row metadata (row scale,
-    top-k ids, top-k weights) packed into one byte row (a second collective).
+    On the wire, the payload, its row scale, the top-k ids and the top-k weights
+    share one byte row (:func:`moe_fsm.distributed.collectives.pack_row_bytes`), so
+    a dispatch is one collective, and the receiver reads the fields back as views.
     """
 
     payload: torch.Tensor
@@ -69,17 +70,16 @@ class SourceRows:
     shared_scale: Optional[torch.Tensor]
     quantized: bool
 
-    @property
-    def payload_row_bytes(self) -> int:
-        return math.prod(self.payload.shape[1:]) * self.payload.element_size()
+    def wire_fields(self, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> list[torch.Tensor]:
+        """The row-aligned tensors that travel, packed side by side into one byte row (float8 as bytes)."""
+        scale = [wire_view(self.row_scale)] if self.row_scale is not None else []
+        return [wire_view(self.payload), *scale, topk_ids, topk_weights]
 
-    def metadata(self, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> list[torch.Tensor]:
-        """The per-row tensors that travel packed next to the payload."""
-        return ([self.row_scale] if self.row_scale is not None else []) + [topk_ids, topk_weights]
-
-    def split_metadata(self, fields: list[torch.Tensor]) -> tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """Received metadata back into (row scale or None, top-k ids, top-k weights)."""
-        return (fields[0] if self.row_scale is not None else None), fields[-2], fields[-1]
+    def from_wire(self, fields: list[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Received fields (views of the packed rows) back into (payload, row scale or None, top-k ids, weights)."""
+        payload = fields[0].view(self.payload.dtype)
+        scale = fields[1].view(self.row_scale.dtype) if self.row_scale is not None else None
+        return payload, scale, fields[-2], fields[-1]
 
 
 def source_rows(
@@ -162,10 +162,20 @@ class PlacementGuard:
         self._checked = expert_map
 
 
-def check_row_layouts(widths: list[tuple[int, ...]], mine: tuple[int, ...], who: str) -> None:
+def layout_signature(layout: RowLayout) -> tuple[int, int]:
+    """Two integers that differ between row layouts a rank could produce: the row width and a digest of the fields.
+
+    Ranks exchange it (next to their counts, or once) so that a rank quantizing
+    differently from the others fails with a reason instead of garbling rows.
+    """
+    described = ";".join(f"{f.start}:{f.nbytes}:{f.dtype}:{f.trailing}" for f in layout.fields)
+    return layout.row_bytes, zlib.crc32(described.encode())
+
+
+def check_row_layouts(received: list[tuple[int, ...]], mine: tuple[int, ...], who: str) -> None:
     """Every rank must send rows of the same layout (dtypes, quantization); say so instead of garbling."""
-    if any(tuple(w) != tuple(mine) for w in widths):
+    if any(tuple(r) != tuple(mine) for r in received):
         raise KernelInputError(
-            f"{who}: ranks send rows of different byte widths (payload, metadata) {[tuple(w) for w in widths]}; "
+            f"{who}: ranks send rows of different layouts (row bytes, field digest) {[tuple(r) for r in received]}; "
             f"every rank must use the same hidden dtype, top-k dtypes and activation quantizer"
         )

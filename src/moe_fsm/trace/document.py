@@ -8,9 +8,11 @@ the canonical form, so two runs of the same inputs give byte-identical traces.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform as host_platform
+import re
 import tempfile
 import time
 from functools import lru_cache
@@ -59,35 +61,152 @@ def canonical(document: dict) -> dict:
 
 def dumps(document: dict, *, include_volatile: bool = True) -> str:
     doc = document if include_volatile else canonical(document)
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"  # strict JSON: no NaN/Infinity
 
 
 def write_atomic(path: Path, text: str) -> Path:
-    """Write through a temporary file and rename, so a reader never sees half a trace."""
+    """Write through a temporary file and rename, so a reader never sees half a trace.
+
+    The file gets the mode an ordinary ``open(path, "w")`` would (0666 less the
+    umask), not the temporary file's 0600. The temporary name carries the
+    writer's pid (``.NAME.tmpPID.XXXX``), so :func:`remove_stale_temp_files` can
+    tell a killed writer's leftovers from a live writer's file.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:NAME_MAX_KEPT]}{_TEMP_MARK}{os.getpid()}.", dir=path.parent)
+    except OSError as err:
+        raise _write_error(path, err) from None
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise _write_error(path, err) from None
         raise
     return path
+
+
+NAME_MAX_KEPT = 200  # of a file name, in its temporary name (which adds about 20 characters)
+
+
+def _write_error(path: Path, err: OSError):
+    from moe_fsm.errors import TraceWriteError
+
+    reason = err.strerror or str(err)
+    if err.errno == errno.ENAMETOOLONG:
+        reason += f" (the file name has {len(path.name)} characters)"
+    elif err.errno == errno.ENOTDIR or (err.errno == errno.EEXIST and not path.parent.is_dir()):
+        reason = f"{_first_file_ancestor(path)} is a file, not a directory"
+    error = TraceWriteError(f"cannot write {path}: {reason}")
+    error.errno = err.errno
+    return error
+
+
+def _first_file_ancestor(path: Path) -> Path:
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return path.parent
+
+
+_TEMP_MARK = ".tmp"
+_TEMP_NAME = re.compile(r"^\..+\.tmp(\d+)\.[^.]+$")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of writers that died mid-write (SIGKILL); returns what was removed.
+
+    A temporary file is stale when the pid in its name is no longer running
+    here, or when it is older than an hour (a pid reused since, or another host).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for entry in directory.iterdir():
+        match = _TEMP_NAME.match(entry.name)
+        if match is None or not entry.is_file():
+            continue
+        try:
+            stale = not _running(int(match.group(1))) or time.time() - entry.stat().st_mtime > 3600
+            if stale:
+                entry.unlink()
+                removed.append(entry)
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+MAX_FILE_BYTES = 4 << 20  # traces are tens of kB; validating one takes about 4 s per MB
+
+
+def read_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a file the user named; InputError for anything else (a directory, a device, binary, too big)."""
+    from moe_fsm.errors import InputError
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise InputError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise InputError(f"{what} {path} is a directory, not a file") from None
+    except OSError as err:
+        raise InputError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{what} {path} is larger than {max_bytes >> 20} MiB, the most moe-fsm reads")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{what} {path} is not UTF-8 text (byte {err.start}): a binary file?") from None
+
+
+def parse_json(text: str, what: str):
+    from moe_fsm.errors import InputError
+
+    try:
+        return json.loads(text, parse_constant=_not_json)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{what} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise InputError(f"{what} nests arrays or objects too deeply to be a moe-fsm file") from None
+
+
+def _not_json(constant: str):
+    raise json.JSONDecodeError(f"{constant} is not a JSON value (strict JSON has no NaN or Infinity)", constant, 0)
 
 
 def load(path: str | os.PathLike) -> dict:
     from moe_fsm.errors import InputError
 
-    try:
-        with open(path) as handle:
-            document = json.load(handle)
-    except FileNotFoundError:
-        raise InputError(f"trace file {path} does not exist") from None
-    except json.JSONDecodeError as err:
-        raise InputError(f"trace file {path} is not JSON: {err}") from None
+    document = parse_json(read_text(path, "trace file"), f"trace file {path}")
     if not isinstance(document, dict) or document.get("schema") != SCHEMA_ID:
         raise InputError(f"{path} is not a moe-fsm decision trace (schema {SCHEMA_ID!r} expected)")
     if document.get("schema_version") != SCHEMA_VERSION:

@@ -2,9 +2,10 @@
 
 The schema ships twice: ``docs/trace-schema.json`` for readers and
 ``moe_fsm/data/trace-schema.json`` as package data for the CLI (a test keeps the
-two identical). Validation needs ``jsonschema``, a test dependency and not a
-runtime one: without it :func:`validate` raises :class:`SchemaUnavailable` with
-the install command, and :func:`available` says so beforehand.
+two identical). Validation uses ``jsonschema`` where it is installed (a test
+dependency) and otherwise moe-fsm's own validator of the keywords the schema
+uses (:mod:`moe_fsm.trace.mini_schema`), so a malformed trace is refused with
+a message on every installation.
 """
 
 from __future__ import annotations
@@ -15,11 +16,6 @@ from functools import lru_cache
 from moe_fsm.errors import InputError
 
 SCHEMA_RESOURCE = "data/trace-schema.json"
-INSTALL_HINT = "pip install 'moe-fsm[test]' (or pip install jsonschema)"
-
-
-class SchemaUnavailable(RuntimeError):
-    """jsonschema is not installed, so traces cannot be validated here."""
 
 
 class TraceSchemaError(InputError):
@@ -41,7 +37,7 @@ def load_schema() -> dict:
     return json.loads(text)
 
 
-def available() -> bool:
+def jsonschema_installed() -> bool:
     try:
         import jsonschema  # noqa: F401
     except ImportError:
@@ -54,7 +50,9 @@ def _validator():
     try:
         import jsonschema
     except ImportError:
-        raise SchemaUnavailable(f"validating traces needs the jsonschema package: {INSTALL_HINT}") from None
+        from moe_fsm.trace.mini_schema import MiniValidator
+
+        return MiniValidator(load_schema())
     schema = load_schema()
     cls = jsonschema.Draft202012Validator
     cls.check_schema(schema)
@@ -65,7 +63,11 @@ def errors(document: object) -> list[str]:
     """Every schema violation as 'json/path: message', most specific first; [] when valid."""
     validator = _validator()
     found = []
-    for err in sorted(validator.iter_errors(document), key=lambda e: (list(map(str, e.absolute_path)), e.message)):
+    try:
+        violations = list(validator.iter_errors(document))
+    except RecursionError:
+        return ["(document): nests too deeply to validate"]
+    for err in sorted(violations, key=lambda e: (list(map(str, e.absolute_path)), e.message)):
         leaves = _leaves(err)
         for leaf in leaves:
             where = "/".join(str(p) for p in leaf.absolute_path) or "(document)"
@@ -86,7 +88,7 @@ def _leaves(err) -> list:
 
 
 def validate(document: object, source: str = "trace") -> None:
-    """Raise TraceSchemaError listing every problem, or SchemaUnavailable without jsonschema."""
+    """Raise TraceSchemaError listing every problem."""
     problems = errors(document)
     if problems:
         raise TraceSchemaError(problems, source)

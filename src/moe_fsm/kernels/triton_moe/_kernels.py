@@ -10,14 +10,24 @@ Four kernels make one MoE layer:
 * ``moe_gemm_kernel``: one grouped GEMM over the sorted rows; for w1 it loads the
   gate and the up rows of a column tile together (one [BLOCK_K, 2*BLOCK_N] operand,
   one tensor-core stream) and writes act(gate) * up, optionally quantized to FP8
-  in 1x128 groups; for w2 it scales rows by their top-k weight.
+  in 1x128 groups; for w2 it scales rows by their top-k weight and either writes
+  one row per (token, slot) pair or adds it straight into the token's fp32 output
+  row (``OUT_ATOMIC_SUM``: the top-k sum folded into w2, which saves writing and
+  re-reading a [M * top_k, K] tensor at large batches). ``SWAP_AB`` computes the
+  transposed product w @ a^T so that a thin row block (BLOCK_M 16 or 32) sits in
+  the tensor-core instruction's N slot, where Hopper's wgmma accepts small sizes,
+  and the weight tile in its M slot, which must be 64 rows.
 * ``topk_sum_kernel``: the top-k reduction, skipping slots another rank owns.
 * ``group_quant_kernel`` / ``row_quant_kernel``: FP8 activation quantization.
 
 Pointer offsets that can pass 2**31 elements (an expert's offset in a 256-expert
 weight tensor, say) are computed in int64. Counts that vary with the batch (rows,
-pairs, N, K) are not specialized on, so one compiled kernel serves every token
-count and every shape with the same strides' alignment.
+pairs, row blocks) are not specialized on, so one compiled kernel serves every
+token count. The GEMM widths N and K are: Triton then knows when they are
+multiples of 16, so the column masks of the epilogue (``offs_n < N``) stay
+constant over 16-element runs and its stores go out 16 bytes wide instead of
+one element at a time, which at large batches (hundreds of MB of output) is the
+difference between streaming the output and crawling through it.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ SCALE_EPS = 1e-10
 ACT_SILU, ACT_GELU, ACT_SWIGLUOAI = 0, 1, 2
 A_SCALE_NONE, A_SCALE_TENSOR, A_SCALE_TOKEN, A_SCALE_GROUP = 0, 1, 2, 3
 W_SCALE_NONE, W_SCALE_TENSOR, W_SCALE_CHANNEL, W_SCALE_BLOCK = 0, 1, 2, 3
-OUT_PLAIN, OUT_FP8_TENSOR, OUT_FP8_GROUP = 0, 1, 2
+OUT_PLAIN, OUT_FP8_TENSOR, OUT_FP8_GROUP, OUT_ATOMIC_SUM = 0, 1, 2, 3
 
 
 @triton.jit(do_not_specialize=["num_pairs", "max_padded", "num_experts"])
@@ -95,7 +105,7 @@ def align_scatter_kernel(
     tl.store(block_expert_ptr + blocks, owner, mask=blocks < num_row_blocks)
 
 
-@triton.jit(do_not_specialize=["N", "K", "num_valid_rows", "num_row_blocks", "num_experts"])
+@triton.jit(do_not_specialize=["num_valid_rows", "num_row_blocks", "num_experts"])
 def moe_gemm_kernel(
     a_ptr,
     a_scale_ptr,
@@ -144,6 +154,8 @@ def moe_gemm_kernel(
     W_SCALE: tl.constexpr,
     OUT_MODE: tl.constexpr,
     EVEN_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    OUT_ROW_DIV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -208,33 +220,59 @@ def moe_gemm_kernel(
         w_rows = (offs_n % N).to(tl.int64)
 
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_base + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    w_ptrs = w_ptr + expert * stride_we + w_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    w_base = w_ptr + expert * stride_we
+    if SWAP_AB:
+        a_ptrs = a_base + a_rows[None, :] * stride_am + offs_k[:, None] * stride_ak
+        w_ptrs = w_base + w_rows[:, None] * stride_wn + offs_k[None, :] * stride_wk
+    else:
+        a_ptrs = a_base + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+        w_ptrs = w_base + w_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
     if W_SCALE == 3:
         as_ptrs = as_base + a_rows * stride_asm
         ws_ptrs = w_scale_ptr + expert * stride_wse + (w_rows // 128) * stride_wsn
 
     if GATED:
-        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        W_COLS: tl.constexpr = 2 * BLOCK_N
     else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        W_COLS: tl.constexpr = BLOCK_N
+    if SWAP_AB:
+        acc = tl.zeros((W_COLS, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, W_COLS), dtype=tl.float32)
     for ki in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-            b = tl.load(w_ptrs)
+        if SWAP_AB:
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=row_ok[None, :], other=0.0)
+                b = tl.load(w_ptrs)
+            else:
+                k_left = K - ki * BLOCK_K
+                a = tl.load(a_ptrs, mask=row_ok[None, :] & (offs_k[:, None] < k_left), other=0.0)
+                b = tl.load(w_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         else:
-            k_left = K - ki * BLOCK_K
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & (offs_k[None, :] < k_left), other=0.0)
-            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+                b = tl.load(w_ptrs)
+            else:
+                k_left = K - ki * BLOCK_K
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & (offs_k[None, :] < k_left), other=0.0)
+                b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         if W_SCALE == 3:
             k_group = (ki * BLOCK_K) // 128
             a_s = tl.load(as_ptrs + k_group * stride_ask, mask=row_ok, other=0.0)
             w_s = tl.load(ws_ptrs + k_group * stride_wsk)
-            acc += tl.dot(a, b) * a_s[:, None] * w_s[None, :]
+            if SWAP_AB:
+                acc += tl.dot(b, a) * w_s[:, None] * a_s[None, :]
+            else:
+                acc += tl.dot(a, b) * a_s[:, None] * w_s[None, :]
         else:
-            acc = tl.dot(a, b, acc)
+            if SWAP_AB:
+                acc = tl.dot(b, a, acc)
+            else:
+                acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
+    if SWAP_AB:
+        acc = tl.trans(acc)
 
     if A_SCALE == 1:
         acc = acc * tl.load(a_scale_ptr)
@@ -261,9 +299,11 @@ def moe_gemm_kernel(
     else:
         y = acc
 
-    out_ptrs = out_base + rows[:, None] * stride_om + offs_n[None, :] * stride_on
+    out_ptrs = out_base + (rows // OUT_ROW_DIV)[:, None] * stride_om + offs_n[None, :] * stride_on
     out_mask = row_ok[:, None] & col_ok[None, :]
-    if OUT_MODE == 0:
+    if OUT_MODE == 3:
+        tl.atomic_add(out_ptrs, y, mask=out_mask, sem="relaxed")
+    elif OUT_MODE == 0:
         tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
     elif OUT_MODE == 1:
         q = tl.clamp(y / tl.load(out_static_scale_ptr), -448.0, 448.0)

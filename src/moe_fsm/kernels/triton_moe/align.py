@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from moe_fsm.errors import KernelInputError
-from moe_fsm.kernels.triton_moe._runtime import kernels, require_device
+from moe_fsm.kernels.triton_moe._runtime import kernels, launch, require_device
 
 _PAIRS_PER_PROGRAM = 1024
 
@@ -106,25 +106,16 @@ def align_tokens(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alig
     num_padded = torch.empty(1, dtype=torch.int32, device=device)
 
     k = kernels()
-    k.align_count_kernel[(-(-sorted_ids.numel() // _PAIRS_PER_PROGRAM),)](
-        ids, counts, rank, sorted_ids, num_pairs, sorted_ids.numel(), num_experts, BLOCK=_PAIRS_PER_PROGRAM
+    launch(
+        k.align_count_kernel, (-(-sorted_ids.numel() // _PAIRS_PER_PROGRAM),),
+        (ids, counts, rank, sorted_ids, num_pairs, sorted_ids.numel(), num_experts), dict(BLOCK=_PAIRS_PER_PROGRAM),
     )
     e_pow2 = max(16, 1 << (num_experts - 1).bit_length())
     blocks_per_program = max(16, min(128, 16384 // e_pow2))
     grid = max(-(-num_pairs // _PAIRS_PER_PROGRAM), -(-num_row_blocks // blocks_per_program), 1)
-    k.align_scatter_kernel[(grid,)](
-        ids,
-        counts,
-        rank,
-        sorted_ids,
-        block_expert,
-        num_padded,
-        num_pairs,
-        num_experts,
-        num_row_blocks,
-        BLOCK_M=block_m,
-        E_POW2=e_pow2,
-        BLOCK=_PAIRS_PER_PROGRAM,
-        BLOCKS_PER_PROGRAM=blocks_per_program,
+    launch(
+        k.align_scatter_kernel, (grid,),
+        (ids, counts, rank, sorted_ids, block_expert, num_padded, num_pairs, num_experts, num_row_blocks),
+        dict(BLOCK_M=block_m, E_POW2=e_pow2, BLOCK=_PAIRS_PER_PROGRAM, BLOCKS_PER_PROGRAM=blocks_per_program),
     )
     return AlignedRouting(sorted_ids, block_expert, num_padded, block_m, num_pairs, top_k)

@@ -1,22 +1,30 @@
-"""Kernel configs for the Triton fused-MoE GEMMs: a tuned table plus a default.
+"""Kernel configs for the Triton fused-MoE GEMMs: tuned tables plus a default.
 
 A config is the tile shape and launch shape of the two grouped GEMMs. The
 alignment step pads every expert's rows to ``block_m``, so both GEMMs share
-``block_m``; everything else (BLOCK_N, BLOCK_K, GROUP_M, warps, stages) is
-chosen per GEMM, because the w1 GEMM (K -> 2N, fused activation) and the w2 GEMM
-(N -> K) have different shapes.
+``block_m``; everything else (BLOCK_N, BLOCK_K, GROUP_M, warps, stages, swap-AB)
+is chosen per GEMM, because the w1 GEMM (K -> 2N, fused activation) and the w2
+GEMM (N -> K) have different shapes. ``fold_topk`` makes w2 add its rows into
+the token's output (atomics) instead of writing one row per (token, slot).
 
-The table is JSON produced by ``bench/tune_triton.py`` on a GPU, one file per
-device name under ``configs/``, keyed by ``"E=..,N=..,K=..,dtype=.."`` and then by
-the token count it was tuned at. A lookup takes the tuned token count nearest to
-the actual one on a log scale (a 600-token batch uses the 512 entry), because the
-best tile mostly depends on the rows per expert, which scales with tokens. Shapes
-not in the table get ``default_config``: small tiles while experts see few rows
-(the GEMMs are bound by reading weights), wide tiles once they see many (bound by
-the tensor cores).
+Tables are JSON written by the tuner (``tuning.py``: ``moe-fsm tune``, ``bench/tune_triton.py``),
+one file per device name, keyed by ``"E=..,N=..,K=..,dtype=.."`` and then by the
+token count they were tuned at. Two places hold them, read in this order:
 
-This module imports neither Triton nor CUDA so the table can be read and checked
-anywhere.
+1. the user's config directory (``$MOE_FSM_TRITON_CONFIG_DIR``, else
+   ``$XDG_CACHE_HOME/moe_fsm/triton_moe`` or ``~/.cache/moe_fsm/triton_moe``):
+   what ``moe-fsm tune`` wrote on this machine, like vLLM's tuned-config folder;
+2. the tables shipped in the package (``configs/``).
+
+A shape found in the user's table is served from it alone. A lookup takes the
+tuned token count nearest to the actual one on a log scale (a 600-token batch
+uses the 512 entry), because the best tile mostly depends on the rows per
+expert, which scales with tokens. Shapes in no table get ``default_config``,
+whose tile choice follows the same rules as vLLM's default (so an untuned shape
+is never handed a worse tile than vLLM would use), mapped onto our kernels.
+
+This module imports neither Triton nor CUDA so the tables can be read, written
+and checked anywhere.
 """
 
 from __future__ import annotations
@@ -24,8 +32,10 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Optional
 
 from moe_fsm.errors import KernelInputError
@@ -42,6 +52,7 @@ class GemmConfig:
     group_m: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    swap_ab: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -54,26 +65,29 @@ class MoEConfig:
     block_m: int
     w1: GemmConfig
     w2: GemmConfig
+    fold_topk: bool = False
 
     def to_json(self) -> dict:
-        return {"block_m": self.block_m, "w1": self.w1.to_json(), "w2": self.w2.to_json()}
+        return {"block_m": self.block_m, "w1": self.w1.to_json(), "w2": self.w2.to_json(), "fold_topk": self.fold_topk}
 
     @classmethod
     def from_json(cls, data: dict) -> "MoEConfig":
         try:
-            return cls(int(data["block_m"]), GemmConfig(**data["w1"]), GemmConfig(**data["w2"]))
+            return cls(
+                int(data["block_m"]), GemmConfig(**data["w1"]), GemmConfig(**data["w2"]), bool(data.get("fold_topk", False))
+            )
         except (KeyError, TypeError) as exc:
             raise KernelInputError(
                 f"a Triton MoE config needs block_m plus w1/w2 objects with block_n, block_k, "
-                f"group_m, num_warps, num_stages; got {data!r} ({exc})"
+                f"group_m, num_warps, num_stages (optional swap_ab), optional fold_topk; got {data!r} ({exc})"
             ) from None
 
 
 def dtype_key(compute_dtype: str, fp8: Optional[str]) -> str:
-    """The table's dtype field: ``bf16``/``fp16`` for unquantized, ``fp8_block``/``fp8`` for w8a8."""
+    """The table's dtype field: ``bf16``/``fp16`` for unquantized, ``fp8_<weight granularity>`` for w8a8."""
     if fp8 is None:
         return {"bfloat16": "bf16", "float16": "fp16"}.get(compute_dtype, compute_dtype)
-    return "fp8_block" if fp8 == "block" else "fp8"
+    return f"fp8_{fp8}"
 
 
 def shape_key(num_experts: int, n: int, k: int, dtype: str) -> str:
@@ -102,26 +116,38 @@ def validate_config(config: MoEConfig, *, block_fp8: bool) -> None:
                 f"{name}.block_k={g.block_k}: block FP8 needs block_k dividing {FP8_GROUP} "
                 "(one weight-scale block per K step)"
             )
-    if block_fp8 and config.w1.block_n % FP8_GROUP:
-        raise KernelInputError(
-            f"w1.block_n={config.w1.block_n}: block FP8 needs a multiple of {FP8_GROUP}, because the w1 "
-            "GEMM quantizes its output in 1x128 groups in its epilogue"
-        )
 
 
-def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int, *, block_fp8: bool) -> MoEConfig:
-    """A reasonable config for an untuned shape, from the mean rows per expert."""
-    rows_per_expert = num_tokens * top_k / num_experts
-    if rows_per_expert <= 16:
-        block_m, w1, w2 = 16, GemmConfig(64, 128, 1, 4, 4), GemmConfig(64, 128, 1, 4, 4)
-    elif rows_per_expert <= 96:
-        block_m, w1, w2 = 64, GemmConfig(64, 64, 8, 4, 4), GemmConfig(128, 64, 8, 4, 4)
-    else:
-        block_m, w1, w2 = 128, GemmConfig(64, 64, 8, 8, 4), GemmConfig(128, 64, 8, 8, 4)
+def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int, *, block_fp8: bool, fp8: bool = False) -> MoEConfig:
+    """The config for a shape no table holds: vLLM's default tile rules, mapped onto our kernels.
+
+    vLLM picks its tile from the token count M alone (its w1 and w2 share one
+    config). We take the same BLOCK_M, BLOCK_K, GROUP_M, warps and stages; our w1
+    tile reads gate and up rows together, so its ``block_n`` is half vLLM's (the
+    same weight tile), and swap-AB goes on where vLLM turns it on for Hopper FP8
+    (row blocks under 64 with weight tiles of 64 or more), here for every dtype
+    since thin row blocks waste the 64-row wgmma the same way in bf16. From 16384
+    (token, slot) pairs on, w2 folds the top-k sum into its epilogue.
+    """
+    m = num_tokens
     if block_fp8:
-        w1 = GemmConfig(FP8_GROUP, min(w1.block_k, FP8_GROUP), w1.group_m, w1.num_warps, 3)
-        w2 = GemmConfig(w2.block_n, FP8_GROUP, w2.group_m, w2.num_warps, 3)
-    return MoEConfig(block_m, w1, w2)
+        block_m = 16 if m <= 64 else 64
+        block_n = 64 if m <= 8 else FP8_GROUP
+        stages = 4 if m <= 4 else 3
+        group_m = 1 if m <= 16 else 32
+        swap = block_m < 64
+        w1 = GemmConfig(block_n // 2, FP8_GROUP, group_m, 4, stages, swap)
+        w2 = GemmConfig(block_n, FP8_GROUP, group_m, 4, stages, swap)
+        return MoEConfig(block_m, w1, w2, m * top_k >= 16384)
+    block_m = 16 if m <= 32 else 32 if m <= 96 else 64 if m <= 512 else 128
+    block_n = 64 if m <= 64 else 128
+    block_k = 128 if fp8 or m <= 64 else 64
+    group_m = 16 if m // max(num_experts, 1) > 128 else 1
+    warps = 4 if m <= 128 else 8
+    stages = 4 if m <= 32 else 3
+    w1 = GemmConfig(block_n // 2, block_k, group_m, warps, stages, block_m < 64 and block_n >= 64)
+    w2 = GemmConfig(block_n, block_k, group_m, warps, stages, block_m < 64 and block_n >= 64)
+    return MoEConfig(block_m, w1, w2, m * top_k >= 16384)
 
 
 def config_file_name(device_name: str) -> str:
@@ -129,17 +155,82 @@ def config_file_name(device_name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in device_name) + ".json"
 
 
+CONFIG_DIR_ENV = "MOE_FSM_TRITON_CONFIG_DIR"
+
+
+def user_config_dir() -> Path:
+    """Where ``moe-fsm tune`` writes tables and the runtime reads them first."""
+    return _user_config_dir(os.environ.get(CONFIG_DIR_ENV), os.environ.get("XDG_CACHE_HOME"))
+
+
+@functools.lru_cache(maxsize=16)
+def _user_config_dir(explicit: Optional[str], xdg_cache: Optional[str]) -> Path:
+    if explicit:
+        return Path(explicit).expanduser()
+    return Path(xdg_cache or str(Path.home() / ".cache")) / "moe_fsm" / "triton_moe"
+
+
+def _read_table(text: str, where: str) -> dict:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise KernelInputError(f"the Triton MoE config table {where} is not valid JSON: {exc}") from None
+    configs = data.get("configs") if isinstance(data, dict) else None
+    if not isinstance(configs, dict):
+        raise KernelInputError(f"the Triton MoE config table {where} has no 'configs' object")
+    return configs
+
+
 @functools.lru_cache(maxsize=None)
-def load_table(device_name: str) -> dict:
-    """The tuned table for a device, or an empty one if none was committed for it."""
+def load_shipped_table(device_name: str) -> dict:
+    """The table shipped in the package for a device, or an empty one."""
     resource = resources.files("moe_fsm.kernels.triton_moe").joinpath("configs", config_file_name(device_name))
     if not resource.is_file():
         return {}
-    data = json.loads(resource.read_text())
-    return data.get("configs", {})
+    return _read_table(resource.read_text(), f"configs/{config_file_name(device_name)}")
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=None)
+def load_user_table(directory: str, device_name: str) -> dict:
+    """The table ``moe-fsm tune`` wrote into ``directory`` for a device, or an empty one."""
+    path = Path(directory) / config_file_name(device_name)
+    if not path.is_file():
+        return {}
+    return _read_table(path.read_text(), str(path))
+
+
+def load_table(device_name: str) -> dict:
+    """Shape key -> {token count -> config JSON}: the user's entries over the shipped ones."""
+    return {**load_shipped_table(device_name), **load_user_table(str(user_config_dir()), device_name)}
+
+
+def clear_caches() -> None:
+    """Forget loaded tables and looked-up configs (after a tuner wrote a new table)."""
+    load_shipped_table.cache_clear()
+    load_user_table.cache_clear()
+    _user_config_dir.cache_clear()
+    _lookup.cache_clear()
+
+
+def write_user_table(device_name: str, key: str, entries: dict[int, MoEConfig], meta: dict, directory: Optional[Path] = None) -> Path:
+    """Merge tuned ``entries`` for one shape key into the user's table for a device; returns its path.
+
+    Other shapes already in the file are kept; this shape's token counts are replaced.
+    """
+    directory = Path(directory) if directory is not None else user_config_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / config_file_name(device_name)
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data.update({k: v for k, v in meta.items() if k != "configs"})
+    data["device"] = device_name
+    data.setdefault("configs", {})[key] = {str(t): c.to_json() for t, c in sorted(entries.items())}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+    clear_caches()
+    return path
+
+
 def get_config(
     device_name: str,
     num_experts: int,
@@ -150,11 +241,25 @@ def get_config(
     compute_dtype: str,
     fp8: Optional[str],
 ) -> MoEConfig:
-    """The tuned config nearest in token count for this shape, else ``default_config``."""
+    """The tuned config nearest in token count for this shape, else ``default_config`` (cached per shape and count)."""
+    environ = os.environ
+    return _lookup(
+        environ.get(CONFIG_DIR_ENV), environ.get("XDG_CACHE_HOME"), device_name, num_experts, n, k, top_k, num_tokens,
+        compute_dtype, fp8,
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _lookup(
+    explicit_dir: Optional[str], xdg_cache: Optional[str], device_name: str, num_experts: int, n: int, k: int, top_k: int,
+    num_tokens: int, compute_dtype: str, fp8: Optional[str],
+) -> MoEConfig:
     block_fp8 = fp8 == "block"
-    entries = load_table(device_name).get(shape_key(num_experts, n, k, dtype_key(compute_dtype, fp8)))
+    key = shape_key(num_experts, n, k, dtype_key(compute_dtype, fp8))
+    user_dir = str(_user_config_dir(explicit_dir, xdg_cache))
+    entries = load_user_table(user_dir, device_name).get(key) or load_shipped_table(device_name).get(key)
     if not entries:
-        return default_config(num_experts, n, k, top_k, num_tokens, block_fp8=block_fp8)
+        return default_config(num_experts, n, k, top_k, num_tokens, block_fp8=block_fp8, fp8=fp8 is not None)
     target = math.log2(max(num_tokens, 1))
     nearest = min(entries, key=lambda m: (abs(math.log2(int(m)) - target), int(m)))
     config = MoEConfig.from_json(entries[nearest])

@@ -21,7 +21,7 @@ from typing import Optional, Union
 import torch
 
 from moe_fsm.errors import KernelInputError
-from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, require_device
+from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, launch, require_device
 from moe_fsm.kernels.triton_moe.align import AlignedRouting, PairBlocks, align_tokens, pair_blocks
 from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, get_config, validate_config
 from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE, quantize_activation
@@ -139,6 +139,7 @@ def _launch(
     swiglu_limit: Optional[float],
     a_row_div: int,
     config: GemmConfig,
+    out_row_div: int = 1,
 ) -> None:
     batched = isinstance(rows, BatchedRows)
     a_mode = _activation_scale_mode(spec, a_scale)
@@ -166,7 +167,7 @@ def _launch(
             expert_num_tokens = num_padded
         num_valid = rows.num_pairs
     we, wn, wk = w.stride()
-    kernels().moe_gemm_kernel[grid](
+    args = (
         a,
         dummy if a_scale is None else a_scale,
         w,
@@ -191,6 +192,8 @@ def _launch(
         as_e, as_m, as_k,
         sws_e, sws_n, sws_k,
         os_e, os_m, os_n,
+    )
+    constexprs = dict(
         A_ROW_DIV=a_row_div,
         BATCHED=batched,
         PAIR_BLOCKS=isinstance(rows, PairBlocks),
@@ -202,13 +205,14 @@ def _launch(
         W_SCALE=w_mode,
         OUT_MODE=out_mode,
         EVEN_K=k_in % config.block_k == 0,
+        SWAP_AB=config.swap_ab,
+        OUT_ROW_DIV=out_row_div,
         BLOCK_M=rows.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
     )
+    launch(kernels().moe_gemm_kernel, grid, args, constexprs, config.num_warps, config.num_stages)
 
 
 def w1_gemm(
@@ -239,6 +243,9 @@ def w1_gemm(
     w_info = _weight_scale(spec, w1_scale, num_experts, two_n, k_dim, "w1_scale")
     out_scale = out_static = None
     if spec is None:
+        out_mode, inter_dtype = 0, out_dtype
+    elif spec.block and config.block_n % FP8_GROUP:
+        # a tile narrower than a 1x128 group cannot take the group's amax: quantize after
         out_mode, inter_dtype = 0, out_dtype
     elif spec.block:
         out_mode, inter_dtype = 2, FP8_DTYPE
@@ -273,17 +280,25 @@ def w2_gemm(
     row_weights: Optional[torch.Tensor],
     config: GemmConfig,
     out_dtype: torch.dtype,
+    sum_into: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """inter @ w2[e]^T per row, times the row's top-k weight when given."""
+    """inter @ w2[e]^T per row, times the row's top-k weight when given.
+
+    With ``sum_into`` (a zeroed fp32 [M, K], standard rows only) each row is added
+    into its token's row there (the top-k sum folded in) and ``sum_into`` is returned.
+    """
     num_experts, k_dim, n = w2.shape
     batched = isinstance(rows, BatchedRows)
     lead = (inter.shape[0], inter.shape[1]) if batched else (rows.num_pairs,)
     w_info = _weight_scale(spec, w2_scale, num_experts, k_dim, n, "w2_scale")
-    y = torch.empty(*lead, k_dim, dtype=out_dtype, device=inter.device)
+    if sum_into is not None:
+        y, out_mode, out_row_div = sum_into, 3, rows.top_k
+    else:
+        y, out_mode, out_row_div = torch.empty(*lead, k_dim, dtype=out_dtype, device=inter.device), 0, 1
     _launch(
-        inter, inter_scale, w2, w_info, y, None, None, 0, rows, row_weights,
+        inter, inter_scale, w2, w_info, y, None, None, out_mode, rows, row_weights,
         spec=spec, n_out=k_dim, k_in=n, gated=False, activation="silu", swiglu_limit=None,
-        a_row_div=1, config=config,
+        a_row_div=1, config=config, out_row_div=out_row_div,
     )
     return y
 
@@ -294,9 +309,10 @@ def topk_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, out: tor
     k_dim = y.shape[-1]
     block = min(1024, max(16, 1 << (k_dim - 1).bit_length()))
     if num_tokens:
-        kernels().topk_sum_kernel[(num_tokens, -(-k_dim // block))](
-            y, topk_ids.contiguous(), out, k_dim, num_experts, y.stride(0), out.stride(0),
-            TOP_K=top_k, TOPK_POW2=max(2, 1 << (top_k - 1).bit_length()), BLOCK=block,
+        launch(
+            kernels().topk_sum_kernel, (num_tokens, -(-k_dim // block)),
+            (y, topk_ids.contiguous(), out, k_dim, num_experts, y.stride(0), out.stride(0)),
+            dict(TOP_K=top_k, TOPK_POW2=max(2, 1 << (top_k - 1).bit_length()), BLOCK=block),
         )
     return out
 
@@ -415,9 +431,16 @@ def fused_experts(
         row_weights=flat_weights if apply_router_weight_on_input else None, a2_scale=a2_scale,
         config=config.w1, out_dtype=result_dtype,
     )
+    row_weights = None if apply_router_weight_on_input else flat_weights
+    if config.fold_topk and top_k > 1:
+        acc = torch.zeros(num_tokens, k_dim, dtype=torch.float32, device=hidden.device)
+        w2_gemm(
+            inter, inter_scale, w2, w2_scale, routing, spec=fp8, row_weights=row_weights,
+            config=config.w2, out_dtype=result_dtype, sum_into=acc,
+        )
+        return out.copy_(acc)
     y = w2_gemm(
-        inter, inter_scale, w2, w2_scale, routing, spec=fp8,
-        row_weights=None if apply_router_weight_on_input else flat_weights,
+        inter, inter_scale, w2, w2_scale, routing, spec=fp8, row_weights=row_weights,
         config=config.w2, out_dtype=result_dtype,
     )
     return topk_sum(y, topk_ids, num_experts, out)

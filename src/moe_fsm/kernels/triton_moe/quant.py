@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from moe_fsm.errors import KernelInputError
-from moe_fsm.kernels.triton_moe._runtime import kernels, require_device
+from moe_fsm.kernels.triton_moe._runtime import kernels, launch, require_device
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -46,9 +46,10 @@ def quantize_activation(
         scale = torch.empty(num_rows, num_groups, dtype=torch.float32, device=x.device)
         groups_per_program = 8
         if num_rows:
-            k.group_quant_kernel[(num_rows, -(-num_groups // groups_per_program))](
-                rows, q, scale, k_dim, num_groups, rows.stride(0), q.stride(0), scale.stride(0),
-                GROUPS=groups_per_program, GROUP=GROUP,
+            launch(
+                k.group_quant_kernel, (num_rows, -(-num_groups // groups_per_program)),
+                (rows, q, scale, k_dim, num_groups, rows.stride(0), q.stride(0), scale.stride(0)),
+                dict(GROUPS=groups_per_program, GROUP=GROUP),
             )
         return q.reshape(x.shape), scale.reshape(*lead, num_groups)
 
@@ -65,8 +66,9 @@ def quantize_activation(
             return q.reshape(x.shape), scale.reshape(*lead, 1)
         scale = torch.empty(num_rows, 1, dtype=torch.float32, device=x.device)
         if num_rows:
-            k.row_quant_kernel[(num_rows,)](
-                rows, q, scale, scale, k_dim, rows.stride(0), q.stride(0), PER_ROW=True, BLOCK=block, num_warps=warps
+            launch(
+                k.row_quant_kernel, (num_rows,), (rows, q, scale, scale, k_dim, rows.stride(0), q.stride(0)),
+                dict(PER_ROW=True, BLOCK=block), warps,
             )
         return q.reshape(x.shape), scale.reshape(*lead, 1)
 
@@ -78,7 +80,8 @@ def quantize_activation(
         amax = rows.abs().amax() if rows.numel() else torch.zeros((), device=x.device)
         scale = (amax.to(torch.float32) / FP8_MAX).clamp(min=1e-10).reshape(1)
     if num_rows:
-        k.row_quant_kernel[(num_rows,)](
-            rows, q, scale, scale, k_dim, rows.stride(0), q.stride(0), PER_ROW=False, BLOCK=block, num_warps=warps
+        launch(
+            k.row_quant_kernel, (num_rows,), (rows, q, scale, scale, k_dim, rows.stride(0), q.stride(0)),
+            dict(PER_ROW=False, BLOCK=block), warps,
         )
     return q.reshape(x.shape), scale

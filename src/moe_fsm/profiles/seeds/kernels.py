@@ -16,7 +16,7 @@ from __future__ import annotations
 from moe_fsm.backends.specs import KernelSpec
 from moe_fsm.backends.requirements import (
     Activations, CudaCapability, EnvEnabled, Format, Importable, InputDtypes, MaxExperts,
-    NoLoRA, OnVendor, ParallelRule, QuantSchemes,
+    NoLoRA, OnVendor, ParallelRule, QuantSchemes, ShapeMultiple,
 )
 from moe_fsm.inputs.layer import Activation
 from moe_fsm.inputs.parallel import AllToAllKind
@@ -89,6 +89,10 @@ VLLM_CUTLASS_DEVICE = (CudaCapability(exact=((9, 0),), families=(10,)), Importab
 VLLM_CUTLASS_FP8 = QuantSchemes((FP8_CHANNEL_TOKEN, FP8_TENSOR_DYNAMIC, FP8_TENSOR_STATIC))
 FI_CUTLASS_DEVICE = (CudaCapability(exact=((9, 0),), families=(10, 12)), Importable(Library.FLASHINFER_CUTLASS_MOE))
 FI_TRTLLM_DEVICE = (CudaCapability(families=(10,)), Importable(Library.FLASHINFER_TRTLLM_MOE))
+# Block FP8 (128x128 weight blocks, 1x128 activation groups): kernels that take whole blocks only.
+DEEPGEMM_BLOCKS = ShapeMultiple(128, (FP8_STATIC_BLOCK128,), "DeepGEMM's grouped GEMM: vLLM's _valid_deep_gemm_shape")
+FI_CUTLASS_BLOCKS = ShapeMultiple(128, (FP8_STATIC_BLOCK128,), "FlashInfer CUTLASS's 128-wide FP8 block scales")
+TRTLLM_BLOCKS = ShapeMultiple(128, (FP8_STATIC_BLOCK128,), "TRTLLM's DeepSeek FP8 layout: vLLM's prepare_deepseek_fp8_x_sf")
 
 KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
     KernelSpec("TorchExperts", ActivationFormat.STANDARD,
@@ -112,7 +116,7 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
                        ("compute capability 9.0 exactly", _cap(9, 0), (FP8_BLOCK,)),
                        ("compute capability 10.0+", _cap_at_least(10), (NVFP4,)),
                    )),
-                   STANDARD, HALF_DTYPES, NoLoRA()),
+                   FI_CUTLASS_BLOCKS, STANDARD, HALF_DTYPES, NoLoRA()),
                impl="moe_fsm.experts.flashinfer_experts:FlashInferCutlassExperts",
                library_note="flashinfer.fused_moe.cutlass_fused_moe"),
     KernelSpec("TrtLlmBf16ExpertsMonolithic", ActivationFormat.STANDARD,
@@ -120,12 +124,12 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
                library_note="FlashInfer's TRTLLM-gen fused MoE (flashinfer.fused_moe.trtllm_bf16_moe), Blackwell only"),
     KernelSpec("TrtLlmFp8ExpertsMonolithic", ActivationFormat.STANDARD,
                FI_TRTLLM_DEVICE + (Activations((Activation.SILU, Activation.SWIGLUOAI)),
-                                   QuantSchemes((FP8_BLOCK, FP8_TENSOR_STATIC)), AG_RS_ONLY,
+                                   QuantSchemes((FP8_BLOCK, FP8_TENSOR_STATIC)), TRTLLM_BLOCKS, AG_RS_ONLY,
                                    MaxExperts(2049, "TRTLLM routing"), STANDARD, NoLoRA()),
                library_note="FlashInfer's TRTLLM-gen fused MoE (flashinfer.fused_moe.trtllm_fp8_*_moe), Blackwell only"),
     KernelSpec("TrtLlmFp8ExpertsModular", ActivationFormat.STANDARD,
                FI_TRTLLM_DEVICE + (Activations((Activation.SILU, Activation.SWIGLUOAI)),
-                                   QuantSchemes((FP8_BLOCK,)), AG_RS_ONLY, STANDARD, NoLoRA()),
+                                   QuantSchemes((FP8_BLOCK,)), TRTLLM_BLOCKS, AG_RS_ONLY, STANDARD, NoLoRA()),
                library_note="FlashInfer's TRTLLM-gen fused MoE (flashinfer.fused_moe.trtllm_fp8_block_scale_routed_moe), Blackwell only"),
     KernelSpec("TrtLlmNvFp4ExpertsMonolithic", ActivationFormat.STANDARD,
                FI_TRTLLM_DEVICE + (ALL_ACTIVATIONS, QuantSchemes((NVFP4,)), AG_RS_ONLY, STANDARD, NoLoRA()),
@@ -150,10 +154,11 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
                 QuantSchemes((NVFP4,)), NO_EP, STANDARD, NoLoRA()),
                library_note="vLLM's own CUTLASS NVFP4 grouped GEMM (vllm._custom_ops)"),
     KernelSpec("TritonOrDeepGemmExperts", ActivationFormat.STANDARD,
-               DEEPGEMM_DEVICE + TRITON_DEVICE + (SILU_ONLY, QuantSchemes((FP8_BLOCK,)), NO_FI_A2A, STANDARD, NoLoRA()),
+               DEEPGEMM_DEVICE + TRITON_DEVICE + (SILU_ONLY, QuantSchemes((FP8_BLOCK,)), DEEPGEMM_BLOCKS, NO_FI_A2A,
+                                                  STANDARD, NoLoRA()),
                library_note="DeepGEMM (deep_gemm) behind vLLM's Triton fallback"),
     KernelSpec("BatchedDeepGemmExperts", ActivationFormat.BATCHED,
-               DEEPGEMM_DEVICE + (SILU_ONLY, QuantSchemes((FP8_BLOCK,)), BATCHED, NoLoRA()),
+               DEEPGEMM_DEVICE + (SILU_ONLY, QuantSchemes((FP8_BLOCK,)), DEEPGEMM_BLOCKS, BATCHED, NoLoRA()),
                library_note="DeepGEMM's masked grouped GEMM (deep_gemm)"),
     KernelSpec("TritonOrCutlassExperts", ActivationFormat.STANDARD,
                VLLM_CUTLASS_DEVICE + TRITON_DEVICE + (ALL_ACTIVATIONS, VLLM_CUTLASS_FP8, NO_EXPERT_MAP_A2A, STANDARD, NoLoRA()),

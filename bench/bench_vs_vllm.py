@@ -1,0 +1,586 @@
+"""moe-fsm's Triton MoE layer against vLLM 0.33.0's ``fused_moe_kernel``, side by side on one GPU.
+
+Two steps, because the GPU machine has neither network nor vLLM:
+
+``prepare`` (here, with network or the wheel cached): finds the vllm 0.33.0 wheel in
+the cache directory (``pip download vllm==0.33.0 --no-deps`` into it when absent) and
+extracts, from the wheel's own source, vLLM's Triton ``fused_moe_kernel`` (with the
+``write_zeros_to_output`` helper it calls), ``get_default_config``, and its tuned
+config JSONs for H100 and H200, into an ignored folder (``.vllm_extract/``). Nothing
+of vLLM is committed; the folder is carried to the GPU machine.
+
+``run`` (on the GPU): executes the extracted kernel source as a module (its only
+imports are triton and triton.language) and ``get_default_config`` with vLLM's
+platform and env lookups stubbed (CUDA, batch invariance off). For each layer shape,
+dtype and token count both pipelines get the same weights, routings and inputs, the
+same alignment (moe-fsm's ``align_tokens`` in place of vLLM's CUDA
+``moe_align_block_size``, whose output it matches in layout; vLLM's naive one-block-
+per-pair assignment where vLLM itself takes it, M * top_k * 4 <= E), the same FP8
+activation quantizer (moe-fsm's), the same top-k sum kernel. vLLM's side then runs as
+vLLM's ``fused_experts_impl`` does: w1 GEMM into [M, top_k, 2N], SiLU-and-mul (a
+one-pass Triton kernel standing in for vLLM's CUDA op), re-quantization, w2 GEMM with
+the router weight, sum. vLLM's config is its tuned table for the device when it ships
+one for (E, N, dtype), else its ``get_default_config``; moe-fsm's is its own lookup
+(user table, shipped table, default).
+
+Each point is timed as CUDA-graph replays of R calls on R different routings, divided
+by R, with L2 flushed before each replay (``triton.testing.do_bench``, median); at one
+token the eager (no graph) call is timed too, for the host cost. Writes JSON, Markdown
+and PNG (default ``docs/perf/vs_vllm_<gpu>.*``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import types
+import zipfile
+from pathlib import Path
+from typing import Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+VLLM_VERSION = "0.33.0"
+WHEEL = f"vllm-{VLLM_VERSION}-cp38-abi3-manylinux_2_28_x86_64.whl"
+FUSED_MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
+CONFIG_DIR = "vllm/model_executor/layers/fused_moe/configs/"
+KERNEL_FUNCTIONS = ("write_zeros_to_output", "fused_moe_kernel")
+DEFAULT_EXTRACT = ROOT / ".vllm_extract"
+
+
+# ---------------------------------------------------------------- prepare (no GPU, no torch)
+
+
+def find_or_download_wheel(cache: Path) -> Path:
+    """The cached wheel, downloaded with pip (no dependencies) when it is not there."""
+    wheel = cache / WHEEL
+    if wheel.is_file():
+        return wheel
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", f"vllm=={VLLM_VERSION}", "--no-deps", "--only-binary=:all:", "-d", str(cache)],
+        check=True,
+    )
+    found = sorted(cache.glob(f"vllm-{VLLM_VERSION}-*.whl"))
+    if not found:
+        sys.exit(f"pip download put no vllm {VLLM_VERSION} wheel into {cache}")
+    return found[0]
+
+
+def _function_sources(source: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The source text of each named top-level function, decorators included."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+            out[node.name] = "".join(lines[start : node.end_lineno])
+    missing = set(names) - set(out)
+    if missing:
+        sys.exit(f"{FUSED_MOE} of vllm {VLLM_VERSION} has no function {sorted(missing)}")
+    return out
+
+
+def prepare(cache: Path, dest: Path) -> None:
+    wheel = find_or_download_wheel(cache)
+    with zipfile.ZipFile(wheel) as z:
+        source = z.read(FUSED_MOE).decode()
+        kernels = _function_sources(source, KERNEL_FUNCTIONS)
+        default = _function_sources(source, ("get_default_config",))["get_default_config"]
+        if dest.exists():
+            shutil.rmtree(dest)
+        (dest / "configs").mkdir(parents=True)
+        header = (
+            f"# Extracted at run time from vllm {VLLM_VERSION} ({FUSED_MOE}) by bench/bench_vs_vllm.py prepare.\n"
+            "# Not part of moe-fsm; never committed.\n"
+            "import triton\nimport triton.language as tl\n\n\n"
+        )
+        (dest / "vllm_fused_moe_kernel.py").write_text(header + "\n\n".join(kernels[n] for n in KERNEL_FUNCTIONS))
+        (dest / "vllm_default_config.py").write_text(
+            f"# get_default_config of vllm {VLLM_VERSION} ({FUSED_MOE}); envs/current_platform/next_power_of_2 are\n"
+            "# stubbed by the loader.\n" + default
+        )
+        configs = [
+            n for n in z.namelist()
+            if n.startswith(CONFIG_DIR) and n.endswith(".json") and ("H100" in n or "H200" in n)
+        ]
+        for name in configs:
+            (dest / "configs" / Path(name).name).write_bytes(z.read(name))
+    (dest / "manifest.json").write_text(json.dumps(
+        {"vllm": VLLM_VERSION, "wheel": wheel.name, "functions": list(KERNEL_FUNCTIONS) + ["get_default_config"],
+         "configs": len(configs)}, indent=1) + "\n")
+    print(f"extracted vLLM {VLLM_VERSION}'s kernel, default config and {len(configs)} H100/H200 tables into {dest}")
+
+
+# ---------------------------------------------------------------- vLLM side (GPU)
+
+
+class VllmTriton:
+    """vLLM's kernel, default-config rule and tuned tables, loaded from the extracted files."""
+
+    def __init__(self, extract: Path, device_name: str, capability: tuple[int, int]):
+        import triton
+
+        self.extract = extract
+        module = types.ModuleType("vllm_fused_moe_kernel")
+        path = extract / "vllm_fused_moe_kernel.py"
+        module.__file__ = str(path)
+        sys.modules[module.__name__] = module  # triton.jit reads the source through the module
+        exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
+        self.kernel = module.fused_moe_kernel
+        platform = types.SimpleNamespace(is_rocm=lambda: False, is_cuda=lambda: True)
+        namespace = {
+            "envs": types.SimpleNamespace(VLLM_BATCH_INVARIANT=False),
+            "current_platform": platform,
+            "next_power_of_2": triton.next_power_of_2,
+            "should_moe_wna16_use_cuda": lambda *a, **k: False,
+        }
+        exec(compile((extract / "vllm_default_config.py").read_text(), "vllm_default_config.py", "exec"), namespace)
+        self.default_config = namespace["get_default_config"]
+        file_device = device_name.replace(" ", "_")
+        self.file_device = "NVIDIA_H200" if "H200" in file_device.split("_") else file_device
+        self.swap_ab_ok = capability == (9, 0)
+
+    def table_name(self, e: int, n: int, fp8: Optional[str]) -> str:
+        dtype = ",dtype=fp8_w8a8" if fp8 else ""
+        block = ",block_shape=[128,128]" if fp8 == "block" else ""
+        return f"E={e},N={n},device_name={self.file_device}{dtype}{block}.json"
+
+    @functools.lru_cache(maxsize=None)
+    def table(self, e: int, n: int, fp8: Optional[str]) -> Optional[dict]:
+        path = self.extract / "configs" / self.table_name(e, n, fp8)
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        data.pop("triton_version", None)
+        return {int(k): v for k, v in data.items()}
+
+    def config(self, m: int, e: int, n: int, k: int, top_k: int, fp8: Optional[str]) -> tuple[dict, str]:
+        """(config, where from) as try_get_optimal_moe_config picks it."""
+        table = self.table(e, n, fp8)
+        if table:
+            return dict(table[min(table, key=lambda x: abs(x - m))]), "tuned"
+        dtype = "fp8_w8a8" if fp8 else None
+        block = [128, 128] if fp8 == "block" else None
+        return dict(self.default_config(m, e, n, k, top_k, dtype, block)), "default"
+
+
+def silu_and_mul_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x_ptr, out_ptr, N, stride_x, stride_o, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < N
+        gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * stride_x + N + cols, mask=mask, other=0.0).to(tl.float32)
+        y = gate * tl.sigmoid(gate) * up
+        tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    return kernel
+
+
+class VllmPipeline:
+    """vLLM's fused_experts_impl step by step around its Triton kernel (see the module docstring)."""
+
+    def __init__(self, vllm: VllmTriton, shape, weights):
+        import torch
+
+        from moe_fsm.kernels.triton_moe.tuning import FP8_ACTIVATION
+
+        self.torch = torch
+        self.vllm, self.shape = vllm, shape
+        self.w1, self.w2, self.s1, self.s2 = weights
+        self.act_granularity = FP8_ACTIVATION[shape.fp8] if shape.fp8 else None
+        self.act = silu_and_mul_kernel()
+        self.configs: dict[int, tuple[dict, str]] = {}
+        self.force_naive: Optional[bool] = None  # the precompile workers' two-expert copies set vLLM's choice
+
+    def config(self, m: int) -> tuple[dict, str]:
+        if m not in self.configs:
+            s = self.shape
+            self.configs[m] = self.vllm.config(m, s.num_experts, s.intermediate, s.hidden, s.top_k, s.fp8)
+        return self.configs[m]
+
+    def _gemm(self, a, a_scale, b, b_scale, c, topk_weights, routing, mul_routed_weight, top_k, config, compute_type, naive):
+        import triton
+
+        torch = self.torch
+        fp8 = self.shape.fp8
+        sorted_ids, expert_ids, num_padded = routing
+        m = a.size(0)
+        bm = config["BLOCK_SIZE_M"]
+        if sorted_ids is not None:
+            em = sorted_ids.size(0)
+            if m < bm:
+                em = min(em, m * top_k * bm)
+        else:
+            em = topk_weights.numel() * bm
+        cfg = {k: v for k, v in config.items() if k not in ("BLOCK_SIZE_K", "SPLIT_K")}
+        block_k = config["BLOCK_SIZE_K"]
+        if fp8 == "block":
+            block_k = min(block_k, 128)
+        swap_ab = bool(fp8) and self.vllm.swap_ab_ok and bm < 64 and config["BLOCK_SIZE_N"] >= 64
+        if a_scale is not None and a_scale.ndim == 0:
+            a_scale = a_scale.reshape(1)
+        grid = (triton.cdiv(em, bm) * triton.cdiv(b.size(1), config["BLOCK_SIZE_N"]),)
+        self.vllm.kernel[grid](
+            a, b, c, None, a_scale, b_scale, topk_weights, sorted_ids, expert_ids, num_padded,
+            b.size(1), b.size(2), em, topk_weights.numel(),
+            a.stride(0), a.stride(1), b.stride(0), b.stride(2), b.stride(1), c.stride(1), c.stride(2),
+            a_scale.stride(0) if a_scale is not None and a_scale.ndim == 2 else 0,
+            a_scale.stride(1) if a_scale is not None and a_scale.ndim == 2 else 0,
+            b_scale.stride(0) if b_scale is not None else 0,
+            b_scale.stride(2) if b_scale is not None and b_scale.ndim == 3 else 0,
+            b_scale.stride(1) if b_scale is not None and b_scale.ndim >= 2 and b_scale.size(1) > 1 else 0,
+            0, 0,
+            128 if fp8 == "block" else 0, 128 if fp8 == "block" else 0,
+            MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k, compute_type=compute_type,
+            use_fp8_w8a8=bool(fp8), use_int8_w8a8=False, use_int8_w8a16=False,
+            per_channel_quant=fp8 == "channel", naive_block_assignment=naive, HAS_BIAS=False,
+            BLOCK_SIZE_K=block_k, SWAP_AB=swap_ab, USE_TD=False, SPLIT_K=1, **cfg,
+        )
+
+    def __call__(self, x, topk_weights, topk_ids):
+        import triton.language as tl
+
+        from moe_fsm.kernels.triton_moe import align_tokens, quantize_activation, topk_sum
+
+        torch = self.torch
+        s = self.shape
+        m, top_k = topk_ids.shape
+        config, _ = self.config(m)
+        naive = m * top_k * 4 <= s.num_experts if self.force_naive is None else self.force_naive
+        if naive:
+            routing = (None, topk_ids.view(-1), torch.full((1,), topk_ids.numel() * config["BLOCK_SIZE_M"], dtype=torch.int32, device=x.device))
+        else:
+            r = align_tokens(topk_ids, s.num_experts, config["BLOCK_SIZE_M"])
+            routing = (r.sorted_ids, r.block_expert, r.num_padded)
+        if s.fp8:
+            a, a_scale = quantize_activation(x, self.act_granularity)
+        else:
+            a, a_scale = x, None
+        n, k = s.intermediate, s.hidden
+        cache13 = torch.empty(m * top_k * max(2 * n, k), device=x.device, dtype=x.dtype)
+        cache1 = cache13[: m * top_k * 2 * n].view(m, top_k, 2 * n)
+        cache3 = cache13[: m * top_k * k].view(m, top_k, k)
+        cache2 = torch.empty(m * top_k, n, device=x.device, dtype=x.dtype)
+        compute_type = tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
+        self._gemm(a, a_scale, self.w1, self.s1, cache1, topk_weights, routing, False, top_k, config, compute_type, naive)
+        block = min(1024, triton_next_pow2(n))
+        self.act[(m * top_k, -(-n // block))](cache1, cache2, n, 2 * n, n, BLOCK=block)
+        if s.fp8:
+            a2, a2_scale = quantize_activation(cache2, self.act_granularity)
+        else:
+            a2, a2_scale = cache2, None
+        self._gemm(a2, a2_scale, self.w2, self.s2, cache3, topk_weights, routing, True, 1, config, compute_type, naive)
+        out = torch.empty_like(x)
+        return topk_sum(cache3.view(m * top_k, k), topk_ids, s.num_experts, out)
+
+
+def triton_next_pow2(x: int) -> int:
+    return 1 << (x - 1).bit_length()
+
+
+# ---------------------------------------------------------------- the benchmark (GPU)
+
+
+def expert_bytes(shape) -> int:
+    k, n = shape.hidden, shape.intermediate
+    if shape.fp8 is None:
+        return 3 * n * k * 2
+    scales = {"tensor": 2, "channel": 2 * n + k, "block": -(-2 * n // 128) * -(-k // 128) + -(-k // 128) * -(-n // 128)}[shape.fp8]
+    return 3 * n * k + 4 * scales
+
+
+def precompile_worker(jobs: list[tuple]) -> list[str]:
+    """Worker: run both pipelines once per (series, tokens) on a two-expert copy so every kernel compiles."""
+    import torch
+
+    from moe_fsm.kernels.triton_moe import MoEConfig
+    from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, layer_fn, make_weights
+
+    failures = []
+    for extract, series, tokens, ours_json, vllm_cfg, naive in jobs:
+        shape = NAMED_SHAPES[series]
+        small = shape.with_experts(2)
+        try:
+            weights = make_weights(small, init=False)
+            x = torch.randn(tokens, shape.hidden, device="cuda", dtype=torch.bfloat16)
+            ids = torch.randint(0, 2, (tokens, shape.top_k), device="cuda", dtype=torch.int32)
+            g = torch.full(ids.shape, 1.0 / shape.top_k, device="cuda")
+            layer_fn(small, weights, MoEConfig.from_json(ours_json))(x, g, ids)
+            vllm = VllmTriton(Path(extract), torch.cuda.get_device_name(), torch.cuda.get_device_capability())
+            pipe = VllmPipeline(vllm, small, weights)
+            pipe.configs[tokens] = (vllm_cfg, "given")
+            pipe.force_naive = naive
+            pipe(x, g, ids)
+            torch.cuda.synchronize()
+        except Exception as exc:
+            failures.append(f"{series} T={tokens}: {type(exc).__name__}: {str(exc)[:200]}")
+    return failures
+
+
+def main_run(args) -> None:
+    import multiprocessing as mp
+
+    import torch
+    import triton
+
+    from bench_gpu import measure_ceilings, versions
+    from moe_fsm.kernels.triton_moe import get_config
+    from moe_fsm.kernels.triton_moe._runtime import device_name
+    from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, layer_fn, make_weights, replays_per_graph, routings, time_graph
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_vs_vllm.py run needs a CUDA device")
+    dev_name = torch.cuda.get_device_name()
+    vllm = VllmTriton(args.extract, dev_name, torch.cuda.get_device_capability())
+    series_list = args.series or list(NAMED_SHAPES)
+    start = time.time()
+
+    def ours_config(shape, t):
+        return get_config(device_name(torch.device("cuda", 0)), shape.num_experts, shape.intermediate, shape.hidden,
+                          shape.top_k, t, shape.dtype, shape.fp8)
+
+    if args.workers > 0:
+        jobs = []
+        for series in series_list:
+            shape = NAMED_SHAPES[series]
+            for t in args.tokens:
+                cfg, _ = vllm.config(t, shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, shape.fp8)
+                jobs.append((str(args.extract), series, t, ours_config(shape, t).to_json(), cfg, t * shape.top_k * 4 <= shape.num_experts))
+        chunks = [c for c in (jobs[i::args.workers] for i in range(args.workers)) if c]
+        with mp.get_context("spawn").Pool(len(chunks)) as pool:
+            failures = [f for fs in pool.map(precompile_worker, chunks) for f in fs]
+        print(f"precompiled {len(jobs)} points in {time.time() - start:.0f} s; {len(failures)} failed", flush=True)
+        for f in failures:
+            print("  " + f, flush=True)
+
+    ceilings = measure_ceilings()
+    print(json.dumps(ceilings), flush=True)
+    report = {"machine": versions(), "ceilings": ceilings, "vllm": VLLM_VERSION, "results": [], "eager": []}
+    out_dir = args.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for series in series_list:
+        shape = NAMED_SHAPES[series]
+        weights = make_weights(shape)
+        ours_fns = layer_fn(shape, weights, None)
+        theirs = VllmPipeline(vllm, shape, weights)
+        for t in args.tokens:
+            routes = routings(t, shape.num_experts, shape.top_k, replays_per_graph(t), seed=t)
+            gen = torch.Generator(device="cuda").manual_seed(t + 1)
+            xs = [torch.randn(t, shape.hidden, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in routes]
+            inputs = [(x, g, ids) for x, (g, ids) in zip(xs, routes)]
+            hit = statistics.mean(int(torch.unique(ids).numel()) for _, ids in routes)
+            n_bytes = hit * expert_bytes(shape) + 2 * t * shape.hidden * 2
+            flops = 2 * t * shape.top_k * 3 * shape.intermediate * shape.hidden
+            rate = ceilings["fp8_matmul_TFLOPs"] if shape.fp8 else ceilings["bf16_matmul_TFLOPs"]
+            roofline_us = max(n_bytes / ceilings["copy_GBps"] / 1e3, flops / rate / 1e6)
+            row = {"series": series, "E": shape.num_experts, "N": shape.intermediate, "K": shape.hidden, "top_k": shape.top_k,
+                   "quant": shape.fp8 or "bf16", "tokens": t, "hit_experts": hit, "bytes": n_bytes, "flops": flops,
+                   "roofline_us": roofline_us, "ours_config": ours_config(shape, t).to_json()}
+            vcfg, source = theirs.config(t)
+            row.update(vllm_config=vcfg, vllm_config_source=source)
+            # correctness on the first input: both pipelines compute the same layer
+            a = ours_fns(*inputs[0]).float()
+            b = theirs(*inputs[0]).float()
+            row["rel_diff"] = float((a - b).norm() / b.norm().clamp(min=1e-30))
+            rep = 100.0 if t <= 2048 else 60.0
+            for name, fn in (("vllm", theirs), ("ours", ours_fns)):
+                try:
+                    row[f"{name}_us"] = time_graph(fn, inputs, rep)
+                except Exception as exc:
+                    torch.cuda.synchronize()
+                    row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            if "ours_us" in row and "vllm_us" in row:
+                row["speedup"] = row["vllm_us"] / row["ours_us"]
+                row["ours_TFLOPs"] = flops / row["ours_us"] / 1e6
+                row["ours_x_roofline"] = row["ours_us"] / roofline_us
+            if t == 1:
+                for name, fn in (("vllm", theirs), ("ours", ours_fns)):
+                    fn(*inputs[0])
+                    torch.cuda.synchronize()
+                    row[f"{name}_eager_us"] = float(triton.testing.do_bench(lambda: fn(*inputs[0]), warmup=20, rep=100, return_mode="median")) * 1e3
+            report["results"].append(row)
+            print(f"{series:28s} T={t:5d} vllm {row.get('vllm_us', float('nan')):9.1f} ({source[:3]})  ours {row.get('ours_us', float('nan')):9.1f}  "
+                  f"x{row.get('speedup', float('nan')):5.2f}  roof x{row.get('ours_x_roofline', float('nan')):5.2f}  "
+                  f"diff {row['rel_diff']:.1e}" + (f"  eager ours {row['ours_eager_us']:.1f} vllm {row['vllm_eager_us']:.1f}" if t == 1 else ""),
+                  flush=True)
+            del xs, routes, inputs
+        del weights, ours_fns, theirs
+        torch.cuda.empty_cache()
+        write_report(out_dir, args.name, report)
+    report["engine_eager"] = engine_eager(NAMED_SHAPES[series_list[0]])
+    write_report(out_dir, args.name, report)
+    print(json.dumps(report["summary"], indent=1))
+    print(f"done in {time.time() - start:.0f} s")
+
+
+def engine_eager(shape) -> dict:
+    """Eager vs graph time of one layer call through the Decision-built modular kernel at 1 token."""
+    import torch
+    import triton.testing
+
+    from moe_fsm.experts.triton_experts import TritonExperts
+    from moe_fsm.inputs.layer import MoELayer
+    from moe_fsm.inputs.quant import QuantScheme
+    from moe_fsm.kernels.triton_moe.tuning import make_weights, routings, time_graph
+    from moe_fsm.modular.kernel import ModularKernel
+    from moe_fsm.prepare_finalize.local import LocalPrepareFinalize
+
+    layer = MoELayer(quant=QuantScheme.unquantized(), num_experts=shape.num_experts, top_k=shape.top_k,
+                     hidden_size=shape.hidden, intermediate_size=shape.intermediate, dtype="bfloat16")
+    kernel = ModularKernel(LocalPrepareFinalize(), TritonExperts(layer), layer)
+    w1, w2, _, _ = make_weights(shape)
+    (g, ids), = routings(1, shape.num_experts, shape.top_k, 1, seed=5)
+    x = torch.randn(1, shape.hidden, device="cuda", dtype=torch.bfloat16)
+    fn = lambda x, g, ids: kernel(x, w1, w2, g, ids)  # noqa: E731
+    fn(x, g, ids)
+    torch.cuda.synchronize()
+    eager = float(triton.testing.do_bench(lambda: fn(x, g, ids), warmup=20, rep=100, return_mode="median")) * 1e3
+    graph = time_graph(fn, [(x, g, ids)], 50.0)
+    return {"layer": "modular kernel (LocalPrepareFinalize + TritonExperts)", "tokens": 1, "eager_us": eager, "graph_us": graph,
+            "host_us": eager - graph}
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def summarize(report: dict) -> dict:
+    rows = [r for r in report["results"] if "speedup" in r]
+    losing = [f"{r['series']}/{r['tokens']}: x{r['speedup']:.2f}" for r in rows if r["speedup"] < 1.0]
+    prefill = {f"{r['series']}/{r['tokens']}": round(r["ours_TFLOPs"], 1) for r in rows if r["tokens"] >= 2048}
+    decode = {f"{r['series']}/{r['tokens']}": round(r["ours_x_roofline"], 3) for r in rows if r["tokens"] <= 32}
+    eager = {r["series"]: {"ours_graph_us": round(r["ours_us"], 1), "ours_eager_us": round(r["ours_eager_us"], 1),
+                           "ours_host_us": round(r["ours_eager_us"] - r["ours_us"], 1),
+                           "vllm_host_us": round(r["vllm_eager_us"] - r["vllm_us"], 1)}
+             for r in rows if "ours_eager_us" in r}
+    return {
+        "points": len(rows),
+        "geomean_speedup": round(geomean([r["speedup"] for r in rows]), 3),
+        "min_speedup": round(min((r["speedup"] for r in rows), default=float("nan")), 3),
+        "points_losing": losing,
+        "max_rel_diff": max((r["rel_diff"] for r in rows), default=float("nan")),
+        "prefill_TFLOPs": prefill,
+        "decode_x_roofline": decode,
+        "eager_1_token": eager,
+        "engine_eager_1_token": report.get("engine_eager"),
+    }
+
+
+def write_report(out_dir: Path, name: str, report: dict) -> None:
+    report["summary"] = summarize(report)
+    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_markdown(out_dir / f"{name}.md", report)
+    try:
+        write_plot(out_dir / f"{name}.png", report)
+    except ImportError as exc:
+        print(f"no plot: {exc}")
+
+
+def _cfg(c: dict) -> str:
+    if "w1" in c:
+        f = lambda g: f"{g['block_n']}x{g['block_k']}/g{g['group_m']}/w{g['num_warps']}s{g['num_stages']}{'/swap' if g.get('swap_ab') else ''}"  # noqa: E731
+        return f"M{c['block_m']} w1 {f(c['w1'])} w2 {f(c['w2'])}{' fold' if c.get('fold_topk') else ''}"
+    return f"M{c['BLOCK_SIZE_M']} N{c['BLOCK_SIZE_N']} K{c['BLOCK_SIZE_K']}/g{c['GROUP_SIZE_M']}/w{c.get('num_warps', 4)}s{c.get('num_stages', 3)}"
+
+
+def write_markdown(path: Path, report: dict) -> None:
+    m, c, s = report["machine"], report["ceilings"], report["summary"]
+    lines = [
+        f"# moe-fsm Triton MoE vs vLLM {report['vllm']} fused_moe_kernel, side by side",
+        "",
+        f"Machine: {m['gpu']} (sm_{m['capability'].replace('.', '')}, {m['sm_count']} SMs), torch {m['torch']}, Triton {m['triton']}, {m['date']}.",
+        f"Ceilings in this run: copy {c['copy_GBps']:.0f} GB/s, bf16 matmul {c['bf16_matmul_TFLOPs']:.0f} TFLOP/s, FP8 matmul {c['fp8_matmul_TFLOPs']:.0f} TFLOP/s.",
+        "",
+        "µs: median per layer call, CUDA-graph replays of R calls on R routings / R, L2 flushed per replay. "
+        "Both sides: same weights, routing, alignment, FP8 activation quantizer and top-k sum (bench/bench_vs_vllm.py docstring). "
+        "x = vLLM µs / ours (> 1: ours faster). vLLM cfg: `tuned` = vLLM's shipped table for this GPU, `default` = get_default_config.",
+        "",
+        f"**Geometric mean x{s['geomean_speedup']}** over {s['points']} points; slowest point x{s['min_speedup']}; "
+        f"points where vLLM is faster: {len(s['points_losing'])}{(' (' + ', '.join(s['points_losing']) + ')') if s['points_losing'] else ''}.",
+        "",
+    ]
+    series = list(dict.fromkeys(r["series"] for r in report["results"]))
+    for name in series:
+        rows = [r for r in report["results"] if r["series"] == name]
+        r0 = rows[0]
+        lines += [f"## {name} (E={r0['E']}, N={r0['N']}, K={r0['K']}, top-{r0['top_k']}, {r0['quant']})", "",
+                  "| tokens | vLLM µs | vLLM cfg | ours µs | x | ours / roofline | TFLOP/s | rel diff | ours config | vLLM config |",
+                  "|---:|---:|:--|---:|---:|---:|---:|---:|:--|:--|"]
+        for r in rows:
+            lines.append(
+                f"| {r['tokens']} | {r.get('vllm_us', float('nan')):.1f} | {r['vllm_config_source']} | {r.get('ours_us', float('nan')):.1f} | "
+                f"{r.get('speedup', float('nan')):.2f} | {r.get('ours_x_roofline', float('nan')):.2f} | {r.get('ours_TFLOPs', float('nan')):.0f} | "
+                f"{r['rel_diff']:.1e} | {_cfg(r['ours_config'])} | {_cfg(r['vllm_config'])} |")
+        lines.append("")
+    lines += ["## Headlines", "", f"- prefill TFLOP/s (ours): {s['prefill_TFLOPs']}", f"- decode, ours / memory roofline: {s['decode_x_roofline']}",
+              f"- eager at 1 token (fused_experts): {s['eager_1_token']}", f"- eager at 1 token (modular kernel): {s['engine_eager_1_token']}", ""]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_plot(path: Path, report: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = list(dict.fromkeys(r["series"] for r in report["results"]))
+    fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], series):
+        rows = [r for r in report["results"] if r["series"] == name and "speedup" in r]
+        ax.plot([r["tokens"] for r in rows], [r["speedup"] for r in rows], "o-", label="vLLM µs / ours")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens")
+        ax.set_title(name, fontsize=9)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("speedup over vLLM")
+    m = report["machine"]
+    fig.suptitle(f"moe-fsm vs vLLM {report['vllm']} Triton MoE, {m['gpu']}, geomean x{report['summary']['geomean_speedup']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    p = sub.add_parser("prepare", help="extract vLLM's kernel and configs from the cached (or downloaded) wheel")
+    p.add_argument("--cache", type=Path, default=Path(os.environ.get("VLLM_WHEEL_CACHE", "/work/cache/vllm")))
+    p.add_argument("--extract", type=Path, default=DEFAULT_EXTRACT)
+    r = sub.add_parser("run", help="run the side-by-side benchmark on this GPU")
+    r.add_argument("--extract", type=Path, default=DEFAULT_EXTRACT)
+    r.add_argument("--series", nargs="*", default=None)
+    r.add_argument("--tokens", nargs="*", type=int, default=[1, 8, 32, 128, 512, 2048, 8192])
+    r.add_argument("--workers", type=int, default=12, help="processes compiling every kernel first (0: none)")
+    r.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "perf")
+    r.add_argument("--name", default=None)
+    args = parser.parse_args()
+    if args.step == "prepare":
+        prepare(args.cache, args.extract)
+        return
+    if args.name is None:
+        import torch
+
+        args.name = "vs_vllm_" + ("h200" if "H200" in torch.cuda.get_device_name() else "h100")
+    main_run(args)
+
+
+if __name__ == "__main__":
+    main()

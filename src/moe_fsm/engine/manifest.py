@@ -1,0 +1,77 @@
+"""The run manifest: which run wrote which trace files of a trace directory, and what it found.
+
+Several runs may share one trace directory (the default is ``moe-fsm-traces/``).
+Trace files are named after their layer, so a later run overwrites some of an
+earlier run's files and leaves others; ``run.manifest`` says which files
+the last run wrote, with its command, settings and each layer's result, and
+lists the trace files it found there from earlier runs. Its content is JSON; its name
+is not *.json, so `moe-fsm explain DIR/*.json` still reads only traces.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Iterable, Sequence
+
+MANIFEST_NAME = "run.manifest"  # JSON, named so that `explain DIR/*.json` takes only traces
+MANIFEST_SCHEMA = "moe-fsm/run-manifest"
+
+
+def write_manifest(
+    trace_dir: Path,
+    *,
+    argv: Sequence[str],
+    preset: str,
+    tokens: int,
+    seed: int,
+    check_rows,
+    repeats: int,
+    world_size: int,
+    started_at: float,
+    results: Iterable,
+    trace_files: Sequence[Sequence[Path]],
+) -> Path:
+    """Write ``trace_dir/run-manifest.json``; ``trace_files[i]`` are layer i's files (one per rank)."""
+    import json
+
+    from moe_fsm.trace.document import write_atomic
+
+    trace_dir = Path(trace_dir)
+    results = list(results)
+    ours = {Path(p).name for files in trace_files for p in files}
+    earlier = sorted(
+        p.name for p in trace_dir.glob("*.json")
+        if p.name not in ours and p.name != MANIFEST_NAME and p.stat().st_mtime < started_at
+    )
+    document = {
+        "schema": MANIFEST_SCHEMA,
+        "schema_version": 1,
+        "run_id": uuid.uuid4().hex,
+        "started_at": round(started_at, 3),
+        "finished_at": round(time.time(), 3),
+        "pid": os.getpid(),
+        "command": list(argv),
+        "preset": preset,
+        "tokens": tokens,
+        "seed": seed,
+        "check_rows": check_rows,
+        "repeats": repeats,
+        "world_size": world_size,
+        "ok": all(r.ok for r in results),
+        "layers": [
+            {**_finite(asdict(r)), "ok": r.ok, "trace_files": [Path(p).name for p in files]}
+            for r, files in zip(results, trace_files)
+        ],
+        "earlier_files": earlier,
+    }
+    return write_atomic(trace_dir / MANIFEST_NAME, json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def _finite(row: dict) -> dict:
+    """Strict JSON has no NaN or Infinity: such a figure is recorded as null."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}

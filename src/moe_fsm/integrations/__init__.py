@@ -1,0 +1,1 @@
+"""Integrations with other engines (optional dependencies, imported only when used)."""

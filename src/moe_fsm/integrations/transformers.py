@@ -1,0 +1,311 @@
+"""moe-fsm inside Hugging Face transformers: its experts modules run the kernel moe-fsm decides.
+
+transformers 5 dispatches every experts module decorated with
+``use_experts_implementation`` through ``ExpertsInterface``:
+``fn(module, hidden_states, top_k_index, top_k_weights)``. ``enable(model)``
+registers ``moe_fsm`` there, then prepares every such module *at enable time*:
+the layer spec comes from the module and its config, the per-layer
+``Engine`` decides it (once per distinct spec, one trace per module named by its
+qualified name) and builds the kernel. The forward only reads the module's own
+``gate_up_proj`` / ``down_proj`` (views, never copies: they are moe-fsm's w1
+[E, 2N, K] and w2 [E, K, N], or their transposes), so a forward never decides
+again and weight updates are seen at once.
+
+Layouts the kernels lack (expert biases, interleaved gate/up rows, a custom
+gate, non-gated experts, a post-expert norm) are refused by ``enable``, naming
+the model class and the feature. Transposed weights are taken as views.
+
+Training: the torch experts are differentiable (autograd through their GEMMs,
+activation and top-k reduction, router weights included). The Triton, grouped-GEMM
+and FlashInfer experts are inference-only. When a forward needs gradients and a
+layer's kernel is inference-only, ``training="torch"`` (the default) runs that
+call on the torch experts of the same layer, built at enable; ``training="refuse"``
+raises instead. ``EnabledModel.training_substitutes`` lists those layers. A call
+needs gradients when grad mode is on and an input or weight requires them, as in
+eager: run inference under ``torch.no_grad()`` or ``torch.inference_mode()`` (as
+``generate()`` does) to get the decided kernel on every layer.
+
+A decided kernel moe-fsm cannot build here (one it only models, like vLLM's
+compiled CUTLASS, or a dtype its implementation lacks, like float32 for the Triton
+kernels) is replaced by the torch experts of the same layer, and
+``EnabledModel.substitutes`` / ``summary()`` say so and why; the trace keeps the decision.
+
+Dropped experts: transformers marks a slot another rank computes with an id
+>= num_experts; moe-fsm's convention is -1 plus an ``expert_map``. The conversion
+happens here, at the boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Mapping, Optional, Union
+
+import torch
+
+from moe_fsm.decision import probed_platform
+from moe_fsm.engine.engine import DEFAULT_TRACE_DIR, Engine, LoadedLayer
+from moe_fsm.errors import BackendUnavailableError, InputError, KernelInputError, MoeFsmError
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.inputs.platform import PlatformFacts, Vendor
+from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.plan.model_config import ACTIVATIONS
+from moe_fsm.profiles import ProfileChoice
+
+IMPLEMENTATION = "moe_fsm"
+
+
+# Experts classes whose forward is torch operators autograd can follow.
+DIFFERENTIABLE_EXPERTS = frozenset({"TorchExperts", "TorchBatchedExperts"})
+
+TRAINING_MODES = ("torch", "refuse")
+
+
+@dataclass
+class PreparedExperts:
+    """What one experts module runs: its decided kernel, and the torch kernel for gradient-needing calls."""
+
+    name: str
+    layer: MoELayer
+    loaded: LoadedLayer
+    kernel: object
+    training_kernel: Optional[object]
+    device: torch.device
+    substitute_reason: Optional[str] = None  # why the torch experts run instead of the decided kernel
+
+    @property
+    def inference_only(self) -> bool:
+        return self.kernel.experts.name not in DIFFERENTIABLE_EXPERTS
+
+
+@dataclass
+class EnabledModel:
+    """The result of ``enable``: every prepared module, the engine that decided them, where the traces are."""
+
+    model_class: str
+    engine: Engine
+    modules: dict[str, PreparedExperts]
+    training: str
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.engine.trace_dir
+
+    @property
+    def substitutes(self) -> dict[str, str]:
+        """Modules whose decided kernel moe-fsm cannot build here, which run the torch experts: name -> why."""
+        return {name: p.substitute_reason for name, p in self.modules.items() if p.substitute_reason}
+
+    @property
+    def training_substitutes(self) -> list[str]:
+        """Modules whose decided kernel is inference-only and that train through the torch experts."""
+        return [name for name, p in self.modules.items() if p.inference_only and p.training_kernel is not None]
+
+    def summary(self) -> str:
+        groups: dict[tuple, list[str]] = {}
+        for name, p in self.modules.items():
+            d = p.loaded.decision
+            key = (d.backend, p.kernel.name, p.layer.dtype, p.inference_only, p.substitute_reason)
+            groups.setdefault(key, []).append(name)
+        lines = [
+            f"moe_fsm: {len(self.modules)} experts module(s) of {self.model_class}, "
+            f"{self.engine.distinct_decisions} distinct decision(s); traces in {self.trace_dir}/"
+        ]
+        for (backend, kernel, dtype, inference_only, substitute), names in groups.items():
+            note = f"; runs the torch experts: {substitute}" if substitute else ""
+            if inference_only:
+                note += "; training: torch experts" if self.training == "torch" else "; training: refused"
+            lines.append(f"  {len(names):3d} x {backend} ({kernel}, {dtype}{note}): {names[0]}" + (" ..." if len(names) > 1 else ""))
+        return "\n".join(lines)
+
+
+def enable(
+    model,
+    backend: Union[str, Mapping[str, str], BackendRequest] = "auto",
+    *,
+    policy: Union[str, ProfileChoice, None] = None,
+    env: Union[EnvSnapshot, Mapping[str, str], None] = None,
+    trace_dir: Union[str, Path] = DEFAULT_TRACE_DIR,
+    platform: Optional[PlatformFacts] = None,
+    parallel: Optional[ParallelConfig] = None,
+    training: str = "torch",
+) -> EnabledModel:
+    """Register ``moe_fsm`` with transformers, decide and build every experts module, switch the model to it.
+
+    ``policy`` names the profile whose rules decide ("seeds", "vllm-0.33", ...; None:
+    the installed vLLM's, else seeds). ``platform`` defaults to the probed machine for modules on a GPU and to the
+    CPU for modules on the CPU (the kernel must run where the weights are).
+    Raises ``InputError`` naming the model class and feature for a layout
+    moe-fsm cannot run, and the first layer's selection error (trace written).
+    """
+    from transformers.integrations.moe import ExpertsInterface
+
+    if training not in TRAINING_MODES:
+        raise InputError(f"training={training!r} is not one of {list(TRAINING_MODES)}")
+    found = experts_modules(model)
+    if not found:
+        raise InputError(
+            f"{type(model).__name__} has no experts module dispatched through transformers' ExpertsInterface "
+            "(classes decorated with use_experts_implementation)"
+        )
+    device_types = sorted({_weights(module)[0].device.type for _, module in found})
+    if len(device_types) > 1:
+        raise InputError(
+            f"the experts of {type(model).__name__} are spread over device types {device_types}; moe_fsm decides "
+            "for one platform, so move the model to one device type before enable()"
+        )
+    specs = [(name, module, layer_spec(module, model_class=type(model).__name__, name=name)) for name, module in found]
+    ExpertsInterface.register(IMPLEMENTATION, experts_forward)
+    engine = Engine(
+        parallel=parallel, request=backend, env=env, policy=policy, build=False,
+        platform=platform or platform_for(_weights(found[0][1])[0].device), trace_dir=trace_dir,
+    )
+    prepared, kernels, torch_kernels = {}, {}, {}
+    for name, module, layer in specs:
+        loaded = engine.load_layer(name, layer)
+        key = engine.inputs_for(layer)
+        if key not in kernels:
+            kernels[key] = build_kernel(loaded.decision, layer, engine)
+        kernel, substitute_reason = kernels[key]
+        training_kernel = kernel if kernel.experts.name in DIFFERENTIABLE_EXPERTS else None
+        if training_kernel is None and training == "torch":
+            if layer not in torch_kernels:
+                torch_kernels[layer] = torch_kernel(layer)
+            training_kernel = torch_kernels[layer]
+        prepared[name] = module._moe_fsm = PreparedExperts(
+            name, layer, loaded, kernel, training_kernel, _weights(module)[0].device, substitute_reason,
+        )
+    model.set_experts_implementation(IMPLEMENTATION)
+    return EnabledModel(type(model).__name__, engine, prepared, training)
+
+
+def experts_modules(model) -> list[tuple[str, torch.nn.Module]]:
+    """(qualified name, module) of every module transformers dispatches through ExpertsInterface."""
+    return [
+        (name, module) for name, module in model.named_modules()
+        if hasattr(module, "is_concatenated") and hasattr(module, "has_gate") and hasattr(module, "down_proj")
+    ]
+
+
+def layer_spec(module, *, model_class: str, name: str) -> MoELayer:
+    """The MoELayer of one experts module, or InputError listing every feature the kernels lack."""
+    from transformers.integrations.moe import _default_apply_gate
+
+    cls = type(module)
+    unsupported = []
+    if getattr(module, "has_bias", False):
+        unsupported.append("expert biases (gate_up_proj_bias, down_proj_bias)")
+    if not getattr(module, "is_concatenated", True):
+        unsupported.append("interleaved gate/up rows (moe-fsm takes all gate rows, then all up rows)")
+    if not getattr(module, "has_gate", True):
+        unsupported.append("non-gated experts (up_proj only)")
+    if getattr(module, "has_post_expert_norm", False):
+        unsupported.append("a norm after each expert")
+    if getattr(cls, "_apply_gate", _default_apply_gate) is not _default_apply_gate:
+        unsupported.append(f"a custom gate ({cls.__name__}._apply_gate)")
+    config = module.config
+    act = getattr(config, "hidden_act", None)
+    if act not in ACTIVATIONS:
+        unsupported.append(f"activation hidden_act={act!r} (moe-fsm runs {sorted(ACTIVATIONS)})")
+    w1, w2 = _weights(module) if hasattr(module, "gate_up_proj") else (None, None)
+    if w1 is None:
+        unsupported.append("no gate_up_proj weight")
+    elif not w1.is_floating_point() or w1.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        unsupported.append(f"expert weights of dtype {w1.dtype} (quantized experts are not mapped yet)")
+    if unsupported:
+        raise InputError(
+            f"{model_class}: experts module {name} ({cls.__name__}) has " + "; ".join(unsupported)
+            + ". moe_fsm runs gate_up_proj [E, 2I, H] (gate rows first, or its transpose) and down_proj [E, H, I] "
+            "with no biases and a gated silu/gelu"
+        )
+    top_k = next((getattr(config, k) for k in ("num_experts_per_tok", "experts_per_token", "moe_topk", "top_k")
+                  if isinstance(getattr(config, k, None), int)), None)
+    if top_k is None:
+        raise InputError(f"{model_class}: the config of {name} names no top-k (num_experts_per_tok)")
+    num_experts, two_n, hidden = w1.shape
+    if w2.shape != (num_experts, hidden, two_n // 2) or two_n % 2:
+        raise InputError(
+            f"{model_class}: {name} has gate_up_proj {list(w1.shape)} and down_proj {list(w2.shape)} "
+            "(as w1/w2); expected [E, 2I, H] and [E, H, I]"
+        )
+    return MoELayer(
+        num_experts=num_experts, top_k=top_k, hidden_size=hidden, intermediate_size=two_n // 2,
+        activation=ACTIVATIONS[act], dtype=w1.dtype,
+    )
+
+
+def platform_for(device: torch.device) -> PlatformFacts:
+    """The machine's facts for a GPU device; for the CPU, a CPU platform with this machine's libraries."""
+    probed = probed_platform()
+    if device.type == "cpu":
+        return replace(probed, vendor=Vendor.CPU, capability=None, gcn_arch=None, device_name="cpu")
+    return probed
+
+
+def build_kernel(decision, layer: MoELayer, engine: Engine) -> tuple[object, Optional[str]]:
+    """The decided kernel; where moe-fsm cannot build it here (a kernel it only models, a dtype its
+    implementation lacks), the torch experts of the same layer, with the reason."""
+    try:
+        return decision.build(engine.registry), None
+    except (BackendUnavailableError, KernelInputError) as err:
+        return torch_kernel(layer), f"{decision.kernel or decision.backend} cannot be built here ({err})"
+
+
+def torch_kernel(layer: MoELayer):
+    """The torch experts of ``layer`` behind a local prepare/finalize: the kernel for calls that need gradients."""
+    from moe_fsm.experts.torch_experts import TorchExperts
+    from moe_fsm.modular.kernel import ModularKernel
+    from moe_fsm.prepare_finalize.local import LocalPrepareFinalize
+
+    return ModularKernel(LocalPrepareFinalize(), TorchExperts(layer), layer)
+
+
+def moe_fsm_ids(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """transformers' dropped-slot ids (>= num_experts) to moe-fsm's (-1, with an identity expert map)."""
+    dropped = top_k_index >= num_experts
+    ids = torch.where(dropped, torch.full_like(top_k_index, -1), top_k_index)
+    return ids, torch.arange(num_experts, device=top_k_index.device, dtype=torch.int32)
+
+
+def experts_forward(module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The ``moe_fsm`` entry of ExpertsInterface: run the module's prepared kernel on its own weights."""
+    prepared: Optional[PreparedExperts] = getattr(module, "_moe_fsm", None)
+    if prepared is None:
+        raise MoeFsmError(
+            f"{type(module).__name__} was not prepared by moe_fsm: call moe_fsm.integrations.transformers.enable(model) "
+            "after loading (and again after adding modules)"
+        )
+    w1, w2 = _weights(module)
+    if w1.device != prepared.device or w1.dtype != getattr(torch, prepared.layer.dtype):
+        raise MoeFsmError(
+            f"{prepared.name} moved to {w1.device} / {w1.dtype} after enable() decided it for {prepared.device} / "
+            f"{prepared.layer.dtype}; call enable(model) again"
+        )
+    kernel = prepared.kernel
+    needs_grad = torch.is_grad_enabled() and (
+        hidden_states.requires_grad or w1.requires_grad or w2.requires_grad or top_k_weights.requires_grad
+    )
+    if needs_grad and prepared.inference_only:
+        if prepared.training_kernel is None:
+            raise MoeFsmError(
+                f"{prepared.name}: {kernel.experts.name} is inference-only and enable(training='refuse') was asked; "
+                "run under torch.no_grad(), or enable with training='torch'"
+            )
+        kernel = prepared.training_kernel
+    ids, expert_map = top_k_index, None
+    if getattr(module, "_is_expert_parallel", False):
+        ids, expert_map = moe_fsm_ids(top_k_index, prepared.layer.num_experts)
+    x = hidden_states.to(w1.dtype)
+    out = kernel(x, w1, w2, top_k_weights, ids, expert_map=expert_map)
+    return out.to(hidden_states.dtype)
+
+
+def _weights(module) -> tuple[torch.Tensor, torch.Tensor]:
+    """w1 [E, 2N, K] and w2 [E, K, N] as views of the module's parameters (transposed layouts included)."""
+    w1, w2 = module.gate_up_proj, module.down_proj
+    if getattr(module, "is_transposed", False):
+        return w1.transpose(1, 2), w2.transpose(1, 2)
+    return w1, w2
+

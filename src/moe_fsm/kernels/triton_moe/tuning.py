@@ -1,0 +1,302 @@
+"""Tune the Triton fused-MoE configs of one layer shape on this GPU (what ``moe-fsm tune`` runs).
+
+Each candidate config is timed as the whole layer (alignment, both GEMMs, the
+activation quantization and the top-k sum) captured in a CUDA graph that replays
+the layer on R different routings, L2 flushed before each replay: decode buckets
+are then ranked as they run in a serving engine, launch gaps included, which
+timing each GEMM alone does not do. The winner per token count goes into the
+user's config directory (``config.write_user_table``), which the runtime reads
+before the shipped tables.
+
+Compiling every candidate serially would take minutes, so worker processes
+compile them first (``precompile``) on a copy of the shape with two experts: the
+kernels specialize on strides, dtypes and the config, never on the expert count,
+so Triton's on-disk cache then serves the main process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import multiprocessing as mp
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, default_config, validate_config
+from moe_fsm.kernels.triton_moe.fused import Fp8Spec, fused_experts
+
+FP8_ACTIVATION = {"tensor": "tensor", "channel": "token", "block": "group"}
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What a table entry is keyed by, plus top-k (which sets rows per expert)."""
+
+    num_experts: int
+    intermediate: int  # N
+    hidden: int  # K
+    top_k: int
+    dtype: str = "bfloat16"
+    fp8: Optional[str] = None  # None, "tensor", "channel" or "block"
+
+    @property
+    def spec(self) -> Optional[Fp8Spec]:
+        return Fp8Spec(self.fp8, FP8_ACTIVATION[self.fp8]) if self.fp8 else None
+
+    def with_experts(self, num_experts: int) -> "LayerShape":
+        return LayerShape(num_experts, self.intermediate, self.hidden, self.top_k, self.dtype, self.fp8)
+
+
+# the full-size layers the tables ship for (and the vLLM side-by-side benchmark's grid)
+NAMED_SHAPES: dict[str, LayerShape] = {
+    "qwen3-30b-a3b": LayerShape(128, 768, 2048, 8),
+    "qwen3-30b-a3b-tp2": LayerShape(128, 384, 2048, 8),
+    "qwen3-30b-a3b-tp4": LayerShape(128, 192, 2048, 8),
+    "mixtral-8x7b": LayerShape(8, 14336, 4096, 2),
+    "mixtral-8x7b-fp8-tensor": LayerShape(8, 14336, 4096, 2, fp8="tensor"),
+    "qwen3-30b-a3b-fp8-channel": LayerShape(128, 768, 2048, 8, fp8="channel"),
+    "deepseek-v3-fp8-block": LayerShape(256, 2048, 7168, 8, fp8="block"),
+}
+TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
+
+
+def candidate_configs(shape: LayerShape, num_tokens: int) -> list[MoEConfig]:
+    """The default config first, then row blocks around the mean rows per expert times a few tiles each."""
+    block_fp8 = shape.fp8 == "block"
+    default = default_config(
+        shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens, block_fp8=block_fp8, fp8=shape.fp8 is not None
+    )
+    rows = num_tokens * shape.top_k / shape.num_experts
+    if num_tokens == 1 or rows < 4:
+        block_ms = [16]
+    elif rows < 24:
+        block_ms = [16, 32]
+    elif rows < 96:
+        block_ms = [32, 64]
+    else:
+        block_ms = [64, 128]
+    fold = [False, True] if num_tokens * shape.top_k >= 4096 else [False]
+    bk = 128 if shape.fp8 else 64
+    out = [default]
+    shipped = shipped_config(shape, num_tokens)
+    if shipped is not None:
+        out.append(shipped)
+    for block_m in block_ms:
+        thin = block_m <= 32
+        if thin:
+            tiles = [(32, 64, 128, 4, 4), (64, 64, 128, 4, 3), (32, 128, 128, 4, 3), (64, 128, 256 if not shape.fp8 else 128, 4, 3)]
+        else:
+            tiles = [(64, 128, bk, 4, 3), (64, 128, bk, 8, 3), (64, 128, 128, 8, 4), (128, 128, bk, 8, 3), (64, 256, bk, 8, 3), (128, 256, bk, 8, 4)]
+        group_m = 1 if thin else (16 if block_m >= 128 else 8)
+        swaps = [True, False] if thin else [False]
+        for (n1, n2, k_step, warps, stages), f, swap in itertools.product(tiles, fold, swaps):
+            if block_fp8:
+                k_step = min(k_step, FP8_GROUP)
+            out.append(
+                MoEConfig(
+                    block_m,
+                    GemmConfig(n1, k_step, group_m, warps, stages, swap),
+                    GemmConfig(n2, k_step, group_m, warps, stages, swap),
+                    f,
+                )
+            )
+    valid = []
+    for c in dict.fromkeys(out):
+        try:
+            validate_config(c, block_fp8=block_fp8)
+        except Exception:
+            continue
+        valid.append(c)
+    return valid
+
+
+def shipped_config(shape: LayerShape, num_tokens: int) -> Optional[MoEConfig]:
+    """The entry the package's table holds for this shape (on this GPU) nearest in token count, if any."""
+    if not torch.cuda.is_available():
+        return None
+    from moe_fsm.kernels.triton_moe._runtime import device_name
+    from moe_fsm.kernels.triton_moe.config import dtype_key, load_shipped_table, shape_key
+
+    table = load_shipped_table(device_name(torch.device("cuda", torch.cuda.current_device())))
+    entries = table.get(shape_key(shape.num_experts, shape.intermediate, shape.hidden, dtype_key(shape.dtype, shape.fp8)))
+    if not entries:
+        return None
+    target = math.log2(max(num_tokens, 1))
+    return MoEConfig.from_json(entries[min(entries, key=lambda m: (abs(math.log2(int(m)) - target), int(m)))])
+
+
+def make_weights(shape: LayerShape, device: str = "cuda", seed: int = 0, init: bool = True):
+    """(w1, w2, w1_scale, w2_scale): random bf16/fp16 weights, or random FP8 values with random scales."""
+    e, n, k = shape.num_experts, shape.intermediate, shape.hidden
+    dtype = getattr(torch, shape.dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def draw(*size, scale):
+        t = torch.empty(*size, device=device, dtype=dtype)
+        return t.normal_(0, scale, generator=gen) if init else t.zero_()
+
+    if shape.fp8 is None:
+        return draw(e, 2 * n, k, scale=k**-0.5), draw(e, k, n, scale=n**-0.5), None, None
+    w1 = draw(e, 2 * n, k, scale=100.0).clamp_(-448, 448).to(torch.float8_e4m3fn)
+    w2 = draw(e, k, n, scale=100.0).clamp_(-448, 448).to(torch.float8_e4m3fn)
+
+    def scales(rows, cols, fan_in):
+        size = {"tensor": (e,), "channel": (e, rows), "block": (e, -(-rows // FP8_GROUP), -(-cols // FP8_GROUP))}[shape.fp8]
+        return (0.5 + torch.rand(size, device=device, generator=gen)) * (fan_in**-0.5 / 100)
+
+    return w1, w2, scales(2 * n, k, k), scales(k, n, n)
+
+
+def routings(num_tokens: int, num_experts: int, top_k: int, count: int, seed: int, device: str = "cuda"):
+    """``count`` random top-k routings: distinct experts per token, normalized fp32 weights, int32 ids."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for _ in range(count):
+        scores = torch.rand(num_tokens, num_experts, device=device, generator=gen)
+        w, ids = scores.topk(top_k, dim=1)
+        out.append(((w / w.sum(1, keepdim=True)).float(), ids.to(torch.int32)))
+    return out
+
+
+def layer_fn(shape: LayerShape, weights, config: Optional[MoEConfig]) -> Callable:
+    """fn(x, topk_weights, topk_ids) -> the layer's output, with this config (None: the runtime's lookup)."""
+    w1, w2, s1, s2 = weights
+    spec = shape.spec
+    kw = {} if spec is None else {"fp8": spec, "w1_scale": s1, "w2_scale": s2}
+    return lambda x, g, ids: fused_experts(x, w1, w2, g, ids, config=config, **kw)
+
+
+def replays_per_graph(num_tokens: int) -> int:
+    """Routings per captured graph: enough that no call finds the previous call's experts in L2."""
+    return 8 if num_tokens <= 32 else (4 if num_tokens <= 512 else 2)
+
+
+def time_graph(fn: Callable, inputs: list, rep_ms: float = 50.0) -> float:
+    """Median µs per call of a CUDA graph replaying fn on each input set once, L2 flushed per replay."""
+    import triton.testing
+
+    for args in inputs:
+        fn(*args)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for args in inputs:
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in inputs:
+            fn(*args)
+    ms = triton.testing.do_bench(graph.replay, warmup=max(5.0, rep_ms / 4), rep=rep_ms, return_mode="median")
+    del graph
+    return float(ms) * 1e3 / len(inputs)
+
+
+def _compile_jobs(jobs: list[tuple]) -> list[str]:
+    """Worker: run each (shape, tokens, config JSON) once on a two-expert copy, so the kernels compile."""
+    failures = []
+    for shape_tuple, num_tokens, config_json in jobs:
+        shape = LayerShape(*shape_tuple).with_experts(2)
+        config = MoEConfig.from_json(config_json)
+        try:
+            weights = make_weights(shape, init=False)
+            x = torch.zeros(num_tokens, shape.hidden, device="cuda", dtype=getattr(torch, shape.dtype))
+            ids = torch.randint(0, 2, (num_tokens, shape.top_k), device="cuda", dtype=torch.int32)
+            g = torch.full(ids.shape, 1.0 / shape.top_k, device="cuda")
+            layer_fn(shape, weights, config)(x, g, ids)
+            torch.cuda.synchronize()
+        except Exception as exc:  # a config that cannot build is just not a candidate
+            failures.append(f"{shape_tuple} T={num_tokens} {config_json}: {type(exc).__name__}: {str(exc)[:160]}")
+    return failures
+
+
+def precompile(jobs: list[tuple[LayerShape, int, MoEConfig]], workers: int) -> list[str]:
+    """Compile every (shape, tokens, config) in ``workers`` processes; returns the failures."""
+    from dataclasses import astuple
+
+    unique = dict.fromkeys((astuple(s), t, json.dumps(c.to_json(), sort_keys=True)) for s, t, c in jobs)
+    payload = [(s, t, json.loads(c)) for s, t, c in unique]
+    if not payload:
+        return []
+    chunks = [c for c in (payload[i::workers] for i in range(workers)) if c]
+    with mp.get_context("spawn").Pool(len(chunks)) as pool:
+        return list(itertools.chain.from_iterable(pool.map(_compile_jobs, chunks)))
+
+
+def tune_shape(
+    shape: LayerShape, tokens: list[int], *, workers: int = 8, rep_ms: float = 30.0, log: Callable[[str], None] = print
+) -> tuple[dict[int, MoEConfig], dict[int, float]]:
+    """The fastest candidate per token count, and its time (µs per layer call)."""
+    plan = {t: candidate_configs(shape, t) for t in tokens}
+    failures = precompile([(shape, t, c) for t, cs in plan.items() for c in cs], workers) if workers > 0 else []
+    for f in failures:
+        log(f"  cannot build: {f}")
+    weights = make_weights(shape)
+    best: dict[int, MoEConfig] = {}
+    best_us: dict[int, float] = {}
+    for num_tokens in tokens:
+        routes = routings(num_tokens, shape.num_experts, shape.top_k, replays_per_graph(num_tokens), seed=num_tokens)
+        gen = torch.Generator(device="cuda").manual_seed(num_tokens + 1)
+        xs = [torch.randn(num_tokens, shape.hidden, device="cuda", dtype=getattr(torch, shape.dtype), generator=gen) for _ in routes]
+        inputs = [(x, g, ids) for x, (g, ids) in zip(xs, routes)]
+        results = []
+        expected = None
+        for config in plan[num_tokens]:
+            fn = layer_fn(shape, weights, config)
+            try:
+                # a candidate must compute the layer the default computes before its time counts
+                out = fn(*inputs[0]).float()
+                if expected is None:
+                    expected = out
+                elif not bool(torch.isfinite(out).all()) or float((out - expected).norm() / expected.norm()) > 2e-2:
+                    log(f"  T={num_tokens} wrong result, dropped: {config}")
+                    continue
+                us = time_graph(fn, inputs, rep_ms)
+            except Exception as exc:
+                torch.cuda.synchronize()
+                log(f"  T={num_tokens} skip {config}: {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            results.append((us, config))
+        if not results:
+            continue
+        results.sort(key=lambda r: r[0])
+        best_us[num_tokens], best[num_tokens] = results[0]
+        log(f"T={num_tokens:5d}: best {results[0][0]:9.1f} us (default {next((u for u, c in results if c == plan[num_tokens][0]), float('nan')):9.1f} us, "
+            f"{len(results)} timed) {results[0][1]}")
+        del xs, routes, inputs
+    del weights
+    torch.cuda.empty_cache()
+    return best, best_us
+
+
+def tune_and_write(
+    shapes: list[LayerShape], tokens: list[int], *, workers: int = 8, directory=None, log: Callable[[str], None] = print
+) -> Path:
+    """Tune each shape on the current device, merging each result into the user's table as it comes; returns its path.
+
+    Every candidate of every shape is compiled first in one pool of ``workers`` processes.
+    """
+    import triton
+
+    from moe_fsm.kernels.triton_moe._runtime import device_name
+    from moe_fsm.kernels.triton_moe.config import dtype_key, shape_key, write_user_table
+
+    device = device_name(torch.device("cuda", torch.cuda.current_device()))
+    if workers > 0:
+        jobs = [(s, t, c) for s in shapes for t in tokens for c in candidate_configs(s, t)]
+        for failure in precompile(jobs, workers):
+            log(f"  cannot build: {failure}")
+    path = None
+    for shape in shapes:
+        key = shape_key(shape.num_experts, shape.intermediate, shape.hidden, dtype_key(shape.dtype, shape.fp8))
+        log(f"tuning {key} top_k={shape.top_k} on {device}, tokens {tokens}")
+        best, best_us = tune_shape(shape, tokens, workers=0, log=log)
+        meta = {"torch": torch.__version__, "triton": triton.__version__, "generated_by": "moe-fsm tune"}
+        path = write_user_table(device, key, best, meta, directory)
+        log(f"{key}: " + ", ".join(f"T={t} {us:.1f} us" for t, us in sorted(best_us.items())) + f" -> {path}")
+    return path

@@ -1,0 +1,1 @@
+"""Deployment planning from a checkpoint's config.json (decision core: no torch)."""

@@ -1,0 +1,125 @@
+"""Plan a deployment from a checkpoint's config.json: every MoE layer's spec and decision, before any weight loads.
+
+The per-layer engine decides (``build=False``: nothing is built, no torch), so
+identical layers share one decision and every layer still writes its own trace.
+A layer whose quantization moe-fsm cannot map, or whose selection fails, is a
+row of the plan with its reason, never a missing one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Union
+
+from moe_fsm.decision import Decision
+from moe_fsm.engine.engine import DEFAULT_TRACE_DIR, Engine
+from moe_fsm.errors import InputError, SelectionError
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.inputs.platform import PlatformFacts
+from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.plan.model_config import ModelConfig, read_model_config
+from moe_fsm.plan.quant_config import LayerQuant, Mapped, layer_quant
+from moe_fsm.profiles import ProfileChoice
+
+
+@dataclass(frozen=True)
+class PlannedLayer:
+    index: int  # the decoder layer
+    name: str  # the experts module
+    quant: LayerQuant
+    layer: Optional[MoELayer] = None
+    decision: Optional[Decision] = None
+    error: Optional[str] = None  # "NoBackendError: ..." when the selection failed
+    trace_path: Optional[Path] = None
+
+    @property
+    def scheme(self) -> str:
+        return self.layer.quant.describe() if self.layer is not None else "-"
+
+    @property
+    def outcome(self) -> str:
+        """What the layer gets, in one phrase: the group a plan table sorts it into."""
+        if self.decision is not None:
+            d = self.decision
+            return f"{d.backend} ({d.kernel or 'platform MoE'}, via {d.via}, {d.prepare_finalize.name})"
+        if self.error is not None:
+            return f"FAILED {self.error}"
+        return f"NOT MAPPED: {self.quant.reason}"
+
+    @property
+    def group(self) -> tuple[str, str]:
+        return (self.scheme, self.outcome)
+
+
+@dataclass
+class Plan:
+    model: ModelConfig
+    layers: list[PlannedLayer]
+    engine: Engine
+
+    def groups(self) -> list[tuple[tuple[str, str], list[PlannedLayer]]]:
+        """Layers by distinct (scheme, outcome), in order of first appearance."""
+        grouped: dict[tuple[str, str], list[PlannedLayer]] = {}
+        for row in self.layers:
+            grouped.setdefault(row.group, []).append(row)
+        return list(grouped.items())
+
+    @property
+    def ok(self) -> bool:
+        return all(row.decision is not None for row in self.layers)
+
+
+def plan_model(
+    config_path,
+    *,
+    platform: PlatformFacts,
+    parallel: Optional[ParallelConfig] = None,
+    backend: Union[str, Mapping[str, str], BackendRequest, None] = None,
+    env: Union[EnvSnapshot, Mapping[str, str], None] = None,
+    trace_dir: Union[str, Path] = DEFAULT_TRACE_DIR,
+    policy: Union[str, ProfileChoice, None] = None,
+) -> Plan:
+    """Read the config, derive each MoE layer's MoELayer, decide it; one row (and trace) per layer."""
+    model = read_model_config(config_path)
+    engine = Engine(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir, build=False,
+                    policy=policy)
+    rows = [_plan_layer(engine, model, index) for index in model.moe_layers]
+    return Plan(model, rows, engine)
+
+
+def _plan_layer(engine: Engine, model: ModelConfig, index: int) -> PlannedLayer:
+    name = model.experts_module(index)
+    quant = layer_quant(model.quantization, name)
+    if not isinstance(quant, Mapped):
+        return PlannedLayer(index, name, quant)
+    g = model.geometry
+    try:
+        layer = MoELayer(
+            quant=quant.scheme, num_experts=g.num_experts, top_k=g.top_k, hidden_size=g.hidden_size,
+            intermediate_size=g.intermediate_size, activation=g.activation, swiglu_limit=g.swiglu_limit,
+            dtype=g.dtype, allow_vllm_cutlass=quant.allow_vllm_cutlass,
+        )
+    except InputError as err:
+        return PlannedLayer(index, name, quant, error=f"InputError: {err}")
+    try:
+        loaded = engine.load_layer(name, layer)
+    except SelectionError as err:
+        cause = err.__cause__ if isinstance(err.__cause__, SelectionError) else err
+        return PlannedLayer(index, name, quant, layer, error=f"{type(cause).__name__}: {cause.message}",
+                            trace_path=Path(err.trace_path) if err.trace_path else None)
+    return PlannedLayer(index, name, quant, layer, loaded.decision, trace_path=loaded.trace_path)
+
+
+def layer_ranges(indices: list[int]) -> str:
+    """[3, 4, 5, 7, 9, 10] -> '3-5, 7, 9-10'."""
+    parts, start = [], None
+    for i, value in enumerate(indices):
+        if start is None:
+            start = value
+        if i + 1 == len(indices) or indices[i + 1] != value + 1:
+            parts.append(str(start) if start == value else f"{start}-{value}")
+            start = None
+    return ", ".join(parts)

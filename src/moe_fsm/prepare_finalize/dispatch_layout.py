@@ -1,0 +1,147 @@
+"""Where each row goes and how it comes back, computed on the device with fixed-size tensors.
+
+Both expert-parallel all-to-all P/Fs send one row per (token, destination rank)
+and add the returned rows back into their tokens. The index arithmetic here
+uses only tensor ops whose output sizes are known on the host (cumsum, scatter,
+stable sort, index_add), never ``nonzero``, ``bincount`` or ``.tolist()``: the
+variable-size P/F synchronises with the host once, to learn how many rows it
+receives, and the fixed-capacity P/F never does, so it can be captured in a CUDA
+graph. Slots that must not be written (unused capacity, pairs another rank
+computes) are sent to one extra "trash" row past the end of the buffer instead
+of being filtered out, which would need a host-side count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from moe_fsm.distributed.collectives import RowLayout
+
+
+def destinations(topk_ids: torch.Tensor, owner_mask: torch.Tensor) -> torch.Tensor:
+    """bool [M, W]: token t must go to rank d (it routes at least one slot to an expert d owns).
+
+    ``owner_mask`` is :meth:`ExpertPlacement.owner_mask`; a skipped slot (id -1) indexes its last row, no rank.
+    """
+    return owner_mask[topk_ids.long()].any(dim=1)
+
+
+def send_order(dest: torch.Tensor, starts: torch.Tensor, total: int) -> torch.Tensor:
+    """int64 [total]: the token each send row carries; rows no token fills hold M (the packed empty row).
+
+    Rank d's rows start at ``starts[d]`` and hold its tokens in order; ``total``
+    rows in all (the sum of the counts, or W times the capacity).
+    """
+    num_tokens, world = dest.shape
+    slot = torch.where(dest, torch.cumsum(dest, dim=0) + (starts - 1).view(1, world), total)
+    order = torch.full((total + 1,), num_tokens, dtype=torch.int64, device=dest.device)
+    token = torch.arange(num_tokens, device=dest.device).unsqueeze(1)  # broadcast over the W destinations
+    order.index_put_((slot,), token)
+    return order[:total]
+
+
+def empty_row(layout: RowLayout, ids_field: int, device: torch.device) -> torch.Tensor:
+    """uint8 [row_bytes]: a packed row no expert computes: zero payload, scale and weights, ids -1."""
+    row = torch.zeros(layout.row_bytes, dtype=torch.uint8, device=device)
+    f = layout.fields[ids_field]
+    row[f.start : f.start + f.nbytes] = 255  # -1 in two's complement, whatever the integer width
+    return row
+
+
+def add_returned_rows(returned: torch.Tensor, order: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """float32 [M, K]: each token's returned partial rows summed (rows of the empty token land in a trash row)."""
+    total = torch.zeros((num_tokens + 1, returned.shape[1]), dtype=torch.float32, device=returned.device)
+    total.index_add_(0, order, returned.to(torch.float32))
+    return total[:num_tokens]
+
+
+@dataclass(frozen=True)
+class Slabs:
+    """Where each received (row, top-k slot) pair sits in the batched ``[E_local, capacity, ...]`` slabs.
+
+    ``flat`` [R, top_k]: expert * capacity + position, or ``E_local * capacity`` (the
+    trash row) for a slot this rank does not compute; ``counts`` [E_local] int32.
+    """
+
+    flat: torch.Tensor
+    counts: torch.Tensor
+    num_experts: int
+    capacity: int
+
+    @property
+    def trash(self) -> int:
+        return self.num_experts * self.capacity
+
+    def scatter(self, rows: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """Rows [R, ...] into slabs [E_local, capacity, ...]; rows past each count are left unwritten."""
+        if rows is None or rows.dim() < 2:
+            return rows  # no scale, or one scale shared by every row
+        num_rows, trailing = rows.shape[0], rows.shape[1:]
+        wire = rows.view(torch.uint8) if rows.element_size() == 1 else rows  # index_copy_ has no float8 kernels
+        slab = wire.new_empty((self.trash + 1, *trailing))
+        for slots in slot_chunks(self.flat.shape[1], num_rows * wire[:1].numel() * wire.element_size()):
+            width = slots.stop - slots.start
+            pairs = wire.unsqueeze(1).expand(num_rows, width, *trailing).reshape(num_rows * width, *trailing)
+            slab.index_copy_(0, self.flat[:, slots].reshape(-1), pairs)
+        slab = slab[: self.trash].view(self.num_experts, self.capacity, *trailing)
+        return slab if slab.dtype == rows.dtype else slab.view(rows.dtype)
+
+    def reduce(self, expert_output: torch.Tensor, weights: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+        """[R, K]: per received row, the (weighted) sum of its slots' expert rows; 0 for slots computed elsewhere.
+
+        Unwritten slab rows may hold anything (NaN included), so invalid slots are
+        selected away, not multiplied by zero. Sums run in float32.
+        """
+        num_rows, top_k = self.flat.shape
+        hidden = expert_output.shape[-1]
+        total = torch.zeros((num_rows, hidden), dtype=torch.float32, device=expert_output.device)
+        if self.trash == 0:
+            return total.to(out_dtype)
+        flat_out = expert_output.reshape(self.trash, hidden)
+        invalid = (self.flat >= self.trash).unsqueeze(-1)
+        index = self.flat.clamp(max=self.trash - 1)
+        if weights is None:
+            weights = torch.ones((num_rows, top_k), dtype=torch.float32, device=expert_output.device)
+        weights = weights.to(torch.float32)
+        for slots in slot_chunks(top_k, num_rows * hidden * 4):
+            width = slots.stop - slots.start
+            rows = flat_out.index_select(0, index[:, slots].reshape(-1)).view(num_rows, width, hidden)
+            rows = rows.masked_fill_(invalid[:, slots], 0).to(torch.float32)
+            total.unsqueeze(1).baddbmm_(weights[:, slots].unsqueeze(1), rows)
+        return total.to(out_dtype)
+
+
+# Bytes of the temporaries of one pass over the top-k slots. Decode-sized calls take every slot in one
+# pass (fewer kernels, which is what a CUDA graph replays); large ones loop, so memory stays bounded.
+SLOT_PASS_BYTES = 128 * 2**20
+
+
+def slot_chunks(top_k: int, bytes_per_slot: int) -> list[slice]:
+    """The top-k slots in as few passes as keep each pass's temporaries under SLOT_PASS_BYTES."""
+    width = max(1, min(top_k, SLOT_PASS_BYTES // max(bytes_per_slot, 1)))
+    return [slice(start, min(start + width, top_k)) for start in range(0, top_k, width)]
+
+
+def slabs_for(local_ids: torch.Tensor, num_experts: int, capacity: int) -> Slabs:
+    """Place every pair whose local expert id is >= 0 in its expert's slab, in row order, without a host sync.
+
+    ``capacity`` must be at least the number of rows (each row names an expert at most once).
+    """
+    num_rows, top_k = local_ids.shape
+    key = local_ids.reshape(-1).long()
+    key = torch.where(key < 0, torch.full_like(key, num_experts), key)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=key.device)
+    counts.index_add_(0, key, torch.ones_like(key))
+    starts = torch.cumsum(counts, 0) - counts
+    order = torch.argsort(key, stable=True)
+    sorted_key = key[order]
+    position = torch.empty_like(key)
+    position.scatter_(0, order, torch.arange(key.numel(), device=key.device) - starts[sorted_key])
+    # A token names each expert at most once, so no expert gets more than one pair per row and
+    # ``capacity`` >= rows suffices; the bound below only keeps repeated ids from writing out of range.
+    placed = (key < num_experts) & (position < capacity)
+    flat = torch.where(placed, key * capacity + position, torch.full_like(key, num_experts * capacity))
+    return Slabs(flat.view(num_rows, top_k), counts[:num_experts].clamp(max=capacity).to(torch.int32), num_experts, capacity)

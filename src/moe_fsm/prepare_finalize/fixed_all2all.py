@@ -1,0 +1,167 @@
+"""Fixed-capacity expert-parallel all-to-all: batched experts, no host synchronisation, CUDA-graph capturable.
+
+The low-latency dispatch of vLLM's batched-format backends (DeepEP low-latency,
+pplx) sizes every buffer for at most ``max_tokens_per_rank`` tokens per rank,
+fixed when the layer is built, so that no call needs to know how many rows
+another rank sends. This is that design on ``all_to_all_single`` with equal
+splits:
+
+* dispatch: every rank sends every other rank a block of ``max_tokens_per_rank``
+  packed rows (payload, row scale, top-k ids, top-k weights); the rows a rank's
+  tokens do not fill are copies of the empty row, whose ids are all -1, so no
+  expert computes them and no counts need to travel;
+* the receiving rank maps the ids to its local experts and scatters each pair
+  into the experts' slabs ``[E_local, W * max_tokens_per_rank, K]`` (a token names
+  an expert once, so no expert receives more than that), with the per-expert
+  counts left on the device;
+* combine: per received row, the weighted sum of its slots' expert rows; the
+  partial rows go back by the reverse all-to-all (equal splits again) and are
+  added into their tokens.
+
+Every tensor's size depends only on the build-time capacity, so one call is a
+fixed sequence of kernels and two collectives, which a CUDA graph can capture
+and replay with new tokens and routings. The price is bandwidth and memory for
+the unused capacity: a rank that holds fewer tokens still sends full blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from moe_fsm.distributed.collectives import all_gather_ints, all_to_all_equal, unpack_row_bytes
+from moe_fsm.distributed.expert_map import ExpertPlacement
+from moe_fsm.errors import KernelInputError
+from moe_fsm.kernels.grouping import local_expert_ids
+from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PreparedTokens, WeightAndReduce
+from moe_fsm.prepare_finalize.all2all import ExpertParallelDispatch
+from moe_fsm.prepare_finalize.dispatch_layout import Slabs, add_returned_rows, send_order, slabs_for
+from moe_fsm.prepare_finalize.transport import check_row_layouts, layout_signature
+
+# vLLM's default batch for batched-format DP dispatch (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP).
+DEFAULT_MAX_TOKENS_PER_RANK = 256
+
+
+@dataclass(frozen=True)
+class FixedDispatchState:
+    """What finalize needs: the token of each sent row (M for the empty row) and where each received pair sits.
+
+    ``row_bytes`` is the width of one dispatched row on the wire (payload plus scale, ids, weights, padding).
+    """
+
+    order: torch.Tensor
+    slabs: Slabs
+    row_bytes: int
+
+
+class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
+    """EP dispatch/combine in the Batched format with fixed-size buffers and equal-split ``all_to_all_single``.
+
+    ``max_tokens_per_rank``: the most tokens any rank passes in one call (a call with
+    more raises; vLLM chunks its batches to this size). Each local expert's slab
+    holds ``world_size * max_tokens_per_rank`` rows.
+    """
+
+    name = "FixedCapacityAllToAllPrepareFinalize"
+
+    def __init__(
+        self,
+        placement: ExpertPlacement,
+        *,
+        max_tokens_per_rank: int = DEFAULT_MAX_TOKENS_PER_RANK,
+        group: Optional[dist.ProcessGroup] = None,
+        quantize_first: bool = True,
+    ) -> None:
+        if isinstance(max_tokens_per_rank, bool) or not isinstance(max_tokens_per_rank, int) or max_tokens_per_rank < 1:
+            raise KernelInputError(f"max_tokens_per_rank must be a positive integer; got {max_tokens_per_rank!r}")
+        super().__init__(placement, group=group, quantize_first=quantize_first)
+        self.max_tokens_per_rank = max_tokens_per_rank
+        self._agreed: set[tuple[int, int]] = set()
+
+    @property
+    def activation_format(self) -> ActivationFormat:
+        return ActivationFormat.BATCHED
+
+    @property
+    def expert_capacity(self) -> int:
+        """Rows of each local expert's slab: every rank's every token may pick the expert."""
+        return self.placement.world_size * self.max_tokens_per_rank
+
+    def _agree_on_layout(self, signature: tuple[int, int], device: torch.device) -> None:
+        """Once per row layout: check every rank packs rows alike (the only call that waits on the host).
+
+        Ranks meet here on their first call with a layout, outside any graph capture,
+        since a capture replays the shapes of the warm-up call before it. Ranks must
+        switch layouts (dtype, quantizer) together: a rank meeting here while the
+        others dispatch would stall them until the process group's timeout.
+        """
+        if signature in self._agreed:
+            return
+        records = all_gather_ints(list(signature), group=self.group, device=device)
+        check_row_layouts(records, signature, self.name)
+        self._agreed.add(signature)
+
+    def prepare(
+        self,
+        hidden_states: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        *,
+        num_experts: int,
+        expert_map: Optional[torch.Tensor],
+        apply_router_weight_on_input: bool,
+        quantize: Optional[InputQuantizer],
+    ) -> PreparedTokens:
+        world = self._check_call(num_experts, expert_map)
+        num_tokens, capacity = hidden_states.shape[0], self.max_tokens_per_rank
+        if num_tokens > capacity:
+            raise KernelInputError(
+                f"{self.name} was built for at most {capacity} tokens per rank (max_tokens_per_rank) but was "
+                f"called with {num_tokens}; split the batch or build it with a larger capacity"
+            )
+        source, packed, layout = self._packed_source(
+            hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
+        )
+        self._agree_on_layout(layout_signature(layout), hidden_states.device)
+        dest = self._destinations(topk_ids)
+        starts = torch.arange(world, device=dest.device) * capacity
+        order = send_order(dest, starts, world * capacity)
+        wire = all_to_all_equal(packed.index_select(0, order), group=self.group)
+        rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
+        if not source.quantized and quantize is not None:
+            rows, row_scale = quantize(rows)  # the empty rows are zeros: a per-tensor amax does not see them
+        elif source.quantized and row_scale is None:
+            row_scale = source.shared_scale
+        local_ids = local_expert_ids(ids, expert_map)
+        slabs = slabs_for(local_ids, self.placement.num_local_experts, self.expert_capacity)
+        return PreparedTokens(
+            hidden=slabs.scatter(rows),
+            scale=slabs.scatter(row_scale),
+            topk_ids=local_ids,
+            topk_weights=weights,
+            expert_num_tokens=slabs.counts,
+            state=FixedDispatchState(order, slabs, layout.row_bytes),
+        )
+
+    def finalize(
+        self,
+        output: torch.Tensor,
+        expert_output: torch.Tensor,
+        prepared: PreparedTokens,
+        *,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        apply_router_weight_on_input: bool,
+        reduce: WeightAndReduce,
+    ) -> None:
+        """Weighted sums of our experts' rows per received row, sent back in equal blocks and added into each token."""
+        if reduce is not WeightAndReduce.BATCHED:
+            raise KernelInputError(f"a Batched-format finalize takes reduce {WeightAndReduce.BATCHED.value!r}; got {reduce.value!r}")
+        state: FixedDispatchState = prepared.state
+        weights = None if apply_router_weight_on_input else prepared.topk_weights
+        partial = state.slabs.reduce(expert_output, weights, output.dtype)
+        returned = all_to_all_equal(partial, group=self.group)
+        output.copy_(add_returned_rows(returned, state.order, output.shape[0]))

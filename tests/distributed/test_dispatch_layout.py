@@ -1,0 +1,153 @@
+"""The device-side index arithmetic of the all-to-all P/Fs, and the fixed-capacity P/F on one rank, in one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from moe_fsm.distributed import ExpertPlacement, pack_row_bytes, unpack_row_bytes
+from moe_fsm.errors import KernelInputError
+from moe_fsm.experts.torch_experts import TorchBatchedExperts
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.kernels.grouping import group_by_expert
+from moe_fsm.modular.kernel import ModularKernel
+from moe_fsm.prepare_finalize import dispatch_layout
+from moe_fsm.prepare_finalize.dispatch_layout import (
+    add_returned_rows,
+    destinations,
+    empty_row,
+    send_order,
+    slabs_for,
+)
+from moe_fsm.prepare_finalize.fixed_all2all import FixedCapacityAllToAllPrepareFinalize
+from moe_fsm.prepare_finalize.local import LocalBatchedPrepareFinalize
+from moe_fsm.prepare_finalize.reduce import BatchedLayout, reduce_batched
+
+
+def _random_ids(rows: int, top_k: int, num_experts: int, gen: torch.Generator, hot: bool = False) -> torch.Tensor:
+    scores = torch.rand(rows, num_experts, generator=gen)
+    if hot:
+        scores[:, 0] += 2.0
+    return scores.argsort(dim=1, descending=True)[:, :top_k].to(torch.int32)
+
+
+@pytest.mark.parametrize("tokens,capacity", [(0, 4), (7, 7), (9, 16)])
+def test_send_order_groups_tokens_by_destination_in_order(tokens: int, capacity: int) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    placement = ExpertPlacement(10, 3, 0)
+    ids = _random_ids(tokens, 3, 10, gen)
+    if tokens:
+        ids[0, 0] = -1  # a skipped slot reaches no rank
+    dest = destinations(ids, placement.owner_mask())
+    owners = placement.owner_table().tolist()
+    expected_dest = [[any(e >= 0 and owners[e] == d for e in row) for d in range(3)] for row in ids.tolist()]
+    assert dest.tolist() == (expected_dest or [])
+
+    # Variable size: rank d's rows start where the previous ranks' end.
+    counts = dest.sum(0)
+    order = send_order(dest, torch.cumsum(counts, 0) - counts, int(counts.sum()))
+    assert order.tolist() == [t for d in range(3) for t in range(tokens) if expected_dest[t][d]]
+
+    # Fixed capacity: rank d's block starts at d * capacity; unfilled rows name the empty row (index M).
+    fixed = send_order(dest, torch.arange(3) * capacity, 3 * capacity).view(3, capacity).tolist()
+    for d in range(3):
+        mine = [t for t in range(tokens) if expected_dest[t][d]]
+        assert fixed[d] == mine + [tokens] * (capacity - len(mine))
+
+
+def test_empty_row_has_no_expert_and_no_weight() -> None:
+    rows = [torch.randn(2, 6).to(torch.bfloat16), torch.randint(0, 5, (2, 3), dtype=torch.int64), torch.rand(2, 3)]
+    packed, layout = pack_row_bytes(rows, spare_rows=1)
+    packed[-1] = empty_row(layout, -2, packed.device)
+    payload, ids, weights = unpack_row_bytes(packed, layout)
+    assert torch.equal(payload[:2], rows[0]) and torch.equal(ids[:2], rows[1])
+    assert payload[2].abs().sum() == 0 and ids[2].tolist() == [-1, -1, -1] and weights[2].abs().sum() == 0
+
+
+@pytest.mark.parametrize("hot,pass_bytes", [(False, None), (True, None), (False, 1)])
+def test_slabs_match_the_local_batched_layout(hot: bool, pass_bytes, monkeypatch) -> None:
+    """Same (expert, position) as group_by_expert for every routed pair; the reduction matches reduce_batched.
+
+    ``pass_bytes=1`` makes scatter and reduce take one top-k slot per pass, as large calls do.
+    """
+    if pass_bytes is not None:
+        monkeypatch.setattr(dispatch_layout, "SLOT_PASS_BYTES", pass_bytes)
+    gen = torch.Generator().manual_seed(3)
+    rows, top_k, num_local, hidden = 12, 3, 4, 5
+    ids = _random_ids(rows, top_k, 8, gen, hot=hot)
+    local = torch.where(ids < num_local, ids, torch.full_like(ids, -1))  # experts 4..7 live elsewhere
+    local[-2:] = -1  # empty rows
+    slabs = slabs_for(local, num_local, capacity=rows)
+    groups = group_by_expert(local, num_local)
+    assert slabs.counts.tolist() == groups.counts.tolist()
+    flat = slabs.flat.reshape(-1)
+    placed = groups.expert * rows + groups.position
+    assert torch.equal(flat[groups.pair], placed)
+    unplaced = torch.ones(flat.numel(), dtype=torch.bool)
+    unplaced[groups.pair] = False
+    assert bool((flat[unplaced] == slabs.trash).all())
+
+    x = torch.randn(rows, hidden, generator=gen)
+    slab = slabs.scatter(x)
+    assert slab.shape == (num_local, rows, hidden)
+    assert torch.equal(slab[groups.expert, groups.position], x[groups.token])
+
+    expert_out = torch.full((num_local, rows, hidden), float("nan"))  # unwritten rows may hold anything
+    expert_out[groups.expert, groups.position] = torch.randn(groups.num_pairs, hidden, generator=gen)
+    weights = torch.rand(rows, top_k, generator=gen)
+    layout = BatchedLayout(groups.token, groups.slot, groups.expert, groups.position)
+    for w, on_input in ((weights, False), (None, True)):
+        got = slabs.reduce(expert_out, w, torch.float32)
+        want = torch.empty(rows, hidden)
+        reduce_batched(want, expert_out, layout, weights, apply_router_weight_on_input=on_input)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_slabs_scatter_fp8_and_keep_a_shared_scale() -> None:
+    local = torch.tensor([[0, -1], [1, 0]], dtype=torch.int32)
+    slabs = slabs_for(local, 2, capacity=2)
+    q = torch.randn(2, 4).to(torch.float8_e4m3fn)
+    slab = slabs.scatter(q)
+    assert slab.dtype == torch.float8_e4m3fn
+    assert torch.equal(slab[0, :2].view(torch.uint8), q.view(torch.uint8)) and torch.equal(slab[1, 0].view(torch.uint8), q[1].view(torch.uint8))
+    shared = torch.tensor(0.5)
+    assert slabs.scatter(shared) is shared and slabs.scatter(None) is None
+
+
+def test_returned_rows_add_into_their_tokens() -> None:
+    order = torch.tensor([0, 2, 3, 3, 1, 2])  # token 3 is the empty row of a 3-token rank
+    returned = torch.arange(6, dtype=torch.float32).unsqueeze(1).repeat(1, 2).to(torch.bfloat16)
+    total = add_returned_rows(returned, order, 3)
+    assert total[:, 0].tolist() == [0.0, 4.0, 1.0 + 5.0]
+
+
+@pytest.fixture
+def world_of_one():
+    """A one-rank gloo group in this process (the fixed-capacity P/F on its own, no other ranks)."""
+    if dist.is_initialized():
+        pytest.skip("this process already has a process group")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_fixed_capacity_on_one_rank_matches_the_local_batched_kernel(world_of_one) -> None:
+
+    gen = torch.Generator().manual_seed(5)
+    layer = MoELayer(num_experts=6, top_k=2, hidden_size=16, intermediate_size=8, dtype="float32")
+    x = torch.randn(5, 16, generator=gen)
+    ids = _random_ids(5, 2, 6, gen, hot=True)
+    weights = torch.rand(5, 2, generator=gen)
+    w1, w2 = torch.randn(6, 16, 16, generator=gen) * 0.2, torch.randn(6, 16, 8, generator=gen) * 0.2
+    placement = ExpertPlacement(6, 1, 0)
+    fixed = FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=8)
+    got = ModularKernel(fixed, TorchBatchedExperts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
+    want = ModularKernel(LocalBatchedPrepareFinalize(), TorchBatchedExperts(layer), layer)(x, w1, w2, weights, ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+    small = FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=4)
+    with pytest.raises(KernelInputError, match="at most 4 tokens per rank"):
+        ModularKernel(small, TorchBatchedExperts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
+    with pytest.raises(KernelInputError, match="max_tokens_per_rank must be a positive integer"):
+        FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=0)

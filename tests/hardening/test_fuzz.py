@@ -1,0 +1,338 @@
+"""Fuzz test (issue 12): every outcome is a decision or a documented error with a message, never another exception.
+
+Three drivers, each with arbitrary (including wrongly typed) input:
+
+- the library: ``MoELayer(...)``, ``select(...)`` and ``decide(...)`` with values drawn from
+  valid ones and from any JSON-ish or Python value;
+- the CLI verbs ``select``/``explain``/``replay``/``diagram``/``golden`` with arbitrary argv;
+- ``explain`` and ``replay`` on arbitrary trace files: golden traces with random edits, and raw text.
+
+A decision must carry a trace that validates; a documented error is a ``MoeFsmError`` (InputError,
+the selection errors, TraceWriteError...) whose message is not empty; the CLI must return one of its
+documented exit statuses. CI runs a short pass (``MOE_FSM_FUZZ_EXAMPLES``, default 60 per driver);
+a maintainer runs the long mode, e.g.::
+
+    MOE_FSM_FUZZ_EXAMPLES=34000 MOE_FSM_FUZZ_REPORT=fuzz.json python -m pytest -q tests/hardening/test_fuzz.py
+
+and records the figures in docs/fuzz.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from moe_fsm import (
+    Decision, MoeFsmError, MoELayer, ParallelConfig, PlatformFacts, QuantScheme,
+    decide, make_inputs, preset, select,
+)
+from moe_fsm.cli.main import main
+from moe_fsm.inputs.layer import Activation
+from moe_fsm.inputs.parallel import AllToAllKind
+from moe_fsm.inputs.platform import PRESETS
+from moe_fsm.trace import schema
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = sorted((ROOT / "traces").glob("*/golden/*.json"))
+EXAMPLES = int(os.environ.get("MOE_FSM_FUZZ_EXAMPLES", "60"))
+REPORT = os.environ.get("MOE_FSM_FUZZ_REPORT")
+CLI_STATUSES = {0, 1, 2, 3, 4}
+# No shrinking: a failing example is printed as drawn, and shrinking garbage inputs takes minutes.
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=REPORT is None,
+                suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate))
+OUTCOMES: Counter = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+    yield
+    if REPORT:
+        path = Path(REPORT)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        for key, count in OUTCOMES.items():
+            data[key] = data.get(key, 0) + count
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _count(driver: str, outcome: str) -> None:
+    OUTCOMES[f"{driver}: {outcome}"] += 1
+    OUTCOMES[f"{driver}: examples"] += 1
+
+
+# -- values --------------------------------------------------------------------------------------------------------
+
+junk = st.one_of(
+    st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12), st.binary(max_size=6), st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2), st.just(()), st.just(object()),
+)
+
+
+def maybe(valid):
+    """Mostly valid values (so the machine is exercised), sometimes anything at all."""
+    return st.one_of(valid, valid, valid, junk)
+
+
+class Later:
+    """An input object built inside the test (its constructor may refuse the arguments drawn)."""
+
+    def __init__(self, make, *args, **kwargs) -> None:
+        self.make, self.args, self.kwargs = make, args, kwargs
+
+    def __repr__(self) -> str:
+        return f"{getattr(self.make, '__qualname__', self.make)}(*{self.args!r}, **{self.kwargs!r})"
+
+
+def later(make, *args, **kwargs):
+    return st.builds(lambda *a, **k: Later(make, *a, **k), *args, **kwargs)
+
+
+def build(value):
+    if isinstance(value, Later):
+        return value.make(*(build(a) for a in value.args), **{k: build(v) for k, v in value.kwargs.items()})
+    return value
+
+
+quant_schemes = st.one_of(
+    st.just(QuantScheme.unquantized()), st.just(QuantScheme.nvfp4()),
+    later(QuantScheme.fp8, maybe(st.sampled_from(["tensor", "channel", "block"])),
+          maybe(st.sampled_from(["tensor", "token", "group"])), maybe(st.booleans())),
+    later(QuantScheme, maybe(st.sampled_from(["unquantized", "fp8", "nvfp4"]))),
+)
+sizes = st.one_of(st.sampled_from([16, 64, 96, 100, 128, 256, 2048, 7168]), st.integers(-3, 10_000))
+
+
+@st.composite
+def layer_kwargs(draw):
+    kwargs = {}
+    for name, valid in (
+        ("quant", quant_schemes), ("num_experts", st.integers(1, 600)), ("top_k", st.integers(1, 10)),
+        ("hidden_size", sizes), ("intermediate_size", sizes), ("activation", st.sampled_from([a.value for a in Activation])),
+        ("swiglu_limit", st.one_of(st.none(), st.floats(0.1, 50))), ("lora", st.booleans()),
+        ("router_weight_on_input", st.booleans()), ("dtype", st.sampled_from(["bfloat16", "float16", "float32"])),
+        ("allow_vllm_cutlass", st.booleans()),
+    ):
+        if draw(st.booleans()):
+            kwargs[name] = draw(maybe(valid))
+    return kwargs
+
+
+parallels = maybe(later(
+    ParallelConfig, tp_size=maybe(st.sampled_from([1, 2, 8])), dp_size=maybe(st.sampled_from([1, 2, 8])),
+    ep_size=maybe(st.sampled_from([1, 2, 16])), batched_activation_format=maybe(st.booleans()),
+    all2all=maybe(st.sampled_from([k.value for k in AllToAllKind])),
+))
+backends = maybe(st.one_of(
+    st.sampled_from(["auto", "triton", "deep_gemm", "flashinfer_cutlass", "flashinfer_trtllm", "marlin", "cutlass",
+                     "flashinfer_b12x", "emulation", "aiter", "nonsense"]),
+    st.dictionaries(st.sampled_from(["fp8", "nvfp4", "unquantized", "default", "int4"]),
+                    st.sampled_from(["auto", "triton", "flashinfer_b12x", "marlin", ""]), max_size=3),
+    st.just("nvfp4=flashinfer_b12x,fp8=triton"),
+))
+env_names = st.sampled_from(["VLLM_USE_DEEP_GEMM", "VLLM_MOE_USE_DEEP_GEMM", "VLLM_USE_FLASHINFER_MOE_FP8",
+                             "VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_FLASHINFER_MOE_BACKEND", "VLLM_TEST_FORCE_FP8_MARLIN",
+                             "VLLM_USE_FLASHINFER_MOE_FP16", "VLLM_USE_DEEP_GEM", "PATH"])
+env_values = st.sampled_from(["0", "1", "true", "false", "latency", "throughput", "masked_gemm", "maybe", ""])
+envs = maybe(st.dictionaries(env_names, env_values, max_size=3))
+platforms = st.one_of(st.sampled_from(sorted(PRESETS)).map(preset), st.sampled_from(sorted(PRESETS)), junk,
+                      later(PlatformFacts, vendor=maybe(st.sampled_from(["cuda", "rocm", "cpu"])),
+                                capability=maybe(st.tuples(st.integers(0, 12), st.integers(0, 9))),
+                                libraries=maybe(st.frozensets(st.sampled_from(["triton", "deep_gemm", "x"]), max_size=2))))
+policies = st.one_of(st.none(), st.sampled_from(["seeds", "default", "vllm-0.0"]), junk)
+layer_names = st.one_of(st.none(), st.text(max_size=30), junk)
+
+
+def _check_decision(decision) -> None:
+    assert isinstance(decision, Decision)
+    text = json.dumps(decision.trace, allow_nan=False)
+    assert schema.errors(json.loads(text)) == []
+
+
+def _check_error(err: BaseException) -> str:
+    if not isinstance(err, MoeFsmError) or not str(err).strip():
+        raise AssertionError(f"undocumented outcome {type(err).__name__}: {err!r}") from err
+    return type(err).__name__
+
+
+# -- driver 1: the library ----------------------------------------------------------------------------------------------
+
+
+@FUZZ
+@given(data=st.data())
+def test_library_select_and_decide_end_in_a_decision_or_a_documented_error(data):
+    kwargs = data.draw(layer_kwargs(), "layer")
+    with tempfile.TemporaryDirectory() as tmp:
+        trace_path = data.draw(st.one_of(st.none(), st.just(str(Path(tmp) / "t.json")), st.just(""), junk), "trace_path")
+        try:
+            drawn = {k: data.draw(v, k) for k, v in (("parallel", parallels), ("backend", backends), ("env", envs),
+                                                     ("platform", platforms), ("policy", policies))}
+            use_kwargs = data.draw(st.booleans(), "build layer")
+            other = data.draw(maybe(st.just(MoELayer())), "other layer")
+            layer = MoELayer(**{k: build(v) for k, v in kwargs.items()}) if use_kwargs else other
+            args = {k: build(v) for k, v in drawn.items()}
+            if data.draw(st.booleans(), "via decide"):
+                decision = decide(make_inputs(layer, **args), layer_name=data.draw(layer_names, "name"), trace_path=trace_path)
+            else:
+                decision = select(layer, **args, layer_name=data.draw(layer_names, "name"), trace_path=trace_path)
+        except Exception as err:  # noqa: BLE001 - the point: classify every exception
+            _count("library", _check_error(err))
+        else:
+            _check_decision(decision)
+            if isinstance(trace_path, str) and trace_path:
+                assert schema.errors(json.loads(Path(trace_path).read_text())) == []
+            _count("library", f"decision {decision.status}")
+
+
+# -- driver 2: CLI argv ------------------------------------------------------------------------------------------------
+
+FLAG_VALUES = {
+    "--quant": st.sampled_from(["fp8", "nvfp4", "unquantized", "int8"]),
+    "--weight-scale": st.sampled_from(["tensor", "channel", "block", "row"]),
+    "--act-scale": st.sampled_from(["tensor", "token", "group"]),
+    "--experts": st.sampled_from(["8", "256", "0", "-1", "1e3", "x"]),
+    "--top-k": st.sampled_from(["1", "2", "8", "300"]),
+    "--hidden": sizes.map(str), "--intermediate": sizes.map(str),
+    "--activation": st.sampled_from(["silu", "gelu", "swigluoai", "relu"]),
+    "--swiglu-limit": st.sampled_from(["7", "inf", "nan", "-1", "0", "1e999"]),
+    "--dtype": st.sampled_from(["bfloat16", "float16", "float64"]),
+    "--tp": st.sampled_from(["1", "2", "0"]), "--dp": st.sampled_from(["1", "2"]), "--ep": st.sampled_from(["1", "4"]),
+    "--all2all": st.sampled_from([k.value for k in AllToAllKind] + ["bogus"]),
+    "--backend": st.sampled_from(["auto", "triton", "deep_gemm", "nvfp4=flashinfer_b12x,fp8=triton", "fp8=x,fp8=y", "", "=="]),
+    "--env": st.tuples(env_names, env_values).map("=".join) | st.text(max_size=8),
+    "--platform": st.sampled_from(sorted(PRESETS) + ["probe", "sm99", ""]),
+    "--policy": st.sampled_from(["seeds", "default", "nope"]),
+    "--layer-name": st.text(max_size=20),
+    "--trace-out": st.sampled_from(["t.json", "d/t.json", ".", "t.json/x.json"]),
+    "--input": st.sampled_from(["in.json", "in.toml", "missing.json", "t.json", "."]),
+    "--dir": st.sampled_from(["traces", str(ROOT / "traces"), "."]),
+}
+SWITCHES = ["--static-act", "--weight-only", "--lora", "--router-weight-on-input", "--allow-vllm-cutlass", "--batched",
+            "--no-env", "--json", "--verbose", "--strict", "--check", "--update", "--list", "--help"]
+
+
+@st.composite
+def argvs(draw):
+    verb = draw(st.sampled_from(["select", "select", "select", "explain", "replay", "diagram", "golden", "bogus", "--version"]))
+    argv = [verb]
+    for _ in range(draw(st.integers(0, 7))):
+        kind = draw(st.integers(0, 9))
+        if kind < 6:
+            flag = draw(st.sampled_from(sorted(FLAG_VALUES)))
+            argv += [flag, draw(FLAG_VALUES[flag])]
+        elif kind < 8:
+            argv.append(draw(st.sampled_from(SWITCHES)))
+        else:
+            argv.append(draw(st.sampled_from(["t.json", "in.json", "notes.md", "x", "-", ""]) | st.text(max_size=6)))
+    if verb == "diagram" and "--update" in argv:  # keep writes inside the scratch directory
+        argv = [a for a in argv if a != "--update"]
+    if verb == "golden":
+        argv = [a for a in argv if a != "--update"]
+    return argv
+
+
+def _scratch(tmp: Path) -> None:
+    (tmp / "in.json").write_text(json.dumps({"layer": {"quant": "fp8", "experts": 16}, "platform": "sm90", "env": {}}))
+    (tmp / "in.toml").write_text('platform = "sm100"\n[layer]\nquant = "nvfp4"\n')
+    (tmp / "notes.md").write_text("# notes\n```mermaid\nstateDiagram-v2\n```\n")
+    (tmp / "t.json").write_text(GOLDEN[0].read_text())
+
+
+def _run_cli(argv: list[str], cwd: Path) -> int:
+    out, err = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        os.chdir(old)
+    assert "Traceback" not in out.getvalue() + err.getvalue(), (argv, err.getvalue())
+    assert code in CLI_STATUSES, (argv, code, err.getvalue())
+    if code == 2:
+        assert err.getvalue().strip(), argv
+    return code
+
+
+@FUZZ
+@given(argv=argvs())
+def test_cli_argv_ends_in_a_documented_exit_status(argv):
+    with tempfile.TemporaryDirectory() as tmp:
+        _scratch(Path(tmp))
+        os.environ.pop("VLLM_USE_DEEP_GEMM", None)
+        code = _run_cli(argv, Path(tmp))
+    _count("cli argv", f"exit {code}")
+
+
+# -- driver 3: arbitrary trace files ----------------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**20), st.floats(allow_nan=False, allow_infinity=False),
+              st.text(max_size=10)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _paths(value, (*prefix, i))
+
+
+@st.composite
+def trace_texts(draw):
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
+        return draw(st.text(max_size=60))
+    document = json.loads(draw(st.sampled_from(GOLDEN)).read_text())
+    for _ in range(draw(st.integers(1, 3))):
+        paths = [p for p in _paths(document) if p]
+        if not paths:
+            break
+        path = draw(st.sampled_from(paths))
+        parent = document
+        for key in path[:-1]:
+            parent = parent[key]
+        action = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
+        if action == "delete":
+            del parent[path[-1]]
+        elif action == "add" and isinstance(parent, dict):
+            parent[draw(st.text(max_size=6))] = draw(json_values)
+        else:
+            parent[path[-1]] = draw(json_values)
+    return json.dumps(document)
+
+
+@FUZZ
+@given(text=trace_texts(), verb=st.sampled_from(["explain", "replay", "replay --strict"]))
+def test_explain_and_replay_of_arbitrary_traces_end_in_a_documented_exit_status(text, verb):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        path.write_text(text)
+        code = _run_cli([*verb.split(), str(path)], Path(tmp))
+    _count("trace files", f"{verb} exit {code}")
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return
+    if schema.jsonschema_installed():
+        import jsonschema
+
+        from moe_fsm.trace.mini_schema import MiniValidator
+
+        official = jsonschema.Draft202012Validator(schema.load_schema()).is_valid(document)
+        assert MiniValidator(schema.load_schema()).is_valid(document) == official, "the validators disagree"
+

@@ -1,0 +1,301 @@
+"""moe_fsm inside transformers: tiny random models of four MoE architectures, built from their config classes.
+
+Each model runs once with transformers' own ``eager`` experts and once through
+``moe_fsm``, on the same weights and tokens: the logits agree within the dtype's
+tolerance, a backward pass gives the eager gradients, every experts module
+wrote its trace, and later forwards never decide again.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers.integrations.moe", reason="needs transformers >= 5 (ExpertsInterface)")
+
+import moe_fsm.engine.engine as engine_module  # noqa: E402
+from moe_fsm.errors import InputError, MoeFsmError  # noqa: E402
+from moe_fsm.inputs.platform import preset  # noqa: E402
+from moe_fsm.experts.torch_experts import TorchExperts  # noqa: E402
+from moe_fsm.integrations.transformers import enable, experts_modules, moe_fsm_ids, torch_kernel  # noqa: E402
+from moe_fsm.modular.kernel import ModularKernel  # noqa: E402
+from moe_fsm.prepare_finalize.local import LocalPrepareFinalize  # noqa: E402
+
+COMMON = dict(vocab_size=96, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=64)
+
+
+def qwen3_moe():
+    return transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+        **COMMON, head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True))
+
+
+def mixtral():
+    return transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        **COMMON, head_dim=16, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2))
+
+
+def deepseek_v3():
+    """Shared experts, grouped routing (n_group / topk_group), a dense first layer, routed scaling."""
+    return transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        **{**COMMON, "num_key_value_heads": COMMON["num_attention_heads"]}, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=16, num_experts_per_tok=4,
+        n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16))
+
+
+def olmoe():
+    return transformers.OlmoeForCausalLM(transformers.OlmoeConfig(
+        **COMMON, intermediate_size=32, num_experts=8, num_experts_per_tok=3))
+
+
+def qwen2_moe():
+    return transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+        **COMMON, intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=6,
+        num_experts_per_tok=2))
+
+
+MODELS = {"qwen3_moe": qwen3_moe, "mixtral": mixtral, "deepseek_v3": deepseek_v3, "olmoe": olmoe, "qwen2_moe": qwen2_moe}
+# Max |logits - eager| / max |eager|: fp32 differs by summation order only; bf16 by its 8-bit mantissa
+# (eager rounds each slot's weighted output to bf16 before summing, moe-fsm sums in fp32 once).
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
+
+
+def build(name: str, dtype):
+    torch.manual_seed(0)
+    model = MODELS[name]().to(dtype)
+    with torch.no_grad():
+        for module_name, module in experts_modules(model):
+            module.gate_up_proj.normal_(0, 0.2)
+            module.down_proj.normal_(0, 0.2)
+    return model.eval()
+
+
+def tokens(batch=2, length=9):
+    return torch.randint(0, COMMON["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def eager_logits(model, ids, grad=False):
+    model.set_experts_implementation("eager")
+    if grad:
+        model.zero_grad()
+        logits = model(ids).logits
+        logits.float().square().mean().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def rel_error(a, b) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_logits_match_eager_and_traces_are_written(name, dtype, tmp_path, monkeypatch):
+    model = build(name, dtype)
+    ids = tokens()
+    reference = eager_logits(model, ids)
+    decisions = []
+    real_decide = engine_module.decide
+    monkeypatch.setattr(engine_module, "decide", lambda *a, **k: decisions.append(k.get("layer_name")) or real_decide(*a, **k))
+
+    enabled = enable(model, env={}, trace_dir=tmp_path, policy="seeds")
+    names = [n for n, _ in experts_modules(model)]
+    assert model.config._experts_implementation == "moe_fsm"
+    assert list(enabled.modules) == names and len(names) >= 2
+    # identical layers share one decision; each module has its own trace, named after it
+    assert decisions == [names[0]] and enabled.engine.distinct_decisions == 1
+    traces = sorted(tmp_path.glob("*.json"))
+    assert len(traces) == len(names)
+    for path, module_name in zip(traces, names):
+        document = json.loads(path.read_text())
+        assert document["layer_name"] == module_name and module_name in path.name
+        assert document["inputs"]["layer"]["dtype"] == str(dtype).removeprefix("torch.")
+        assert document["outcome"]["kernel"] == "TorchExperts"
+        assert document["inputs"]["profile"]["name"] == "seeds"
+
+    with torch.no_grad():
+        first = model(ids).logits
+        second = model(tokens(3, 5)).logits
+    assert second.shape == (3, 5, COMMON["vocab_size"])
+    assert decisions == [names[0]], "a forward decided again"
+    assert rel_error(first, reference) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_backward_matches_eager_gradients(name, tmp_path):
+    model = build(name, torch.float32).train()
+    ids = tokens()
+    reference, reference_grads = eager_logits(model, ids, grad=True)
+    enable(model, env={}, trace_dir=tmp_path)
+    model.zero_grad()
+    logits = model(ids).logits
+    logits.square().mean().backward()
+    assert rel_error(logits.detach(), reference) < 1e-5
+    experts_grads = [n for n in reference_grads if "gate_up_proj" in n or "down_proj" in n and "experts" in n]
+    assert experts_grads
+    for param_name, param in model.named_parameters():
+        if param_name in reference_grads:
+            assert param.grad is not None, f"{param_name} got no gradient through moe_fsm"
+            assert rel_error(param.grad, reference_grads[param_name]) < 1e-4, param_name
+
+
+def test_bf16_backward_runs(tmp_path):
+    model = build("deepseek_v3", torch.bfloat16).train()
+    enable(model, env={}, trace_dir=tmp_path)
+    model(tokens()).logits.float().square().mean().backward()
+    experts = dict(experts_modules(model))
+    for module in experts.values():
+        assert module.gate_up_proj.grad is not None and torch.isfinite(module.gate_up_proj.grad.float()).all()
+
+
+class InferenceOnlyExperts(TorchExperts):
+    """Stands in for a Triton/FlashInfer kernel: same numerics, but not in the differentiable set."""
+
+    name = "InferenceOnlyExperts"
+
+
+@pytest.mark.parametrize("training", ["torch", "refuse"])
+def test_inference_only_kernels_in_training(training, tmp_path):
+    model = build("qwen3_moe", torch.float32).train()
+    enabled = enable(model, env={}, trace_dir=tmp_path, training=training)
+    calls = []
+    for prepared in enabled.modules.values():
+        prepared.kernel = ModularKernel(LocalPrepareFinalize(), InferenceOnlyExperts(prepared.layer), prepared.layer)
+        # what enable prepares for an inference-only kernel: the torch experts, or nothing when refused
+        substitute = torch_kernel(prepared.layer)
+        spy = lambda *a, _k=substitute, **kw: calls.append(1) or _k(*a, **kw)  # noqa: E731
+        prepared.training_kernel = spy if training == "torch" else None
+    with torch.no_grad():
+        model(tokens())  # inference runs the decided kernel either way
+    assert calls == []
+    if training == "refuse":
+        with pytest.raises(MoeFsmError, match="inference-only"):
+            model(tokens())
+    else:
+        model(tokens()).logits.sum().backward()
+        assert len(calls) == len(enabled.modules)
+        assert enabled.training_substitutes == list(enabled.modules)
+
+
+def test_dropped_experts_convert_at_the_boundary(tmp_path):
+    """transformers marks another rank's slots with id >= E; they contribute nothing."""
+    model = build("qwen3_moe", torch.float32)
+    enable(model, env={}, trace_dir=tmp_path)
+    module = dict(experts_modules(model))["model.layers.0.mlp.experts"]
+    module._is_expert_parallel = True
+    hidden = torch.randn(5, 64)
+    ids = torch.tensor([[0, 8], [8, 3], [1, 2], [8, 8], [7, 0]])
+    weights = torch.rand(5, 2)
+    out = module(hidden, ids, weights)
+    model.set_experts_implementation("eager")
+    with torch.no_grad():  # eager on the same slots with the dropped ones given weight 0
+        expected = module(hidden, ids.clamp(max=7), weights * (ids < 8))
+    assert torch.allclose(out, expected, atol=1e-6)
+    converted, expert_map = moe_fsm_ids(ids, 8)
+    assert converted.tolist() == [[0, -1], [-1, 3], [1, 2], [-1, -1], [7, 0]]
+    assert expert_map.tolist() == list(range(8))
+
+
+def test_gpt_oss_layout_is_refused_naming_class_and_features(tmp_path):
+    config = transformers.GptOssConfig(**{**COMMON, "num_key_value_heads": 2}, head_dim=16, intermediate_size=32,
+                                       num_local_experts=4, num_experts_per_tok=2)
+    model = transformers.GptOssForCausalLM(config)
+    with pytest.raises(InputError) as err:
+        enable(model, env={}, trace_dir=tmp_path)
+    message = str(err.value)
+    for part in ("GptOssForCausalLM", "GptOssExperts", "expert biases", "interleaved gate/up", "custom gate"):
+        assert part in message
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_transposed_weights_run_as_views(tmp_path):
+    """A layout with gate_up_proj [E, H, 2I] and down_proj [E, I, H] (is_transposed) needs no copy."""
+    model = build("qwen3_moe", torch.float32)
+    ids = tokens()
+    reference = eager_logits(model, ids)
+    for _, module in experts_modules(model):
+        module.gate_up_proj = torch.nn.Parameter(module.gate_up_proj.detach().transpose(1, 2).contiguous())
+        module.down_proj = torch.nn.Parameter(module.down_proj.detach().transpose(1, 2).contiguous())
+        module.is_transposed = True
+    enable(model, env={}, trace_dir=tmp_path)
+    with torch.no_grad():
+        assert rel_error(model(ids).logits, reference) < 1e-5
+
+
+def test_a_module_moved_after_enable_is_reported(tmp_path):
+    model = build("mixtral", torch.float32)
+    enable(model, env={}, trace_dir=tmp_path)
+    model.to(torch.bfloat16)
+    with pytest.raises(MoeFsmError, match="call enable"), torch.no_grad():
+        model(tokens())
+
+
+def test_unknown_training_mode_and_model_without_experts():
+    with pytest.raises(InputError, match="training='maybe'"):
+        enable(build("olmoe", torch.float32), training="maybe")
+    with pytest.raises(InputError, match="no experts module"):
+        enable(transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, intermediate_size=32)), env={})
+
+
+def test_a_decided_kernel_that_cannot_be_built_here_runs_the_torch_experts(tmp_path):
+    """Deciding for an H100 picks TRITON; its kernels do not compute float32, so the torch experts run, said so."""
+    model = build("olmoe", torch.float32)
+    ids = tokens()
+    reference = eager_logits(model, ids)
+    enabled = enable(model, env={}, trace_dir=tmp_path, platform=preset("sm90"), policy="seeds")
+    assert {p.loaded.decision.backend for p in enabled.modules.values()} == {"TRITON"}
+    assert set(enabled.substitutes) == set(enabled.modules)
+    assert "float32" in next(iter(enabled.substitutes.values()))
+    assert "runs the torch experts" in enabled.summary()
+    with torch.no_grad():
+        assert rel_error(model(ids).logits, reference) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_model_runs_the_decided_kernel_and_trains_through_the_torch_experts(dtype, tmp_path):
+    """On a GPU enable() decides for the probed platform; a forward that needs gradients takes the torch experts.
+
+    Each experts module is compared with eager on the same routing: whole-model logits in bf16 are not a
+    fair check, since a tiny random router has near-ties that flip under any rounding difference (transformers'
+    own grouped_mm differs from its eager by as much).
+    """
+    model = build("qwen3_moe", dtype).cuda()
+    ids = tokens().cuda()
+    reference = eager_logits(model, ids)
+    enabled = enable(model, env={}, trace_dir=tmp_path)
+    prepared = next(iter(enabled.modules.values()))
+    assert prepared.device.type == "cuda"
+    generator = torch.Generator().manual_seed(3)
+    for name, module in experts_modules(model):
+        hidden = torch.randn(33, 64, generator=generator).to("cuda", dtype)
+        weights, expert_ids = torch.topk(torch.rand(33, 8, generator=generator), 2)
+        weights, expert_ids = weights.to("cuda", dtype), expert_ids.cuda()
+        with torch.no_grad():
+            model.set_experts_implementation("moe_fsm")
+            out = module(hidden, expert_ids, weights)
+            model.set_experts_implementation("eager")
+            expected = module(hidden, expert_ids, weights)
+        assert rel_error(out, expected) < TOLERANCE[dtype], name
+    model.set_experts_implementation("moe_fsm")
+    if dtype is torch.float32:
+        with torch.no_grad():
+            assert rel_error(model(ids).logits, reference) < TOLERANCE[dtype]
+    if prepared.inference_only:
+        assert enabled.training_substitutes == list(enabled.modules)
+    model.train()
+    _, reference_grads = eager_logits(model, ids, grad=True)
+    model.set_experts_implementation("moe_fsm")
+    model.zero_grad()
+    model(ids).logits.float().square().mean().backward()
+    for name, module in experts_modules(model):
+        grad = module.gate_up_proj.grad
+        assert grad is not None and torch.isfinite(grad.float()).all()
+        if dtype is torch.float32:
+            assert rel_error(grad, reference_grads[f"{name}.gate_up_proj"]) < 1e-4

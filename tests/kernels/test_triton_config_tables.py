@@ -1,0 +1,84 @@
+"""The Triton MoE config tables: what the tuner writes into the user's directory, the runtime reads first.
+
+No GPU needed: the tables, their lookup and the default heuristic are plain Python.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from moe_fsm.errors import KernelInputError
+from moe_fsm.kernels.triton_moe import config as cfg
+from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig
+
+DEVICE = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(cfg.CONFIG_DIR_ENV, str(tmp_path))
+    cfg.clear_caches()
+    yield tmp_path
+    cfg.clear_caches()
+
+
+def tuned(block_m: int, fold: bool = False) -> MoEConfig:
+    return MoEConfig(block_m, GemmConfig(32, 128, 1, 4, 4, True), GemmConfig(64, 256, 1, 4, 3, True), fold)
+
+
+def test_a_table_written_by_the_tuner_is_what_the_runtime_picks(user_dir):
+    shipped = cfg.get_config(DEVICE, 128, 768, 2048, 8, 8, "bfloat16", None)
+    key = cfg.shape_key(128, 768, 2048, "bf16")
+    path = cfg.write_user_table(DEVICE, key, {1: tuned(16), 512: tuned(64, True)}, {"generated_by": "test"})
+    assert path == user_dir / "NVIDIA_H100_80GB_HBM3.json"
+    assert cfg.get_config(DEVICE, 128, 768, 2048, 8, 8, "bfloat16", None) == tuned(16)
+    assert cfg.get_config(DEVICE, 128, 768, 2048, 8, 600, "bfloat16", None) == tuned(64, True)
+    assert shipped != tuned(16)
+    # other shapes still come from the shipped table
+    fp8 = cfg.get_config(DEVICE, 256, 2048, 7168, 8, 8, "bfloat16", "block")
+    assert fp8 == MoEConfig.from_json(cfg.load_shipped_table(DEVICE)["E=256,N=2048,K=7168,dtype=fp8_block"]["8"])
+
+
+def test_tuning_another_shape_keeps_the_first(user_dir):
+    cfg.write_user_table(DEVICE, cfg.shape_key(8, 64, 32, "bf16"), {1: tuned(16)}, {})
+    cfg.write_user_table(DEVICE, cfg.shape_key(8, 64, 32, "fp8_tensor"), {4: tuned(32)}, {})
+    data = json.loads((user_dir / "NVIDIA_H100_80GB_HBM3.json").read_text())
+    assert set(data["configs"]) == {"E=8,N=64,K=32,dtype=bf16", "E=8,N=64,K=32,dtype=fp8_tensor"}
+    assert cfg.get_config(DEVICE, 8, 64, 32, 2, 1, "bfloat16", None) == tuned(16)
+    assert cfg.get_config(DEVICE, 8, 64, 32, 2, 1, "bfloat16", "tensor") == tuned(32)
+    assert cfg.get_config(DEVICE, 8, 64, 32, 2, 1, "bfloat16", "channel") == cfg.default_config(8, 64, 32, 2, 1, block_fp8=False, fp8=True)
+
+
+def test_a_broken_user_table_names_its_file(user_dir):
+    (user_dir / "NVIDIA_H100_80GB_HBM3.json").write_text("{not json")
+    with pytest.raises(KernelInputError, match="NVIDIA_H100_80GB_HBM3.json is not valid JSON"):
+        cfg.get_config(DEVICE, 8, 64, 32, 2, 1, "bfloat16", None)
+
+
+def test_old_tables_without_the_new_fields_still_load():
+    entry = {"block_m": 16, "w1": {"block_n": 32, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4},
+             "w2": {"block_n": 64, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4}}
+    c = MoEConfig.from_json(entry)
+    assert not c.fold_topk and not c.w1.swap_ab
+    assert MoEConfig.from_json(c.to_json()) == c
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 32, 64, 96, 128, 512, 2048, 8192])
+@pytest.mark.parametrize("fp8", [None, "tensor", "block"])
+def test_default_takes_vllms_tile_rules(tokens, fp8):
+    """Same BLOCK_M/K, warps, stages as vLLM's get_default_config; w1 reads the same weight tile (half the width, gate+up)."""
+    c = cfg.default_config(128, 768, 2048, 8, tokens, block_fp8=fp8 == "block", fp8=fp8 is not None)
+    cfg.validate_config(c, block_fp8=fp8 == "block")
+    if fp8 == "block":
+        assert c.block_m == (16 if tokens <= 64 else 64)
+        assert c.w2.block_n == (64 if tokens <= 8 else 128) and c.w2.block_k == 128
+    else:
+        assert c.block_m == (16 if tokens <= 32 else 32 if tokens <= 96 else 64 if tokens <= 512 else 128)
+        assert c.w2.block_n == (64 if tokens <= 64 else 128)
+        assert c.w2.block_k == (128 if fp8 or tokens <= 64 else 64)
+        assert c.w2.num_warps == (4 if tokens <= 128 else 8)
+    assert 2 * c.w1.block_n == c.w2.block_n
+    assert c.w1.swap_ab == c.w2.swap_ab == (c.block_m < 64)
+    assert c.fold_topk == (tokens * 8 >= 16384)

@@ -1,0 +1,176 @@
+"""`moe-fsm plan` on the published config.json of real checkpoints (tests/data/configs/, see its README).
+
+Each expected table is written by hand from the checkpoint's config and the seed
+oracles (the ``seeds`` policy profile, asked for explicitly): which decoder layers are MoE (DeepSeek's first_k_dense_replace=3, Qwen's
+decoder_sparse_step=1), the scheme its quantization_config gives the experts, and
+the backend the oracle picks on the platform (e.g. block FP8 on sm90: FlashInfer's
+CUTLASS experts, the first in the FP8 priority list that runs on 9.0; on sm80 only
+Marlin runs FP8 weights).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moe_fsm.cli.main import main
+from moe_fsm.inputs.platform import preset
+from moe_fsm.inputs.quant import QuantScheme
+from moe_fsm.plan import quant_config
+from moe_fsm.plan.model_config import read_model_config
+from moe_fsm.plan.plan import layer_ranges, plan_model
+from moe_fsm.plan.quant_config import Mapped, Unmapped, layer_quant
+
+CONFIGS = Path(__file__).parent.parent / "data" / "configs"
+
+FP8_BLOCK = "fp8 w=fp8_e4m3:static:block128x128 a=fp8_e4m3:dynamic:group1x128"
+FP8_CHANNEL_TOKEN = "fp8 w=fp8_e4m3:static:channel a=fp8_e4m3:dynamic:token"
+FP8_TENSOR_STATIC = "fp8 w=fp8_e4m3:static:tensor a=fp8_e4m3:static:tensor"
+NVFP4 = "nvfp4 w=nvfp4:static:group1x16 a=nvfp4:dynamic:group1x16"
+EVERY_4TH = ", ".join(str(i) for i in range(3, 48, 4))
+NOT_EVERY_4TH = "1-2, " + ", ".join(f"{i}-{i + 2}" for i in range(4, 48, 4))
+MXFP4_NOT_MAPPED = "NOT MAPPED: mxfp4 (gpt-oss): the MXFP4 family is not mapped yet (no mxfp4 policy in this moe-fsm)"
+
+# (config, platform, backend request) -> [(layers, scheme, outcome)], in order of first appearance.
+EXPECTED = {
+    ("deepseek-v3", "sm90", "auto"): [
+        ("3-60", FP8_BLOCK, "FLASHINFER_CUTLASS (FlashInferExperts, via auto_scan, LocalPrepareFinalize)"),
+    ],
+    ("deepseek-v3", "sm80", "auto"): [
+        ("3-60", FP8_BLOCK, "MARLIN (MarlinExperts, via auto_scan, LocalPrepareFinalize)"),
+    ],
+    ("deepseek-r1-fp4", "sm100", "auto"): [
+        ("3-60", NVFP4, "FLASHINFER_TRTLLM (TrtLlmNvFp4ExpertsMonolithic, via auto_scan, LocalPrepareFinalize)"),
+    ],
+    ("qwen3-30b-a3b", "sm90", "auto"): [
+        ("0-47", "unquantized", "TRITON (TritonExperts, via auto_scan, LocalPrepareFinalize)"),
+    ],
+    ("qwen3-30b-a3b", "cpu", "auto"): [
+        ("0-47", "unquantized", "CPU (TorchExperts, via auto_scan, LocalPrepareFinalize)"),
+    ],
+    ("mixtral-8x7b", "sm90", "auto"): [
+        ("0-31", "unquantized", "TRITON (TritonExperts, via auto_scan, LocalPrepareFinalize)"),
+    ],
+    ("gpt-oss-20b", "sm90", "auto"): [("0-23", "-", MXFP4_NOT_MAPPED)],
+    ("gpt-oss-120b", "sm100", "auto"): [("0-35", "-", MXFP4_NOT_MAPPED)],
+    ("qwen3-30b-a3b-fp8-dynamic", "sm90", "auto"): [
+        ("0-47", FP8_CHANNEL_TOKEN, "VLLM_CUTLASS (TritonOrCutlassExperts, via auto_scan, LocalPrepareFinalize)"),
+    ],
+    ("qwen3-30b-a3b-nvfp4", "sm100", "auto"): [
+        ("0-47", NVFP4, "FLASHINFER_TRTLLM (TrtLlmNvFp4ExpertsMonolithic, via auto_scan, LocalPrepareFinalize)"),
+    ],
+    # PR #43334: one global b12x fails the FP8 layers (and the bf16 one) exactly as vLLM would ...
+    ("synthetic-mixed-nvfp4-fp8", "sm121", "flashinfer_b12x"): [
+        ("0", "unquantized", "FAILED BackendUnsupportedError: moe_backend='flashinfer_b12x' is not supported for "
+         "Unquantized MoE. Expected one of ['triton', 'flashinfer_trtllm', 'flashinfer_cutlass', 'aiter', 'torch_grouped_mm']."),
+        (NOT_EVERY_4TH, NVFP4, "FLASHINFER_B12X (FlashInferB12xExperts, via explicit_user_choice, LocalPrepareFinalize)"),
+        (EVERY_4TH, FP8_TENSOR_STATIC, "FAILED BackendUnsupportedError: moe_backend='flashinfer_b12x' is not supported "
+         "for FP8 MoE. Expected one of ['triton', 'deep_gemm', 'cutlass', 'flashinfer_trtllm', 'flashinfer_cutlass', "
+         "'marlin', 'aiter', 'torch_grouped_mm']."),
+    ],
+    # ... and a per-family request gives the FP8 layers auto.
+    ("synthetic-mixed-nvfp4-fp8", "sm121", "nvfp4=flashinfer_b12x"): [
+        ("0", "unquantized", "TRITON (TritonExperts, via auto_scan, LocalPrepareFinalize)"),
+        (NOT_EVERY_4TH, NVFP4, "FLASHINFER_B12X (FlashInferB12xExperts, via explicit_user_choice, LocalPrepareFinalize)"),
+        (EVERY_4TH, FP8_TENSOR_STATIC, "FLASHINFER_CUTLASS (FlashInferExperts, via auto_scan, LocalPrepareFinalize)"),
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(EXPECTED), ids=["-".join(c) for c in EXPECTED])
+def test_plan_matches_the_hand_written_table(case, tmp_path):
+    name, platform, backend = case
+    plan = plan_model(CONFIGS / name, platform=preset(platform), backend=backend, env={}, trace_dir=tmp_path, policy="seeds")
+    got = [(layer_ranges([r.index for r in rows]), scheme, outcome) for (scheme, outcome), rows in plan.groups()]
+    assert got == EXPECTED[case]
+    decided = [r for r in plan.layers if r.decision is not None or r.error is not None]
+    # every decided or failed layer wrote its own trace, named after its module
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(r.trace_path.name for r in decided)
+    for row in decided:
+        document = json.loads(row.trace_path.read_text())
+        assert document["layer_name"] == row.name
+    assert plan.ok == all(not outcome.startswith(("FAILED", "NOT MAPPED")) for _, _, outcome in EXPECTED[case])
+
+
+def test_shapes_come_from_each_architectures_spelling():
+    ds = read_model_config(CONFIGS / "deepseek-v3" / "config.json")
+    assert (ds.num_layers, ds.moe_layers[0], len(ds.moe_layers)) == (61, 3, 58)
+    g = ds.geometry
+    assert (g.num_experts, g.top_k, g.hidden_size, g.intermediate_size, g.shared_experts) == (256, 8, 7168, 2048, 1)
+    mixtral = read_model_config(CONFIGS / "mixtral-8x7b")
+    assert (mixtral.geometry.num_experts, mixtral.geometry.intermediate_size) == (8, 14336)
+    assert mixtral.experts_module(5) == "model.layers.5.block_sparse_moe.experts"
+    oss = read_model_config(CONFIGS / "gpt-oss-120b")
+    assert (oss.geometry.num_experts, oss.geometry.top_k, oss.geometry.swiglu_limit, oss.geometry.activation.value) == (128, 4, 7.0, "swigluoai")
+
+
+def test_quantization_readers_follow_vllms_rules():
+    experts = "model.layers.7.mlp.experts"
+    # fp8: modules_to_not_convert, other block sizes, per-tensor
+    assert layer_quant({"quant_method": "fp8", "modules_to_not_convert": ["model.layers.7.mlp"]}, experts).scheme == QuantScheme.unquantized()
+    assert isinstance(layer_quant({"quant_method": "fp8", "weight_block_size": [64, 64]}, experts), Unmapped)
+    assert layer_quant({"quant_method": "fp8", "activation_scheme": "static"}, experts).scheme == QuantScheme.fp8("tensor", "tensor", True)
+    # modelopt: flat or nested, wildcards, W4A16
+    flat = {"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": ["model.layers.7.mlp*"]}
+    assert "excluded by 'model.layers.7.mlp*'" in layer_quant(flat, experts).source
+    w4a16 = layer_quant({"quant_method": "modelopt", "quantization": {"quant_algo": "W4A16_NVFP4"}}, experts).scheme
+    assert w4a16.family.value == "nvfp4" and w4a16.activation is None
+    # compressed-tensors: ignore by regex, projections split across groups
+    ct = json.loads((CONFIGS / "qwen3-30b-a3b-fp8-dynamic" / "config.json").read_text())["quantization_config"]
+    mapped = layer_quant(ct, experts)
+    assert mapped.allow_vllm_cutlass and mapped.scheme == QuantScheme.fp8("channel", "token")
+    assert layer_quant({**ct, "ignore": ["re:.*experts.*"]}, experts).scheme == QuantScheme.unquantized()
+    split = {**ct, "config_groups": {**ct["config_groups"], "down": {**ct["config_groups"]["group_0"], "targets": ["re:.*down_proj$"]}}}
+    assert "different config groups" in layer_quant(split, experts).reason
+    int4 = {"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": {
+        "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}}
+    assert "int W4A16 (group) is not mapped yet" in layer_quant(int4, experts).reason
+    assert "quant_method 'gptq' is not mapped" in layer_quant({"quant_method": "gptq"}, experts).reason
+
+
+def test_adding_the_mxfp4_family_is_one_table_entry(monkeypatch, tmp_path):
+    stand_in = QuantScheme.nvfp4()  # any scheme: what matters is that the entry alone maps the layers
+    monkeypatch.setitem(quant_config.FAMILY_SCHEMES, "mxfp4", lambda: stand_in)
+    plan = plan_model(CONFIGS / "gpt-oss-20b", platform=preset("sm100"), env={}, trace_dir=tmp_path)
+    assert all(isinstance(r.quant, Mapped) and r.layer.quant == stand_in for r in plan.layers)
+
+
+def test_cli_prints_the_grouped_table_and_exits_1_when_a_layer_fails(tmp_path, capsys):
+    code = main(["plan", str(CONFIGS / "synthetic-mixed-nvfp4-fp8"), "--platform", "sm121", "--no-env", "--policy", "seeds",
+                 "--backend", "flashinfer_b12x", "--trace-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "48 MoE layer(s), 3 distinct outcome(s):" in out
+    assert f"[3] 12 x layers {EVERY_4TH}: {FP8_TENSOR_STATIC} -> FAILED BackendUnsupportedError" in out
+    assert "[3]    47     model.layers.47.mlp.experts  FAILED" in out
+    code = main(["plan", str(CONFIGS / "deepseek-v3" / "config.json"), "--platform", "sm90", "--no-env", "--policy", "seeds",
+                 "--trace-dir", str(tmp_path / "ds"), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and len(data["layers"]) == 58 and data["profile"]["name"] == "seeds"
+    assert {row["backend"] for row in data["layers"]} == {"FLASHINFER_CUTLASS"}
+
+
+def test_cli_bad_config_is_one_line(tmp_path, capsys):
+    assert main(["plan", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}')
+    assert main(["plan", str(tmp_path), "--platform", "sm90"]) == 2
+    assert "names no expert count" in capsys.readouterr().err
+
+
+def test_config_reading_needs_no_torch():
+    """The plan's readers are decision core: they run where torch cannot even be imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from moe_fsm.plan.model_config import read_model_config\n"
+        "from moe_fsm.plan.quant_config import layer_quant\n"
+        f"m = read_model_config({str(CONFIGS / 'deepseek-r1-fp4')!r})\n"
+        "print(len(m.moe_layers), layer_quant(m.quantization, m.experts_module(3)).scheme.family.value)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["58", "nvfp4"]
