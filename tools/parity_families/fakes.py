@@ -46,8 +46,27 @@ class _Ops(types.SimpleNamespace):
         raise AttributeError(name)
 
 
+def _humming_stub() -> None:
+    """The humming package's GemmType, which the Humming experts name (the library is not installed here).
+
+    Its values are the gemm-type words vLLM compares them with (get_humming_moe_gemm_type).
+    """
+    import enum
+
+    if "humming" in sys.modules:
+        return
+    config = types.ModuleType("humming.config")
+    config.GemmType = enum.Enum("GemmType", {"INDEXED": "indexed", "GROUPED_CONTIGUOUS": "grouped_contiguous",
+                                             "GROUPED_MASKED": "grouped_masked"})
+    package = types.ModuleType("humming")
+    package.config = config
+    package.__path__ = []
+    sys.modules.update({"humming": package, "humming.config": config})
+
+
 class Faked(base.FakedVllm):
     def __init__(self, families: list[str]):
+        _humming_stub()
         super().__init__(families)
         import torch
 
@@ -90,6 +109,10 @@ class Faked(base.FakedVllm):
             for attr, fake in special.items():
                 if hasattr(module, attr) and callable(getattr(module, attr)):
                     setattr(module, attr, fake)
+        # No user quantization_config.moe.activation override (a config fact; moe-fsm takes the checkpoint's key).
+        import vllm.model_executor.layers.fused_moe.oracle.mxfp4 as mxfp4
+
+        mxfp4._user_moe_activation_override = lambda: None
         # AITER's gate mode is a feature of the installed aiter version: present with aiter.
         self.aiter.rocm_aiter_ops.fused_moe_supports_gate_mode = classmethod(lambda cls: True)
 

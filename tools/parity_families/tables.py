@@ -43,7 +43,7 @@ def _int8_keys(vllm, quant):
 def _wna16_arguments(vllm, inputs, config):
     """select_wna16_moe_backend's arguments as each checkpoint format's MoE method builds them."""
     import torch
-    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationStrategy
     from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig
     from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
     from vllm.model_executor.layers.quantization.moe_wna16 import MoeWNA16Config
@@ -63,8 +63,12 @@ def _wna16_arguments(vllm, inputs, config):
         config_obj.group_size, config_obj.zero_point, config_obj.weight_bits = group, zp, 4
         return qu.kInt4Static, config_obj, zp, True, True
     if ckpt == "compressed-tensors":
-        args = QuantizationArgs(num_bits=bits, type="int", symmetric=not zp, group_size=group if group > 0 else None,
-                                strategy="group" if group > 0 else "channel", actorder="group" if quant.act_order else None)
+        # model_construct: the compressed-tensors installed here may refuse actorder="group", which the version
+        # vLLM 0.33 pins reads (and vLLM's oracle compares with); the values are as a checkpoint's config gives them.
+        args = QuantizationArgs.model_construct(
+            num_bits=bits, type="int", symmetric=not zp, group_size=group if group > 0 else None,
+            strategy=QuantizationStrategy.GROUP if group > 0 else QuantizationStrategy.CHANNEL,
+            actorder="group" if quant.act_order else None)
         sym = {4: scalar_types.uint4b8, 8: scalar_types.uint8b128}
         asym = {4: scalar_types.uint4, 8: scalar_types.uint8}
         dtype = (sym if not zp else asym)[bits]
