@@ -128,6 +128,8 @@ def golden_specs(family: str) -> list[dict]:
     if not path.exists():
         return []
     rows = tomllib.loads(path.read_text())["scenario"]
+    # torch's own 4-bit ops cannot be removed from the torch the harness runs vLLM with
+    rows = [row for row in rows if "torch.ops.aten._dyn_quant_matmul_4bit" not in str(row.get("platform"))]
     return [{k: row[k] for k in ("platform", "layer", "parallel", "backend", "env") if k in row} for row in rows]
 
 
