@@ -66,8 +66,8 @@ def _humming_stub() -> None:
 
 class Faked(base.FakedVllm):
     def __init__(self, families: list[str]):
-        _humming_stub()
         super().__init__(families)
+        _humming_stub()  # after vLLM's imports: only the Humming experts' gemm-type check reaches for it
         import torch
 
         facts = _facts
