@@ -112,3 +112,28 @@ def test_cli_reports_env_a_profile_does_not_read(capsys, next_profile):
 def test_cli_needs_two_profiles_and_known_names(capsys):
     code, _, err = run(capsys, "diff", "--to", "vllm-9.9", "--platform", "sm90", "--no-env")
     assert code == 2 and "unknown policy profile 'vllm-9.9'" in err
+
+
+def test_readme_diff_examples_are_true(capsys):
+    """Every line the README shows for a `moe-fsm diff` command is a line of that command's output ('...' elides)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```text\n(.*?)```", readme, re.DOTALL) if "$ moe-fsm diff" in b]
+    assert blocks, "the README shows no moe-fsm diff example"
+    checked = 0
+    for block in blocks:
+        for command in re.split(r"^(?=\$ )", block, flags=re.M):
+            if not command.startswith("$ moe-fsm diff"):
+                continue
+            first, *shown = command.rstrip("\n").split("\n")
+            code, out, _ = run(capsys, *shlex.split(first[len("$ moe-fsm "):]))
+            assert code in (0, 1)
+            lines = out.splitlines()
+            for line in shown:
+                if line.strip() != "...":
+                    assert line in lines, f"{first}: README line not in the output: {line!r}"
+                    checked += 1
+    assert checked >= 10

@@ -62,9 +62,9 @@ def test_per_family_request_gets_past_the_mixed_checkpoint_failure(tmp_path):
     model = preset("mixed-nvfp4-fp8")
     failing = Engine(list(model.layers[:4]), parallel=ParallelConfig(), request=BackendRequest.parse("flashinfer_cutlass"),
                      env=EnvSnapshot(), platform=platform_preset("sm121"), trace_dir=tmp_path / "a")
-    # flashinfer_cutlass is valid for both families; moe-fsm's FlashInfer adapter runs unquantized
-    # layers only, so building the first (NVFP4) layer is what fails, naming the layer.
-    with pytest.raises(BackendUnavailableError, match=r"^layer 0 \(model.layers.0.mlp.experts\): moe-fsm's FlashInfer CUTLASS adapter runs unquantized layers only"):
+    # flashinfer_cutlass is valid for both families; moe-fsm's FlashInfer adapter runs unquantized and
+    # FP8 per-tensor layers, so building the first (NVFP4) layer is what fails, naming the layer.
+    with pytest.raises(BackendUnavailableError, match=r"^layer 0 \(model.layers.0.mlp.experts\): moe-fsm's FlashInfer CUTLASS adapter runs unquantized and FP8 per-tensor"):
         failing.load()
     decisions = [
         Engine([spec], parallel=ParallelConfig(), request=BackendRequest.parse({"nvfp4": "emulation"}), env=EnvSnapshot(),

@@ -135,3 +135,29 @@ def test_every_policy_ends_with_an_auto_scan():
     for name in profiles.names():
         for policy in profiles.get(name).policies.values():
             assert isinstance(policy.steps[-1], AutoScan), (name, policy.family)
+
+
+def test_build_is_judged_apart_from_the_decision():
+    """DP2xTP2 decides as vLLM does; build says moe-fsm cannot run that prepare/finalize here."""
+    from moe_fsm.errors import BackendUnavailableError
+    from moe_fsm.inputs.parallel import ParallelConfig
+
+    for parallel in (ParallelConfig(tp_size=2, dp_size=2), ParallelConfig(tp_size=2, dp_size=2, ep_size=4)):
+        decision = select(MoELayer(), parallel, env={}, platform=preset("sm90"), policy="seeds")
+        assert decision.backend == "TRITON"
+        assert decision.trace["build"]["experts"] == "TritonExperts"
+        assert not decision.trace["build"]["prepare_finalize_buildable"]
+        with pytest.raises(BackendUnavailableError, match="tp_size=1"):
+            decision.build()
+
+
+def test_a_kernel_moe_fsm_lacks_runs_as_its_named_substitute():
+    """vLLM 0.33's NVFP4 emulation experts decide (with their own support conditions); moe-fsm builds its torch emulation."""
+    decision = select(MoELayer(quant=QuantScheme.nvfp4()), backend="emulation", env={}, platform=preset("sm90-bare"),
+                      policy="vllm-0.33")
+    assert (decision.backend, decision.kernel) == ("EMULATION", "Nvfp4QuantizationEmulationTritonExperts")
+    assert decision.trace["build"]["how"] == "substitute" and decision.runner == "TorchExperts"
+    assert type(decision.build().experts).__name__ == "TorchExperts"
+    with pytest.raises(Exception, match="LoRA"):
+        select(MoELayer(quant=QuantScheme.nvfp4(), lora=True), backend="emulation", env={}, platform=preset("sm90-bare"),
+               policy="vllm-0.33")

@@ -299,3 +299,18 @@ def test_cuda_model_runs_the_decided_kernel_and_trains_through_the_torch_experts
         assert grad is not None and torch.isfinite(grad.float()).all()
         if dtype is torch.float32:
             assert rel_error(grad, reference_grads[f"{name}.gate_up_proj"]) < 1e-4
+
+
+def test_readme_transformers_example_runs_as_shown(tmp_path, monkeypatch, capsys):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Real models: inside transformers, and `plan` from a config.json\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "moe_fsm: 4 experts module(s) of Qwen3MoeForCausalLM, 1 distinct decision(s); traces in moe-fsm-traces/qwen3/"
+    assert out[1] == "    4 x CPU (TorchExperts + LocalPrepareFinalize, float32): model.layers.0.mlp.experts ..."
+    assert len(list((tmp_path / "moe-fsm-traces" / "qwen3").glob("*.json"))) == 4

@@ -9,7 +9,7 @@ import pytest
 import torch
 from modular_cases import kernel_for, layer_for, make_call, seed_for, single_thread  # noqa: F401
 
-from moe_fsm.errors import KernelInputError
+from moe_fsm.errors import InputError, KernelInputError
 from moe_fsm.experts.torch_experts import TorchBatchedExperts, TorchExperts
 from moe_fsm.inputs.quant import Granularity, QuantFamily, QuantKey, QuantScheme
 from moe_fsm.modular.kernel import ModularKernel
@@ -106,11 +106,9 @@ def test_nvfp4_refusals() -> None:
 
 
 def test_nvfp4_needs_intermediate_divisible_by_16() -> None:
-    layer = layer_for(NVFP4, intermediate_size=40)
-    w1 = torch.zeros(6, 80, 80, dtype=torch.uint8)
-    w2 = torch.zeros(6, 160, 20, dtype=torch.uint8)
-    with pytest.raises(KernelInputError, match="nvfp4:static:group1x16 weights need intermediate_size divisible by 16; got 40"):
-        kernel_for(layer)(torch.zeros(1, 160), w1, w2, torch.ones(1, 2), torch.zeros(1, 2, dtype=torch.int64))
+    """Refused where the layer is described, before any selection or kernel sees it (issue 12, item 5)."""
+    with pytest.raises(InputError, match="NVFP4 needs intermediate_size divisible by 16 .* got 40"):
+        layer_for(NVFP4, intermediate_size=40)
 
 
 def test_mismatched_formats_are_refused_at_construction() -> None:

@@ -93,17 +93,20 @@ class Registry:
         return [self.backends[family][name] for name in self.extension_names[family].values()]
 
     def kernel_verdict(self, kernel: str, ctx: SupportContext, extra=()) -> Verdict:
+        """A kernel class's verdict; each requirement is checked once per context (kernels share many:
+        no LoRA, a format, a library), keyed by identity (requirements live as long as the catalog)."""
         spec = self.kernels[kernel]
-        return Verdict(kernel, tuple(self._check(r, ctx) for r in (*extra, *spec.requirements)))
-
-    def _check(self, requirement, ctx: SupportContext) -> Check:
-        """A requirement evaluated once per context: kernel classes share many (no LoRA, a format, a library)."""
-        checks = self.memo_for(ctx).setdefault("checks", {})
-        key = id(requirement)  # requirements live as long as the registry's catalog
-        check = checks.get(key)
-        if check is None:
-            check = checks[key] = Check(requirement, requirement.failure(ctx))
-        return check
+        memo = self.memo_for(ctx)
+        checks = memo.get("checks")
+        if checks is None:
+            checks = memo["checks"] = {}
+        out = []
+        for requirement in (*extra, *spec.requirements) if extra else spec.requirements:
+            check = checks.get(id(requirement))
+            if check is None:
+                check = checks[id(requirement)] = Check(requirement, requirement.failure(ctx))
+            out.append(check)
+        return Verdict(kernel, tuple(out))
 
     def memo_for(self, ctx: SupportContext) -> dict:
         """The verdict memo of one context: verdicts are pure, and an engine asks the same ones for every layer."""

@@ -42,7 +42,11 @@ class OnVendor(Requirement):
     def failure(self, ctx: SupportContext) -> str | None:
         if ctx.platform.vendor in self.vendors:
             return None
-        return f"needs a {' or '.join(v.value for v in self.vendors)} device, this is {ctx.platform.describe()}"
+        return f"needs a {self._names} device, this is {ctx.platform.describe()}"
+
+    @cached_property
+    def _names(self) -> str:
+        return " or ".join(v.value for v in self.vendors)
 
 
 @dataclass(frozen=True)
@@ -67,13 +71,16 @@ class CudaCapability(Requirement):
         extra = "".join(f" (or {v.value})" for v in self.also)
         return f"CUDA compute capability {self._wanted()}{extra}"
 
+    @cached_property
+    def _devices(self) -> str:
+        return " or ".join(["cuda"] + [v.value for v in self.also])
+
     def failure(self, ctx: SupportContext) -> str | None:
         p = ctx.platform
         if p.vendor in self.also:
             return None
         if p.vendor is not Vendor.CUDA:
-            allowed = ["cuda"] + [v.value for v in self.also]
-            return f"needs a {' or '.join(allowed)} device, this is {p.describe()}"
+            return f"needs a {self._devices} device, this is {p.describe()}"
         ok = (
             any(p.is_capability(*c) for c in self.exact)
             or any(p.is_capability_family(f) for f in self.families)
@@ -118,16 +125,20 @@ class QuantSchemes(Requirement):
 
     def failure(self, ctx: SupportContext) -> str | None:
         scheme = (ctx.layer.quant.weight, ctx.layer.quant.activation)
-        accepted = list(self.pairs)
-        for _, condition, pairs in self.gated:
-            if condition(ctx):
-                accepted.extend(pairs)
-        if self.weight_only:
-            if any(w == scheme[0] for w, _ in accepted):
-                return None
-        elif scheme in accepted:
+        key = scheme[0] if self.weight_only else scheme  # weight-only: any activation key
+        if key in self._accepted[0]:
             return None
+        for (_, condition, _), accepted in zip(self.gated, self._accepted[1:]):
+            if key in accepted and condition(ctx):
+                return None
         return f"kernel does not support quantization scheme {_scheme_text(scheme)}"
+
+    @cached_property
+    def _accepted(self) -> tuple[frozenset, ...]:
+        """The always-accepted keys, then each gated group's, as sets (weights only when weight_only)."""
+        def keys(pairs):
+            return frozenset(w for w, _ in pairs) if self.weight_only else frozenset(pairs)
+        return (keys(self.pairs), *(keys(pairs) for _, _, pairs in self.gated))
 
 
 def _scheme_text(pair: Scheme) -> str:

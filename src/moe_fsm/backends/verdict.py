@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from moe_fsm.inputs.hashing import hashed_once
@@ -39,16 +39,18 @@ class Check(NamedTuple):
         return {"requirement": self.requirement.description, "passed": self.passed, "reason": self.failure}
 
 
-@dataclass(frozen=True)
 class Verdict:
-    """A kernel's answer for one context; ``reason`` is the first failing check's text."""
+    """A kernel's answer for one context; ``reason`` is the first failing check's text. Immutable.
 
-    subject: str
-    checks: tuple[Check, ...]
-    failures: tuple[str, ...] = field(init=False)
+    A plain slotted class rather than a frozen dataclass: a cold decision builds dozens of these.
+    """
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "failures", tuple(c.failure for c in self.checks if c.failure is not None))
+    __slots__ = ("subject", "checks", "failures")
+
+    def __init__(self, subject: str, checks: tuple[Check, ...]) -> None:
+        self.subject = subject
+        self.checks = checks
+        self.failures = tuple([c.failure for c in checks if c.failure is not None])
 
     @property
     def supported(self) -> bool:
@@ -67,25 +69,22 @@ class Verdict:
         }
 
 
-@dataclass(frozen=True)
 class BackendVerdict:
-    """A backend's answer: the first kernel class that accepts, else the last reason (as vLLM)."""
+    """A backend's answer: the first kernel class that accepts, else the last reason (as vLLM). Immutable."""
 
-    backend: str
-    kernel_verdicts: tuple[Verdict, ...]
-    kernel: str | None = field(init=False)
-    reason: str | None = field(init=False)
+    __slots__ = ("backend", "kernel_verdicts", "kernel", "reason", "_summary", "_event")
 
-    def __post_init__(self) -> None:
-        kernel = next((v.subject for v in self.kernel_verdicts if v.supported), None)
-        if kernel is not None:
-            reason = None
-        elif self.kernel_verdicts:
-            reason = self.kernel_verdicts[-1].reason
+    def __init__(self, backend: str, kernel_verdicts: tuple[Verdict, ...]) -> None:
+        self.backend = backend
+        self.kernel_verdicts = kernel_verdicts
+        self.kernel = next((v.subject for v in kernel_verdicts if not v.failures), None)
+        if self.kernel is not None:
+            self.reason = None
+        elif kernel_verdicts:
+            self.reason = kernel_verdicts[-1].reason
         else:
-            reason = "no kernel class is registered for it"
-        object.__setattr__(self, "kernel", kernel)
-        object.__setattr__(self, "reason", reason)
+            self.reason = "no kernel class is registered for it"
+        self._summary = self._event = None
 
     @property
     def supported(self) -> bool:
@@ -96,19 +95,15 @@ class BackendVerdict:
 
         Computed once per verdict (verdicts are immutable and memoized); treat it as read-only.
         """
-        cached = self.__dict__.get("_summary")
-        if cached is None:
-            cached = self._summarize()
-            object.__setattr__(self, "_summary", cached)
-        return cached
+        if self._summary is None:
+            self._summary = self._summarize()
+        return self._summary
 
     def candidate_event(self) -> dict:
         """The trace's ``candidate`` event for this verdict, built once; read-only."""
-        cached = self.__dict__.get("_event")
-        if cached is None:
-            cached = {**self.summary(), "event": "candidate"}
-            object.__setattr__(self, "_event", cached)
-        return cached
+        if self._event is None:
+            self._event = {**self.summary(), "event": "candidate"}
+        return self._event
 
     def _summarize(self) -> dict:
         return {

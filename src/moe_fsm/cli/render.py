@@ -229,7 +229,8 @@ def lines_of(event: dict, detail: bool = False) -> list[str]:
     if kind == "scan":
         return [f"    scan order: {', '.join(event['candidates']) or '(empty)'}"]
     if kind == "reordered":
-        return [f"    moved {', '.join(event['backends'])} to the {event['to']}: {event['because']}"]
+        where = event["to"].replace(":", " ", 1) if ":" in event["to"] else f"to the {event['to']}"
+        return [f"    moved {', '.join(event['backends'])} {where}: {event['because']}"]
     if kind == "unchecked":
         return [f"    chose {event['backend']} -> {event['kernel']} unchecked: {event['because']}"]
     if kind == "fallback":

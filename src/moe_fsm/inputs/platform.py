@@ -125,6 +125,13 @@ class PlatformFacts:
         return self.vendor is Vendor.ROCM and (self.gcn_arch or "").startswith(("gfx94", "gfx95"))
 
     def describe(self) -> str:
+        cached = self.__dict__.get("_description")
+        if cached is None:
+            cached = self._describe()
+            object.__setattr__(self, "_description", cached)
+        return cached
+
+    def _describe(self) -> str:
         if self.vendor is Vendor.CUDA:
             return f"CUDA {self.capability[0]}.{self.capability[1]} ({self.device_name})"
         if self.vendor is Vendor.ROCM:

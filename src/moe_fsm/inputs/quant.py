@@ -59,6 +59,7 @@ class Granularity(str, Enum):
 GROUP_WIDTH = {Granularity.GROUP_1x16: 16, Granularity.GROUP_1x32: 32, Granularity.GROUP_1x64: 64, Granularity.GROUP_1x128: 128}
 
 
+@hashed_once
 @dataclass(frozen=True)
 class QuantKey:
     """The data type and scale layout of one quantized operand (weights or activations).

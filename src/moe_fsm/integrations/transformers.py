@@ -107,7 +107,8 @@ class EnabledModel:
         groups: dict[tuple, list[str]] = {}
         for name, p in self.modules.items():
             d = p.loaded.decision
-            key = (d.backend, p.kernel.name, p.layer.dtype, p.inference_only, p.substitute_reason)
+            runs = f"{p.kernel.experts.name} + {p.kernel.prepare_finalize.name}"
+            key = (d.backend, runs, p.layer.dtype, p.inference_only, p.substitute_reason)
             groups.setdefault(key, []).append(name)
         lines = [
             f"moe_fsm: {len(self.modules)} experts module(s) of {self.model_class}, "

@@ -12,8 +12,9 @@ from types import MappingProxyType
 
 from moe_fsm.profiles.profile import Profile, family_policies
 from moe_fsm.profiles.vllm_0_33.env import ENV
-from moe_fsm.profiles.vllm_0_33.kernels import FALLBACK_KERNELS, KERNELS
+from moe_fsm.profiles.vllm_0_33.kernels import FALLBACK_KERNELS, KERNELS, SUBSTITUTES
 from moe_fsm.profiles.vllm_0_33.kernels_mx_int import KERNELS as MX_INT_KERNELS
+from moe_fsm.profiles.vllm_0_33.kernels_mx_int import SUBSTITUTES as MX_INT_SUBSTITUTES
 
 PROFILE = Profile(
     name="vllm-0.33",
@@ -23,4 +24,5 @@ PROFILE = Profile(
     kernels=MappingProxyType({**KERNELS, **MX_INT_KERNELS}),
     env=ENV,
     fallback_kernels=MappingProxyType(FALLBACK_KERNELS),
+    substitutes=MappingProxyType({**SUBSTITUTES, **MX_INT_SUBSTITUTES}),
 )

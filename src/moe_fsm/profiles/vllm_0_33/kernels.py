@@ -301,7 +301,7 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           NOT_BATCH_INVARIANT, NoLoRA(),
           Condition("hidden and (padded) intermediate sizes divisible by 32", _cpu_grouped_gemm,
                     "kernel requires hidden and intermediate dimensions divisible by 32"),
-          impl=SEEDS["TorchExperts"].impl, note="vLLM's portable CPU MoE (moe-fsm runs its torch experts)"),
+          note="vLLM's portable CPU MoE"),
     _spec("CPUExpertsFp8", S, OnVendor((Vendor.CPU,)), NO_AMX, SILU_GELU, QuantSchemes((FP8_BLOCK,)), STANDARD,
           NOT_BATCH_INVARIANT, NoLoRA(), note="vLLM's AMX FP8 W8A16 CPU MoE"),
     _spec("CPUExpertsFp8W8A8", S, OnVendor((Vendor.CPU,)), NO_AMX, SILU, QuantSchemes((FP8_BLOCK,)), STANDARD,
@@ -382,9 +382,13 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           STANDARD, NOT_BATCH_INVARIANT, NoLoRA(), BF16_ONLY, NO_EXPERT_BIAS,
           note="FlashInfer's MoE-EP megakernel (CuTe DSL)"),
     _spec("Nvfp4QuantizationEmulationTritonExperts", S, NoLoRA(), CUDA_ALIKE_OR_XPU, ALL, QuantSchemes((NVFP4,)),
-          NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT, impl=SEEDS["TorchExperts"].impl,
-          note="vLLM's NVFP4 emulation on its Triton experts (moe-fsm runs its torch emulation of the same numerics)"),
+          NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT,
+          note="vLLM's NVFP4 emulation on its Triton experts"),
 )}
+
+# Kernels moe-fsm does not implement but runs with the same numerics (build's business, never the decision's).
+SUBSTITUTES: dict[str, str] = {"Nvfp4QuantizationEmulationTritonExperts": "TorchExperts",
+                               "CPUUnquantizedExperts": "TorchExperts"}
 
 # Where the FP8 oracle returns NONE the platform runs the layer itself; on a CPU moe-fsm runs its emulation.
 FALLBACK_KERNELS: dict[Vendor, tuple[str, ...]] = {Vendor.CPU: ("TorchExperts", "TorchBatchedExperts")}

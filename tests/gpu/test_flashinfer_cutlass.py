@@ -1,0 +1,118 @@
+"""FlashInfer's CUTLASS fused MoE through moe-fsm's adapter, against the float64 reference.
+
+Runs where CUDA, flashinfer-python and (on Hopper) the prebuilt trimmed module are present;
+``tools/build_flashinfer_sm90.py`` builds that module and ``MOE_FSM_FLASHINFER_PREBUILT``
+points at it. The last test goes the whole way an engine does: select -> build -> run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+pytest.importorskip("flashinfer.fused_moe")
+
+from moe_fsm.errors import BackendUnavailableError  # noqa: E402
+from moe_fsm.experts.flashinfer_experts import FlashInferCutlassExperts  # noqa: E402
+from moe_fsm.inputs.layer import MoELayer  # noqa: E402
+from moe_fsm.inputs.quant import QuantScheme  # noqa: E402
+from moe_fsm.kernels import fp8  # noqa: E402
+from moe_fsm.modular.interfaces import ExpertScales  # noqa: E402
+
+from .moe_gpu_cases import (  # noqa: E402
+    MIXTRAL_8X7B,
+    QWEN3_30B,
+    emulate_fp8,
+    float_weights,
+    hidden_states,
+    poison_allocator,
+    quantize_rowwise,
+    reference,
+    rel_err,
+    routing,
+)
+
+BF16_TOL = 1e-2
+FP8_VS_EMULATION_TOL = 2e-2
+FP8_VS_FLOAT_TOL = 8e-2
+
+
+def _layer(shape, quant):
+    return MoELayer(quant=quant, num_experts=shape.num_experts, top_k=shape.top_k, hidden_size=shape.hidden,
+                    intermediate_size=shape.intermediate, dtype="bfloat16")
+
+
+def _kernel(layer):
+    from moe_fsm.modular.kernel import ModularKernel
+    from moe_fsm.prepare_finalize.local import LocalPrepareFinalize
+
+    try:
+        experts = FlashInferCutlassExperts(layer)
+    except BackendUnavailableError as err:
+        pytest.skip(f"FlashInfer CUTLASS MoE module unavailable here: {err}")
+    return ModularKernel(LocalPrepareFinalize(), experts, layer)
+
+
+def _static_scales(x: torch.Tensor, w1q, w1_scale, shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """Calibrated static activation scales: a1 from the input, a2 from a float pass of the intermediate."""
+    a1 = fp8.quantize_per_tensor(x.float(), None)[1]
+    w1 = fp8.dequantize_weight_per_tensor(w1q, w1_scale, torch.float32)
+    n = shape.intermediate
+    gate = x.float() @ w1[:, :n].flatten(0, 1).T
+    up = x.float() @ w1[:, n:].flatten(0, 1).T
+    a2 = fp8.quantize_per_tensor(torch.nn.functional.silu(gate) * up, None)[1]
+    return a1, a2
+
+
+@pytest.mark.parametrize("shape,num_tokens", [(QWEN3_30B, 1), (QWEN3_30B, 37), (QWEN3_30B, 300), (MIXTRAL_8X7B, 64)])
+def test_bf16_matches_reference(shape, num_tokens):
+    kernel = _kernel(_layer(shape, QuantScheme.unquantized()))
+    w1, w2 = float_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=1)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=1)
+    poison_allocator()
+    out = kernel(x, w1, w2, g, ids)
+    assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+
+
+@pytest.mark.parametrize("num_tokens", [1, 37, 300])
+def test_fp8_per_tensor_static_matches_emulation_and_reference(num_tokens):
+    shape = QWEN3_30B
+    kernel = _kernel(_layer(shape, QuantScheme.fp8("tensor", "tensor", static_activation=True)))
+    w1f, w2f = float_weights(shape)
+    w1q, w2q, s1, s2, deq = quantize_rowwise(w1f, w2f, "tensor")
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=2)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=2)
+    a1, a2 = _static_scales(x, w1q, s1, shape)
+    poison_allocator()
+    out = kernel(x, w1q, w2q, g, ids, scales=ExpertScales(w1_scale=s1, w2_scale=s2, a1_scale=a1, a2_scale=a2))
+    emulated = emulate_fp8(x, w1q, w2q, g, ids, granularity="tensor", a1_scale=a1, a2_scale=a2, dequantize=deq)
+    assert rel_err(out, emulated) < FP8_VS_EMULATION_TOL
+    assert rel_err(out, reference(x, w1q, w2q, g, ids, dequantize=deq)) < FP8_VS_FLOAT_TOL
+
+
+def test_select_build_run_goes_through_flashinfer():
+    from moe_fsm import ParallelConfig, select
+    from moe_fsm.inputs.platform import probe
+
+    shape, num_tokens = QWEN3_30B, 64
+    layer = _layer(shape, QuantScheme.fp8("tensor", "tensor", static_activation=True))
+    decision = select(layer, ParallelConfig(), env={}, platform=probe())
+    if decision.backend != "FLASHINFER_CUTLASS":
+        pytest.skip(f"this GPU's decision is {decision.backend}, not FLASHINFER_CUTLASS")
+    try:
+        kernel = decision.build()
+    except BackendUnavailableError as err:
+        pytest.skip(f"FlashInfer CUTLASS MoE module unavailable here: {err}")
+    assert type(kernel.experts).__name__ == "FlashInferCutlassExperts"
+    w1f, w2f = float_weights(shape)
+    w1q, w2q, s1, s2, deq = quantize_rowwise(w1f, w2f, "tensor")
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=3)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=3)
+    a1, a2 = _static_scales(x, w1q, s1, shape)
+    out = kernel(x, w1q, w2q, g, ids, scales=ExpertScales(w1_scale=s1, w2_scale=s2, a1_scale=a1, a2_scale=a2))
+    assert rel_err(out, reference(x, w1q, w2q, g, ids, dequantize=deq)) < FP8_VS_FLOAT_TOL
