@@ -134,6 +134,12 @@ class Decision:
         return ModularKernel(prepare_finalize, experts, self.inputs.layer)
 
 
+def _profiles_with(family) -> str:
+    """Where the family can be decided: the profiles that have its policy (choose one with policy= / --policy)."""
+    names = sorted(name for name, p in profiles.profiles().items() if family in p.policies)
+    return f"; profiles with a {family.value} policy: {', '.join(names)} (--policy / policy=)" if names else ""
+
+
 @dataclass
 class _PolicyLess:
     """The record of a decision that could not start: the profile has no policy for the family."""
@@ -239,6 +245,7 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
         run = _PolicyLess(NoPolicyError(
             f"no selection policy for family {family.value} in profile {profile.name}; "
             f"it has policies for {sorted(f.value for f in profile.policies)}"
+            + _profiles_with(family)
         ))
     else:
         run = DecisionRun(ctx, policy, request, inputs.request.source_for(family), registry, recorder)

@@ -89,6 +89,17 @@ _LOCAL_NAMES = {
     ActivationFormat.BATCHED: "LocalBatchedPrepareFinalize",
 }
 
+# torch_all2all: batched experts get the fixed-capacity dispatch (no host sync, CUDA-graph capturable),
+# as vLLM pairs its batched-format experts with the low-latency all2all backends.
+_ALL2ALL_NAMES = {
+    ActivationFormat.STANDARD: "AllToAllPrepareFinalize",
+    ActivationFormat.BATCHED: "FixedCapacityAllToAllPrepareFinalize",
+}
+_ALL2ALL_NOTES = {
+    ActivationFormat.STANDARD: "",
+    ActivationFormat.BATCHED: "; fixed capacity per rank, no host synchronisation (CUDA-graph capturable)",
+}
+
 
 @dataclass(frozen=True)
 class PrepareFinalizeChoice:

@@ -32,6 +32,9 @@ def register(subparsers) -> None:
     parser.add_argument("--backend", default="auto", help="auto, a backend name, or a per-family mapping like nvfp4=flashinfer_b12x,fp8=triton")
     parser.add_argument("--env", action="append", default=None, metavar="K=V",
                         help="a VLLM_* variable for the decision (repeatable; default: the process environment)")
+    parser.add_argument("--policy", default=None, metavar="PROFILE",
+                        help="whose rules decide each layer: a policy profile (seeds, vllm-0.33, ...) or 'default' "
+                             "(the installed vLLM's, else seeds); the MX and integer presets need vllm-0.33")
     parser.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR, help=f"where per-layer traces go (default {DEFAULT_TRACE_DIR}/)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and tokens")
     parser.add_argument("--nproc", type=int, default=1, help="run across N processes (gloo on CPU, NCCL on GPUs)")
@@ -107,6 +110,7 @@ def _run_here(args, model, request, env, device) -> int:
     engine, results = run_model(
         model, tokens=args.tokens, num_layers=args.layers, device=device, request=request, env=env,
         platform=platform, trace_dir=args.trace_dir, seed=args.seed, options=options, progress=progress,
+        policy=args.policy,
     )
     progress.done()
     write_manifest(

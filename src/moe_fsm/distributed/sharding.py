@@ -49,6 +49,10 @@ def shard_experts(
             w2_scale=cut(scales.w2_scale),
             w1_global_scale=cut(scales.w1_global_scale),
             w2_global_scale=cut(scales.w2_global_scale),
+            w1_zero_point=cut(scales.w1_zero_point),
+            w2_zero_point=cut(scales.w2_zero_point),
+            w1_bias=cut(scales.w1_bias),
+            w2_bias=cut(scales.w2_bias),
         ),
     )
 

@@ -54,6 +54,25 @@ def _mixed_nvfp4_fp8() -> ModelPreset:
     return ModelPreset("mixed-nvfp4-fp8", "Qwen3.6-35B-A3B (modelopt NVFP4 + FP8)", 8, specs)
 
 
+def _gpt_oss_20b() -> ModelPreset:
+    """gpt-oss-20b: MXFP4 experts with biases, SwiGLU-OAI clamped at 7. 2880 / 9 = 320 keeps the MX blocks of 32 whole."""
+    layer = MoELayer(quant=QuantScheme.mxfp4(), num_experts=32, top_k=4, hidden_size=320, intermediate_size=320,
+                     activation="swigluoai", swiglu_limit=7.0, bias=True)
+    return _uniform("gpt-oss-20b", "gpt-oss-20b (MXFP4)", 9, 24, 0, layer)
+
+
+def _qwen3_gptq_int4() -> ModelPreset:
+    """Qwen3-30B-A3B-GPTQ-Int4: symmetric INT4 weights, 16-bit activations.
+
+    The checkpoint's groups of 128 do not divide the shrunken intermediate size
+    (768 / 8 = 96), so the preset keeps the group count per hidden row close
+    instead: groups of 32.
+    """
+    layer = MoELayer(quant=QuantScheme.int_wna16(4, 32, checkpoint="gptq"), num_experts=128, top_k=8,
+                     hidden_size=256, intermediate_size=96)
+    return _uniform("qwen3-30b-a3b-gptq-int4", "Qwen3-30B-A3B-GPTQ-Int4", 8, 48, 0, layer)
+
+
 PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in (
@@ -65,6 +84,8 @@ PRESETS: dict[str, ModelPreset] = {
                  MoELayer(quant=QuantScheme.fp8("block", "group"), num_experts=256, top_k=8,
                           hidden_size=896, intermediate_size=256)),
         _mixed_nvfp4_fp8(),
+        _gpt_oss_20b(),
+        _qwen3_gptq_int4(),
     )
 }
 DEFAULT_PRESET = "qwen3-30b-a3b"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -52,6 +52,15 @@ TOLERANCE = {
     (QuantFamily.NVFP4, "float32"): 2.5e-1,
     (QuantFamily.NVFP4, "float16"): 2.5e-1,
     (QuantFamily.NVFP4, "bfloat16"): 2.5e-1,
+    # Weight-only formats (MXFP4 with 16-bit activations, WNA16) are judged on their dequantized weights,
+    # so only the compute dtype's rounding remains; formats with quantized activations add theirs
+    # (INT8: 7 bits; FP8/MXFP8: 3 mantissa bits; e2m1 activations: 1).
+    **{(family, dtype): tol for family, tol in (
+        (QuantFamily.INT_WNA16, 2e-2), (QuantFamily.MXFP8, 8e-2), (QuantFamily.INT8, 6e-2),
+        (QuantFamily.W4A8, 8e-2), (QuantFamily.W4A8_INT8, 4e-2),
+    ) for dtype in ("float32", "float16", "bfloat16")},
+    # MXFP4 layers may quantize activations to e2m1 (w4a4): the NVFP4 bound.
+    **{(QuantFamily.MXFP4, dtype): 2.5e-1 for dtype in ("float32", "float16", "bfloat16")},
 }
 
 
@@ -100,6 +109,9 @@ def make_weights(layer, generator: torch.Generator, device: torch.device, sample
         w1, w2 = w1.to(dtype), w2.to(dtype)
     w1q, w2q, scales = quantize_experts(w1, w2, layer, sample=sample.to(torch.float32).cpu())
     w1_ref, w2_ref = dequantize_weights(w1q, w2q, scales, layer.quant)
+    if layer.bias:
+        scales = replace(scales, w1_bias=(torch.randn(e, 2 * n, generator=generator) * 0.1).to(dtype),
+                         w2_bias=(torch.randn(e, k, generator=generator) * 0.1).to(dtype))
     scales = ExpertScales(**{f: (v.to(device) if v is not None else None) for f, v in vars(scales).items()})
     return LayerWeights(w1q.to(device), w2q.to(device), scales, w1_ref, w2_ref, router.to(device))
 
@@ -155,12 +167,13 @@ def run_model(
     seed: int = 0,
     options: RunOptions = RunOptions(),
     progress=None,
+    policy: Optional[str] = None,
 ) -> tuple[Engine, list[LayerResult]]:
     """Load (decide + build) and run ``num_layers`` layers of ``model``; one row per layer."""
     specs = list(model.layers[: num_layers or len(model.layers)])
     engine = Engine(
         specs, parallel=parallel, request=request, env=env if env is not None else EnvSnapshot.from_process(),
-        platform=platform, trace_dir=trace_dir,
+        platform=platform, trace_dir=trace_dir, policy=policy,
     )
     loaded = engine.load()
     dev = torch.device(device)
@@ -202,6 +215,8 @@ def run_layer(index: int, layer_state: LoadedLayer, x, weights: LayerWeights, to
         x.cpu()[rows], weights.w1_ref, weights.w2_ref, topk_weights.cpu()[rows], topk_ids.cpu()[rows],
         activation=layer.activation.value, swiglu_limit=layer.swiglu_limit,
         apply_router_weight_on_input=layer.router_weight_on_input,
+        w1_bias=None if weights.scales.w1_bias is None else weights.scales.w1_bias.cpu(),
+        w2_bias=None if weights.scales.w2_bias is None else weights.scales.w2_bias.cpu(),
     )
     err, nonfinite = compare(out.cpu()[rows], ref)
     return out, _row(index, layer_state, elapsed, err, checked_rows=len(rows), nonfinite_rows=nonfinite)

@@ -1,4 +1,4 @@
-"""Experts that run on any torch device: unquantized math, and FP8 / NVFP4 emulation.
+"""Experts that run on any torch device: unquantized math, and the emulation of every quantized format.
 
 The CPU backend, the fallback where no optimized kernel exists, and the emulation
 of quantized kernels. Pairs are grouped by expert (no Python loop over tokens)
@@ -12,7 +12,11 @@ quantized from prepare and is dequantized, the weights are dequantized (per
 expert, as the loop reaches it), the math runs in float32, and the intermediate
 after the activation is quantized again the way the kernels feed the second GEMM
 (dynamic 1x128 groups for block schemes, per token or per tensor for those keys,
-``a2_scale`` / ``a2_global_scale`` for static parts). Unquantized layers compute
+``a2_scale`` / ``a2_global_scale`` for static parts). Formats come from the
+weight and activation tables (FP8, NVFP4, MXFP4/MXFP8 with E8M0 scales, INT8
+W8A8, INT4/INT8 group weights with zero points); a kernel that quantizes 16-bit
+inputs itself (W4A8-INT8) gets its quantizer applied to both GEMM inputs here.
+Biases (gpt-oss) are added after each GEMM, in the compute dtype. Unquantized layers compute
 in the layer dtype, as the GPU kernels do (float32 accumulation inside the GEMM,
 intermediate stored in the layer dtype).
 
@@ -35,8 +39,8 @@ from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.kernels.activations import apply_activation
 from moe_fsm.kernels.grouping import group_by_expert
 from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales, Experts, InputQuantizer, PreparedTokens
-from moe_fsm.quantize.activations import activation_quant, input_quantizer, static_scale
-from moe_fsm.quantize.weights import weight_format
+from moe_fsm.quantize.activations import activation_quant, input_quantizer, kernel_activation_quant, static_scale
+from moe_fsm.quantize.weights import weight_extra, weight_format
 
 _INDEX_BYTES = 8
 
@@ -70,6 +74,7 @@ class ExpertMath:
         self.layer = layer
         self.weights = weight_format(layer.quant)
         self.act_quant = activation_quant(layer.quant)
+        self.kernel_quant = kernel_activation_quant(layer.quant)
         self.out_dtype = torch_dtype(layer.dtype)
         quantized = layer.quant.family is not QuantFamily.UNQUANTIZED
         self.compute_dtype = torch.float32 if quantized else self.out_dtype
@@ -78,23 +83,35 @@ class ExpertMath:
         return input_quantizer(self.layer.quant, scales)
 
     def dequantize_input(self, hidden: torch.Tensor, scale: Optional[torch.Tensor], scales: ExpertScales) -> torch.Tensor:
+        if self.kernel_quant is not None:
+            return self.kernel_quant.fake_quantize(hidden, None, self.compute_dtype)
         if self.act_quant is None:
             return hidden.to(self.compute_dtype)
         return self.act_quant.dequantize(hidden, scale, static_scale(self.act_quant, scales, 0), self.compute_dtype)
 
     def requantize(self, intermediate: torch.Tensor, scales: ExpertScales) -> torch.Tensor:
         """What the second GEMM sees of the intermediate: re-quantized as the kernels do, or itself."""
+        if self.kernel_quant is not None:
+            return self.kernel_quant.fake_quantize(intermediate, None, self.compute_dtype)
         if self.act_quant is None:
             return intermediate
         return self.act_quant.fake_quantize(intermediate, static_scale(self.act_quant, scales, 1), self.compute_dtype)
 
-    def _weights_t(self, w: torch.Tensor, scale: Optional[torch.Tensor], global_scale: Optional[torch.Tensor]) -> Callable[[int], torch.Tensor]:
+    def _weights_t(self, w: torch.Tensor, scales: ExpertScales, prefix: str) -> Callable[[int], torch.Tensor]:
         """Expert ``e``'s weight, transposed for ``rows @ w^T``, dense in the compute dtype."""
         if self.weights is None:
             wt = w.transpose(1, 2) if w.dtype == self.compute_dtype else w.transpose(1, 2).to(self.compute_dtype)
             return lambda e: wt[e]
         fmt, dtype = self.weights, self.compute_dtype
-        return lambda e: fmt.dequantize(w[e], scale[e], global_scale[e] if fmt.has_global_scale else None, dtype).T
+        scale, extra = getattr(scales, f"{prefix}_scale"), weight_extra(fmt, scales, prefix)
+        return lambda e: fmt.dequantize(w[e], scale[e], extra[e] if extra is not None else None, dtype).T
+
+    def _add_bias(self, out: torch.Tensor, bias: Optional[torch.Tensor], counts: list[int], active: list[int]) -> torch.Tensor:
+        """Each expert's bias row added to its rows (float32, before the activation or the output cast)."""
+        if bias is None or not active:
+            return out
+        per_row = torch.repeat_interleave(bias[active].to(out.dtype), torch.tensor([counts[e] for e in active], device=out.device), dim=0)
+        return out + per_row
 
     def run(self, rows: torch.Tensor, offsets: Sequence[int], w1: torch.Tensor, w2: torch.Tensor, scales: ExpertScales) -> torch.Tensor:
         """``w2[e] . act(w1[e] . x)`` for rows [P, K] sorted by expert (expert e owns ``offsets[e]:offsets[e+1]``).
@@ -106,14 +123,16 @@ class ExpertMath:
         counts = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
         active = [e for e, n in enumerate(counts) if n]
         h = rows.new_empty((rows.shape[0], 2 * self.layer.intermediate_size))
-        w1t = self._weights_t(w1, scales.w1_scale, scales.w1_global_scale)
+        w1t = self._weights_t(w1, scales, "w1")
         if active:
             _expert_gemms(_nonempty(rows, counts), w1t, active, h, counts)
+        h = self._add_bias(h, scales.w1_bias, counts, active)
         intermediate = self.requantize(apply_activation(self.layer.activation.value, h, self.layer.swiglu_limit), scales)
         y = rows.new_empty((rows.shape[0], self.layer.hidden_size))
-        w2t = self._weights_t(w2, scales.w2_scale, scales.w2_global_scale)
+        w2t = self._weights_t(w2, scales, "w2")
         if active:
             _expert_gemms(_nonempty(intermediate, counts), w2t, active, y, counts)
+        y = self._add_bias(y, scales.w2_bias, counts, active)
         return y.to(self.out_dtype)
 
     def workspace_bytes(self, rows: int, pairs: int, output_rows: int) -> int:

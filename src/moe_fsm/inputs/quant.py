@@ -197,6 +197,7 @@ INT8_ACTIVATION_SCALES = {  # (granularity, static, symmetric)
     ("token", False, False): INT8_DYNAMIC_TOKEN_ASYM,
     ("tensor", False, True): INT8_DYNAMIC_TENSOR,
     ("tensor", False, False): INT8_DYNAMIC_TENSOR_ASYM,
+    ("tensor", True, True): INT8_STATIC_TENSOR,  # kInt8StaticTensorSym, also the per-tensor weight key
     ("tensor", True, False): INT8_STATIC_TENSOR_ASYM,
 }
 W4A8_INT8_GROUPS = {128: W4A8_INT8_GROUP128, 64: W4A8_INT8_GROUP64, 32: W4A8_INT8_GROUP32}

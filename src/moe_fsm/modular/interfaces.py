@@ -51,6 +51,15 @@ class ExpertScales:
     NVFP4: w1_scale/w2_scale are e4m3 block scales [E, 2N, K//16] / [E, K, N//16];
     w1_global_scale/w2_global_scale are fp32 [E] (dequantize: value * block_scale * global);
     a1_global_scale/a2_global_scale are the fp32 activation quantization multipliers [E] or scalar.
+    MXFP4/MXFP8: w1_scale/w2_scale are E8M0 exponents (uint8) [E, 2N, K//32] / [E, K, N//32].
+    INT4/INT8 weights (int_wna16, w4a8, w4a8_int8): w1_scale/w2_scale are group scales
+    [E, 2N, K//G] / [E, K, N//G] (G = the row length for per-channel scales);
+    w1_zero_point/w2_zero_point are their uint8 zero points when the weights are asymmetric.
+    INT8 W8A8: w1_scale/w2_scale fp32 [E, 2N] / [E, K] per channel, [E] per tensor.
+
+    Per-expert terms that are not scales ride along because they are sliced and
+    moved exactly like them: w1_bias [E, 2N] and w2_bias [E, K] (layers with biases),
+    added after each GEMM in float32.
     """
 
     w1_scale: Optional[torch.Tensor] = None
@@ -61,6 +70,10 @@ class ExpertScales:
     a2_scale: Optional[torch.Tensor] = None
     a1_global_scale: Optional[torch.Tensor] = None
     a2_global_scale: Optional[torch.Tensor] = None
+    w1_zero_point: Optional[torch.Tensor] = None
+    w2_zero_point: Optional[torch.Tensor] = None
+    w1_bias: Optional[torch.Tensor] = None
+    w2_bias: Optional[torch.Tensor] = None
 
 
 class InputQuantizer(Protocol):

@@ -127,6 +127,7 @@ def _scale(scales: ExpertScales, field: str, why: str) -> torch.Tensor:
 def check_weight_scales(scales: ExpertScales, layer: MoELayer, num_local: int) -> None:
     fmt = weight_format(layer.quant)
     if fmt is None:
+        check_biases(scales, layer, num_local)
         return
     k, n = layer.hidden_size, layer.intermediate_size
     why = f"weight quantization {fmt.key}"
@@ -138,6 +139,25 @@ def check_weight_scales(scales: ExpertScales, layer: MoELayer, num_local: int) -
             g = _scale(scales, f"{prefix}_global_scale", why)
             _expect_shape(f"ExpertScales.{prefix}_global_scale", g, (num_local,), "one fp32 dequantization multiplier per expert")
             _expect_dtype(f"ExpertScales.{prefix}_global_scale", g, [torch.float32])
+        if fmt.extra == "zero_point":
+            z = _scale(scales, f"{prefix}_zero_point", why)
+            _expect_shape(f"ExpertScales.{prefix}_zero_point", z, tuple(scale.shape), f"one zero point per scale of {prefix}")
+            _expect_dtype(f"ExpertScales.{prefix}_zero_point", z, [torch.uint8])
+    check_biases(scales, layer, num_local)
+
+
+def check_biases(scales: ExpertScales, layer: MoELayer, num_local: int) -> None:
+    """Layers with biases need both, one float row per expert; layers without must not get any."""
+    for prefix, rows in (("w1", 2 * layer.intermediate_size), ("w2", layer.hidden_size)):
+        bias = getattr(scales, f"{prefix}_bias")
+        if not layer.bias:
+            if bias is not None:
+                raise KernelInputError(f"ExpertScales.{prefix}_bias is given but the layer has no biases (MoELayer.bias=False)")
+            continue
+        bias = _scale(scales, f"{prefix}_bias", "a layer with biases (MoELayer.bias=True)")
+        _expect_shape(f"ExpertScales.{prefix}_bias", bias, (num_local, rows), f"one bias per output row of {prefix}")
+        if not bias.is_floating_point():
+            raise KernelInputError(f"ExpertScales.{prefix}_bias has dtype {bias.dtype}; accepted: a floating dtype")
 
 
 def check_activation_scales(scales: ExpertScales, layer: MoELayer, num_tokens: int, num_local: int) -> None:

@@ -11,6 +11,11 @@ Static parts of a key live in ExpertScales: FP8 static keys read ``a1_scale`` /
 NVFP4 reads the quantization multipliers ``a1_global_scale`` / ``a2_global_scale``
 (one, or one per expert, reduced to the smallest, i.e. the largest input scale,
 as vLLM's emulation does when they differ).
+
+Some kernels quantize activations themselves although the scheme's activation
+key is None (vLLM passes unquantized inputs): W4A8-INT8's CPU kernel quantizes
+both GEMM inputs to INT8 per token, asymmetrically (KleidiAI's qai8dx). Their
+entry is ``kernel_activation_quant``: the experts apply it, prepare does not.
 """
 
 from __future__ import annotations
@@ -27,11 +32,20 @@ from moe_fsm.inputs.quant import (
     FP8_DYNAMIC_TOKEN,
     FP8_STATIC_TENSOR,
     FP8_STATIC_TOKEN,
+    INT8_DYNAMIC_TENSOR,
+    INT8_DYNAMIC_TENSOR_ASYM,
+    INT8_DYNAMIC_TOKEN,
+    INT8_DYNAMIC_TOKEN_ASYM,
+    INT8_STATIC_TENSOR,
+    MXFP4_DYNAMIC,
+    MXFP8_DYNAMIC,
     NVFP4_DYNAMIC,
+    Granularity,
+    QuantFamily,
     QuantKey,
     QuantScheme,
 )
-from moe_fsm.kernels import fp8, nvfp4
+from moe_fsm.kernels import fp8, intq, mx, nvfp4
 from moe_fsm.modular.interfaces import ExpertScales, InputQuantizer
 
 Quantize = Callable[[torch.Tensor, Optional[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
@@ -85,6 +99,23 @@ def _smallest(static: torch.Tensor) -> torch.Tensor:
 
 _FP8_STATIC = ("a1_scale", "a2_scale")
 
+
+def _mx(quantize, dequantize) -> tuple[Quantize, Dequantize]:
+    return (lambda x, _static: quantize(x)), (lambda q, scale, _static, dtype: dequantize(q, scale, dtype))
+
+
+def _int8(key: QuantKey) -> ActivationQuant:
+    per_token = key.granularity is Granularity.TOKEN
+
+    def quantize(x: torch.Tensor, static: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return intq.quantize_int8_activation(x, per_token=per_token, symmetric=key.symmetric, static_scale=static)
+
+    def dequantize(q: torch.Tensor, scale: torch.Tensor, _static: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return intq.dequantize_int8_activation(q, scale, key.symmetric, dtype)
+
+    static = dict(fields=_FP8_STATIC, calibrate=lambda amax: (amax.to(torch.float32) / 127).clamp(min=1e-10).reshape(1)) if key.static else {}
+    return ActivationQuant(key, quantize, dequantize, **static)
+
 ACTIVATION_QUANT: dict[QuantKey, ActivationQuant] = {
     FP8_STATIC_TENSOR: ActivationQuant(FP8_STATIC_TENSOR, fp8.quantize_per_tensor, _fp8_dequantize, _FP8_STATIC, _fp8_calibrate),
     FP8_DYNAMIC_TENSOR: ActivationQuant(FP8_DYNAMIC_TENSOR, _fp8_dynamic(fp8.quantize_per_tensor), _fp8_dequantize),
@@ -100,6 +131,13 @@ ACTIVATION_QUANT: dict[QuantKey, ActivationQuant] = {
         _smallest,
         packing=2,
     ),
+    MXFP4_DYNAMIC: ActivationQuant(MXFP4_DYNAMIC, *_mx(mx.quantize_mxfp4, mx.dequantize_mxfp4), packing=2),
+    MXFP8_DYNAMIC: ActivationQuant(MXFP8_DYNAMIC, *_mx(mx.quantize_mxfp8, mx.dequantize_mxfp8)),
+    **{key: _int8(key) for key in (INT8_DYNAMIC_TOKEN, INT8_DYNAMIC_TOKEN_ASYM, INT8_DYNAMIC_TENSOR,
+                                   INT8_DYNAMIC_TENSOR_ASYM, INT8_STATIC_TENSOR)},
+}
+KERNEL_ACTIVATION_QUANT: dict[QuantFamily, ActivationQuant] = {
+    QuantFamily.W4A8_INT8: ACTIVATION_QUANT[INT8_DYNAMIC_TOKEN_ASYM],
 }
 
 
@@ -112,6 +150,11 @@ def activation_quant(scheme: QuantScheme) -> Optional[ActivationQuant]:
     except KeyError:
         accepted = sorted(str(k) for k in ACTIVATION_QUANT)
         raise KernelInputError(f"activation quantization {scheme.activation} has no emulation; accepted: {accepted}") from None
+
+
+def kernel_activation_quant(scheme: QuantScheme) -> Optional[ActivationQuant]:
+    """The quantization a kernel applies to 16-bit inputs on its own (both GEMMs), or None."""
+    return KERNEL_ACTIVATION_QUANT.get(scheme.family) if scheme.activation is None else None
 
 
 def static_scale(quant: ActivationQuant, scales: Optional[ExpertScales], stage: int) -> Optional[torch.Tensor]:

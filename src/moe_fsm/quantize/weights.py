@@ -1,4 +1,8 @@
-"""Float experts to FP8 or NVFP4 form and back, one table entry per weight key.
+"""Float experts to their quantized form and back, one table entry per weight key.
+
+FP8, NVFP4, MX (E8M0 per 32), INT8 W8A8 come from the key alone; integer
+group formats (INT4/INT8 with group scales and zero points) also need the
+scheme's group size and zero-point flag, so their entry is made per scheme.
 
 ``quantize_weights`` is what a checkpoint loader would have produced: w1 [E, 2N, K]
 and w2 [E, K, N] in the scheme's storage dtype plus their scales in ExpertScales.
@@ -10,6 +14,7 @@ actually holds.
 
 NVFP4 stores ``w*_global_scale`` as the *dequantization* multiplier
 ``amax / (448 * 6)`` (vLLM's ``weight_scale_2``): w = e2m1 * block_scale * global.
+Asymmetric integer weights store ``w*_zero_point`` beside their scales.
 """
 
 from __future__ import annotations
@@ -21,8 +26,11 @@ import torch
 
 from moe_fsm.errors import KernelInputError
 from moe_fsm.inputs.layer import MoELayer
-from moe_fsm.inputs.quant import FP8_STATIC_BLOCK128, FP8_STATIC_CHANNEL, FP8_STATIC_TENSOR, NVFP4_STATIC, QuantKey, QuantScheme
-from moe_fsm.kernels import fp8, nvfp4
+from moe_fsm.inputs.quant import (
+    FP8_STATIC_BLOCK128, FP8_STATIC_CHANNEL, FP8_STATIC_TENSOR, GROUPED_FAMILIES, INT8_STATIC_CHANNEL,
+    INT8_STATIC_TENSOR, MXFP4_STATIC, MXFP8_STATIC, NVFP4_STATIC, QuantKey, QuantScheme,
+)
+from moe_fsm.kernels import fp8, intq, mx, nvfp4
 from moe_fsm.kernels.activations import apply_activation
 from moe_fsm.modular.interfaces import ExpertScales
 from moe_fsm.quantize.activations import activation_quant
@@ -34,10 +42,12 @@ Quantized = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 class WeightFormat:
     """One weight key: storage, scale layout, and the quantize/dequantize pair.
 
-    ``quantize(w [.., R, C]) -> (q, scale, global_scale | None)`` and
-    ``dequantize(q, scale, global_scale, dtype) -> [.., R, C]``. ``scale_shape(R, C)``
-    is the per-expert scale shape; ``packing`` values share one stored element, so
-    q is ``[.., R, C / packing]``.
+    ``quantize(w [.., R, C]) -> (q, scale, extra | None)`` and
+    ``dequantize(q, scale, extra, dtype) -> [.., R, C]``, where ``extra`` is the
+    ExpertScales term named ``w1_<extra>``/``w2_<extra>``: NVFP4's global scale, or
+    the zero points of asymmetric integer weights. ``scale_shape(R, C)`` is the
+    per-expert scale shape (zero points share it); ``packing`` values share one
+    stored element, so q is ``[.., R, C / packing]``.
     """
 
     key: QuantKey
@@ -46,9 +56,13 @@ class WeightFormat:
     scale_shape: Callable[[int, int], tuple[int, ...]]
     quantize: Callable[[torch.Tensor], Quantized]
     dequantize: Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.dtype], torch.Tensor]
-    has_global_scale: bool = False
+    extra: Optional[str] = None  # "global_scale" | "zero_point"
     packing: int = 1
     column_multiple: int = 1
+
+    @property
+    def has_global_scale(self) -> bool:
+        return self.extra == "global_scale"
 
     def stored_shape(self, rows: int, cols: int) -> tuple[int, int]:
         return rows, cols // self.packing
@@ -82,15 +96,58 @@ WEIGHT_FORMATS: dict[QuantKey, WeightFormat] = {
     NVFP4_STATIC: WeightFormat(
         NVFP4_STATIC, torch.uint8, nvfp4.SCALE_DTYPE, lambda r, c: (r, c // nvfp4.BLOCK),
         nvfp4.quantize_weight, nvfp4.dequantize_weight,
-        has_global_scale=True, packing=2, column_multiple=nvfp4.BLOCK,
+        extra="global_scale", packing=2, column_multiple=nvfp4.BLOCK,
+    ),
+    MXFP4_STATIC: WeightFormat(
+        MXFP4_STATIC, torch.uint8, torch.uint8, lambda r, c: (r, c // mx.BLOCK),
+        _no_global(mx.quantize_mxfp4), _ignore_global(mx.dequantize_mxfp4), packing=2, column_multiple=mx.BLOCK,
+    ),
+    MXFP8_STATIC: WeightFormat(
+        MXFP8_STATIC, mx.FP8_DTYPE, torch.uint8, lambda r, c: (r, c // mx.BLOCK),
+        _no_global(mx.quantize_mxfp8), _ignore_global(mx.dequantize_mxfp8), column_multiple=mx.BLOCK,
+    ),
+    INT8_STATIC_CHANNEL: WeightFormat(
+        INT8_STATIC_CHANNEL, torch.int8, torch.float32, lambda r, c: (r,),
+        _no_global(lambda w: intq.quantize_int8_weight(w, per_channel=True)), _ignore_global(intq.dequantize_int8_weight),
+    ),
+    INT8_STATIC_TENSOR: WeightFormat(
+        INT8_STATIC_TENSOR, torch.int8, torch.float32, lambda r, c: (),
+        _no_global(lambda w: intq.quantize_int8_weight(w, per_channel=False)), _ignore_global(intq.dequantize_int8_weight),
     ),
 }
+_SCALE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, None: torch.float32}
+
+
+def grouped_int_format(scheme: QuantScheme) -> WeightFormat:
+    """INT4/INT8 codes with group scales (zero points if asymmetric) along the row, for this scheme's group size."""
+    bits, group, zero_point = scheme.weight_bits, scheme.group_size, scheme.zero_point
+    scale_dtype = _SCALE_DTYPES[scheme.weight.scale_dtype]
+    per_row = group == -1
+
+    def quantize(w: torch.Tensor) -> Quantized:
+        return intq.quantize_weight(w, bits, group, zero_point=zero_point, scale_dtype=scale_dtype)
+
+    def dequantize(q: torch.Tensor, scale: torch.Tensor, zeros: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        return intq.dequantize_weight(q, scale, zeros, bits, dtype)
+
+    return WeightFormat(
+        scheme.weight, torch.uint8, scale_dtype, lambda r, c: (r, 1 if per_row else c // group), quantize, dequantize,
+        extra="zero_point" if zero_point else None, packing=8 // bits,
+        column_multiple=(8 // bits if per_row else group),
+    )
 
 
 def weight_format(scheme: QuantScheme) -> Optional[WeightFormat]:
     """The scheme's weight entry; None for unquantized weights."""
     if scheme.weight is None:
         return None
+    if scheme.family in GROUPED_FAMILIES:
+        if scheme.act_order:
+            raise KernelInputError(
+                "activation-ordered checkpoints (GPTQ desc_act, g_idx) permute K per group; moe-fsm's experts run "
+                "weights in group order only"
+            )
+        return grouped_int_format(scheme)
     try:
         return WEIGHT_FORMATS[scheme.weight]
     except KeyError:
@@ -116,9 +173,10 @@ def quantize_weights(w1: torch.Tensor, w2: torch.Tensor, scheme: QuantScheme) ->
     for name, w in (("w1", w1), ("w2", w2)):
         if w.shape[-1] % fmt.column_multiple:
             raise KernelInputError(f"{fmt.key} needs {name}'s last dim divisible by {fmt.column_multiple}; got {list(w.shape)}")
-    w1q, w1s, w1g = fmt.quantize(w1)
-    w2q, w2s, w2g = fmt.quantize(w2)
-    return w1q, w2q, ExpertScales(w1_scale=w1s, w2_scale=w2s, w1_global_scale=w1g, w2_global_scale=w2g)
+    w1q, w1s, w1x = fmt.quantize(w1)
+    w2q, w2s, w2x = fmt.quantize(w2)
+    extras = {f"w1_{fmt.extra}": w1x, f"w2_{fmt.extra}": w2x} if fmt.extra else {}
+    return w1q, w2q, ExpertScales(w1_scale=w1s, w2_scale=w2s, **extras)
 
 
 def dequantize_weights(
@@ -130,9 +188,14 @@ def dequantize_weights(
         return w1q.to(dtype), w2q.to(dtype)
     scales = scales or ExpertScales()
     return (
-        fmt.dequantize(w1q, scales.w1_scale, scales.w1_global_scale, dtype),
-        fmt.dequantize(w2q, scales.w2_scale, scales.w2_global_scale, dtype),
+        fmt.dequantize(w1q, scales.w1_scale, weight_extra(fmt, scales, "w1"), dtype),
+        fmt.dequantize(w2q, scales.w2_scale, weight_extra(fmt, scales, "w2"), dtype),
     )
+
+
+def weight_extra(fmt: WeightFormat, scales: ExpertScales, prefix: str) -> Optional[torch.Tensor]:
+    """The format's extra per-expert term for ``prefix`` (w1 or w2): global scales or zero points; None if it has none."""
+    return getattr(scales, f"{prefix}_{fmt.extra}") if fmt.extra else None
 
 
 def intermediate_amax(
@@ -174,3 +237,13 @@ def quantize_experts(
             f"activation quantization {quant.key} reads static scales {list(quant.fields)}; pass a sample batch to calibrate them"
         )
     return w1q, w2q, calibrate_activation_scales(w1q, w2q, scales, layer, sample)
+
+
+def interleave_gate_up(t: torch.Tensor) -> torch.Tensor:
+    """w1-shaped rows [E, 2N, ...] from stacked (gate rows, then up rows) to interleaved (gate n at 2n, up n at 2n+1).
+
+    The layout gpt-oss checkpoints ship; rows are quantized independently, so it
+    applies as well to packed weights, their scales and the w1 bias.
+    """
+    gate, up = t.chunk(2, dim=1)
+    return torch.stack((gate, up), dim=2).reshape(t.shape)

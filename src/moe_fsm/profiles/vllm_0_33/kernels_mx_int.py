@@ -9,9 +9,10 @@ failure is vLLM's reason. Sources are named per spec, relative to
 reading. Activations are the intersection of a class's set with moe-fsm's
 (silu, swigluoai, gelu). Classes the older families share (TritonExperts,
 Marlin, Humming, FlashInfer CUTLASS, TRTLLM FP8, XPU, b12x, MoE-EP) live in
-``kernels.py`` with their MX and integer schemes. ``SUBSTITUTES`` names the
-classes moe-fsm builds as its torch experts of the same numerics, where those
-take the scheme (build's business, never the decision's).
+``kernels.py`` with their MX and integer schemes. ``impl`` names moe-fsm's
+own kernel of a class's algorithm (the weight-quantized Triton MoE);
+``SUBSTITUTES`` the classes moe-fsm builds as its torch experts of the same
+numerics, where those take the scheme (build's business, never the decision's).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from moe_fsm.profiles.vllm_0_33.kernels import (
 )
 
 OAI_ONLY = Activations((Activation.SWIGLUOAI,))
+TRITON_MXFP4 = "moe_fsm.experts.triton_wq_experts:TritonMxfp4Experts"
+TRITON_WNA16 = "moe_fsm.experts.triton_wq_experts:TritonWna16Experts"
 
 # vLLM's quant keys: kInt4Static, kInt4Static32 (symmetric, "uint4b8"), their asymmetric uint4 forms, kInt8Static.
 INT4_SYM = (INT4_STATIC_GROUP, INT4_STATIC_GROUP32)
@@ -91,8 +94,8 @@ DP_AT_MOST_1_NO_A2A = ParallelRule("no all-to-all kernels and dp_size <= 1",
                                    lambda p: not p.use_all2all_kernels and p.dp_size <= 1)
 
 
-def _spec(name, *requirements, fmt=ActivationFormat.STANDARD, note=""):
-    return KernelSpec(name, fmt, tuple(requirements), library_note=note)
+def _spec(name, *requirements, fmt=ActivationFormat.STANDARD, impl=None, note=""):
+    return KernelSpec(name, fmt, tuple(requirements), impl=impl, library_note=note)
 
 
 KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
@@ -121,10 +124,12 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           note="vLLM's own CUTLASS MXFP4 x MXFP4 grouped GEMM (vllm._custom_ops)"),
     _spec("OAITritonMxfp4ExpertsMonolithic",  # experts/gpt_oss_triton_kernels_moe.py
           *TRITON_KERNELS_DEVICE, OAI_ONLY, QuantSchemes(((MXFP4_STATIC, None),)), DP_AT_MOST_1_NO_A2A, STANDARD,
-          NOT_BATCH_INVARIANT, NoLoRA(), note="OpenAI's triton_kernels matmul_ogs MXFP4 MoE (gpt-oss), fused routing"),
+          NOT_BATCH_INVARIANT, NoLoRA(), impl=TRITON_MXFP4,
+          note="OpenAI's triton_kernels matmul_ogs MXFP4 MoE (gpt-oss), fused routing; moe-fsm runs its MXFP4 Triton MoE"),
     _spec("OAITritonExperts",
           *TRITON_KERNELS_DEVICE, OAI_ONLY, QuantSchemes(((MXFP4_STATIC, None),)), STANDARD, NOT_BATCH_INVARIANT,
-          NoLoRA(), note="OpenAI's triton_kernels matmul_ogs MXFP4 MoE (gpt-oss), modular"),
+          NoLoRA(), impl=TRITON_MXFP4,
+          note="OpenAI's triton_kernels matmul_ogs MXFP4 MoE (gpt-oss), modular; moe-fsm runs its MXFP4 Triton MoE"),
     _spec("UnfusedOAITritonExperts",
           *TRITON_KERNELS_DEVICE, ALL, QuantSchemes(((MXFP4_STATIC, None),)), STANDARD, NOT_BATCH_INVARIANT,
           note="OpenAI's triton_kernels MXFP4 GEMMs with vLLM's activation between them; LoRA-capable"),
@@ -222,8 +227,8 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           note="FlashInfer's TRTLLM-gen MXINT4 MoE, Blackwell only"),
     _spec("TritonWNA16Experts",  # experts/triton_moe.py (TritonExperts' device, LoRA and expert-count checks)
           CUDA_ALIKE_OR_XPU, ALL, QuantSchemes(weight_only(*INT4_EVERY, INT8_STATIC_GROUP), weight_only=True),
-          NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT,
-          note="vLLM's Triton fused MoE with INT4/INT8 dequantization in the GEMM; moe-fsm runs its torch experts"),
+          NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT, impl=TRITON_WNA16,
+          note="vLLM's Triton fused MoE with INT4/INT8 dequantization in the GEMM (moe-fsm's weight-quantized Triton MoE)"),
     _spec("XPUExpertsWNA16",  # experts/xpu_moe.py
           OnVendor((Vendor.XPU,)), ALL, QuantSchemes(weight_only(*INT4_SYM)), STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
           note="the XPU platform's INT4 MoE kernels"),
@@ -268,7 +273,6 @@ SUBSTITUTES: dict[str, str] = {name: "TorchExperts" for name in (
     "OCP_MXQuantizationEmulationTritonExperts",
     "Mxfp8EmulationTritonExperts",
     "CPUExpertsInt8",
-    "TritonWNA16Experts",
     "cpu_moe.CPUExpertsInt4",
     "Int4EmulationTritonExperts",
     "cpu_int4_moe.CPUExpertsInt4",

@@ -1,0 +1,102 @@
+"""Triton experts for quantized weights with 16-bit activations: MXFP4 (gpt-oss) and INT4/INT8 WNA16.
+
+Both run ``kernels.triton_wq``: the weights stay quantized in memory and are
+dequantized tile by tile inside the two grouped GEMMs; biases, the gated
+activation (SwiGLU-OAI with its clamp), the router weights and the top-k sum are
+fused, so the experts return the reduced ``[M, K]`` output
+(``WeightAndReduce.EXPERTS``). A router weight on the input was applied by
+prepare, so the kernels then weight the outputs by one.
+
+Weights arrive in moe-fsm's layout (w1 rows gate-then-up) with the scales of
+``quantize.weights``: MXFP4 E8M0 exponents [E, R, C/32]; INT group scales and,
+for asymmetric checkpoints, zero points [E, R, C/G]; biases in ExpertScales.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from moe_fsm.errors import KernelInputError
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.quant import QuantFamily
+from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
+from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales, Experts, InputQuantizer, PreparedTokens, WeightAndReduce
+
+_LAYER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _TritonWeightQuantExperts(Experts):
+    family: QuantFamily
+
+    def __init__(self, layer: MoELayer) -> None:
+        if layer.family is not self.family:
+            raise KernelInputError(f"{self.name} runs {self.family.value} layers; this layer is {layer.quant.describe()}")
+        if layer.dtype not in _LAYER_DTYPES:
+            raise KernelInputError(f"{self.name} computes in bfloat16 or float16; the layer is {layer.dtype}")
+        self.layer = layer
+        self.quant = WeightQuant.for_scheme(layer.quant)
+
+    @property
+    def activation_format(self) -> ActivationFormat:
+        return ActivationFormat.STANDARD
+
+    @property
+    def weight_and_reduce(self) -> WeightAndReduce:
+        return WeightAndReduce.EXPERTS
+
+    def input_quantizer(self, scales: Optional[ExpertScales] = None) -> Optional[InputQuantizer]:
+        return None
+
+    def workspace_bytes(self, num_tokens: int) -> int:
+        """Alignment buffers (worst case), the 16-bit intermediate and the per-pair outputs."""
+        layer = self.layer
+        pairs = num_tokens * layer.top_k
+        padded = pairs + min(layer.num_experts, pairs) * 63
+        size = torch.empty((), dtype=_LAYER_DTYPES[layer.dtype]).element_size()
+        return 4 * (layer.num_experts + 2 * pairs + padded) + pairs * (layer.intermediate_size + layer.hidden_size) * size
+
+    def apply(
+        self,
+        prepared: PreparedTokens,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        scales: ExpertScales,
+        *,
+        apply_router_weight_on_input: bool,
+    ) -> torch.Tensor:
+        scales = scales or ExpertScales()
+        if prepared.scale is not None:
+            raise KernelInputError(f"{self.name} takes 16-bit activations; the prepared tokens are quantized")
+        weights = torch.ones_like(prepared.topk_weights) if apply_router_weight_on_input else prepared.topk_weights
+        return fused_wq_experts(
+            prepared.hidden,
+            w1,
+            w2,
+            weights,
+            prepared.topk_ids,
+            quant=self.quant,
+            w1_scale=scales.w1_scale,
+            w2_scale=scales.w2_scale,
+            w1_zero_point=scales.w1_zero_point,
+            w2_zero_point=scales.w2_zero_point,
+            w1_bias=scales.w1_bias,
+            w2_bias=scales.w2_bias,
+            activation=self.layer.activation.value,
+            swiglu_limit=self.layer.swiglu_limit,
+        )
+
+
+class TritonMxfp4Experts(_TritonWeightQuantExperts):
+    """MXFP4 weights, bf16/fp16 activations (gpt-oss): vLLM's Triton MXFP4 path, in moe-fsm's kernels."""
+
+    name = "TritonMxfp4Experts"
+    family = QuantFamily.MXFP4
+
+
+class TritonWna16Experts(_TritonWeightQuantExperts):
+    """INT4/INT8 weights with group scales and zero points, 16-bit activations (GPTQ/AWQ/compressed-tensors)."""
+
+    name = "TritonWna16Experts"
+    family = QuantFamily.INT_WNA16
