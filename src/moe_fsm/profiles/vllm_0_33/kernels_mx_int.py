@@ -27,11 +27,13 @@ from moe_fsm.inputs.layer import Activation
 from moe_fsm.inputs.parallel import AllToAllKind
 from moe_fsm.inputs.platform import Library, Vendor
 from moe_fsm.inputs.quant import (
+    INT8_ACTIVATION_SCALES, INT8_WEIGHT_SCALES, MXFP4_ACTIVATIONS, UINT8_STATIC_GROUP, W4A8_INT8_GROUP, W4A8_INT8_GROUPS,
     FP8_DYNAMIC_GROUP128, FP8_DYNAMIC_TOKEN, FP8_STATIC_BLOCK128, FP8_STATIC_TENSOR, INT4_STATIC_GROUP,
     INT4_STATIC_GROUP32, INT8_DYNAMIC_TOKEN, INT8_STATIC_CHANNEL, INT8_STATIC_GROUP, MXFP4_DYNAMIC, MXFP4_STATIC,
     MXFP8_DYNAMIC, MXFP8_STATIC, UINT4_STATIC_GROUP, UINT4_STATIC_GROUP32, W4A8_INT8_CHANNEL, W4A8_INT8_GROUP32,
     W4A8_INT8_GROUP64, W4A8_INT8_GROUP128,
 )
+from moe_fsm.profiles.seeds.kernels import KERNELS as SEEDS_KERNELS
 from moe_fsm.profiles.vllm_0_33.kernels import (
     ALL, CUDA_ALIKE_OR_XPU, DEEP_GEMM_SUPPORTED, NO_A2A_BUT_AG_RS, NO_EP, NO_FI_A2A, NOT_BATCH_INVARIANT, SILU,
     SILU_SWIGLUOAI, STANDARD, TRITON_EXPERT_LIMIT, intermediate_per_partition,
@@ -266,6 +268,22 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           ParallelRule("ep_size == 1", lambda p: p.ep_size == 1), STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
           note="vLLM's KleidiAI INT4 CPU MoE (torch.ops.aten._dyn_quant_matmul_4bit), Arm only"),
 )}
+
+# moe-fsm's torch experts dequantize every scheme the six families can hold (moe_fsm.quantize), beside the
+# seeds' ones: the vllm-0.33 profile's TorchExperts says so, so it can stand in for the classes below.
+_SEEDS_TORCH = SEEDS_KERNELS["TorchExperts"]
+MX_INT_SCHEMES = (
+    *((MXFP4_STATIC, a) for a in MXFP4_ACTIVATIONS.values()), (MXFP8_STATIC, MXFP8_DYNAMIC),
+    *((w, a) for w in INT8_WEIGHT_SCALES.values() for a in INT8_ACTIVATION_SCALES.values()),
+    *weight_only(*INT4_EVERY, INT8_STATIC_GROUP, UINT8_STATIC_GROUP), (INT4_STATIC_GROUP, FP8_DYNAMIC_TOKEN),
+    *weight_only(*W4A8_INT8_GROUPS.values(), W4A8_INT8_GROUP, W4A8_INT8_CHANNEL),
+)
+KERNELS["TorchExperts"] = KernelSpec(
+    "TorchExperts", _SEEDS_TORCH.activation_format,
+    tuple(QuantSchemes((*r.pairs, *MX_INT_SCHEMES), r.weight_only, r.gated) if isinstance(r, QuantSchemes) else r
+          for r in _SEEDS_TORCH.requirements),
+    impl=_SEEDS_TORCH.impl, library_note=_SEEDS_TORCH.library_note,
+)
 
 # Kernels moe-fsm runs with its torch experts of the same numerics (where TorchExperts takes the scheme).
 SUBSTITUTES: dict[str, str] = {name: "TorchExperts" for name in (
