@@ -232,6 +232,9 @@ def describe(scenario: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import parity_families  # the MX and integer families (tools/parity_families/)
+
+    FAMILIES.update({t.family: t for t in parity_families.tables()})
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", type=Path, help="directory holding (or to receive) vLLM 0.33.0's source")
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="only these families")
@@ -247,10 +250,11 @@ def main(argv: list[str] | None = None) -> int:
 
     source = ensure_vllm_source(args.cache)
     sys.path.insert(0, str(source))
-    import vllm_parity_fakes as fakes
 
-    vllm = fakes.FakedVllm(families=[FAMILIES[f].module for f in FAMILIES])
-    scenarios = parity_grid.grid(args.family or sorted(FAMILIES))
+    vllm = parity_families.Faked(families=[FAMILIES[f].module for f in FAMILIES])
+    chosen = args.family or sorted(FAMILIES)
+    scenarios = parity_grid.grid([f for f in chosen if f in parity_grid.LAYERS]) + parity_families.grid(
+        [f for f in chosen if f in parity_families.FAMILIES])
     if args.limit:
         scenarios = scenarios[: args.limit]
     declared = load_declared()

@@ -140,7 +140,7 @@ class FakedVllm:
         self.modules = {name: importlib.import_module(name) for name in families}
         # Import every experts class the oracles can name, so the probes below reach them.
         for name, mod in self.modules.items():
-            enum = next(v for k, v in vars(mod).items() if k.endswith("MoeBackend") and isinstance(v, type))
+            enum = next(v for k, v in vars(mod).items() if k.lower().endswith("moebackend") and isinstance(v, type))
             for backend in enum:
                 with contextlib.suppress(Exception):
                     mod.backend_to_kernel_cls(backend)

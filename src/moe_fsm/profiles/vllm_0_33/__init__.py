@@ -14,6 +14,7 @@ from moe_fsm.profiles.profile import Profile, family_policies
 from moe_fsm.profiles.vllm_0_33.env import ENV
 from moe_fsm.profiles.vllm_0_33.kernels import FALLBACK_KERNELS, KERNELS, SUBSTITUTES
 from moe_fsm.profiles.vllm_0_33.kernels_mx_int import KERNELS as MX_INT_KERNELS
+from moe_fsm.profiles.vllm_0_33.kernels_mx_int import SUBSTITUTES as MX_INT_SUBSTITUTES
 
 PROFILE = Profile(
     name="vllm-0.33",
@@ -23,5 +24,5 @@ PROFILE = Profile(
     kernels=MappingProxyType({**KERNELS, **MX_INT_KERNELS}),
     env=ENV,
     fallback_kernels=MappingProxyType(FALLBACK_KERNELS),
-    substitutes=MappingProxyType(SUBSTITUTES),
+    substitutes=MappingProxyType({**SUBSTITUTES, **MX_INT_SUBSTITUTES}),
 )

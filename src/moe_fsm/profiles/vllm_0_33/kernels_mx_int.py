@@ -9,8 +9,10 @@ failure is vLLM's reason. Sources are named per spec, relative to
 reading. Activations are the intersection of a class's set with moe-fsm's
 (silu, swigluoai, gelu). Classes the older families share (TritonExperts,
 Marlin, Humming, FlashInfer CUTLASS, TRTLLM FP8, XPU, b12x, MoE-EP) live in
-``kernels.py`` with their MX and integer schemes. A class moe-fsm can run
-names moe-fsm's experts of the same numerics as ``impl``.
+``kernels.py`` with their MX and integer schemes. ``impl`` names moe-fsm's
+own kernel of a class's algorithm (the weight-quantized Triton MoE);
+``SUBSTITUTES`` the classes moe-fsm builds as its torch experts of the same
+numerics, where those take the scheme (build's business, never the decision's).
 """
 
 from __future__ import annotations
@@ -25,18 +27,19 @@ from moe_fsm.inputs.layer import Activation
 from moe_fsm.inputs.parallel import AllToAllKind
 from moe_fsm.inputs.platform import Library, Vendor
 from moe_fsm.inputs.quant import (
+    INT8_ACTIVATION_SCALES, INT8_WEIGHT_SCALES, MXFP4_ACTIVATIONS, UINT8_STATIC_GROUP, W4A8_INT8_GROUP, W4A8_INT8_GROUPS,
     FP8_DYNAMIC_GROUP128, FP8_DYNAMIC_TOKEN, FP8_STATIC_BLOCK128, FP8_STATIC_TENSOR, INT4_STATIC_GROUP,
     INT4_STATIC_GROUP32, INT8_DYNAMIC_TOKEN, INT8_STATIC_CHANNEL, INT8_STATIC_GROUP, MXFP4_DYNAMIC, MXFP4_STATIC,
     MXFP8_DYNAMIC, MXFP8_STATIC, UINT4_STATIC_GROUP, UINT4_STATIC_GROUP32, W4A8_INT8_CHANNEL, W4A8_INT8_GROUP32,
     W4A8_INT8_GROUP64, W4A8_INT8_GROUP128,
 )
+from moe_fsm.profiles.seeds.kernels import KERNELS as SEEDS_KERNELS
 from moe_fsm.profiles.vllm_0_33.kernels import (
     ALL, CUDA_ALIKE_OR_XPU, DEEP_GEMM_SUPPORTED, NO_A2A_BUT_AG_RS, NO_EP, NO_FI_A2A, NOT_BATCH_INVARIANT, SILU,
     SILU_SWIGLUOAI, STANDARD, TRITON_EXPERT_LIMIT, intermediate_per_partition,
 )
 
 OAI_ONLY = Activations((Activation.SWIGLUOAI,))
-TORCH_EXPERTS = "moe_fsm.experts.torch_experts:TorchExperts"
 TRITON_MXFP4 = "moe_fsm.experts.triton_wq_experts:TritonMxfp4Experts"
 TRITON_WNA16 = "moe_fsm.experts.triton_wq_experts:TritonWna16Experts"
 
@@ -157,12 +160,12 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           NOT_BATCH_INVARIANT, NoLoRA(), note="the XPU platform's MXFP4 MoE kernels"),
     _spec("CPUExpertsMxfp4",  # experts/cpu_moe.py
           _cpu("x86", amx=True), ALL, QuantSchemes(((MXFP4_STATIC, None),)), STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
-          impl=TORCH_EXPERTS, note="vLLM's AMX MXFP4 CPU kernel; moe-fsm runs its torch experts of the same numerics"),
+          note="vLLM's AMX MXFP4 CPU kernel; moe-fsm runs its torch experts of the same numerics"),
     # experts/ocp_mx_emulation_moe.py: amd-quark first, then TritonExperts' checks; any scheme.
     _spec("OCP_MXQuantizationEmulationTritonExperts",
           Condition("amd-quark importable", lambda ctx: ctx.platform.has(Library.AMD_QUARK),
                     "kernel requires amd-quark package"),
-          CUDA_ALIKE_OR_XPU, ALL, NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT, impl=TORCH_EXPERTS,
+          CUDA_ALIKE_OR_XPU, ALL, NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT,
           note="vLLM's OCP MX emulation (dequantize, then its Triton MoE); moe-fsm runs its torch experts"),
     # -- MXFP8 ---------------------------------------------------------------------------------------------
     _spec("DeepGemmExperts",  # experts/deep_gemm_moe.py (MXFP8 resolves to it directly, not the Triton wrapper)
@@ -178,7 +181,7 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           note="vLLM's Triton dot_scaled MXFP8 MoE on CDNA4 matrix cores"),
     _spec("Mxfp8EmulationTritonExperts",
           ALL, QuantSchemes(((MXFP8_STATIC, MXFP8_DYNAMIC),)), NO_FI_A2A, STANDARD, TRITON_EXPERT_LIMIT,
-          impl=TORCH_EXPERTS,
+         
           note="vLLM's MXFP8 emulation (its device check is always true); moe-fsm runs its torch experts"),
     _spec("AiterMxfp8Experts",  # AITER's gate mode (an aiter version feature) is taken as present with aiter
           SUPPORTS_MX, *AITER_MOE_ON, ALL, QuantSchemes(((MXFP8_STATIC, MXFP8_DYNAMIC),)), STANDARD,
@@ -213,7 +216,7 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           _cpu("x86", amx=True), SILU, QuantSchemes((INT8_W8A8,)), STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
           Condition("hidden size divisible by 32", lambda ctx: ctx.layer.hidden_size % 32 == 0,
                     "kernel requires hidden dim divisible by 32"),
-          impl=TORCH_EXPERTS, note="vLLM's AMX INT8 CPU kernel; moe-fsm runs its torch experts of the same numerics"),
+          note="vLLM's AMX INT8 CPU kernel; moe-fsm runs its torch experts of the same numerics"),
     # -- INT WNA16 -----------------------------------------------------------------------------------------
     _spec("Rdna3WNA16Experts",  # experts/rdna3_moe.py
           _device("ROCm gfx1100", _rocm("gfx1100")), Importable(Library.VLLM_RDNA3_MOE), ALL,
@@ -233,7 +236,7 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           note="the XPU platform's INT4 MoE kernels"),
     _spec("cpu_moe.CPUExpertsInt4",  # experts/cpu_moe.py's CPUExpertsInt4 (the oracle's CPU backend)
           _cpu("x86", amx=True), SILU, QuantSchemes(((INT4_STATIC_GROUP, None),)), STANDARD, NOT_BATCH_INVARIANT,
-          NoLoRA(), impl=TORCH_EXPERTS,
+          NoLoRA(),
           note="vLLM's AMX INT4 CPU kernel; moe-fsm runs its torch experts of the same numerics"),
     _spec("ZentorchExpertsInt4",  # experts/zentorch_moe.py
           Importable(Library.ZENTORCH), ALL, QuantSchemes(weight_only(*INT4_SYM)), NO_EP, STANDARD, NOT_BATCH_INVARIANT,
@@ -243,7 +246,7 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           note="AMD zentorch's INT4 fused MoE (zentorch_fused_moe, zentorch_woq_repack_weight)"),
     _spec("Int4EmulationTritonExperts",  # experts/int4_emulation_moe.py
           OnVendor((Vendor.CUDA, Vendor.ROCM)), ALL, QuantSchemes(weight_only(*INT4_EVERY)), NO_FI_A2A, STANDARD,
-          TRITON_EXPERT_LIMIT, impl=TORCH_EXPERTS,
+          TRITON_EXPERT_LIMIT,
           note="vLLM's INT4 emulation (dequantize, then its Triton MoE); moe-fsm runs its torch experts"),
     # -- W4A8 (FP8 activations): experts/cutlass_moe.py; the dtype check comes before the generic chain ------
     _spec("CutlassExpertsW4A8Fp8",
@@ -263,5 +266,32 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           OnVendor((Vendor.CPU,)), SILU_SWIGLUOAI,
           QuantSchemes(weight_only(W4A8_INT8_CHANNEL, W4A8_INT8_GROUP128, W4A8_INT8_GROUP64, W4A8_INT8_GROUP32)),
           ParallelRule("ep_size == 1", lambda p: p.ep_size == 1), STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
-          impl=TORCH_EXPERTS, note="vLLM's KleidiAI INT4 CPU MoE (torch.ops.aten._dyn_quant_matmul_4bit), Arm only"),
+          note="vLLM's KleidiAI INT4 CPU MoE (torch.ops.aten._dyn_quant_matmul_4bit), Arm only"),
+)}
+
+# moe-fsm's torch experts dequantize every scheme the six families can hold (moe_fsm.quantize), beside the
+# seeds' ones: the vllm-0.33 profile's TorchExperts says so, so it can stand in for the classes below.
+_SEEDS_TORCH = SEEDS_KERNELS["TorchExperts"]
+MX_INT_SCHEMES = (
+    *((MXFP4_STATIC, a) for a in MXFP4_ACTIVATIONS.values()), (MXFP8_STATIC, MXFP8_DYNAMIC),
+    *((w, a) for w in INT8_WEIGHT_SCALES.values() for a in INT8_ACTIVATION_SCALES.values()),
+    *weight_only(*INT4_EVERY, INT8_STATIC_GROUP, UINT8_STATIC_GROUP), (INT4_STATIC_GROUP, FP8_DYNAMIC_TOKEN),
+    *weight_only(*W4A8_INT8_GROUPS.values(), W4A8_INT8_GROUP, W4A8_INT8_CHANNEL),
+)
+KERNELS["TorchExperts"] = KernelSpec(
+    "TorchExperts", _SEEDS_TORCH.activation_format,
+    tuple(QuantSchemes((*r.pairs, *MX_INT_SCHEMES), r.weight_only, r.gated) if isinstance(r, QuantSchemes) else r
+          for r in _SEEDS_TORCH.requirements),
+    impl=_SEEDS_TORCH.impl, library_note=_SEEDS_TORCH.library_note,
+)
+
+# Kernels moe-fsm runs with its torch experts of the same numerics (where TorchExperts takes the scheme).
+SUBSTITUTES: dict[str, str] = {name: "TorchExperts" for name in (
+    "CPUExpertsMxfp4",
+    "OCP_MXQuantizationEmulationTritonExperts",
+    "Mxfp8EmulationTritonExperts",
+    "CPUExpertsInt8",
+    "cpu_moe.CPUExpertsInt4",
+    "Int4EmulationTritonExperts",
+    "cpu_int4_moe.CPUExpertsInt4",
 )}
