@@ -85,3 +85,18 @@ def test_every_preset_keeps_its_real_shape_ratios():
         layer = PRESETS[name].layers[0].layer
         assert layer.hidden_size * PRESETS[name].shrink == k
         assert layer.intermediate_size * PRESETS[name].shrink == n
+
+
+@pytest.mark.parametrize("name,family", [("gpt-oss-20b", "mxfp4"), ("qwen3-30b-a3b-gptq-int4", "int_wna16")])
+def test_presets_of_newer_families_decide_with_a_profile_that_models_them(tmp_path, name, family):
+    model = preset(name)
+    assert model.policy == "vllm-0.33"
+    x86 = platform_preset("cpu-x86-amx")  # vLLM's CPU experts for these families need a known CPU architecture
+    engine, results = run_model(model, tokens=4, num_layers=1, env=EnvSnapshot(), platform=x86, trace_dir=tmp_path)
+    trace = json.loads(next(tmp_path.glob("layer000-*.json")).read_text())
+    assert trace["inputs"]["profile"]["name"] == "vllm-0.33"
+    assert [(r.family, r.backend) for r in results] == [(family, "CPU")]
+    assert results[0].rel_error <= results[0].tolerance
+    with pytest.raises(Exception, match=f"no selection policy for family {family} in profile seeds"):
+        run_model(model, tokens=4, num_layers=1, env=EnvSnapshot(), platform=x86, trace_dir=tmp_path / "s",
+                  policy="seeds")

@@ -71,7 +71,8 @@ def run_rank(args, model, request, env, options: RunOptions) -> int:
             print(render_header(model, args.tokens, args.layers, f"{device} x {ctx.world_size} ranks ({backend})",
                                 platform, request, env, (parallel_line, render_check_mode(options))), flush=True)
         engine = Engine(specs, parallel=parallel, request=request, env=env, platform=platform,
-                        trace_dir=args.trace_dir, rank=ctx.rank, policy=getattr(args, "policy", None))
+                        trace_dir=args.trace_dir, rank=ctx.rank,
+                        policy=getattr(args, "policy", None) or model.policy)
         loaded = engine.load()
         generator = torch.Generator().manual_seed(args.seed)
         counts = [args.tokens + r for r in range(ctx.world_size)]

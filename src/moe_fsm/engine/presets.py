@@ -23,10 +23,14 @@ class LayerSpec:
 
 @dataclass(frozen=True)
 class ModelPreset:
+    """``policy`` is the profile that decides when the caller names none: a preset whose family only a
+    newer profile models (MXFP4, GPTQ) would otherwise fail under the default ``seeds``."""
+
     name: str
     like: str
     shrink: int
     layers: tuple[LayerSpec, ...]
+    policy: str | None = None
 
     def describe(self) -> str:
         first = self.layers[0].layer
@@ -38,9 +42,10 @@ class ModelPreset:
         )
 
 
-def _uniform(name: str, like: str, shrink: int, count: int, first_index: int, layer: MoELayer) -> ModelPreset:
+def _uniform(name: str, like: str, shrink: int, count: int, first_index: int, layer: MoELayer,
+             policy: str | None = None) -> ModelPreset:
     specs = tuple(LayerSpec(f"model.layers.{first_index + i}.mlp.experts", layer) for i in range(count))
-    return ModelPreset(name, like, shrink, specs)
+    return ModelPreset(name, like, shrink, specs, policy)
 
 
 def _mixed_nvfp4_fp8() -> ModelPreset:
@@ -58,7 +63,7 @@ def _gpt_oss_20b() -> ModelPreset:
     """gpt-oss-20b: MXFP4 experts with biases, SwiGLU-OAI clamped at 7. 2880 / 9 = 320 keeps the MX blocks of 32 whole."""
     layer = MoELayer(quant=QuantScheme.mxfp4(), num_experts=32, top_k=4, hidden_size=320, intermediate_size=320,
                      activation="swigluoai", swiglu_limit=7.0, bias=True)
-    return _uniform("gpt-oss-20b", "gpt-oss-20b (MXFP4)", 9, 24, 0, layer)
+    return _uniform("gpt-oss-20b", "gpt-oss-20b (MXFP4)", 9, 24, 0, layer, policy="vllm-0.33")
 
 
 def _qwen3_gptq_int4() -> ModelPreset:
@@ -70,7 +75,7 @@ def _qwen3_gptq_int4() -> ModelPreset:
     """
     layer = MoELayer(quant=QuantScheme.int_wna16(4, 32, checkpoint="gptq"), num_experts=128, top_k=8,
                      hidden_size=256, intermediate_size=96)
-    return _uniform("qwen3-30b-a3b-gptq-int4", "Qwen3-30B-A3B-GPTQ-Int4", 8, 48, 0, layer)
+    return _uniform("qwen3-30b-a3b-gptq-int4", "Qwen3-30B-A3B-GPTQ-Int4", 8, 48, 0, layer, policy="vllm-0.33")
 
 
 PRESETS: dict[str, ModelPreset] = {

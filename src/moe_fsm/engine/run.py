@@ -173,7 +173,7 @@ def run_model(
     specs = list(model.layers[: num_layers or len(model.layers)])
     engine = Engine(
         specs, parallel=parallel, request=request, env=env if env is not None else EnvSnapshot.from_process(),
-        platform=platform, trace_dir=trace_dir, policy=policy,
+        platform=platform, trace_dir=trace_dir, policy=policy if policy is not None else model.policy,
     )
     loaded = engine.load()
     dev = torch.device(device)
