@@ -172,3 +172,26 @@ def test_workspace_estimate_grows_with_tokens(experts_cls, scheme: QuantScheme) 
     assert 0 < small < large
     k, n, top_k = SHAPE["hidden_size"], SHAPE["intermediate_size"], SHAPE["top_k"]
     assert large >= 1024 * top_k * (k + n) * 2, "must cover at least the intermediate and per-slot output"
+
+
+def test_dequantized_weights_are_kept_and_redone_when_the_weights_change_in_place():
+    from moe_fsm.experts.torch_experts import ExpertMath
+    from moe_fsm.inputs.layer import MoELayer
+    from moe_fsm.inputs.quant import QuantScheme
+    from moe_fsm.kernels import fp8
+    from moe_fsm.modular.interfaces import ExpertScales
+
+    layer = MoELayer(quant=QuantScheme.fp8("tensor", "tensor"), num_experts=4, top_k=2, hidden_size=32,
+                     intermediate_size=16)
+    math = ExpertMath(layer)
+    w1q, s1 = fp8.quantize_weight_per_tensor(torch.randn(4, 32, 32))
+    scales = ExpertScales(w1_scale=s1)
+    first = math._weights_t(w1q, scales, "w1")(2)
+    assert math._weights_t(w1q, scales, "w1")(2) is first
+    torch.testing.assert_close(first, fp8.dequantize_weight_per_tensor(w1q, s1)[2].T)
+    s1.mul_(2.0)  # a checkpoint reload in place: the kept copy must not be served
+    again = math._weights_t(w1q, scales, "w1")(2)
+    torch.testing.assert_close(again, 2.0 * first)
+    over_budget = ExpertMath(layer)
+    over_budget.DEQUANTIZED_BUDGET_BYTES = 0  # past the budget: dequantized per call, nothing kept
+    assert over_budget._weights_t(w1q, scales, "w1")(1) is not over_budget._weights_t(w1q, scales, "w1")(1)
