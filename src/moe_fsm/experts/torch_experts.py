@@ -74,7 +74,8 @@ class ExpertMath:
     shares one kernel between identical layers, which call it with the same weights, and dequantizing
     every active expert on every call made a 58-layer block-FP8 model take over a minute on a CPU.
     The key holds the tensors' storage and version counters, so weights changed in place are
-    dequantized again; past the budget, experts are dequantized per call as before.
+    dequantized again, and the cache keeps the source tensors alive, so no other tensor can take their
+    address; past the budget, experts are dequantized per call as before.
     """
 
     DEQUANTIZED_BUDGET_BYTES = 1 << 30
@@ -83,6 +84,7 @@ class ExpertMath:
         self.layer = layer
         self._dequantized: dict[tuple, torch.Tensor] = {}
         self._dequantized_bytes = 0
+        self._sources: dict[tuple, tuple[torch.Tensor, ...]] = {}
         self.weights = weight_format(layer.quant)
         self.act_quant = activation_quant(layer.quant)
         self.kernel_quant = kernel_activation_quant(layer.quant)
@@ -127,6 +129,7 @@ class ExpertMath:
             if self._dequantized_bytes + size <= self.DEQUANTIZED_BUDGET_BYTES:
                 self._dequantized[(key, e)] = dense
                 self._dequantized_bytes += size
+                self._sources.setdefault(key, sources)  # kept alive: a freed tensor's address could be reused
             return dense
 
         return expert
