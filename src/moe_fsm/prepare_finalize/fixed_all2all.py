@@ -39,6 +39,7 @@ from moe_fsm.kernels.grouping import local_expert_ids
 from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PreparedTokens, WeightAndReduce
 from moe_fsm.prepare_finalize.all2all import ExpertParallelDispatch
 from moe_fsm.prepare_finalize.dispatch_layout import Slabs, add_returned_rows, send_order, slabs_for
+from moe_fsm.prepare_finalize.reduce import require_batched_reduce
 from moe_fsm.prepare_finalize.transport import check_row_layouts, layout_signature
 
 # vLLM's default batch for batched-format DP dispatch (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP).
@@ -158,8 +159,7 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
         reduce: WeightAndReduce,
     ) -> None:
         """Weighted sums of our experts' rows per received row, sent back in equal blocks and added into each token."""
-        if reduce is not WeightAndReduce.BATCHED:
-            raise KernelInputError(f"a Batched-format finalize takes reduce {WeightAndReduce.BATCHED.value!r}; got {reduce.value!r}")
+        require_batched_reduce(reduce)
         state: FixedDispatchState = prepared.state
         weights = None if apply_router_weight_on_input else prepared.topk_weights
         partial = state.slabs.reduce(expert_output, weights, output.dtype)

@@ -17,7 +17,13 @@ import torch
 from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.grouping import ExpertGroups, group_by_expert, local_expert_ids, num_local_experts
 from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PrepareFinalize, PreparedTokens, WeightAndReduce
-from moe_fsm.prepare_finalize.reduce import BatchedLayout, apply_router_weight_to_input, reduce_batched, reduce_standard
+from moe_fsm.prepare_finalize.reduce import (
+    BatchedLayout,
+    apply_router_weight_to_input,
+    reduce_batched,
+    reduce_standard,
+    require_batched_reduce,
+)
 
 
 def _input_rows(
@@ -145,6 +151,5 @@ class LocalBatchedPrepareFinalize(PrepareFinalize):
         apply_router_weight_on_input: bool,
         reduce: WeightAndReduce,
     ) -> None:
-        if reduce is not WeightAndReduce.BATCHED:
-            raise KernelInputError(f"a Batched-format finalize takes reduce {WeightAndReduce.BATCHED.value!r}; got {reduce.value!r}")
+        require_batched_reduce(reduce)
         reduce_batched(output, expert_output, prepared.state, topk_weights, apply_router_weight_on_input=apply_router_weight_on_input)

@@ -96,3 +96,11 @@ def reduce_standard(
             f"a Standard-format finalize takes reduce {WeightAndReduce.EXPERTS.value!r} or "
             f"{WeightAndReduce.CONTIGUOUS.value!r}; got {reduce.value!r}"
         )
+
+
+def require_batched_reduce(reduce: WeightAndReduce) -> None:
+    """A Batched-format finalize scatters per-expert rows back; the experts must have left the top-k sum to it."""
+    if reduce is not WeightAndReduce.BATCHED:
+        raise KernelInputError(
+            f"a Batched-format finalize takes reduce {WeightAndReduce.BATCHED.value!r}; got {reduce.value!r}"
+        )
