@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 from moe_fsm.backends.specs import LAYER_ACTIVATION, BackendSpec, KernelSpec
-from moe_fsm.backends.verdict import BackendVerdict, Check, SupportContext, Verdict
+from moe_fsm.backends.verdict import BackendVerdict, SupportContext, Verdict
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.quant import QuantFamily
 
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from moe_fsm.profiles.profile import Profile
 
 ENTRY_POINT_GROUP = "moe_fsm.backends"
+_OUTCOMES = "requirement outcomes"  # a context memo's entry: requirement memo_key -> failure text or None
+_UNKNOWN = object()
 
 
 @dataclass
@@ -93,20 +95,30 @@ class Registry:
         return [self.backends[family][name] for name in self.extension_names[family].values()]
 
     def kernel_verdict(self, kernel: str, ctx: SupportContext, extra=()) -> Verdict:
-        """A kernel class's verdict; each requirement is checked once per context (kernels share many:
-        no LoRA, a format, a library), keyed by identity (requirements live as long as the catalog)."""
+        """A kernel class's verdict (``extra``: conditions checked before the class's own)."""
         spec = self.kernels[kernel]
+        requirements = (*extra, *spec.requirements) if extra else spec.requirements
+        return Verdict(kernel, requirements, self.outcomes(requirements, ctx))
+
+    def outcomes(self, requirements, ctx: SupportContext) -> tuple[str | None, ...]:
+        """Each requirement's failure (None: it holds) in ``ctx``.
+
+        Each distinct requirement is evaluated once per context: kernels and step
+        guards share many (no LoRA, a format, a library), and an engine asks the
+        same ones for every layer.
+        """
         memo = self.memo_for(ctx)
-        checks = memo.get("checks")
-        if checks is None:
-            checks = memo["checks"] = {}
-        out = []
-        for requirement in (*extra, *spec.requirements) if extra else spec.requirements:
-            check = checks.get(id(requirement))
-            if check is None:
-                check = checks[id(requirement)] = Check(requirement, requirement.failure(ctx))
-            out.append(check)
-        return Verdict(kernel, tuple(out))
+        known = memo.get(_OUTCOMES)
+        if known is None:
+            known = memo[_OUTCOMES] = {}
+        outcomes = []
+        for requirement in requirements:
+            key = requirement.memo_key
+            outcome = known.get(key, _UNKNOWN)
+            if outcome is _UNKNOWN:
+                outcome = known[key] = requirement.failure(ctx)
+            outcomes.append(outcome)
+        return tuple(outcomes)
 
     def memo_for(self, ctx: SupportContext) -> dict:
         """The verdict memo of one context: verdicts are pure, and an engine asks the same ones for every layer."""
@@ -122,24 +134,24 @@ class Registry:
         key = (family, backend)
         if key not in per_ctx:
             spec = self.spec(family, backend)
-            asked = backend_context(spec, ctx)
-            per_ctx[key] = BackendVerdict(backend, tuple(self.kernel_verdict(k, asked, spec.extra) for k in spec.kernels))
+            asked = backend_context(spec, ctx, per_ctx)
+            per_ctx[key] = BackendVerdict(backend, tuple([self.kernel_verdict(k, asked, spec.extra) for k in spec.kernels]))
         return per_ctx[key]
 
     def step_verdict(self, family: QuantFamily, backend: str, ctx: SupportContext,
                      kernels: tuple[str, ...] | None, extra: tuple = ()) -> BackendVerdict:
         """A backend's verdict with a step's own kernel classes and extra conditions (not memoized)."""
         spec = self.spec(family, backend)
-        asked = backend_context(spec, ctx)
-        return BackendVerdict(backend, tuple(self.kernel_verdict(k, asked, (*spec.extra, *extra))
-                                             for k in (kernels if kernels is not None else spec.kernels)))
+        asked = backend_context(spec, ctx, self.memo_for(ctx))
+        return BackendVerdict(backend, tuple([self.kernel_verdict(k, asked, (*spec.extra, *extra))
+                                              for k in (kernels if kernels is not None else spec.kernels)]))
 
     def fallback_verdicts(self, ctx: SupportContext) -> BackendVerdict:
         """What moe-fsm runs for a layer the oracle leaves to the platform (FP8 NONE); memoized like verdicts."""
         per_ctx = self.memo_for(ctx)
         if "NONE" not in per_ctx:
             kernels = self.profile.fallback_kernels.get(ctx.platform.vendor, ())
-            per_ctx["NONE"] = BackendVerdict("NONE", tuple(self.kernel_verdict(k, ctx) for k in kernels))
+            per_ctx["NONE"] = BackendVerdict("NONE", tuple([self.kernel_verdict(k, ctx) for k in kernels]))
         return per_ctx["NONE"]
 
     def implementation(self, kernel: str):
@@ -151,13 +163,20 @@ class Registry:
         return getattr(importlib.import_module(module), attr)
 
 
-def backend_context(spec: BackendSpec, ctx: SupportContext) -> SupportContext:
-    """The context a backend's kernels are asked about: the layer's, with the backend's own activation key if it has one."""
+def backend_context(spec: BackendSpec, ctx: SupportContext, memo: dict) -> SupportContext:
+    """The context a backend's kernels are asked about: the layer's, with the backend's own activation key if it has one.
+
+    ``memo`` is ``ctx``'s verdict memo: backends that share an activation key share the derived context,
+    and with it the derived context's own memo.
+    """
     key = spec.activation_key
     if key is LAYER_ACTIVATION or key == ctx.layer.quant.activation:
         return ctx
-    quant = replace(ctx.layer.quant, activation=key)
-    return replace(ctx, layer=replace(ctx.layer, quant=quant))
+    derived = memo.get(("activation key", key))
+    if derived is None:
+        quant = replace(ctx.layer.quant, activation=key)
+        derived = memo[("activation key", key)] = replace(ctx, layer=replace(ctx.layer, quant=quant))
+    return derived
 
 
 _DEFAULTS: dict[str, Registry] = {}

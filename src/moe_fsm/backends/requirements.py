@@ -15,8 +15,11 @@ from typing import Callable
 from moe_fsm.backends.verdict import SupportContext
 from moe_fsm.inputs.layer import Activation
 from moe_fsm.inputs.platform import Library, Vendor
-from moe_fsm.inputs.quant import QuantKey
+from moe_fsm.inputs.quant import QuantKey, keys_text
 from moe_fsm.inputs.formats import ActivationFormat
+
+
+_MEMO_KEYS: dict["Requirement", int] = {}
 
 
 class Requirement:
@@ -27,6 +30,17 @@ class Requirement:
     def description(self) -> str:
         """``describe()`` computed once: requirements are immutable."""
         return self.describe()
+
+    @cached_property
+    def memo_key(self) -> int:
+        """One number per distinct requirement value, shared by equal instances.
+
+        Catalogs repeat the same condition in many kernels (a vendor, a library,
+        no LoRA); keyed by value rather than identity, a decision evaluates each
+        distinct condition once per context. Requirements are pure functions of
+        their fields and the context, so equal ones give equal answers.
+        """
+        return _MEMO_KEYS.setdefault(self, len(_MEMO_KEYS))
 
     def failure(self, ctx: SupportContext) -> str | None:
         raise NotImplementedError
@@ -61,6 +75,7 @@ class CudaCapability(Requirement):
     minimum: tuple[int, int] | None = None
     also: tuple[Vendor, ...] = ()
 
+    @cached_property
     def _wanted(self) -> str:
         parts = [f"{a}.{b}" for a, b in self.exact] + [f"{m}.x" for m in self.families]
         if self.minimum:
@@ -69,7 +84,7 @@ class CudaCapability(Requirement):
 
     def describe(self) -> str:
         extra = "".join(f" (or {v.value})" for v in self.also)
-        return f"CUDA compute capability {self._wanted()}{extra}"
+        return f"CUDA compute capability {self._wanted}{extra}"
 
     @cached_property
     def _devices(self) -> str:
@@ -81,12 +96,11 @@ class CudaCapability(Requirement):
             return None
         if p.vendor is not Vendor.CUDA:
             return f"needs a {self._devices} device, this is {p.describe()}"
-        ok = (
-            any(p.is_capability(*c) for c in self.exact)
-            or any(p.is_capability_family(f) for f in self.families)
-            or (self.minimum is not None and p.has_capability(*self.minimum))
-        )
-        return None if ok else f"needs compute capability {self._wanted()}, this is {p.capability_text()}"
+        capability = p.capability
+        if (capability in self.exact or capability[0] in self.families
+                or (self.minimum is not None and capability >= self.minimum)):
+            return None
+        return f"needs compute capability {self._wanted}, this is {p.capability_text()}"
 
 
 @dataclass(frozen=True)
@@ -97,8 +111,12 @@ class Importable(Requirement):
         return f"{self.library.value} importable"
 
     def failure(self, ctx: SupportContext) -> str | None:
-        if ctx.platform.has(self.library):
+        if self.library in ctx.platform.libraries:
             return None
+        return self._missing
+
+    @cached_property
+    def _missing(self) -> str:
         return f"{self.library.value} is not installed (not importable on this platform)"
 
 
@@ -124,14 +142,15 @@ class QuantSchemes(Requirement):
         return ("weight-only " if self.weight_only else "") + "quantization schemes " + text
 
     def failure(self, ctx: SupportContext) -> str | None:
-        scheme = (ctx.layer.quant.weight, ctx.layer.quant.activation)
-        key = scheme[0] if self.weight_only else scheme  # weight-only: any activation key
-        if key in self._accepted[0]:
+        quant = ctx.layer.quant
+        key = quant.weight if self.weight_only else quant.keys  # weight-only: any activation key
+        accepted = self._accepted
+        if key in accepted[0]:
             return None
-        for (_, condition, _), accepted in zip(self.gated, self._accepted[1:]):
-            if key in accepted and condition(ctx):
+        for (_, condition, _), gated in zip(self.gated, accepted[1:]):
+            if key in gated and condition(ctx):
                 return None
-        return f"kernel does not support quantization scheme {_scheme_text(scheme)}"
+        return f"kernel does not support quantization scheme {quant.keys_text}"
 
     @cached_property
     def _accepted(self) -> tuple[frozenset, ...]:
@@ -142,8 +161,7 @@ class QuantSchemes(Requirement):
 
 
 def _scheme_text(pair: Scheme) -> str:
-    w, a = pair
-    return f"{w or 'none'} x {a or 'none'}"
+    return keys_text(*pair)
 
 
 @dataclass(frozen=True)
@@ -267,9 +285,13 @@ class EnvEnabled(Requirement):
         return " and ".join(f"{n}=1" for n in self.names)
 
     def failure(self, ctx: SupportContext) -> str | None:
-        off = [n for n in self.names if not ctx.env.value(n)]
-        if not off:
+        value = ctx.env.value
+        if all(value(n) for n in self.names):
             return None
+        return self._disabled
+
+    @cached_property
+    def _disabled(self) -> str:
         return f"it is not enabled — set {' and '.join(f'{n}=1' for n in self.names)} to enable it"
 
 

@@ -42,15 +42,22 @@ class Check(NamedTuple):
 class Verdict:
     """A kernel's answer for one context; ``reason`` is the first failing check's text. Immutable.
 
-    A plain slotted class rather than a frozen dataclass: a cold decision builds dozens of these.
+    It keeps each requirement's outcome (None: passed, else why it failed) beside
+    the requirements, and pairs them into ``checks`` only when asked: a cold
+    decision builds dozens of verdicts, and the trace needs only the failures.
     """
 
-    __slots__ = ("subject", "checks", "failures")
+    __slots__ = ("subject", "requirements", "outcomes", "failures")
 
-    def __init__(self, subject: str, checks: tuple[Check, ...]) -> None:
+    def __init__(self, subject: str, requirements: tuple, outcomes: tuple[str | None, ...]) -> None:
         self.subject = subject
-        self.checks = checks
-        self.failures = tuple([c.failure for c in checks if c.failure is not None])
+        self.requirements = requirements
+        self.outcomes = outcomes
+        self.failures = tuple(filter(None, outcomes))
+
+    @property
+    def checks(self) -> tuple[Check, ...]:
+        return tuple(map(Check, self.requirements, self.outcomes))
 
     @property
     def supported(self) -> bool:
@@ -72,47 +79,38 @@ class Verdict:
 class BackendVerdict:
     """A backend's answer: the first kernel class that accepts, else the last reason (as vLLM). Immutable."""
 
-    __slots__ = ("backend", "kernel_verdicts", "kernel", "reason", "_summary", "_event")
+    __slots__ = ("backend", "kernel_verdicts", "kernel", "reason", "_event")
 
     def __init__(self, backend: str, kernel_verdicts: tuple[Verdict, ...]) -> None:
         self.backend = backend
         self.kernel_verdicts = kernel_verdicts
-        self.kernel = next((v.subject for v in kernel_verdicts if not v.failures), None)
-        if self.kernel is not None:
-            self.reason = None
-        elif kernel_verdicts:
-            self.reason = kernel_verdicts[-1].reason
-        else:
-            self.reason = "no kernel class is registered for it"
-        self._summary = self._event = None
+        self.kernel = self.reason = self._event = None
+        for verdict in kernel_verdicts:
+            if not verdict.failures:
+                self.kernel = verdict.subject
+                return
+        self.reason = kernel_verdicts[-1].reason if kernel_verdicts else "no kernel class is registered for it"
 
     @property
     def supported(self) -> bool:
         return self.kernel is not None
 
-    def summary(self) -> dict:
-        """The trace's view: each kernel's failing checks (passing ones are implied).
-
-        Computed once per verdict (verdicts are immutable and memoized); treat it as read-only.
-        """
-        if self._summary is None:
-            self._summary = self._summarize()
-        return self._summary
-
     def candidate_event(self) -> dict:
-        """The trace's ``candidate`` event for this verdict, built once; read-only."""
-        if self._event is None:
-            self._event = {**self.summary(), "event": "candidate"}
-        return self._event
+        """The trace's ``candidate`` event: each kernel's failing checks (passing ones are implied).
 
-    def _summarize(self) -> dict:
-        return {
-            "backend": self.backend,
-            "supported": self.supported,
-            "kernel": self.kernel,
-            "reason": self.reason,
-            "kernels": [{"kernel": v.subject, "supported": v.supported, "failed": list(v.failures)} for v in self.kernel_verdicts],
-        }
+        Built once per verdict (verdicts are immutable and memoized); treat it as read-only.
+        """
+        if self._event is None:
+            self._event = {
+                "event": "candidate",
+                "backend": self.backend,
+                "supported": self.kernel is not None,
+                "kernel": self.kernel,
+                "reason": self.reason,
+                "kernels": [{"kernel": v.subject, "supported": not v.failures, "failed": list(v.failures)}
+                            for v in self.kernel_verdicts],
+            }
+        return self._event
 
     def to_json(self) -> dict:
         return {

@@ -153,7 +153,7 @@ class PlatformGate(Step):
     message: str = ""
 
     def guard(self, run) -> bool:
-        checks = [(r, r.failure(run.ctx)) for r in self.needs]
+        checks = list(zip(self.needs, run.outcomes(self.needs)))
         result = any(failure is not None for _, failure in checks)
         if run.rec.enabled:
             run.record_guard(self, "when", {"when": [

@@ -92,6 +92,10 @@ class DecisionRun:
 
     # -- what steps are made of -------------------------------------------------------
 
+    def outcomes(self, requirements) -> tuple[str | None, ...]:
+        """Each requirement's failure in this decision's context (None: it holds), memoized with the verdicts."""
+        return self.registry.outcomes(requirements, self.ctx)
+
     def verdict(self, backend: str, kernels: tuple[str, ...] | None = None, extra: tuple = ()) -> BackendVerdict:
         """A backend's verdict (``kernels`` / ``extra``: a step's own kernel classes and conditions for it)."""
         if kernels is None and not extra:

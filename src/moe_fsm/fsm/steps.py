@@ -71,7 +71,7 @@ class Shortcut(Step):
     extra: Mapping[str, tuple["Requirement", ...]] = field(default_factory=dict)
 
     def guard(self, run) -> bool:
-        checks = [(r, r.failure(run.ctx)) for r in self.when]
+        checks = list(zip(self.when, run.outcomes(self.when)))
         result = all(failure is None for _, failure in checks)
         if run.rec.enabled:
             run.record_guard(self, "when", {"when": [
@@ -299,7 +299,7 @@ class AutoScan(Step):
         policy, ctx = run.policy, run.ctx
         candidates = list(policy.priority_for(ctx.platform.vendor))
         for rule in policy.reorders:
-            if all(r.failure(ctx) is None for r in rule.when):
+            if not any(run.outcomes(rule.when)):
                 moving = [b for b in rule.backends if b in candidates]
                 candidates = rule.apply(candidates)
                 run.rec.emit("reordered", backends=moving, to=rule.to, because=rule.because)

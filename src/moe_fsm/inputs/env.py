@@ -176,10 +176,16 @@ class EnvReader:
         return self.snapshot.raw_value(name) is not None
 
     def value(self, name: str) -> object:
-        var = self._known(name)
-        raw = self.snapshot.raw_value(name)
-        return var.default if raw is None else var.parse(raw)
+        """The parsed value (the default when unset); parsed once per reader, since guards and requirements re-read it."""
+        try:
+            return self._values[name]
+        except KeyError:
+            var = self._known(name)
+            raw = self.snapshot.raw_value(name)
+            value = self._values[name] = var.default if raw is None else var.parse(raw)
+            return value
 
+    _values: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
     _readings: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
     guards: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # env-only guards' results
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 
 from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm.errors import InputError
@@ -242,6 +243,11 @@ _FAMILY_KEYS = {
 GROUPED_FAMILIES = (QuantFamily.INT_WNA16, QuantFamily.W4A8, QuantFamily.W4A8_INT8)
 
 
+def keys_text(weight: "QuantKey | None", activation: "QuantKey | None") -> str:
+    """A (weight, activation) pair as support messages write it: ``fp8_e4m3:static:tensor x none``."""
+    return f"{weight or 'none'} x {activation or 'none'}"
+
+
 @hashed_once
 @dataclass(frozen=True)
 class QuantScheme:
@@ -302,6 +308,15 @@ class QuantScheme:
                     f"{self.family.value} activation key {self.activation} is not one of {[str(k) for k in activations]}"
                 )
         self._check_checkpoint_facts()
+
+    @cached_property
+    def keys(self) -> tuple["QuantKey | None", "QuantKey | None"]:
+        """(weight, activation): the pair vLLM's support checks receive, built once per scheme."""
+        return self.weight, self.activation
+
+    @cached_property
+    def keys_text(self) -> str:
+        return keys_text(self.weight, self.activation)
 
     def _check_checkpoint_facts(self) -> None:
         family = self.family.value
