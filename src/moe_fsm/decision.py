@@ -240,7 +240,7 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
     request = inputs.request.for_family(family)
     batched = inputs.parallel.batched_activation_format or (policy is not None and request in policy.batched_requests)
     fmt = ActivationFormat.BATCHED if batched else ActivationFormat.STANDARD
-    ctx = SupportContext(inputs.layer, inputs.parallel, inputs.platform, profile.env.reader(inputs.env), fmt)
+    ctx = registry.canonical(SupportContext(inputs.layer, inputs.parallel, inputs.platform, profile.env.reader(inputs.env), fmt))
     recorder = Recorder(enabled=trace)
     if policy is None:
         run = _PolicyLess(NoPolicyError(

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "moe_fsm.backends"
 _OUTCOMES = "requirement outcomes"  # a context memo's entry: requirement memo_key -> failure text or None
+_CONTEXT = "context"  # a context memo's entry: the context it was made for
 _UNKNOWN = object()
 
 
@@ -126,17 +127,24 @@ class Registry:
         if per_ctx is None:
             if len(self._verdicts) >= 1024:
                 self._verdicts.clear()
-            per_ctx = self._verdicts[ctx] = {}
+            per_ctx = self._verdicts[ctx] = {_CONTEXT: ctx}
         return per_ctx
+
+    def canonical(self, ctx: SupportContext) -> SupportContext:
+        """The registry's own context equal to ``ctx``: a decision that works with it finds its memo
+        by identity, not by comparing every field of the layer, platform and env again on each lookup."""
+        return self.memo_for(ctx)[_CONTEXT]
 
     def verdict(self, family: QuantFamily, backend: str, ctx: SupportContext, memo: dict | None = None) -> BackendVerdict:
         per_ctx = self.memo_for(ctx) if memo is None else memo
         key = (family, backend)
-        if key not in per_ctx:
+        verdict = per_ctx.get(key)
+        if verdict is None:
             spec = self.spec(family, backend)
             asked = backend_context(spec, ctx, per_ctx)
-            per_ctx[key] = BackendVerdict(backend, tuple([self.kernel_verdict(k, asked, spec.extra) for k in spec.kernels]))
-        return per_ctx[key]
+            verdict = per_ctx[key] = BackendVerdict(
+                backend, tuple([self.kernel_verdict(k, asked, spec.extra) for k in spec.kernels]))
+        return verdict
 
     def step_verdict(self, family: QuantFamily, backend: str, ctx: SupportContext,
                      kernels: tuple[str, ...] | None, extra: tuple = ()) -> BackendVerdict:

@@ -39,6 +39,7 @@ class DecisionRun:
     def __init__(self, ctx: SupportContext, policy: FamilyPolicy, request: str, request_source: str,
                  registry: Registry, recorder: Recorder) -> None:
         self.ctx = ctx
+        self.family = ctx.layer.family
         self.policy = policy
         self.request = request
         self.request_source = request_source
@@ -99,9 +100,9 @@ class DecisionRun:
     def verdict(self, backend: str, kernels: tuple[str, ...] | None = None, extra: tuple = ()) -> BackendVerdict:
         """A backend's verdict (``kernels`` / ``extra``: a step's own kernel classes and conditions for it)."""
         if kernels is None and not extra:
-            verdict = self.registry.verdict(self.ctx.layer.family, backend, self.ctx, self._memo)
+            verdict = self.registry.verdict(self.family, backend, self.ctx, self._memo)
         else:
-            verdict = self.registry.step_verdict(self.ctx.layer.family, backend, self.ctx, kernels, extra)
+            verdict = self.registry.step_verdict(self.family, backend, self.ctx, kernels, extra)
         if self.rec.enabled:
             self.rec.append(verdict.candidate_event())
         return verdict
@@ -112,7 +113,7 @@ class DecisionRun:
 
     def select_unchecked(self, backend: str, because: str) -> None:
         """Select as vLLM does where it returns a backend without asking its kernels."""
-        kernels = self.registry.spec(self.ctx.layer.family, backend).kernels
+        kernels = self.registry.spec(self.family, backend).kernels
         kernel = kernels[0] if kernels else None
         self.rec.emit("unchecked", backend=backend, kernel=kernel, because=because)
         self.selection = Selection(SELECTED, backend, kernel, self.state)
@@ -156,12 +157,10 @@ class DecisionRun:
     def scan(self, candidates, kernels=None, extra=None) -> list[BackendVerdict]:
         """Try candidates in order; select the first supported. Returns the rejections."""
         rejected = []
+        kernels, extra = kernels or {}, extra or {}
         for backend in candidates:
-            if kernels or extra:
-                verdict = self.verdict(backend, (kernels or {}).get(backend), (extra or {}).get(backend, ()))
-            else:
-                verdict = self.verdict(backend)
-            if verdict.supported:
+            verdict = self.verdict(backend, kernels.get(backend), extra.get(backend, ()))
+            if verdict.kernel is not None:
                 self.select(verdict)
                 return rejected
             rejected.append(verdict)
@@ -172,9 +171,13 @@ class DecisionRun:
             self.pruned.setdefault(b, because)
         self.rec.emit("pruned", backends=list(backends), because=because, **extra)
 
+    @property
+    def clamp_applies(self) -> bool:
+        """The layer clamps SwiGLU and the policy knows which backends apply the clamp."""
+        return self.policy.clamp_backends is not None and self.ctx.layer.swiglu_limit is not None
+
     def clamp_blocks(self, backend: str) -> bool:
-        clamp = self.policy.clamp_backends
-        return clamp is not None and self.ctx.layer.swiglu_limit is not None and backend not in clamp
+        return self.clamp_applies and backend not in self.policy.clamp_backends
 
     def batched_rewrite(self, backend: str) -> str:
         if self.ctx.activation_format is ActivationFormat.BATCHED and backend in self.policy.batched_variants:

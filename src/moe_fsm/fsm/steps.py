@@ -305,7 +305,7 @@ class AutoScan(Step):
                 run.rec.emit("reordered", backends=moving, to=rule.to, because=rule.because)
         if policy.gated_by_allow_vllm_cutlass and not ctx.layer.allow_vllm_cutlass:
             run.prune(policy.gated_by_allow_vllm_cutlass, "allow_vllm_cutlass is off for this checkpoint")
-        clamp_blocked = [b for b in candidates if run.clamp_blocks(b)]
+        clamp_blocked = [b for b in candidates if run.clamp_blocks(b)] if run.clamp_applies else ()
         if clamp_blocked:
             run.prune(clamp_blocked, f"swiglu_limit={ctx.layer.swiglu_limit} needs a backend that applies the SwiGLU clamp")
         candidates += [spec.name for spec in run.registry.extensions(policy.family) if spec.auto_select]

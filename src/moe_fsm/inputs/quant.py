@@ -171,6 +171,10 @@ W4A8_INT8_GROUP32 = QuantKey(INT4, Granularity.GROUP_1x32, True, scale_dtype="bf
 W4A8_INT8_GROUP = QuantKey(INT4, Granularity.GROUP, True, scale_dtype="bfloat16")
 W4A8_INT8_CHANNEL = QuantKey(INT4, Granularity.CHANNEL, True)
 
+# One object per distinct key, the named ones above first: a scheme holds these objects, so a support
+# check finds its keys in a catalog's sets by identity instead of comparing them field by field.
+_INTERNED_KEYS: dict[QuantKey, QuantKey] = {k: k for k in list(globals().values()) if isinstance(k, QuantKey)}
+
 FP8_WEIGHT_SCALES = {
     "tensor": FP8_STATIC_TENSOR,
     "channel": FP8_STATIC_CHANNEL,
@@ -280,6 +284,8 @@ class QuantScheme:
             key = getattr(self, name)
             if key is not None and not isinstance(key, QuantKey):
                 raise InputError(f"a scheme's {name} key must be a QuantKey or None, got {key!r}")
+            if key is not None:  # interned: support checks find the catalog's own key object, not a field-by-field equal
+                object.__setattr__(self, name, _INTERNED_KEYS.setdefault(key, key))
         if self.family is QuantFamily.UNQUANTIZED and (self.weight or self.activation):
             raise InputError("an unquantized scheme has no weight or activation quantization key")
         if self.family is QuantFamily.FP8:
