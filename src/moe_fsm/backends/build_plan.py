@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moe_fsm.backends.pf_choice import PrepareFinalizeChoice
+from moe_fsm.inputs.hashing import computed_once
 
 NATIVE, SUBSTITUTE, UNAVAILABLE = "native", "substitute", "unavailable"
 
@@ -31,15 +32,9 @@ class BuildPlan:
     def runnable(self) -> bool:
         return self.experts is not None and self.prepare_finalize_buildable
 
+    @computed_once
     def to_json(self) -> dict:
-        """The trace's ``build`` part, built once (plans are memoized); read-only."""
-        cached = self.__dict__.get("_json")
-        if cached is None:
-            cached = self._as_json()
-            object.__setattr__(self, "_json", cached)
-        return cached
-
-    def _as_json(self) -> dict:
+        """The trace's ``build`` part (plans are memoized with the verdicts)."""
         return {
             "experts": self.experts,
             "how": self.how,

@@ -25,6 +25,7 @@ from functools import lru_cache
 from enum import Enum
 
 from moe_fsm.errors import InputError
+from moe_fsm.inputs.hashing import computed_once, hashed_once
 from moe_fsm.inputs.formats import ActivationFormat
 from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
 
@@ -101,6 +102,7 @@ _ALL2ALL_NOTES = {
 }
 
 
+@hashed_once
 @dataclass(frozen=True)
 class PrepareFinalizeChoice:
     """The chosen prepare/finalize: class name, kind, format it hands the experts, and why.
@@ -122,7 +124,9 @@ class PrepareFinalizeChoice:
         """True when moe-fsm can instantiate it; the decision is vLLM's either way."""
         return self.not_buildable_because is None
 
+    @computed_once
     def to_json(self) -> dict:
+        """The trace's ``prepare_finalize`` (choices are remembered per parallel config)."""
         return {
             "name": self.name,
             "kind": self.kind.value,

@@ -95,23 +95,22 @@ class Registry:
         """Plugin backends of a family, in registration order."""
         return [self.backends[family][name] for name in self.extension_names[family].values()]
 
-    def kernel_verdict(self, kernel: str, ctx: SupportContext, extra=()) -> Verdict:
-        """A kernel class's verdict (``extra``: conditions checked before the class's own)."""
+    def kernel_verdict(self, kernel: str, ctx: SupportContext, extra=(), known: dict | None = None) -> Verdict:
+        """A kernel class's verdict (``extra``: conditions checked before the class's own; ``known``: the
+        context's outcome memo, when the caller has it at hand)."""
         spec = self.kernels[kernel]
         requirements = (*extra, *spec.requirements) if extra else spec.requirements
-        return Verdict(kernel, requirements, self.outcomes(requirements, ctx))
+        return Verdict(kernel, requirements, self.outcomes(requirements, ctx, known))
 
-    def outcomes(self, requirements, ctx: SupportContext) -> tuple[str | None, ...]:
+    def outcomes(self, requirements, ctx: SupportContext, known: dict | None = None) -> tuple[str | None, ...]:
         """Each requirement's failure (None: it holds) in ``ctx``.
 
         Each distinct requirement is evaluated once per context: kernels and step
         guards share many (no LoRA, a format, a library), and an engine asks the
         same ones for every layer.
         """
-        memo = self.memo_for(ctx)
-        known = memo.get(_OUTCOMES)
         if known is None:
-            known = memo[_OUTCOMES] = {}
+            known = self.known_outcomes(ctx)
         outcomes = []
         for requirement in requirements:
             key = requirement.memo_key
@@ -120,6 +119,28 @@ class Registry:
                 outcome = known[key] = requirement.failure(ctx)
             outcomes.append(outcome)
         return tuple(outcomes)
+
+    def holds(self, requirements, ctx: SupportContext, known: dict | None = None) -> bool:
+        """Every requirement holds in ``ctx``; stops at the first that fails (as vLLM's ``and`` does)."""
+        if known is None:
+            known = self.known_outcomes(ctx)
+        for requirement in requirements:
+            key = requirement.memo_key
+            outcome = known.get(key, _UNKNOWN)
+            if outcome is _UNKNOWN:
+                outcome = known[key] = requirement.failure(ctx)
+            if outcome is not None:
+                return False
+        return True
+
+    def known_outcomes(self, ctx: SupportContext, memo: dict | None = None) -> dict:
+        """The context's memo of requirement outcomes, by ``Requirement.memo_key`` (``memo``: ``ctx``'s, if at hand)."""
+        if memo is None:
+            memo = self.memo_for(ctx)
+        known = memo.get(_OUTCOMES)
+        if known is None:
+            known = memo[_OUTCOMES] = {}
+        return known
 
     def memo_for(self, ctx: SupportContext) -> dict:
         """The verdict memo of one context: verdicts are pure, and an engine asks the same ones for every layer."""
@@ -142,8 +163,9 @@ class Registry:
         if verdict is None:
             spec = self.spec(family, backend)
             asked = backend_context(spec, ctx, per_ctx)
+            known = self.known_outcomes(asked, per_ctx if asked is ctx else None)
             verdict = per_ctx[key] = BackendVerdict(
-                backend, tuple([self.kernel_verdict(k, asked, spec.extra) for k in spec.kernels]))
+                backend, tuple([self.kernel_verdict(k, asked, spec.extra, known) for k in spec.kernels]))
         return verdict
 
     def step_verdict(self, family: QuantFamily, backend: str, ctx: SupportContext,
@@ -159,7 +181,8 @@ class Registry:
         per_ctx = self.memo_for(ctx)
         if "NONE" not in per_ctx:
             kernels = self.profile.fallback_kernels.get(ctx.platform.vendor, ())
-            per_ctx["NONE"] = BackendVerdict("NONE", tuple([self.kernel_verdict(k, ctx) for k in kernels]))
+            known = self.known_outcomes(ctx, per_ctx)
+            per_ctx["NONE"] = BackendVerdict("NONE", tuple([self.kernel_verdict(k, ctx, (), known) for k in kernels]))
         return per_ctx["NONE"]
 
     def implementation(self, kernel: str):

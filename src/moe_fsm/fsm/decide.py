@@ -45,6 +45,7 @@ class DecisionRun:
         self.request_source = request_source
         self.registry = registry
         self._memo = registry.memo_for(ctx)
+        self._known = registry.known_outcomes(ctx, self._memo)
         self.rec = recorder
         self.state = START
         self.pruned: dict[str, str] = {}
@@ -95,7 +96,11 @@ class DecisionRun:
 
     def outcomes(self, requirements) -> tuple[str | None, ...]:
         """Each requirement's failure in this decision's context (None: it holds), memoized with the verdicts."""
-        return self.registry.outcomes(requirements, self.ctx)
+        return self.registry.outcomes(requirements, self.ctx, self._known)
+
+    def holds(self, requirements) -> bool:
+        """Every requirement holds in this decision's context (evaluated up to the first that fails)."""
+        return self.registry.holds(requirements, self.ctx, self._known)
 
     def verdict(self, backend: str, kernels: tuple[str, ...] | None = None, extra: tuple = ()) -> BackendVerdict:
         """A backend's verdict (``kernels`` / ``extra``: a step's own kernel classes and conditions for it)."""

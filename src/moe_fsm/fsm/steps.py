@@ -299,7 +299,7 @@ class AutoScan(Step):
         policy, ctx = run.policy, run.ctx
         candidates = list(policy.priority_for(ctx.platform.vendor))
         for rule in policy.reorders:
-            if not any(run.outcomes(rule.when)):
+            if run.holds(rule.when):
                 moving = [b for b in rule.backends if b in candidates]
                 candidates = rule.apply(candidates)
                 run.rec.emit("reordered", backends=moving, to=rule.to, because=rule.because)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from functools import wraps
 from operator import attrgetter
 
 
@@ -24,3 +25,35 @@ def hashed_once(cls):
 
     cls.__hash__ = __hash__
     return cls
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_dict(obj) -> dict:
+    """A frozen input's fields by name, the start of its JSON form (``fields()`` is looked up once per class:
+    a cold decision writes its inputs into the trace)."""
+    names = _FIELD_NAMES.get(type(obj))
+    if names is None:
+        names = _FIELD_NAMES[type(obj)] = tuple(f.name for f in fields(obj))
+    return {name: getattr(obj, name) for name in names}
+
+
+def computed_once(method):
+    """A frozen value's derived form (its JSON, its description), computed on first call and kept on the instance.
+
+    For values a decision reuses (memoized plans, cached choices, the probed platform), whose
+    derived form would otherwise be rebuilt for every trace. The result is shared: treat it as read-only.
+    """
+    attr = f"_{method.__name__}_once"
+
+    @wraps(method)
+    def once(self):
+        try:
+            return self.__dict__[attr]
+        except KeyError:
+            value = method(self)
+            object.__setattr__(self, attr, value)
+            return value
+
+    return once

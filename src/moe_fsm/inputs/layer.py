@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field, fields
 from enum import Enum
 
-from moe_fsm.inputs.hashing import hashed_once
+from moe_fsm.inputs.hashing import field_dict, hashed_once
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.quant import FLOAT_DTYPES, QuantFamily, QuantScheme
 
@@ -111,7 +111,7 @@ class MoELayer:
         return self.quant.family
 
     def to_json(self) -> dict:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data = field_dict(self)
         data["quant"] = self.quant.to_json()
         data["activation"] = self.activation.value
         if not self.bias:

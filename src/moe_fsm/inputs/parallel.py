@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from enum import Enum
 
-from moe_fsm.inputs.hashing import hashed_once
+from moe_fsm.inputs.hashing import field_dict, hashed_once
 from moe_fsm.errors import InputError
 
 
@@ -66,7 +66,7 @@ class ParallelConfig:
         return self.use_dp and self.use_ep
 
     def to_json(self) -> dict:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data = field_dict(self)
         data["all2all"] = self.all2all.value
         return data
 

@@ -13,7 +13,7 @@ import importlib.util
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 
-from moe_fsm.inputs.hashing import hashed_once
+from moe_fsm.inputs.hashing import computed_once, hashed_once
 from moe_fsm.errors import InputError
 
 
@@ -124,14 +124,8 @@ class PlatformFacts:
             return self.has_capability(8, 9)
         return self.vendor is Vendor.ROCM and (self.gcn_arch or "").startswith(("gfx94", "gfx95"))
 
+    @computed_once
     def describe(self) -> str:
-        cached = self.__dict__.get("_description")
-        if cached is None:
-            cached = self._describe()
-            object.__setattr__(self, "_description", cached)
-        return cached
-
-    def _describe(self) -> str:
         if self.vendor is Vendor.CUDA:
             return f"CUDA {self.capability[0]}.{self.capability[1]} ({self.device_name})"
         if self.vendor is Vendor.ROCM:

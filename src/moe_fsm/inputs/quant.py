@@ -314,11 +314,8 @@ class QuantScheme:
                     f"{self.family.value} activation key {self.activation} is not one of {[str(k) for k in activations]}"
                 )
         self._check_checkpoint_facts()
-
-    @cached_property
-    def keys(self) -> tuple["QuantKey | None", "QuantKey | None"]:
-        """(weight, activation): the pair vLLM's support checks receive, built once per scheme."""
-        return self.weight, self.activation
+        # (weight, activation): the pair vLLM's support checks receive, built once with the scheme
+        object.__setattr__(self, "keys", (self.weight, self.activation))
 
     @cached_property
     def keys_text(self) -> str:
