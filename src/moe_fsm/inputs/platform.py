@@ -137,7 +137,9 @@ class PlatformFacts:
             return f"a {self.vendor.value} platform with no CUDA capability"
         return f"{self.capability[0]}.{self.capability[1]}"
 
+    @computed_once
     def to_json(self) -> dict:
+        """Built once (a process probes its platform once and records it in every trace); read-only."""
         return {
             "vendor": self.vendor.value,
             "capability": list(self.capability) if self.capability else None,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
 
-from moe_fsm.inputs.hashing import hashed_once
+from moe_fsm.inputs.hashing import computed_once, hashed_once
 from moe_fsm.errors import InputError
 
 
@@ -100,8 +100,10 @@ class QuantKey:
         """Columns one scale covers for fixed-width groups; None otherwise."""
         return GROUP_WIDTH.get(self.granularity)
 
+    @computed_once
     def to_json(self) -> dict:
-        """Fields at their defaults are left out, so older keys keep their recorded form."""
+        """Fields at their defaults are left out, so older keys keep their recorded form. Built once per
+        key (keys are interned, so every trace of the process shares it); read-only."""
         data = {"dtype": self.dtype, "granularity": self.granularity.value, "static": self.static}
         if not self.symmetric:
             data["symmetric"] = False
