@@ -3,12 +3,20 @@
 Not a test: run it and read the table.
 
     python bench/bench_decision.py            # the table, then each target of issue 8 met or not
+    python bench/bench_decision.py --corpus   # plus the first decision of every golden scenario (both profiles)
     python bench/bench_decision.py --profile  # plus a cProfile of the worst case (FP8 on a CPU, warm, traced)
 
 Per decision (median of many, in microseconds), with tracing on and off:
-  warm  the same inputs again: the registry's verdict memo already holds every verdict;
-  cold  the first decision of a fresh input: a new registry, so every verdict is computed.
-The state machine itself is built once per process in both cases (as in an engine).
+  warm   the same inputs again: the registry's verdict memo already holds every verdict;
+  cold   a new registry, so every verdict is computed (the measure issue 8's figures and targets use);
+  first  the first decision of a new layer in the process: a new registry, new input objects equal to
+         the case's (built from its JSON, so nothing is hashed or derived yet), and moe-fsm's per-input
+         caches emptied (``forget_input_caches``: inputs JSON, env readers, prepare/finalize choices).
+The state machine itself is built once per process in every case (as in an engine), and a collection
+runs before each measurement, so the garbage collector's timing does not land on one side.
+
+Cases run under both policy profiles (``seeds``, the default without vLLM; ``vllm-0.33``); the
+"worst" cases are FP8 on a CPU platform, where every FP8 backend is scanned before NONE.
 
 The model rows decide a DeepSeek-V3-like model (61 MoE layers of one FP8 128x128-block
 scheme on an H100 preset), and a mixed NVFP4+FP8 variant (the PR #43334 checkpoint shape:
@@ -34,8 +42,9 @@ import sys
 import time
 from dataclasses import replace
 
+from moe_fsm import golden, profiles
 from moe_fsm.backends.registry import Registry, default_registry
-from moe_fsm.decision import DecisionInputs, decide, make_inputs
+from moe_fsm.decision import DecisionInputs, decide, forget_input_caches, make_inputs
 from moe_fsm.errors import SelectionError
 from moe_fsm.fsm.machine import machine_for
 from moe_fsm.inputs.layer import MoELayer
@@ -47,9 +56,9 @@ TARGETS_US = {"typical traced warm": 40.0, "worst traced warm": 80.0, "cold trac
               "61-layer model, cached": 1000.0}
 
 
-def fresh_registry() -> Registry:
+def fresh_registry(profile: str) -> Registry:
     """A registry like the default one (built-ins + installed plugins) with an empty verdict memo."""
-    registry = Registry.builtin_only()
+    registry = Registry.builtin_only(profile)
     registry.load_entry_points()
     return registry
 
@@ -64,17 +73,20 @@ def _decide(inputs: DecisionInputs, **kwargs):
 DEEPSEEK_FP8 = MoELayer(quant=QuantScheme.fp8("block", "group"), num_experts=256, top_k=8, hidden_size=7168,
                         intermediate_size=2048)
 
-CASES = {
-    "fp8 block, sm90, auto (FlashInfer CUTLASS)": make_inputs(DEEPSEEK_FP8, None, "auto", {}, preset("sm90")),
-    "unquantized, sm90, auto (Triton)": make_inputs(MoELayer(), None, "auto", {}, preset("sm90")),
-    "nvfp4, sm100, auto (FlashInfer TRTLLM)": make_inputs(MoELayer(quant=QuantScheme.nvfp4()), None, "auto", {},
-                                                          preset("sm100")),
+TYPICAL = {
+    "fp8 block, sm90, auto": make_inputs(DEEPSEEK_FP8, None, "auto", {}, preset("sm90")),
+    "unquantized, sm90, auto": make_inputs(MoELayer(), None, "auto", {}, preset("sm90")),
+    "nvfp4, sm100, auto": make_inputs(MoELayer(quant=QuantScheme.nvfp4()), None, "auto", {}, preset("sm100")),
     "fp8 block, sm90, explicit triton": make_inputs(DEEPSEEK_FP8, None, "triton", {}, preset("sm90")),
     "fp8 on sm121, backend flashinfer_b12x (error)": make_inputs(
         MoELayer(quant=QuantScheme.fp8("tensor", "tensor", True)), None, "flashinfer_b12x", {}, preset("sm121")),
-    "fp8 block, cpu: 11 backends scanned, NONE (worst)": make_inputs(DEEPSEEK_FP8, None, "auto", {}, preset("cpu")),
 }
-WORST = "fp8 block, cpu: 11 backends scanned, NONE (worst)"
+WORST = "fp8 block, cpu: every backend scanned, NONE (worst)"
+CASES = {
+    f"{profile:<9} {name}": replace(inputs, profile=profiles.choose(profile))
+    for profile in (profiles.SEEDS, "vllm-0.33")
+    for name, inputs in {**TYPICAL, WORST: make_inputs(DEEPSEEK_FP8, None, "auto", {}, preset("cpu"))}.items()
+}
 
 
 def median_us(samples_ns: list[int]) -> float:
@@ -82,8 +94,9 @@ def median_us(samples_ns: list[int]) -> float:
 
 
 def time_warm(inputs: DecisionInputs, trace: bool, n: int) -> float:
-    registry = default_registry()
+    registry = default_registry(inputs.profile.name)
     _decide(inputs, registry=registry, trace=trace)  # fill the memo
+    gc.collect()
     samples = []
     for _ in range(n):
         t0 = time.perf_counter_ns()
@@ -92,14 +105,28 @@ def time_warm(inputs: DecisionInputs, trace: bool, n: int) -> float:
     return median_us(samples)
 
 
-def time_cold(inputs: DecisionInputs, trace: bool, n: int) -> float:
-    registries = [fresh_registry() for _ in range(n)]
+def time_cold(inputs: DecisionInputs, trace: bool, n: int, first: bool = False) -> float:
+    """Each sample with a new registry; ``first``: also new equal inputs and per-input caches emptied."""
+    registries = [fresh_registry(inputs.profile.name) for _ in range(n)]
+    samples_inputs = [DecisionInputs.from_json(inputs.to_json()) if first else inputs for _ in range(n)]
+    _decide(inputs, trace=trace)  # the per-input caches hold this input (emptied again below when ``first``)
+    gc.collect()
     samples = []
-    for registry in registries:
+    for registry, sample in zip(registries, samples_inputs):
+        if first:
+            forget_input_caches()
         t0 = time.perf_counter_ns()
-        _decide(inputs, registry=registry, trace=trace)
+        _decide(sample, registry=registry, trace=trace)
         samples.append(time.perf_counter_ns() - t0)
     return median_us(samples)
+
+
+def time_corpus(n: int) -> list[tuple[float, str]]:
+    """The traced first-decision median of every golden scenario, slowest last."""
+    results = []
+    for scenario in golden.load_scenarios():
+        results.append((time_cold(scenario.inputs(), True, n, first=True), scenario.key))
+    return sorted(results)
 
 
 def time_lookup(inputs: DecisionInputs, n: int) -> float:
@@ -130,7 +157,7 @@ def time_model(layers: list[DecisionInputs], cached: bool, trace: bool, repeats:
     """Milliseconds to decide every layer, each repetition starting from an empty memo (and cache)."""
     samples = []
     for _ in range(repeats):
-        registry = fresh_registry()
+        registry = fresh_registry(layers[0].profile.name)
         t0 = time.perf_counter_ns()
         if cached:
             cache: dict[DecisionInputs, object] = {}
@@ -146,8 +173,8 @@ def time_model(layers: list[DecisionInputs], cached: bool, trace: bool, repeats:
 
 
 def profile_worst(n: int = 3000, top: int = 18) -> str:
-    inputs = CASES[WORST]
-    registry = default_registry()
+    inputs = CASES[f"{profiles.SEEDS:<9} {WORST}"]
+    registry = default_registry(inputs.profile.name)
     _decide(inputs, registry=registry)
     profiler = cProfile.Profile()
     profiler.enable()
@@ -167,34 +194,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=2000, help="decisions per warm measurement (default 2000)")
     parser.add_argument("--cold-n", type=int, default=400, help="decisions per cold measurement (default 400)")
     parser.add_argument("--repeats", type=int, default=30, help="repetitions of each 61-layer model (default 30)")
+    parser.add_argument("--corpus", action="store_true", help="also time the first decision of every golden scenario")
+    parser.add_argument("--corpus-n", type=int, default=15, help="first decisions timed per golden scenario (default 15)")
     parser.add_argument("--profile", action="store_true", help="also profile the worst case")
     args = parser.parse_args(argv)
 
-    for policy in default_registry().profile.policies.values():
-        machine_for(policy)  # built once per process, as in an engine
-    gc.collect()
+    for profile in (profiles.SEEDS, "vllm-0.33"):
+        for policy in default_registry(profile).profile.policies.values():
+            machine_for(policy)  # built once per process, as in an engine
     import os
     import platform
 
     print(f"moe-fsm decision benchmark  (python {platform.python_version()}, {os.cpu_count()} CPUs, "
           f"median of {args.n} warm / {args.cold_n} cold decisions)\n")
-    header = f"{'one decision (us)':<52} {'traced warm':>11} {'traced cold':>11} {'untraced warm':>13} {'untraced cold':>13}"
+    header = (f"{'one decision, traced / untraced (us)':<62} {'warm':>13} {'cold':>13} {'first':>13}")
     print(header)
     print("-" * len(header))
-    typical_warm, cold = 0.0, 0.0
+    typical_warm, worst_warm, cold, first = 0.0, 0.0, 0.0, 0.0
     for name, inputs in CASES.items():
-        tw = time_warm(inputs, True, args.n)
-        tc = time_cold(inputs, True, args.cold_n)
-        uw = time_warm(inputs, False, args.n)
-        uc = time_cold(inputs, False, args.cold_n)
-        if name == WORST:
-            worst_warm = tw
+        warm_t, warm_u = time_warm(inputs, True, args.n), time_warm(inputs, False, args.n)
+        cold_t, cold_u = time_cold(inputs, True, args.cold_n), time_cold(inputs, False, args.cold_n)
+        first_t, first_u = (time_cold(inputs, True, args.cold_n, first=True),
+                            time_cold(inputs, False, args.cold_n, first=True))
+        if name.endswith(WORST):
+            worst_warm = max(worst_warm, warm_t)
         else:
-            typical_warm = max(typical_warm, tw)
-        cold = max(cold, tc)
-        print(f"{name:<52} {tw:>11.1f} {tc:>11.1f} {uw:>13.1f} {uc:>13.1f}")
+            typical_warm = max(typical_warm, warm_t)
+        cold, first = max(cold, cold_t), max(first, first_t)
+        print(f"{name:<62} {warm_t:>6.1f} /{warm_u:>5.1f} {cold_t:>6.1f} /{cold_u:>5.1f} {first_t:>6.1f} /{first_u:>5.1f}")
 
-    lookup = time_lookup(CASES[WORST], args.n)
+    lookup = time_lookup(CASES[f"{profiles.SEEDS:<9} {WORST}"], args.n)
     print(f"\ncached lookup (an engine's dict hit with a fresh, equal DecisionInputs): {lookup:.2f} us")
 
     print()
@@ -219,6 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     for what, limit in TARGETS_US.items():
         got = measured[what]
         print(f"  {what:<24} {got:>9.1f} us  (target <= {limit:g} us: {'met' if got <= limit else 'NOT met'})")
+    print(f"  (first decision, stricter than the cold target's measure: slowest case {first:.1f} us)")
+    if args.corpus:
+        corpus = time_corpus(args.corpus_n)
+        values = [us for us, _ in corpus]
+        over = sum(us > TARGETS_US["cold traced"] for us in values)
+        print(f"\nfirst traced decision of each of the {len(corpus)} golden scenarios (median of {args.corpus_n} each): "
+              f"median {statistics.median(values):.1f} us, 90th percentile {values[int(0.9 * len(values))]:.1f} us, "
+              f"slowest {values[-1]:.1f} us; {over} over {TARGETS_US['cold traced']:g} us. Slowest five:")
+        for us, key in corpus[-5:]:
+            print(f"  {us:>7.1f} us  {key}")
     if args.profile:
         print("\nprofile of the worst case (warm, traced):\n")
         print(profile_worst())

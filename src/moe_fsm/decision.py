@@ -19,6 +19,7 @@ from typing import Mapping, Union
 from moe_fsm.inputs.hashing import hashed_once
 from moe_fsm import profiles
 from moe_fsm.backends.build_plan import BuildPlan, plan_build
+from moe_fsm.backends.pf_choice import forget_choices
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.verdict import SupportContext
 from moe_fsm.errors import BackendUnavailableError, InputError, NoPolicyError, SelectionError, TraceWriteError
@@ -199,6 +200,16 @@ def _inputs_json(inputs: DecisionInputs) -> dict:
     Shared by the documents of equal inputs: trace documents are read-only; copy one to change it.
     """
     return inputs.to_json()
+
+
+def forget_input_caches() -> None:
+    """Empty the caches moe-fsm keeps per distinct input (inputs' trace JSON, env readers, prepare/finalize
+    choices), so the next decision of any input is its first: what ``bench/bench_decision.py`` calls cold.
+    Registries keep their own verdict memos; use a new ``Registry`` for those."""
+    _inputs_json.cache_clear()
+    forget_choices()
+    for profile in profiles.profiles().values():
+        profile.env.forget_readers()
 
 
 def _env_snapshot(env) -> EnvSnapshot:

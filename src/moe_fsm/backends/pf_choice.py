@@ -147,6 +147,11 @@ def choose_prepare_finalize(parallel: ParallelConfig, experts_format: Activation
     return _choose(parallel, _format(experts_format))
 
 
+def forget_choices() -> None:
+    """Forget the remembered choices (the next of each is computed again)."""
+    _choose.cache_clear()
+
+
 @lru_cache(maxsize=64)
 def _choose(parallel: ParallelConfig, fmt: ActivationFormat) -> PrepareFinalizeChoice:
     sizes = f"tp_size={parallel.tp_size}, dp_size={parallel.dp_size}, ep_size={parallel.ep_size}"

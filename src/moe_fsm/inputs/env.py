@@ -90,6 +90,10 @@ class EnvRegistry:
 
     _readers: dict = field(default_factory=dict, repr=False)
 
+    def forget_readers(self) -> None:
+        """Drop the readers made so far (and the values and guard results they remember)."""
+        self._readers.clear()
+
     def reader(self, snapshot: "EnvSnapshot") -> "EnvReader":
         """The snapshot as this registry reads it; a value its parser refuses is an EnvVarError now.
 
