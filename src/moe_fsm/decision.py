@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Union
 
-from moe_fsm.inputs.hashing import hashed_once
+from moe_fsm.inputs.hashing import computed_once, hashed_once
 from moe_fsm import profiles
 from moe_fsm.backends.build_plan import BuildPlan, plan_build
 from moe_fsm.backends.pf_choice import forget_choices
@@ -54,7 +54,9 @@ class DecisionInputs:
             if not isinstance(value, cls):
                 raise InputError(f"{name} must be a {cls.__name__} ({hint}), got {type(value).__name__} {value!r:.80}")
 
+    @computed_once
     def to_json(self) -> dict:
+        """Built once per inputs object and shared by the traces of its decisions; read-only."""
         return {
             "profile": self.profile.to_json(),
             "layer": self.layer.to_json(),
@@ -193,20 +195,10 @@ def make_inputs(
     )
 
 
-@lru_cache(maxsize=256)
-def _inputs_json(inputs: DecisionInputs) -> dict:
-    """The inputs' JSON form, built once per distinct inputs (an engine decides the same ones per layer).
-
-    Shared by the documents of equal inputs: trace documents are read-only; copy one to change it.
-    """
-    return inputs.to_json()
-
-
 def forget_input_caches() -> None:
-    """Empty the caches moe-fsm keeps per distinct input (inputs' trace JSON, env readers, prepare/finalize
-    choices), so the next decision of any input is its first: what ``bench/bench_decision.py`` calls cold.
-    Registries keep their own verdict memos; use a new ``Registry`` for those."""
-    _inputs_json.cache_clear()
+    """Empty the caches moe-fsm keeps per distinct input (env readers, prepare/finalize choices), so that a
+    decision of new input objects is its first: what ``bench/bench_decision.py`` calls "first". Registries
+    keep their own verdict memos (use a new ``Registry``), input objects their derived forms (make new ones)."""
     forget_choices()
     for profile in profiles.profiles().values():
         profile.env.forget_readers()
@@ -285,7 +277,7 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
         }
         plan = plan_build(registry, sel.backend, sel.kernel, ctx, run.prepare_finalize)
     document = trace_doc.build_document(
-        inputs=_inputs_json(inputs), family=family.value, path=run.path, events=recorder.events, outcome=outcome,
+        inputs=inputs.to_json(), family=family.value, path=run.path, events=recorder.events, outcome=outcome,
         build=plan.to_json() if plan is not None else None,
         layer_name=layer_name, started_at=started_at, duration_us=(time.perf_counter() - t0) * 1e6,
     )

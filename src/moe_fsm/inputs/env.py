@@ -167,6 +167,9 @@ class EnvSnapshot:
         return cls.from_mapping(data, strict_names=True)
 
 
+_UNREAD = object()
+
+
 @hashed_once
 @dataclass(frozen=True)
 class EnvReader:
@@ -181,13 +184,12 @@ class EnvReader:
 
     def value(self, name: str) -> object:
         """The parsed value (the default when unset); parsed once per reader, since guards and requirements re-read it."""
-        try:
-            return self._values[name]
-        except KeyError:
+        value = self._values.get(name, _UNREAD)
+        if value is _UNREAD:
             var = self._known(name)
             raw = self.snapshot.raw_value(name)
             value = self._values[name] = var.default if raw is None else var.parse(raw)
-            return value
+        return value
 
     _values: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
     _readings: dict = field(default_factory=dict, compare=False, hash=False, repr=False)

@@ -16,12 +16,11 @@ def hashed_once(cls):
     values = attrgetter(*names) if len(names) > 1 else (lambda self, get=attrgetter(names[0]): (get(self),))
 
     def __hash__(self) -> int:
-        try:
-            return self.__dict__["_hash"]
-        except KeyError:
+        cached = self.__dict__.get("_hash")
+        if cached is None:  # a lookup, not a caught KeyError: raising costs a new layer's first decision ~1 us a value
             cached = hash(values(self))
             object.__setattr__(self, "_hash", cached)
-            return cached
+        return cached
 
     cls.__hash__ = __hash__
     return cls
@@ -49,11 +48,10 @@ def computed_once(method):
 
     @wraps(method)
     def once(self):
-        try:
-            return self.__dict__[attr]
-        except KeyError:
+        value = self.__dict__.get(attr)
+        if value is None:
             value = method(self)
             object.__setattr__(self, attr, value)
-            return value
+        return value
 
     return once
