@@ -189,13 +189,24 @@ def profile_worst(n: int = 3000, top: int = 18) -> str:
     return out.getvalue()
 
 
+def positive(text: str) -> int:
+    """argparse type: a count of decisions, which a median needs at least one of."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", type=int, default=2000, help="decisions per warm measurement (default 2000)")
-    parser.add_argument("--cold-n", type=int, default=400, help="decisions per cold measurement (default 400)")
-    parser.add_argument("--repeats", type=int, default=30, help="repetitions of each 61-layer model (default 30)")
+    parser.add_argument("-n", type=positive, default=2000, help="decisions per warm measurement (default 2000)")
+    parser.add_argument("--cold-n", type=positive, default=400, help="decisions per cold measurement (default 400)")
+    parser.add_argument("--repeats", type=positive, default=30, help="repetitions of each 61-layer model (default 30)")
     parser.add_argument("--corpus", action="store_true", help="also time the first decision of every golden scenario")
-    parser.add_argument("--corpus-n", type=int, default=15, help="first decisions timed per golden scenario (default 15)")
+    parser.add_argument("--corpus-n", type=positive, default=15, help="first decisions timed per golden scenario (default 15)")
     parser.add_argument("--profile", action="store_true", help="also profile the worst case")
     args = parser.parse_args(argv)
 
