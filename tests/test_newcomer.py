@@ -36,7 +36,8 @@ def test_setup_commands_install_the_cpu_torch_build_before_the_package():
     assert setup[1].strip().endswith("&& python3 -m pytest -q")
     ci = (ROOT / ".ci" / "run").read_text()
     assert ci.index("torch==2.13.0") < ci.index("-e '.[test]'")
-    assert ci.rstrip().endswith("python3 -m pytest -q")
+    assert "\npython3 -m pytest -q\n" in ci, "CI runs the README's test command, exactly"
+    assert "\nMOE_FSM_PLATFORM=cpu-x86 python3 -m pytest" in ci, "CI runs the suite again as an x86 CPU without AMX"
 
 
 def test_readme_library_examples_run_as_shown(tmp_path, monkeypatch, capsys):

@@ -7,6 +7,9 @@ and each layer is checked against float64 with run's own tolerance table.
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from moe_fsm.engine.engine import route
@@ -54,15 +57,29 @@ def test_gptq_int4_preset_runs_its_layers():
     assert len(_run_layers("qwen3-30b-a3b-gptq-int4", 2)) == 2
 
 
-def test_run_cli_decides_the_presets_under_vllm_0_33(tmp_path, capsys):
+@pytest.mark.parametrize("platform", ["cpu-x86-amx", "cpu-x86", "cpu-arm"])
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b-gptq-int4"])
+def test_run_cli_decides_the_presets_under_vllm_0_33(name, platform, as_platform, tmp_path, capsys):
+    """vLLM 0.33's CPU kernels for MXFP4 and INT4 weight-only need x86 with AMX tiles; elsewhere no backend
+    applies (its emulation needs amd-quark), and run says so with the trace written: the outcome is the
+    platform's, never the host CPU's."""
     from moe_fsm.cli.main import main
 
-    for name in ("gpt-oss-20b", "qwen3-30b-a3b-gptq-int4"):
-        code = main(["run", "--preset", name, "--layers", "1", "--tokens", "8", "--policy", "vllm-0.33",
-                     "--trace-dir", str(tmp_path / name)])
-        out = capsys.readouterr().out
-        assert code == 0, out
+    as_platform(platform)
+    code = main(["run", "--preset", name, "--layers", "1", "--tokens", "8", "--policy", "vllm-0.33",
+                 "--trace-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    trace = json.loads((tmp_path / "layer000-model.layers.0.mlp.experts.json").read_text())
+    assert trace["inputs"]["platform"]["probe_override"] == platform
+    if platform == "cpu-x86-amx":
+        assert code == 0, out + err
         assert "1/1 layers within tolerance" in out
+        assert trace["outcome"]["backend"] == "CPU"
+    else:
+        assert code == 3, out + err
+        assert trace["outcome"]["status"] == "failed"
+        if platform == "cpu-x86":
+            assert "which has no AMX tiles" in err
 
 
 def test_run_cli_without_their_policy_says_which_profile_has_one(tmp_path, capsys):

@@ -109,8 +109,13 @@ def platform_text(platform: dict) -> str:
         head = f"ROCm {platform['gcn_arch']} ({platform['device_name']})"
     else:
         head = f"{vendor} ({platform['device_name']})"
+    if platform.get("cpu_arch"):
+        head += f", {platform['cpu_arch']}" + (" with AMX tiles" if platform.get("cpu_amx") else " without AMX tiles")
     libs = ", ".join(platform["libraries"]) or "none"
-    return f"{head}; libraries: {libs}"
+    text = f"{head}; libraries: {libs}"
+    if platform.get("probe_override"):
+        text += f" [not probed: MOE_FSM_PLATFORM={platform['probe_override']}]"
+    return text
 
 
 def request_text(request, family: str) -> str:

@@ -17,7 +17,8 @@ def render_header(model: ModelPreset, tokens: int, layers: Optional[int], device
     return "\n".join([
         f"moe-fsm run: {model.describe()}",
         f"  running {count} layer(s) on {tokens} tokens, device {device}",
-        f"  platform: {platform.describe()}; libraries: {', '.join(sorted(l.value for l in platform.libraries)) or 'none'}",
+        f"  platform: {platform.describe()}; libraries: {', '.join(sorted(l.value for l in platform.libraries)) or 'none'}"
+        + (f" [not probed: MOE_FSM_PLATFORM={platform.probe_override}]" if platform.probe_override else ""),
         f"  backend request: {request.to_json()}; VLLM_* env set: {set_vars}",
         *extra,
         "",

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
+from typing import Mapping
 
 from moe_fsm.inputs.hashing import computed_once, hashed_once
 from moe_fsm.errors import InputError
@@ -61,6 +63,10 @@ class PlatformFacts:
     ``cpu_arch`` is vLLM's ``get_cpu_architecture()`` (x86, arm, powerpc; None:
     not known) and ``cpu_amx`` whether the cores have AMX tiles, which vLLM's
     x86 CPU MoE kernels need.
+
+    ``probe_override`` names the preset that ``MOE_FSM_PLATFORM`` put in place of
+    the probe (None: the facts were read off the machine, or given by the caller).
+    It is part of the record, so a trace says the machine did not decide them.
     """
 
     vendor: Vendor = Vendor.CPU
@@ -70,6 +76,7 @@ class PlatformFacts:
     libraries: frozenset[Library] = field(default_factory=frozenset)
     cpu_arch: str | None = None
     cpu_amx: bool = False
+    probe_override: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.vendor, Vendor):
@@ -94,6 +101,8 @@ class PlatformFacts:
             raise InputError(f"capability is a CUDA fact; vendor {self.vendor.value} has none")
         if self.cpu_arch is not None and self.cpu_arch not in CPU_ARCHES:
             raise InputError(f"cpu_arch {self.cpu_arch!r} is not one of {list(CPU_ARCHES)} (or None)")
+        if self.probe_override is not None and self.probe_override not in PRESETS:
+            raise InputError(f"probe_override {self.probe_override!r} is not a platform preset: {sorted(PRESETS)} (or None)")
         if (self.cpu_arch is not None or self.cpu_amx) and self.vendor is not Vendor.CPU:
             raise InputError(f"cpu_arch and cpu_amx are CPU facts; vendor {self.vendor.value} has neither")
         libs = set()
@@ -148,6 +157,7 @@ class PlatformFacts:
             "libraries": sorted(lib.value for lib in self.libraries),
             **({"cpu_arch": self.cpu_arch} if self.cpu_arch is not None else {}),
             **({"cpu_amx": True} if self.cpu_amx else {}),
+            **({"probe_override": self.probe_override} if self.probe_override is not None else {}),
         }
 
     @classmethod
@@ -246,8 +256,32 @@ def _importable(module: str, attribute: str | None) -> bool:
     return attribute is None or hasattr(mod, attribute)
 
 
+PLATFORM_OVERRIDE_VAR = "MOE_FSM_PLATFORM"
+
+
+def probe_override(environ: Mapping[str, str] = os.environ) -> PlatformFacts | None:
+    """The preset ``MOE_FSM_PLATFORM`` names in place of the probe, or None when it is unset, empty or "probe".
+
+    So a user can ask what a decision would be on another machine (``MOE_FSM_PLATFORM=cpu-x86``: an x86 CPU
+    without AMX tiles) and a test suite can run as that machine; the facts carry the preset's name.
+    """
+    name = environ.get(PLATFORM_OVERRIDE_VAR, "").strip()
+    if name in ("", "probe"):
+        return None
+    if name not in PRESETS:
+        raise InputError(f"{PLATFORM_OVERRIDE_VAR}={name!r} is not a platform preset; accepted: {sorted(PRESETS)}, "
+                         f"or 'probe' (or unset) to read this machine")
+    return replace(PRESETS[name], probe_override=name)
+
+
 def probe() -> PlatformFacts:
-    """Read the real machine: torch's device, then which kernel entry points import."""
+    """Read the real machine: torch's device, then which kernel entry points import.
+
+    ``MOE_FSM_PLATFORM=<preset>`` replaces the reading with that preset (``probe_override``).
+    """
+    override = probe_override()
+    if override is not None:
+        return override
     import torch
 
     libraries = {lib for lib, (module, attr) in _ENTRY_POINTS.items() if _importable(module, attr)}

@@ -63,10 +63,20 @@ def _rocm(*prefixes: str):
 
 
 def _cpu(arch: str, amx: bool = False) -> Condition:
-    """current_platform.get_cpu_architecture() and, for the x86 kernels, torch.cpu._is_amx_tile_supported()."""
-    return _device(f"a {arch} CPU" + (" with AMX tiles" if amx else ""),
-                   lambda ctx: ctx.platform.vendor is Vendor.CPU and ctx.platform.cpu_arch == arch
-                   and (ctx.platform.cpu_amx or not amx))
+    """current_platform.get_cpu_architecture() and, for the x86 kernels, torch.cpu._is_amx_tile_supported().
+
+    vLLM's message names only the device; where the architecture is right and the tiles are missing, the
+    reason says so, since that is what an operator on an AMD EPYC or a pre-Sapphire Rapids Xeon needs to read.
+    """
+    def fails(ctx) -> str:
+        text = f"kernel does not support current device {ctx.platform.describe()}"
+        if amx and ctx.platform.vendor is Vendor.CPU and ctx.platform.cpu_arch == arch:
+            text += ", which has no AMX tiles (torch.cpu._is_amx_tile_supported() is False)"
+        return text
+
+    return Condition(f"a {arch} CPU" + (" with AMX tiles" if amx else ""),
+                     lambda ctx: ctx.platform.vendor is Vendor.CPU and ctx.platform.cpu_arch == arch
+                     and (ctx.platform.cpu_amx or not amx), fails)
 
 
 def _mxfp8_activations(ctx) -> bool:
