@@ -3,7 +3,7 @@
 Each subcommand module exposes ``register(subparsers)``, which adds its parser
 and sets ``func`` to a handler returning the exit status. ``main`` never lets a
 user error out as a traceback: each documented error prints one line naming
-the problem and exits with its own status (EXIT_STATUSES).
+the problem and exits with its own status (``exit_codes.EXIT_STATUSES``).
 """
 
 from __future__ import annotations
@@ -12,21 +12,10 @@ import argparse
 import sys
 
 from moe_fsm import __version__
+from moe_fsm.cli.exit_codes import (
+    EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NO_BACKEND, EXIT_OK, EXIT_STATUSES, EXIT_WRITE_FAILED,
+)
 from moe_fsm.errors import BackendUnavailableError, MoeFsmError, SelectionError, TraceWriteError
-
-EXIT_OK = 0
-EXIT_DIFFERS = 1  # a check found a difference (replay, golden, diagram --check) or run's layers are off tolerance
-EXIT_BAD_INPUT = 2  # a flag, a file, an env value or a name is malformed (argparse's usage errors too)
-EXIT_NO_BACKEND = 3  # the selection failed, or the selected kernel cannot be built here
-EXIT_WRITE_FAILED = 4  # a trace or the run manifest could not be written
-EXIT_INTERRUPTED = 130
-EXIT_STATUSES = """exit status:
-  0    success (a decision was made, a check found no difference)
-  1    a check found a difference: replay, golden --check, diagram --check; run: a layer off tolerance
-  2    bad input: a flag, a file, an environment value or a name is malformed
-  3    no backend: the selection failed (its trace is still written), or the kernel cannot be built here
-  4    a trace or the run manifest could not be written
-  130  interrupted (Ctrl-C); run --nproc: 124 past its timeout, 128+N on signal N, else a failed rank's status"""
 
 
 def build_parser() -> argparse.ArgumentParser:

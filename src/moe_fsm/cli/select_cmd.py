@@ -7,7 +7,7 @@ from pathlib import Path
 
 from moe_fsm.cli import render
 from moe_fsm.cli.inputs import add_input_arguments, inputs_from_args
-from moe_fsm.cli.main import EXIT_NO_BACKEND
+from moe_fsm.cli.exit_codes import EXIT_NO_BACKEND
 from moe_fsm.cli.text import printable
 from moe_fsm.decision import decide
 from moe_fsm.errors import SelectionError
