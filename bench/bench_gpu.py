@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from moe_fsm.inputs.layer import MoELayer  # noqa: E402
 from moe_fsm.inputs.quant import QuantScheme  # noqa: E402
-from moe_fsm.kernels.grouped_mm import grouped_mm_eligibility, grouped_mm_moe  # noqa: E402
+from moe_fsm.backends.grouped_mm_eligibility import grouped_mm_eligibility  # noqa: E402
+from moe_fsm.kernels.grouped_mm import grouped_mm_moe  # noqa: E402
 from moe_fsm.modular.interfaces import ExpertScales, PreparedTokens  # noqa: E402
 
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moe_fsm.backends.grouped_mm_eligibility import MIN_TORCH, grouped_mm_eligibility
 from moe_fsm.backends.requirements import Format, Requirement
 from moe_fsm.backends.specs import BackendSpec, KernelSpec
 from moe_fsm.inputs.platform import Library, Vendor
@@ -33,8 +34,6 @@ class GroupedMMEligible(Requirement):
         return "torch grouped-GEMM eligibility: CUDA 9.0+, bf16 or row-wise FP8, torch._grouped_mm present"
 
     def failure(self, ctx) -> str | None:
-        from moe_fsm.kernels.grouped_mm import MIN_TORCH, grouped_mm_eligibility
-
         if ctx.platform.vendor is not Vendor.CUDA:
             return f"needs a cuda device, this is {ctx.platform.describe()}"
         if not ctx.platform.has(Library.TORCH_GROUPED_MM):

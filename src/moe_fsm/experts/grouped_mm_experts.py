@@ -14,7 +14,8 @@ import torch
 from moe_fsm.errors import KernelInputError
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.quant import QuantFamily
-from moe_fsm.kernels.grouped_mm import grouped_mm_eligibility, grouped_mm_moe
+from moe_fsm.backends.grouped_mm_eligibility import grouped_mm_eligibility
+from moe_fsm.kernels.grouped_mm import grouped_mm_moe
 from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales, Experts, PreparedTokens, WeightAndReduce
 
 __all__ = ["GroupedMMExperts", "grouped_mm_eligibility"]
