@@ -10,7 +10,8 @@ kinds of ``steps.py`` do not express, each kept as data here:
   and a refusal is the oracle's "nothing fits" error (W4A8);
 - a backend runs its support check with its own activation key, not the
   layer's (``BackendSpec.activation_key``), and the scan order puts the
-  variants matching the checkpoint's activation first (``ActivationOrder``);
+  variants matching the checkpoint's activation first (``ActivationOrder``,
+  in ``activation_order.py``, which the auto scan of ``steps.py`` shares);
 - an oracle refuses a platform outright before looking at any request
   (W4A8-INT8: CPU only).
 """
@@ -21,44 +22,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
-from moe_fsm.backends.specs import LAYER_ACTIVATION
 from moe_fsm.errors import BackendUnsupportedError
+from moe_fsm.fsm.activation_order import ActivationOrder, activation_key_text
 from moe_fsm.fsm.steps import Step, reasons
 from moe_fsm.inputs.request import AUTO
 
 if TYPE_CHECKING:
     from moe_fsm.backends.requirements import Requirement
-
-
-def _key_text(key) -> str:
-    return "none (16-bit)" if key is None else str(key)
-
-
-@dataclass(frozen=True)
-class ActivationOrder:
-    """vLLM's ``_filter_by_activation``: which backends a checkpoint's activation key may use, in what order.
-
-    With a requested key: the backends whose activation key equals it (and those
-    that take the layer's own key), then the 16-bit ones; without one: the 16-bit
-    ones if there are any, else the list unchanged.
-    """
-
-    def apply(self, run, backends: list[str]) -> list[str]:
-        wanted = run.ctx.layer.quant.activation
-        keys = {b: run.registry.spec(run.policy.family, b).activation_key for b in backends}
-        # a backend that takes the layer's key counts as 16-bit too (vLLM's _backend_activation_key says None)
-        sixteen_bit = [b for b in backends if keys[b] is None or keys[b] is LAYER_ACTIVATION]
-        if wanted is not None:
-            matching = [b for b in backends if keys[b] == wanted or keys[b] is LAYER_ACTIVATION]
-            ordered = matching + [b for b in sixteen_bit if b not in matching]
-        else:
-            ordered = sixteen_bit or list(backends)
-        if ordered != list(backends) and run.rec.enabled:
-            dropped = [b for b in backends if b not in ordered]
-            text = (f"activations {_key_text(wanted)} requested: " if wanted is not None else "no activation quantization "
-                    "requested: ") + ("matching variants first, then 16-bit ones" if wanted is not None else "16-bit variants only")
-            run.rec.emit("note", text=text + (f"; left out: {', '.join(dropped)}" if dropped else ""))
-        return ordered
 
 
 @dataclass(frozen=True)
@@ -117,7 +87,7 @@ class ExplicitAlternatives(Step):
         run.rec.emit("scan", candidates=candidates)
         if not candidates:
             raise BackendUnsupportedError(
-                f"moe_backend={name!r} does not support activation={_key_text(run.ctx.layer.quant.activation)}"
+                f"moe_backend={name!r} does not support activation={activation_key_text(run.ctx.layer.quant.activation)}"
             )
         rejected = []
         for backend in candidates:

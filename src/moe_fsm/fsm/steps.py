@@ -17,14 +17,13 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
 from moe_fsm.errors import BackendUnsupportedError, NoBackendError
+from moe_fsm.fsm.activation_order import ActivationOrder
 from moe_fsm.inputs.formats import ActivationFormat
 from moe_fsm.inputs.platform import Vendor
 from moe_fsm.inputs.request import AUTO
 
 if TYPE_CHECKING:
     from moe_fsm.backends.requirements import Requirement
-    from moe_fsm.fsm.candidate_steps import ActivationOrder
-    from moe_fsm.fsm.decide import DecisionRun
 
 FI_CUTLASS, FI_TRTLLM, FI_CUTEDSL = "CUTLASS", "TENSORRT_LLM", "CUTEDSL"
 
@@ -34,14 +33,17 @@ class Step:
     """Base of the step kinds; ``name`` is the state's name (unique within a policy).
 
     Steps compare and hash by identity: a step is one state of one policy's machine.
+    ``run``, in every method, is the decision in progress (``fsm/decide.py``'s
+    ``DecisionRun``); it drives the steps, so it sits above them and is named
+    here only in words.
     """
 
     name: str
 
-    def guard(self, run: "DecisionRun") -> bool:
+    def guard(self, run) -> bool:
         raise NotImplementedError
 
-    def act(self, run: "DecisionRun") -> None:
+    def act(self, run) -> None:
         raise NotImplementedError
 
     def guard_text(self) -> str:
@@ -287,7 +289,7 @@ class AutoScan(Step):
     MXFP4 on XPU), whose refusal is then the error.
     """
 
-    activation_order: "ActivationOrder | None" = None
+    activation_order: ActivationOrder | None = None
     last_resort: Mapping[Vendor, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def guard(self, run) -> bool:

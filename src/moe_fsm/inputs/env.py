@@ -111,11 +111,26 @@ class EnvRegistry:
         return reader
 
 
+def _no_profiles() -> Mapping[str, EnvVar]:
+    raise RuntimeError("no policy profiles are loaded: import moe_fsm (its profiles say which variables exist)")
+
+
+_known_source: Callable[[], Mapping[str, EnvVar]] = _no_profiles
+
+
+def read_known_from(source: Callable[[], Mapping[str, EnvVar]]) -> None:
+    """Where :func:`known_env_vars` comes from: ``moe_fsm.profiles`` hands in its union when it loads.
+
+    The profiles sit above the inputs (they are made of env registries), so the
+    inputs are given the union instead of importing it.
+    """
+    global _known_source
+    _known_source = source
+
+
 def known_env_vars() -> Mapping[str, EnvVar]:
     """Every variable some registered policy profile reads (a later profile's definition wins)."""
-    from moe_fsm.profiles import known_env_vars as union
-
-    return union()
+    return _known_source()
 
 
 def __getattr__(name: str):

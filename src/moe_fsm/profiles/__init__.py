@@ -19,6 +19,7 @@ from importlib import metadata
 from typing import Mapping
 
 from moe_fsm.errors import InputError
+from moe_fsm.inputs.env import read_known_from
 from moe_fsm.profiles.profile import Profile
 
 SEEDS = "seeds"
@@ -94,6 +95,9 @@ def known_env_vars() -> Mapping:
     for profile in sorted(profiles().values(), key=_age):
         union.update(profile.env.variables)
     return union
+
+
+read_known_from(known_env_vars)
 
 
 def _age(profile: Profile) -> tuple:
