@@ -23,6 +23,7 @@ from moe_fsm.decision import select  # noqa: E402
 from moe_fsm.inputs.layer import MoELayer  # noqa: E402
 from moe_fsm.kernels.triton_moe import fused_experts  # noqa: E402
 from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, make_weights, routings  # noqa: E402
+from moe_fsm.runtime import build  # noqa: E402
 
 
 def per_call_us(fn, n: int = 2000) -> float:
@@ -44,7 +45,7 @@ def main() -> None:
     x = torch.randn(1, shape.hidden, device="cuda", dtype=torch.bfloat16)
     layer = MoELayer(num_experts=shape.num_experts, top_k=shape.top_k, hidden_size=shape.hidden,
                      intermediate_size=shape.intermediate, dtype="bfloat16")
-    kernel = select(layer, backend="triton").build()
+    kernel = build(select(layer, backend="triton"))
     print(f"fused_experts host us/call: {per_call_us(lambda: fused_experts(x, w1, w2, g, ids)):.1f}")
     print(f"modular kernel host us/call: {per_call_us(lambda: kernel(x, w1, w2, g, ids)):.1f}")
     profile = cProfile.Profile()

@@ -153,7 +153,7 @@ def moe_fsm_inputs(scenario: dict):
     from dataclasses import replace
 
     from moe_fsm import profiles
-    from moe_fsm.cli.inputs import inputs_from_spec
+    from moe_fsm.decision import inputs_from_spec
 
     spec = {k: scenario[k] for k in ("layer", "parallel", "backend", "env", "platform") if k in scenario}
     spec.setdefault("env", {})

@@ -4,7 +4,6 @@ __version__ = "0.1.0"
 
 from moe_fsm.decision import Decision, DecisionInputs, decide, make_inputs, replay, select
 from moe_fsm.engine.engine import Engine, LoadedLayer
-from moe_fsm.engine.presets import LayerSpec
 from moe_fsm.errors import (
     BackendUnavailableError, BackendUnsupportedError, InputError, MoeFsmError, NoBackendError, SelectionError,
     TraceWriteError,
@@ -15,10 +14,12 @@ from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts, preset, probe
 from moe_fsm.inputs.quant import QuantFamily, QuantScheme
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.plan.decider import LayerSpec
+from moe_fsm.runtime import build
 
 __all__ = [
     "Activation", "AllToAllKind", "BackendRequest", "BackendUnavailableError", "BackendUnsupportedError", "Decision",
     "DecisionInputs", "Engine", "EnvSnapshot", "InputError", "LayerSpec", "LoadedLayer", "MoELayer", "MoeFsmError", "NoBackendError", "ParallelConfig",
     "PlatformFacts", "QuantFamily", "QuantScheme", "SelectionError", "decide", "make_inputs", "preset", "probe",
-    "replay", "select", "TraceWriteError",
+    "replay", "select", "TraceWriteError", "build",
 ]

@@ -1,10 +1,10 @@
-"""The public entry point: decide a layer's backend, get a trace, build the kernel.
+"""The public entry point: decide a layer's backend and get a trace.
 
 ``select`` is what an engine calls once per MoE layer at model load. It runs
-the state machine on frozen inputs and returns a ``Decision`` (outcome + trace)
-or raises one of the documented selection errors, carrying the trace, after
-writing it where asked. ``Decision.build`` is the terminal state's side effect:
-it instantiates the experts and prepare/finalize objects as one modular kernel.
+the state machine on frozen inputs and returns a ``Decision`` (outcome + trace
++ what moe-fsm can build of it) or raises one of the documented selection
+errors, carrying the trace, after writing it where asked. Building the kernel
+is the runtime's: ``moe_fsm.runtime.build(decision)``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
-from typing import Mapping, Union
+from typing import Any, Mapping, Union
 
 from moe_fsm.inputs.hashing import computed_once, hashed_once
 from moe_fsm import profiles
@@ -22,15 +21,16 @@ from moe_fsm.backends.build_plan import BuildPlan, plan_build
 from moe_fsm.backends.pf_choice import forget_choices
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.verdict import SupportContext
-from moe_fsm.errors import BackendUnavailableError, InputError, NoPolicyError, SelectionError, TraceWriteError
+from moe_fsm.errors import InputError, NoPolicyError, SelectionError, TraceWriteError
 from moe_fsm.fsm.decide import DecisionRun
 from moe_fsm.fsm.policy import FAILED, START
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
-from moe_fsm.inputs.platform import PlatformFacts, probe
+from moe_fsm.inputs.platform import PlatformFacts, probed_platform
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.inputs.formats import ActivationFormat
+from moe_fsm.inputs.spec import SECTIONS, env_from_spec, layer_from_spec, parallel_from_spec, platform_from_spec
 from moe_fsm.profiles import ProfileChoice
 from moe_fsm.trace import document as trace_doc
 from moe_fsm.trace.recorder import Recorder
@@ -121,21 +121,6 @@ class Decision:
         """The kernel spec moe-fsm will instantiate: the decided kernel, a named substitute, or None."""
         return self.plan.experts
 
-    def build(self, registry: Registry | None = None):
-        """Instantiate the experts and prepare/finalize pair as one modular kernel (torch from here on)."""
-        from moe_fsm.modular.kernel import ModularKernel
-        from moe_fsm.prepare_finalize.choice import build_prepare_finalize
-
-        registry = registry or default_registry(self.inputs.profile.name)
-        if self.plan.experts is None:
-            raise BackendUnavailableError(self.plan.because)
-        experts = registry.implementation(self.plan.experts)(self.inputs.layer)
-        prepare_finalize = build_prepare_finalize(
-            self.prepare_finalize, self.inputs.parallel, num_experts=self.inputs.layer.num_experts,
-            quant=self.inputs.layer.quant,
-        )
-        return ModularKernel(prepare_finalize, experts, self.inputs.layer)
-
 
 def _profiles_with(family) -> str:
     """Where the family can be decided: the profiles that have its policy (choose one with policy= / --policy)."""
@@ -153,11 +138,6 @@ class _PolicyLess:
     @property
     def path(self) -> list[str]:
         return [START, FAILED]
-
-
-@lru_cache(maxsize=1)
-def probed_platform() -> PlatformFacts:
-    return probe()
 
 
 def make_inputs(
@@ -193,6 +173,37 @@ def make_inputs(
         platform=platform or probed_platform(),
         profile=profiles.choose(policy),
     )
+
+
+def inputs_from_spec(spec: Mapping[str, Any]) -> DecisionInputs:
+    """A spec mapping (the spec language of ``moe_fsm.inputs.spec``) to DecisionInputs.
+
+    ``env`` None means the process environment; a missing ``env`` means none set.
+    """
+    unknown = sorted(set(spec) - set(SECTIONS))
+    if unknown:
+        raise InputError(f"unknown input section(s) {unknown}; accepted: {list(SECTIONS)}")
+    if "backend" in spec and "request" in spec:
+        raise InputError("give the backend request as 'backend' or 'request', not both")
+    if "policy" in spec and "profile" in spec:
+        raise InputError("give the policy profile as 'policy' (a name) or 'profile' (a trace's table), not both")
+    layer = spec.get("layer")
+    if not isinstance(layer, MoELayer):
+        layer = layer_from_spec(layer or {})
+    parallel = spec.get("parallel")
+    if not isinstance(parallel, ParallelConfig):
+        parallel = parallel_from_spec(parallel or {})
+    request = BackendRequest.parse(spec.get("backend", spec.get("request")))
+    env = env_from_spec(spec.get("env", {}))
+    platform = platform_from_spec(spec.get("platform", "probe"))
+    if "profile" in spec:
+        choice = profiles.ProfileChoice.from_json(spec["profile"])
+    else:
+        policy = spec.get("policy")
+        if policy is not None and not isinstance(policy, str):
+            raise InputError(f"policy must be a profile name ({profiles.names()}) or 'default', got {policy!r}")
+        choice = profiles.choose(policy)
+    return DecisionInputs(layer=layer, parallel=parallel, request=request, env=env, platform=platform, profile=choice)
 
 
 def forget_input_caches() -> None:

@@ -1,7 +1,7 @@
 """Golden decision traces: per policy profile, a scenario matrix and its recorded canonical traces.
 
 ``traces/<profile>/scenarios/*.toml`` list named scenarios (``[[scenario]]``
-tables with the input spec of :mod:`moe_fsm.cli.inputs`, an ``about`` line and
+tables with the input spec of :mod:`moe_fsm.inputs.spec`, an ``about`` line and
 an ``expect`` written from that profile's source -- the seed functions, vLLM
 0.33.0's oracles -- not from our output); several files let several people add
 families without conflicts. ``traces/<profile>/golden/<name>.json`` holds each
@@ -26,7 +26,7 @@ from importlib.metadata import entry_points
 
 from moe_fsm import profiles
 from moe_fsm.backends.registry import ENTRY_POINT_GROUP, Registry
-from moe_fsm.decision import DecisionInputs, decide
+from moe_fsm.decision import DecisionInputs, decide, inputs_from_spec
 from moe_fsm.errors import InputError, SelectionError
 from moe_fsm.trace import document as trace_doc
 
@@ -51,8 +51,6 @@ class Scenario:
     expect_runs: str | None = None  # the kernel moe-fsm builds for it here (build.experts)
 
     def inputs(self) -> DecisionInputs:
-        from moe_fsm.cli.inputs import inputs_from_spec
-
         spec = dict(self.spec)
         spec.setdefault("env", {})  # never the process environment
         if "platform" not in spec:

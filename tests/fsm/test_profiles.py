@@ -17,6 +17,7 @@ from moe_fsm.inputs.env import EnvRegistry
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.platform import preset
 from moe_fsm.inputs.quant import QuantFamily, QuantScheme
+from moe_fsm.runtime import build
 from moe_fsm.trace.document import canonical
 
 SEEDS = profiles.get("seeds")
@@ -148,7 +149,7 @@ def test_build_is_judged_apart_from_the_decision():
         assert decision.trace["build"]["experts"] == "TritonExperts"
         assert not decision.trace["build"]["prepare_finalize_buildable"]
         with pytest.raises(BackendUnavailableError, match="tp_size=1"):
-            decision.build()
+            build(decision)
 
 
 def test_a_kernel_moe_fsm_lacks_runs_as_its_named_substitute():
@@ -157,7 +158,7 @@ def test_a_kernel_moe_fsm_lacks_runs_as_its_named_substitute():
                       policy="vllm-0.33")
     assert (decision.backend, decision.kernel) == ("EMULATION", "Nvfp4QuantizationEmulationTritonExperts")
     assert decision.trace["build"]["how"] == "substitute" and decision.runner == "TorchExperts"
-    assert type(decision.build().experts).__name__ == "TorchExperts"
+    assert type(build(decision).experts).__name__ == "TorchExperts"
     with pytest.raises(Exception, match="LoRA"):
         select(MoELayer(quant=QuantScheme.nvfp4(), lora=True), backend="emulation", env={}, platform=preset("sm90-bare"),
                policy="vllm-0.33")

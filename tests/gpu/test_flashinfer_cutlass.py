@@ -22,6 +22,7 @@ from moe_fsm.inputs.layer import MoELayer  # noqa: E402
 from moe_fsm.inputs.quant import QuantScheme  # noqa: E402
 from moe_fsm.kernels import fp8  # noqa: E402
 from moe_fsm.modular.interfaces import ExpertScales  # noqa: E402
+from moe_fsm.runtime import build  # noqa: E402
 
 from .moe_gpu_cases import (  # noqa: E402
     MIXTRAL_8X7B,
@@ -105,7 +106,7 @@ def test_select_build_run_goes_through_flashinfer():
     if decision.backend != "FLASHINFER_CUTLASS":
         pytest.skip(f"this GPU's decision is {decision.backend}, not FLASHINFER_CUTLASS")
     try:
-        kernel = decision.build()
+        kernel = build(decision)
     except BackendUnavailableError as err:
         pytest.skip(f"FlashInfer CUTLASS MoE module unavailable here: {err}")
     assert type(kernel.experts).__name__ == "FlashInferCutlassExperts"

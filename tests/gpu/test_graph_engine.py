@@ -22,6 +22,7 @@ from moe_fsm.inputs.layer import MoELayer  # noqa: E402
 from moe_fsm.inputs.quant import QuantScheme  # noqa: E402
 from moe_fsm.kernels.triton_moe import Fp8Spec, GemmConfig, MoEConfig, fused_experts  # noqa: E402
 from moe_fsm.modular.interfaces import ExpertScales  # noqa: E402
+from moe_fsm.runtime import build  # noqa: E402
 
 from .moe_gpu_cases import (  # noqa: E402
     DEEPSEEK_V3,
@@ -48,7 +49,7 @@ def test_built_kernel_captures_and_replays_new_routings(num_tokens, quant, monke
     layer = MoELayer(quant=scheme, num_experts=shape.num_experts, top_k=shape.top_k, hidden_size=shape.hidden,
                      intermediate_size=shape.intermediate, dtype="bfloat16")
     decision = select(layer, backend="triton")
-    kernel = decision.build()
+    kernel = build(decision)
     if quant == "bf16":
         w1, w2 = float_weights(shape)
         scales, deq, tol = ExpertScales(), None, BF16_TOL
@@ -83,7 +84,7 @@ def test_debug_mode_still_refuses_bad_ids_on_gpu(monkeypatch):
     shape = QWEN3_30B
     layer = MoELayer(num_experts=shape.num_experts, top_k=shape.top_k, hidden_size=shape.hidden,
                      intermediate_size=shape.intermediate, dtype="bfloat16")
-    kernel = select(layer, backend="triton").build()
+    kernel = build(select(layer, backend="triton"))
     w1, w2 = float_weights(shape)
     x = hidden_states(4, shape.hidden, torch.bfloat16, seed=24)
     g, ids = routing(4, shape.num_experts, shape.top_k, seed=24)

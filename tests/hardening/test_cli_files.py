@@ -136,8 +136,7 @@ def test_long_layer_names(tmp_path, capsys):
     name = "model." + "x" * 300 + ".experts"
     code, _, err = run(capsys, *SELECT, "--layer-name", name, "--trace-out", str(tmp_path / f"{name}.json"))
     assert code == 4 and "File name too long" in err and "(the file name has 319 characters)" in err
-    from moe_fsm.engine.engine import trace_file_name
-    from moe_fsm.engine.presets import LayerSpec
+    from moe_fsm.plan.decider import LayerSpec, trace_file_name
 
     short = trace_file_name(3, LayerSpec(name, MoELayer()))
     assert len(short) < 140 and short.startswith("layer003-model.xxx")

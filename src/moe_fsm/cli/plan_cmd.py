@@ -1,7 +1,7 @@
 """`moe-fsm plan CONFIG`: which backend every MoE layer of a checkpoint gets, from its config.json alone.
 
 No weights, no network, no torch: the config's shapes and quantization_config
-give each MoE layer's spec, the engine decides it for the chosen platform,
+give each MoE layer's spec, the per-layer decider decides it for the chosen platform,
 parallel layout and backend request, and the table groups layers by decision.
 Exit 0 when every MoE layer has a decision, 1 when some layer could not be
 mapped or its selection failed (each is a row with its reason and, for a failed
@@ -78,7 +78,7 @@ def run(args) -> int:
 def plan_lines(plan) -> list[str]:
     from moe_fsm.plan.plan import layer_ranges
 
-    m, g, engine = plan.model, plan.model.geometry, plan.engine
+    m, g, decider = plan.model, plan.model.geometry, plan.decider
     quant = (m.quantization or {}).get("quant_method", "none")
     shared = f", {g.shared_experts} shared expert(s) (dense, not decided here)" if g.shared_experts else ""
     lines = [
@@ -87,10 +87,10 @@ def plan_lines(plan) -> list[str]:
         f"top-{g.top_k}, hidden {g.hidden_size}, expert intermediate {g.intermediate_size}, {g.activation.value}"
         f"{f' (limit {g.swiglu_limit})' if g.swiglu_limit else ''}, {g.dtype}{shared}",
         f"  quantization_config: {quant}",
-        f"  platform: {render.platform_text(engine.platform.to_json())}",
-        f"  parallel: {render.parallel_text(engine.parallel.to_json())}",
-        f"  policy profile: {engine.profile.name} ({engine.profile.reason})",
-        f"  backend request: {engine.request.to_json()}; env: {render.env_text(dict(engine.env.raw))}",
+        f"  platform: {render.platform_text(decider.platform.to_json())}",
+        f"  parallel: {render.parallel_text(decider.parallel.to_json())}",
+        f"  policy profile: {decider.profile.name} ({decider.profile.reason})",
+        f"  backend request: {decider.request.to_json()}; env: {render.env_text(dict(decider.env.raw))}",
         "",
     ]
     groups = plan.groups()
@@ -109,7 +109,7 @@ def plan_lines(plan) -> list[str]:
                           getattr(r.quant, "source", None) or r.quant.reason, r.trace_path.name if r.trace_path else "-"))
     lines += _table(header, table)
     lines.append("")
-    lines.append(f"traces: {engine.trace_dir}/ (one JSON per decided or failed layer; `moe-fsm explain <file>` tells its story)")
+    lines.append(f"traces: {decider.trace_dir}/ (one JSON per decided or failed layer; `moe-fsm explain <file>` tells its story)")
     return lines
 
 
@@ -117,10 +117,10 @@ def plan_json(plan) -> dict:
     return {
         "config": str(plan.model.path),
         "architecture": plan.model.architecture,
-        "platform": plan.engine.platform.to_json(),
-        "parallel": plan.engine.parallel.to_json(),
-        "request": plan.engine.request.to_json(),
-        "profile": plan.engine.profile.to_json(),
+        "platform": plan.decider.platform.to_json(),
+        "parallel": plan.decider.parallel.to_json(),
+        "request": plan.decider.request.to_json(),
+        "profile": plan.decider.profile.to_json(),
         "layers": [
             {
                 "index": r.index,

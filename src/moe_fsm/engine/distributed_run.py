@@ -25,12 +25,13 @@ from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.distributed.group import distributed
 from moe_fsm.distributed.launch import launch
 from moe_fsm.distributed.sharding import shard_experts
-from moe_fsm.engine.engine import Engine, route, trace_file_name
+from moe_fsm.engine.engine import Engine, route
 from moe_fsm.engine.manifest import write_manifest
 from moe_fsm.engine.report import make_progress, render_check_mode, render_header, render_results
 from moe_fsm.engine.run import KernelTimer, RunOptions, WeightBank, rms_norm, run_layer
 from moe_fsm.experts.torch_experts import torch_dtype
 from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.plan.decider import trace_file_name
 from moe_fsm.trace.document import remove_stale_temp_files
 
 

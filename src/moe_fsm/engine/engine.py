@@ -1,37 +1,31 @@
 """The per-layer engine: decide every layer at load, build each kernel once, run forward.
 
-This is how an inference engine uses moe-fsm. Layers that share their inputs
-(scheme, shapes, parallel config, request, env, platform) share one decision
-and one kernel: a 61-layer model with one quant scheme runs the machine once.
-Every layer still gets its own trace file, named after the layer, written
-atomically; a layer whose selection fails writes its trace first and the error
-names the layer and the file.
+This is how an inference engine uses moe-fsm. Deciding is the core's
+(``moe_fsm.plan.decider.LayerDecider``: identical layers share one decision,
+every layer writes its own trace); the engine adds the build, one kernel per
+distinct decision (``moe_fsm.runtime.build``), so a 61-layer model with one
+quant scheme runs the machine once and builds one kernel.
 
-Importing this module needs no torch (``moe-fsm plan`` decides with
-``build=False``); torch comes in when a kernel is built or routing runs.
+Importing this module needs no torch; torch comes in when a kernel is built or routing runs.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Union
 
-from moe_fsm.backends.registry import Registry, default_registry
-from moe_fsm.decision import Decision, DecisionInputs, decide, make_inputs
-from moe_fsm.engine.presets import LayerSpec
-from moe_fsm.errors import BackendUnavailableError, SelectionError, TraceWriteError
+from moe_fsm import runtime
+from moe_fsm.backends.registry import Registry
+from moe_fsm.decision import Decision, DecisionInputs
+from moe_fsm.errors import BackendUnavailableError
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.plan.decider import DEFAULT_TRACE_DIR, LayerDecider, LayerSpec
 from moe_fsm.profiles import ProfileChoice
-from moe_fsm.trace import document as trace_doc
-
-DEFAULT_TRACE_DIR = Path(trace_doc.DEFAULT_TRACE_DIR)
 
 
 @dataclass
@@ -43,27 +37,13 @@ class LoadedLayer:
     cached: bool
 
 
-SLUG_MAX = 120  # file names stay well under the 255 bytes file systems allow
-
-
-def trace_file_name(index: int, spec: LayerSpec, rank: Optional[int] = None) -> str:
-    """``layer003-model.layers.3.mlp.experts.json``; a long name is cut and keeps a hash of the whole."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.name)
-    if len(slug) > SLUG_MAX:
-        slug = f"{slug[:SLUG_MAX - 13]}-{hashlib.sha256(spec.name.encode()).hexdigest()[:12]}"
-    suffix = f".rank{rank}" if rank is not None else ""
-    return f"layer{index:03d}-{slug}{suffix}.json"
-
-
-class Engine:
+class Engine(LayerDecider):
     """Selects and builds the kernel of every layer of a model (``build=False``: select only, for what-ifs).
 
     Two ways in: the layers up front (``Engine(specs, ...).load()``), or one at a
     time as a model loads (``engine.load_layer("model.layers.3.mlp.experts", layer)``).
     Either way decisions are cached by ``DecisionInputs`` and every layer writes its
-    own trace. Unset arguments get an engine's defaults: no parallelism, ``auto``,
-    the process env, the probed platform, the default policy profile (``policy=``
-    names one: "seeds", "vllm-0.33", ...).
+    own trace. Unset arguments get an engine's defaults (see ``LayerDecider``).
     """
 
     def __init__(
@@ -80,19 +60,10 @@ class Engine:
         build: bool = True,
         policy: Union[str, ProfileChoice, None] = None,
     ) -> None:
-        defaults = make_inputs(MoELayer(), parallel, request, env, platform, policy)  # select()'s defaults, one layer aside
+        super().__init__(parallel=parallel, request=request, env=env, platform=platform, trace_dir=trace_dir,
+                         rank=rank, registry=registry, policy=policy)
         self.layers = list(layers or [])
-        self.parallel = defaults.parallel
-        self.request = defaults.request
-        self.env = defaults.env
-        self.platform = defaults.platform
-        self.profile = defaults.profile
-        self.trace_dir = Path(trace_dir)
-        self.rank = rank
-        self.registry = registry or default_registry(self.profile.name)
         self.build = build
-        self.loaded: list[LoadedLayer] = []
-        self._decisions: dict[DecisionInputs, Decision] = {}
         self._kernels: dict[DecisionInputs, object] = {}
         self.loaded: list[LoadedLayer] = []
 
@@ -110,33 +81,11 @@ class Engine:
         """Decide (or reuse the decision of an identical layer) and build one more layer; writes its trace."""
         return self._load_layer(len(self.loaded), LayerSpec(name, layer))
 
-    def inputs_for(self, layer: MoELayer) -> DecisionInputs:
-        """The cache key of a layer under this engine's parallel config, request, env and platform."""
-        return DecisionInputs(layer, self.parallel, self.request, self.env, self.platform, self.profile)
-
     def _load_layer(self, index: int, spec: LayerSpec) -> LoadedLayer:
-        inputs = self.inputs_for(spec.layer)
-        path = self.trace_dir / trace_file_name(index, spec, self.rank)
-        cached = inputs in self._decisions
-        if not cached:
-            try:
-                self._decisions[inputs] = decide(inputs, registry=self.registry, layer_name=spec.name, trace_path=path)
-            except TraceWriteError as err:
-                raise TraceWriteError(f"layer {index} ({spec.name}): {err}") from None
-            except SelectionError as err:
-                named = type(err)(f"layer {index} ({spec.name}): {err.message} [trace: {err.trace_path}]", trace=err.trace)
-                named.trace_path = err.trace_path
-                raise named from err
-            self._kernels[inputs] = self._build(index, spec, self._decisions[inputs])
-        decision = self._decisions[inputs]
-        if cached:
-            document = {**decision.trace, "layer_name": spec.name}
-            try:
-                trace_doc.write_atomic(path, trace_doc.dumps(document))
-            except TraceWriteError as err:
-                raise TraceWriteError(f"layer {index} ({spec.name}): the decision trace was not written: {err}") from None
-            decision = replace(decision, trace=document)
-        loaded = LoadedLayer(spec, decision, self._kernels[inputs], path, cached)
+        decided = self.decide_layer(index, spec)
+        if not decided.cached:
+            self._kernels[decided.inputs] = self._build(index, spec, decided.decision)
+        loaded = LoadedLayer(spec, decided.decision, self._kernels[decided.inputs], decided.trace_path, decided.cached)
         self.loaded.append(loaded)
         return loaded
 
@@ -144,13 +93,9 @@ class Engine:
         if not self.build:
             return None
         try:
-            return decision.build(self.registry)
+            return runtime.build(decision, self.registry)
         except BackendUnavailableError as err:
             raise BackendUnavailableError(f"layer {index} ({spec.name}): {err}") from err
-
-    @property
-    def distinct_decisions(self) -> int:
-        return len(self._decisions)
 
 
 def route(hidden, router, top_k: int):

@@ -13,12 +13,7 @@ from dataclasses import dataclass
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.quant import QuantScheme
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    name: str
-    layer: MoELayer
+from moe_fsm.plan.decider import LayerSpec
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import importlib.util
 import os
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
+from functools import lru_cache
 from typing import Mapping
 
 from moe_fsm.inputs.hashing import computed_once, hashed_once
@@ -301,6 +302,12 @@ def probe() -> PlatformFacts:
     if hasattr(torch, "xpu") and torch.xpu.is_available():
         return PlatformFacts(Vendor.XPU, None, None, torch.xpu.get_device_name(0), frozenset(libraries))
     return PlatformFacts(Vendor.CPU, None, None, "cpu", frozenset(libraries), _cpu_arch(), _cpu_amx(torch))
+
+
+@lru_cache(maxsize=1)
+def probed_platform() -> PlatformFacts:
+    """``probe()`` once per process: what ``platform=None`` and ``--platform probe`` stand for."""
+    return probe()
 
 
 def _has_torch_op(torch, namespace: str, name: str) -> bool:

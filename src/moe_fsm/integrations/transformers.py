@@ -53,6 +53,7 @@ from moe_fsm.inputs.platform import PlatformFacts, Vendor
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.plan.model_config import ACTIVATIONS
 from moe_fsm.profiles import ProfileChoice
+from moe_fsm.runtime import build
 
 IMPLEMENTATION = "moe_fsm"
 
@@ -249,7 +250,7 @@ def build_kernel(decision, layer: MoELayer, engine: Engine) -> tuple[object, Opt
     """The decided kernel; where moe-fsm cannot build it here (a kernel it only models, a dtype its
     implementation lacks), the torch experts of the same layer, with the reason."""
     try:
-        return decision.build(engine.registry), None
+        return build(decision, engine.registry), None
     except (BackendUnavailableError, KernelInputError) as err:
         return torch_kernel(layer), f"{decision.kernel or decision.backend} cannot be built here ({err})"
 

@@ -1,7 +1,7 @@
 """Plan a deployment from a checkpoint's config.json: every MoE layer's spec and decision, before any weight loads.
 
-The per-layer engine decides (``build=False``: nothing is built, no torch), so
-identical layers share one decision and every layer still writes its own trace.
+The core's per-layer decider (``decider.py``) decides: nothing is built, no
+torch; identical layers share one decision and every layer still writes its own trace.
 A layer whose quantization moe-fsm cannot map, or whose selection fails, is a
 row of the plan with its reason, never a missing one.
 """
@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Mapping, Optional, Union
 
 from moe_fsm.decision import Decision
-from moe_fsm.engine.engine import DEFAULT_TRACE_DIR, Engine
 from moe_fsm.errors import InputError, SelectionError
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.plan.decider import DEFAULT_TRACE_DIR, LayerDecider, LayerSpec
 from moe_fsm.plan.model_config import ModelConfig, read_model_config
 from moe_fsm.plan.quant_config import LayerQuant, Mapped, layer_quant
 from moe_fsm.profiles import ProfileChoice
@@ -58,7 +58,7 @@ class PlannedLayer:
 class Plan:
     model: ModelConfig
     layers: list[PlannedLayer]
-    engine: Engine
+    decider: LayerDecider  # the parallel config, request, env, platform and profile it decided under
 
     def groups(self) -> list[tuple[tuple[str, str], list[PlannedLayer]]]:
         """Layers by distinct (scheme, outcome), in order of first appearance."""
@@ -84,13 +84,16 @@ def plan_model(
 ) -> Plan:
     """Read the config, derive each MoE layer's MoELayer, decide it; one row (and trace) per layer."""
     model = read_model_config(config_path)
-    engine = Engine(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir, build=False,
-                    policy=policy)
-    rows = [_plan_layer(engine, model, index) for index in model.moe_layers]
-    return Plan(model, rows, engine)
+    decider = LayerDecider(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir,
+                           policy=policy)
+    rows: list[PlannedLayer] = []
+    for index in model.moe_layers:
+        decided = sum(row.decision is not None for row in rows)  # trace files are numbered by decided layers
+        rows.append(_plan_layer(decider, model, index, decided))
+    return Plan(model, rows, decider)
 
 
-def _plan_layer(engine: Engine, model: ModelConfig, index: int) -> PlannedLayer:
+def _plan_layer(decider: LayerDecider, model: ModelConfig, index: int, trace_number: int) -> PlannedLayer:
     name = model.experts_module(index)
     quant = layer_quant(model.quantization, name)
     if not isinstance(quant, Mapped):
@@ -105,12 +108,12 @@ def _plan_layer(engine: Engine, model: ModelConfig, index: int) -> PlannedLayer:
     except InputError as err:
         return PlannedLayer(index, name, quant, error=f"InputError: {err}")
     try:
-        loaded = engine.load_layer(name, layer)
+        decided = decider.decide_layer(trace_number, LayerSpec(name, layer))
     except SelectionError as err:
         cause = err.__cause__ if isinstance(err.__cause__, SelectionError) else err
         return PlannedLayer(index, name, quant, layer, error=f"{type(cause).__name__}: {cause.message}",
                             trace_path=Path(err.trace_path) if err.trace_path else None)
-    return PlannedLayer(index, name, quant, layer, loaded.decision, trace_path=loaded.trace_path)
+    return PlannedLayer(index, name, quant, layer, decided.decision, trace_path=decided.trace_path)
 
 
 def layer_ranges(indices: list[int]) -> str:

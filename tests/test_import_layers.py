@@ -1,0 +1,142 @@
+"""The house reads one way: the decision core imports nothing of the runtime or the commands, its layers
+import only downwards, and no module of ``src/moe_fsm`` takes part in an import circle.
+
+Every import statement counts, wherever it stands: module level, inside a function (a lazy import) or
+under ``if TYPE_CHECKING:``. docs/architecture.md draws the same picture.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# The decision core, bottom to top: each layer imports only from its own layer and the ones below.
+CORE_LAYERS = (
+    ("moe_fsm.errors",),
+    ("moe_fsm.inputs", "moe_fsm.trace"),
+    ("moe_fsm.backends.requirements", "moe_fsm.backends.specs", "moe_fsm.backends.verdict",
+     "moe_fsm.backends.pf_choice", "moe_fsm.backends.build_plan", "moe_fsm.backends.grouped_mm_eligibility",
+     "moe_fsm.backends.extensions"),
+    ("moe_fsm.fsm.policy", "moe_fsm.fsm.activation_order", "moe_fsm.fsm.steps", "moe_fsm.fsm.candidate_steps"),
+    ("moe_fsm.profiles",),
+    ("moe_fsm.backends.registry", "moe_fsm.backends"),
+    ("moe_fsm.fsm.machine", "moe_fsm.fsm.decide", "moe_fsm.fsm"),
+    ("moe_fsm.decision",),
+    ("moe_fsm.plan", "moe_fsm.diff", "moe_fsm.golden"),
+)
+# The wings around it: what builds and runs kernels, and the commands.
+RUNTIME = ("moe_fsm.runtime", "moe_fsm.modular", "moe_fsm.experts", "moe_fsm.kernels", "moe_fsm.quantize",
+           "moe_fsm.prepare_finalize", "moe_fsm.distributed", "moe_fsm.engine", "moe_fsm.integrations",
+           "moe_fsm.launch_trampoline")
+FACE = ("moe_fsm.cli", "moe_fsm.__main__")
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in (SRC / "moe_fsm").rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _owner(name: str) -> str | None:
+    """The module an imported name lives in (``moe_fsm.inputs.env.EnvSnapshot`` -> ``moe_fsm.inputs.env``)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str) -> dict[str, int]:
+    """The moe_fsm modules ``module`` imports, each with the line of its first import statement."""
+    path = MODULES[module]
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            target = _owner(name) if name.startswith("moe_fsm") else None
+            # a package's own __init__ is not an import of the package by its modules
+            if target and target != module and not module.startswith(target + "."):
+                found.setdefault(target, node.lineno)
+    return found
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def _within(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _layer(module: str) -> int | None:
+    """The core layer of a module (the longest matching prefix decides), None outside the core."""
+    best = None
+    for level, prefixes in enumerate(CORE_LAYERS):
+        for prefix in prefixes:
+            if _within(module, (prefix,)) and (best is None or len(prefix) > len(best[1])):
+                best = (level, prefix)
+    return None if best is None else best[0]
+
+
+def test_every_module_is_placed_in_the_core_or_a_wing():
+    unplaced = [m for m in MODULES if m != "moe_fsm" and _layer(m) is None and not _within(m, RUNTIME + FACE)]
+    assert not unplaced, f"place these in CORE_LAYERS, RUNTIME or FACE (and in docs/architecture.md): {unplaced}"
+
+
+def test_the_core_imports_nothing_of_the_runtime_or_the_commands():
+    outward = [f"{m} -> {t} (line {line})" for m in MODULES if _layer(m) is not None
+               for t, line in GRAPH[m].items() if _layer(t) is None]
+    assert not outward, "the decision core imports outside itself:\n" + "\n".join(outward)
+
+
+def test_the_core_layers_import_only_downwards():
+    upward = [f"{m} (layer {_layer(m)}) -> {t} (layer {_layer(t)}, line {line})" for m in MODULES
+              if _layer(m) is not None for t, line in GRAPH[m].items()
+              if _layer(t) is not None and _layer(t) > _layer(m)]
+    assert not upward, "imports that run back up:\n" + "\n".join(upward)
+
+
+def test_no_import_circles():
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in GRAPH[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(MODULES):
+        if module not in index:
+            visit(module)
+    assert not circles, "import circles:\n" + "\n".join(", ".join(c) for c in circles)
