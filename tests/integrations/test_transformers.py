@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.integrations.moe", reason="needs transformers >= 5 (ExpertsInterface)")
 
-import moe_fsm.engine.engine as engine_module  # noqa: E402
+import moe_fsm.plan.decider as decider_module  # noqa: E402
 from moe_fsm.errors import InputError, MoeFsmError  # noqa: E402
 from moe_fsm.inputs.platform import preset  # noqa: E402
 from moe_fsm.experts.torch_experts import TorchExperts  # noqa: E402
@@ -100,8 +100,8 @@ def test_logits_match_eager_and_traces_are_written(name, dtype, tmp_path, monkey
     ids = tokens()
     reference = eager_logits(model, ids)
     decisions = []
-    real_decide = engine_module.decide
-    monkeypatch.setattr(engine_module, "decide", lambda *a, **k: decisions.append(k.get("layer_name")) or real_decide(*a, **k))
+    real_decide = decider_module.decide
+    monkeypatch.setattr(decider_module, "decide", lambda *a, **k: decisions.append(k.get("layer_name")) or real_decide(*a, **k))
 
     enabled = enable(model, env={}, trace_dir=tmp_path, policy="seeds")
     names = [n for n, _ in experts_modules(model)]
