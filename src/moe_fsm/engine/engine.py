@@ -13,19 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import Optional
 
 from moe_fsm import runtime
-from moe_fsm.backends.registry import Registry
 from moe_fsm.decision import Decision, DecisionInputs
 from moe_fsm.errors import BackendUnavailableError
-from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
-from moe_fsm.inputs.parallel import ParallelConfig
-from moe_fsm.inputs.platform import PlatformFacts
-from moe_fsm.inputs.request import BackendRequest
-from moe_fsm.plan.decider import DEFAULT_TRACE_DIR, LayerDecider, LayerSpec
-from moe_fsm.profiles import ProfileChoice
+from moe_fsm.plan.decider import LayerDecider, LayerSpec
 
 
 @dataclass
@@ -46,22 +40,9 @@ class Engine(LayerDecider):
     own trace. Unset arguments get an engine's defaults (see ``LayerDecider``).
     """
 
-    def __init__(
-        self,
-        layers: Optional[list[LayerSpec]] = None,
-        *,
-        parallel: Optional[ParallelConfig] = None,
-        request: Union[str, Mapping[str, str], BackendRequest, None] = None,
-        env: Union[EnvSnapshot, Mapping[str, str], None] = None,
-        platform: Optional[PlatformFacts] = None,
-        trace_dir: Union[str, Path] = DEFAULT_TRACE_DIR,
-        rank: Optional[int] = None,
-        registry: Optional[Registry] = None,
-        build: bool = True,
-        policy: Union[str, ProfileChoice, None] = None,
-    ) -> None:
-        super().__init__(parallel=parallel, request=request, env=env, platform=platform, trace_dir=trace_dir,
-                         rank=rank, registry=registry, policy=policy)
+    def __init__(self, layers: Optional[list[LayerSpec]] = None, *, build: bool = True, **settings) -> None:
+        """``settings``: the ``LayerDecider``'s (parallel, request, env, platform, trace_dir, rank, registry, policy)."""
+        super().__init__(**settings)
         self.layers = list(layers or [])
         self.build = build
         self._kernels: dict[DecisionInputs, object] = {}

@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from moe_fsm.engine.engine import DEFAULT_TRACE_DIR, Engine, LoadedLayer, route
+from moe_fsm.engine.engine import Engine, LoadedLayer, route
 from moe_fsm.engine.presets import ModelPreset
 from moe_fsm.errors import InputError
 from moe_fsm.experts.torch_experts import torch_dtype
@@ -37,6 +37,7 @@ from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.kernels.reference import moe_reference
 from moe_fsm.modular.interfaces import ExpertScales
+from moe_fsm.plan.decider import DEFAULT_TRACE_DIR
 from moe_fsm.quantize.weights import dequantize_weights, quantize_experts
 
 # Relative error (||out - ref|| / ||ref||) a correct kernel stays under, per family and dtype.

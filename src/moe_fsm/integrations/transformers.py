@@ -44,13 +44,14 @@ from typing import Mapping, Optional, Union
 import torch
 
 from moe_fsm.decision import probed_platform
-from moe_fsm.engine.engine import DEFAULT_TRACE_DIR, Engine, LoadedLayer
+from moe_fsm.engine.engine import Engine, LoadedLayer
 from moe_fsm.errors import BackendUnavailableError, InputError, KernelInputError, MoeFsmError
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts, Vendor
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.plan.decider import DEFAULT_TRACE_DIR
 from moe_fsm.plan.model_config import ACTIVATIONS
 from moe_fsm.profiles import ProfileChoice
 from moe_fsm.runtime import build
