@@ -27,6 +27,7 @@ from moe_fsm.inputs.layer import MoELayer  # noqa: E402
 from moe_fsm.inputs.quant import QuantScheme  # noqa: E402
 from moe_fsm.kernels.reference import moe_reference  # noqa: E402
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts  # noqa: E402
+from moe_fsm.kernels.triton_wq.fused import WqConfig, relayout_nibbles  # noqa: E402
 from moe_fsm.modular.kernel import ModularKernel  # noqa: E402
 from moe_fsm.prepare_finalize.local import LocalPrepareFinalize  # noqa: E402
 from moe_fsm.quantize.weights import dequantize_weights, interleave_gate_up, quantize_weights  # noqa: E402
@@ -111,4 +112,31 @@ def test_slots_of_other_ranks_are_skipped():
     poison_allocator()
     out = fused_wq_experts(x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant),
                            w1_scale=scales.w1_scale, w2_scale=scales.w2_scale)
+    assert rel_err(out.cpu(), ref) <= TOL
+
+
+# Every dequantization path (checkpoint or SPLIT nibble order, inline-PTX or plain Triton dequant) and tile shapes
+# that exercise masked K tails (2880 = 22.5 x 128), per-row scale-on-accumulator (BLOCK_K <= group) and
+# per-element group scales (BLOCK_K > group), pair blocks (one token) and sorted row blocks.
+VARIANT_SHAPE = dict(num_experts=8, top_k=4, hidden_size=2880, intermediate_size=768)
+CONFIGS = [WqConfig(16, 64, 128, 4, 4), WqConfig(16, 32, 256, 4, 3), WqConfig(64, 128, 64, 8, 3),
+           WqConfig(128, 128, 64, 8, 3, group_m=8)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "m{}n{}k{}".format(c.block_m, c.block_n, c.block_k))
+@pytest.mark.parametrize("split,fast", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("name", ["mxfp4", "int4 g128", "int4 g32 zp"])
+@pytest.mark.parametrize("tokens", [1, 45])
+def test_dequant_paths_and_tiles(name, tokens, split, fast, cfg):
+    layer = _layer(name, VARIANT_SHAPE)
+    x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"v-{name}-{tokens}".encode()))
+    if split:
+        w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
+    poison_allocator()
+    out = fused_wq_experts(
+        x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
+        w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
+        w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=layer.activation.value,
+        swiglu_limit=layer.swiglu_limit, split=split, fast=fast, config=cfg,
+    )
     assert rel_err(out.cpu(), ref) <= TOL

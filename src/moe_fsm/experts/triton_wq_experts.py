@@ -10,6 +10,13 @@ prepare, so the kernels then weight the outputs by one.
 Weights arrive in moe-fsm's layout (w1 rows gate-then-up) with the scales of
 ``quantize.weights``: MXFP4 E8M0 exponents [E, R, C/32]; INT group scales and,
 for asymmetric checkpoints, zero points [E, R, C/G]; biases in ExpertScales.
+
+Build-time re-layout: 4-bit weights are re-laid once into the kernels' SPLIT nibble
+order (``relayout_nibbles``, an exact permutation of the codes inside each 64-column
+chunk) the first time a weight tensor is seen, and the copy is kept (keyed by the
+tensor's storage and version, the source kept alive so its address cannot be reused),
+as vLLM and triton_kernels re-lay MXFP4 weights at load. ``relayout`` says so for the
+trace's build section.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
+from moe_fsm.kernels.triton_wq.fused import can_split, relayout_nibbles
 from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales, Experts, InputQuantizer, PreparedTokens, WeightAndReduce
 
 _LAYER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,6 +45,26 @@ class _TritonWeightQuantExperts(Experts):
             raise KernelInputError(f"{self.name} computes in bfloat16 or float16; the layer is {layer.dtype}")
         self.layer = layer
         self.quant = WeightQuant.for_scheme(layer.quant)
+        self.split = can_split(self.quant, layer.hidden_size, layer.intermediate_size)
+        self._relaid: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def relayout(self) -> Optional[str]:
+        """The one-time weight re-layout this kernel makes, in words (None: weights are used as given)."""
+        if not self.split:
+            return None
+        return "4-bit codes re-laid once per weight tensor into 64-column nibble halves (exact permutation)"
+
+    def _weights(self, w: torch.Tensor) -> torch.Tensor:
+        if not self.split:
+            return w
+        key = (w.data_ptr(), w._version, tuple(w.shape), w.device)
+        hit = self._relaid.get(key)
+        if hit is None:
+            if len(self._relaid) >= 64:
+                self._relaid.clear()
+            hit = self._relaid[key] = (w, relayout_nibbles(w))
+        return hit[1]
 
     @property
     def activation_format(self) -> ActivationFormat:
@@ -72,8 +100,8 @@ class _TritonWeightQuantExperts(Experts):
         weights = torch.ones_like(prepared.topk_weights) if apply_router_weight_on_input else prepared.topk_weights
         return fused_wq_experts(
             prepared.hidden,
-            w1,
-            w2,
+            self._weights(w1),
+            self._weights(w2),
             weights,
             prepared.topk_ids,
             quant=self.quant,
@@ -85,6 +113,7 @@ class _TritonWeightQuantExperts(Experts):
             w2_bias=scales.w2_bias,
             activation=self.layer.activation.value,
             swiglu_limit=self.layer.swiglu_limit,
+            split=self.split,
         )
 
 

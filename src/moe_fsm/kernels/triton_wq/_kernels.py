@@ -1,22 +1,39 @@
-"""Triton kernels of the weight-quantized fused MoE (imported only where Triton is).
+"""Triton kernel of the weight-quantized fused MoE (imported only where Triton is).
 
-Two grouped GEMMs over the expert-sorted (token, slot) pairs of the alignment step:
+One grouped GEMM, ``wq_gemm_kernel``, serves both halves of the layer over the
+(token, slot) pairs of the alignment step (or one pair per row block at one token):
 
-* ``wq_w1_kernel``: ``act(x @ W1[e]^T + b1[e])`` for one [BLOCK_M, BLOCK_N] tile of
-  the intermediate. The gate and up rows of the tile's columns are dequantized
-  and multiplied in the same K loop (two accumulators), so the gated activation
-  (SwiGLU-OAI with its clamp included) runs in the epilogue and only N columns
-  are written. Gate/up rows are read stacked ([gate; up], moe-fsm's layout) or
-  interleaved (gate 2n, up 2n+1, gpt-oss checkpoints) from the same kernel.
-* ``wq_w2_kernel``: ``(h @ W2[e]^T + b2[e]) * router_weight`` per pair.
+* w1 (``GATED``): ``act(W1[e] x + b1[e])`` for a tile of the intermediate; the gate
+  and up rows of the tile's columns are dequantized and multiplied in the same K loop
+  (two accumulators), so the gated activation (SwiGLU-OAI with its clamp included)
+  runs in the epilogue and only N columns are written. Gate/up rows are read stacked
+  ([gate; up], moe-fsm's layout) or interleaved (gate 2n, up 2n+1, gpt-oss).
+* w2: ``(W2[e] h + b2[e]) * router_weight`` per pair.
 
-Weights stay quantized in memory and are dequantized tile by tile inside the K
-loop, right before the tensor-core dot (16-bit operands, fp32 accumulation):
+Swap-AB: the weights are the MMA's M side (``BLOCK_N`` weight rows) and the tokens
+its N side (``BLOCK_M`` pairs), so a decode batch of a few tokens still fills the
+tensor-core tile with weight rows; the dequantized tile goes straight from registers
+into the dot as its A operand.
 
-* MXFP4: e2m1 nibbles (two per byte, even element low) times ``2 ** (s - 127)``,
-  one E8M0 exponent per 32 elements;
-* INT4 / INT8: ``(code - zero) * scale`` with one scale per ``group`` elements,
-  ``zero`` the checkpoint's zero point or the symmetric bias (8 / 128).
+Weights stay quantized in memory and are dequantized in registers inside the K loop:
+
+* 4-bit codes are packed two per byte. With ``SPLIT`` (the layout ``relayout_nibbles``
+  makes once at build time) each 64-column chunk's byte j holds column j in its low
+  nibble and column j + 32 in its high one, so the low nibbles of a tile are one
+  contiguous half of every chunk and the high nibbles the other: two dots, no
+  interleaving shuffle. Without it (checkpoint order: column 2j low, 2j + 1 high)
+  the nibbles are interleaved back with ``tl.interleave``.
+* ``FAST`` (bf16 activations, 4-bit weights): the nibbles become bf16 in inline PTX,
+  two per 32-bit instruction: MXFP4 e2m1 bits are moved into bf16's sign, exponent
+  and mantissa fields and multiplied by 2**126 and by the E8M0 scale (``mul.bf16x2``,
+  exact: powers of two); INT4 codes are or-ed into the bf16 magic number 128 and the
+  symmetric zero (136) subtracted (``sub.bf16x2``, exact). Otherwise (fp16
+  activations, INT8, zero points) plain Triton arithmetic in fp32.
+* INT group scales: when a K tile lies inside one scale group (``BLOCK_K <= GROUP``)
+  the tile's product with the exact integer codes is scaled once per (row, pair) on
+  the fp32 partial sum instead of per weight element (fewer operations, and no bf16
+  rounding of ``code * scale``); otherwise (and for MXFP4's groups of 32) each weight
+  is scaled, the scale tile loaded once per group and broadcast.
 """
 
 from __future__ import annotations
@@ -28,133 +45,364 @@ import triton.language as tl
 KIND_MXFP4, KIND_INT4, KIND_INT8 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 ACT_SILU, ACT_GELU, ACT_SWIGLUOAI = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 SWIGLUOAI_ALPHA = tl.constexpr(1.702)
+SPLIT_CHUNK = tl.constexpr(64)  # columns per chunk of the SPLIT nibble layout
+HALF_CHUNK = tl.constexpr(32)
 
 
 @triton.jit
-def _dequant_tile(
-    w_ptr, s_ptr, z_ptr, expert, rows, offs_k, mask,
-    stride_we, stride_wr, stride_se, stride_sr, stride_ze, stride_zr, group,
-    KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr,
-):
-    """Weight tile [BLOCK_K, BLOCK_N] (K along rows) of expert ``expert``'s ``rows``, in fp32."""
-    k_col = offs_k[:, None]
+def _mx_nibbles_bf16(b, s_lo, s_hi):
+    """(low, high) nibbles of the bytes ``b`` as MXFP4 values times 2**(s - 127) in bf16 (inline PTX, exact):
+    the low nibbles scaled by the E8M0 exponents ``s_lo``, the high ones by ``s_hi`` (both shaped like ``b``)."""
+    return tl.inline_asm_elementwise(
+        r"""
+        {
+            .reg .b32 t0, t1, l0, l1, h0, h1, a, c, bias;
+            mov.b32 bias, 0x7e807e80;
+            prmt.b32 t0, $4, 0, 0x5140;
+            prmt.b32 t1, $4, 0, 0x7362;
+            prmt.b32 l0, $5, 0, 0x5140;
+            shl.b32 l0, l0, 7;
+            prmt.b32 l1, $5, 0, 0x7362;
+            shl.b32 l1, l1, 7;
+            prmt.b32 h0, $6, 0, 0x5140;
+            shl.b32 h0, h0, 7;
+            prmt.b32 h1, $6, 0, 0x7362;
+            shl.b32 h1, h1, 7;
+            shl.b32 a, t0, 6;
+            and.b32 a, a, 0x01c001c0;
+            shl.b32 c, t0, 12;
+            and.b32 c, c, 0x80008000;
+            or.b32 a, a, c;
+            mul.bf16x2 a, a, bias;
+            mul.bf16x2 $0, a, l0;
+            shl.b32 a, t1, 6;
+            and.b32 a, a, 0x01c001c0;
+            shl.b32 c, t1, 12;
+            and.b32 c, c, 0x80008000;
+            or.b32 a, a, c;
+            mul.bf16x2 a, a, bias;
+            mul.bf16x2 $1, a, l1;
+            shl.b32 a, t0, 2;
+            and.b32 a, a, 0x01c001c0;
+            shl.b32 c, t0, 8;
+            and.b32 c, c, 0x80008000;
+            or.b32 a, a, c;
+            mul.bf16x2 a, a, bias;
+            mul.bf16x2 $2, a, h0;
+            shl.b32 a, t1, 2;
+            and.b32 a, a, 0x01c001c0;
+            shl.b32 c, t1, 8;
+            and.b32 c, c, 0x80008000;
+            or.b32 a, a, c;
+            mul.bf16x2 a, a, bias;
+            mul.bf16x2 $3, a, h1;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r,r",
+        args=[b, s_lo, s_hi],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _int4_nibbles_bf16(b):
+    """(low, high) nibbles of the bytes ``b`` as bf16 ``code - 8`` (exact; inline PTX)."""
+    return tl.inline_asm_elementwise(
+        r"""
+        {
+            .reg .b32 t0, t1, a, magic, off;
+            mov.b32 magic, 0x43004300;
+            mov.b32 off, 0x43084308;
+            prmt.b32 t0, $4, 0, 0x5140;
+            prmt.b32 t1, $4, 0, 0x7362;
+            and.b32 a, t0, 0x000f000f;
+            or.b32 a, a, magic;
+            sub.bf16x2 $0, a, off;
+            and.b32 a, t1, 0x000f000f;
+            or.b32 a, a, magic;
+            sub.bf16x2 $1, a, off;
+            shr.b32 a, t0, 4;
+            and.b32 a, a, 0x000f000f;
+            or.b32 a, a, magic;
+            sub.bf16x2 $2, a, off;
+            shr.b32 a, t1, 4;
+            and.b32 a, a, 0x000f000f;
+            or.b32 a, a, magic;
+            sub.bf16x2 $3, a, off;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r",
+        args=[b],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _mx_value(codes):
+    """e2m1 codes (int32, 0..15) -> fp32 values (plain Triton arithmetic)."""
+    magnitude_code = codes & 7
+    exponent = magnitude_code >> 1
+    half = (magnitude_code & 1).to(tl.float32) * 0.5
+    magnitude = tl.where(exponent == 0, half, (1.0 + half) * tl.exp2((exponent - 1).to(tl.float32)))
+    return tl.where((codes & 8) != 0, -magnitude, magnitude)
+
+
+@triton.jit
+def _bcast(t, BLOCK_N: tl.constexpr, COLS: tl.constexpr, GROUP: tl.constexpr):
+    """[BLOCK_N, COLS // GROUP] -> [BLOCK_N, COLS], each value repeated over its GROUP columns."""
+    return tl.reshape(tl.broadcast_to(t[:, :, None], (BLOCK_N, COLS // GROUP, GROUP)), (BLOCK_N, COLS))
+
+
+@triton.jit
+def _group_scale(v, s, BLOCK_N: tl.constexpr, COLS: tl.constexpr, GROUP: tl.constexpr):
+    """v [BLOCK_N, COLS] times s [BLOCK_N, COLS // GROUP] broadcast over each group of GROUP columns."""
+    v3 = tl.reshape(v, (BLOCK_N, COLS // GROUP, GROUP))
+    return tl.reshape(v3 * s[:, :, None], (BLOCK_N, COLS))
+
+
+@triton.jit
+def _load_groups(ptr, row, g, KRED, GROUP: tl.constexpr, EVEN_K: tl.constexpr, other):
+    """ptr[row[:, None] + g[None, :]] for group indices g [G] of rows row [BLOCK_N] (masked past the row's end)."""
+    if EVEN_K:
+        return tl.load(ptr + row[:, None] + g[None, :])
+    return tl.load(ptr + row[:, None] + g[None, :], mask=(g < tl.cdiv(KRED, GROUP))[None, :], other=other)
+
+
+@triton.jit
+def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRED,
+              BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+              KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, SPLIT: tl.constexpr,
+              FAST: tl.constexpr, EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] += W[rows, K tile ki] @ X^T[K tile ki, pairs], weights dequantized in registers.
+
+    w_row/s_row/z_row: [BLOCK_N] int64 element offsets of the tile's weight rows in w, s, z. x_lo, x_hi: the
+    activation tiles, [BLOCK_K // 2, BLOCK_M] each (SPLIT 4-bit: the columns of the low / high nibbles), or
+    x_lo the whole [BLOCK_K, BLOCK_M] tile.
+    """
+    k0 = ki * BLOCK_K
+    if SCALE_ACC:
+        # the tile lies in one scale group: scale the fp32 product of the exact codes once per (row, pair)
+        s_tile = tl.load(s_ptr + s_row + k0 // GROUP).to(tl.float32)
+        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        part = acc
     if KIND == KIND_INT8:
-        codes = tl.load(w_ptr + expert * stride_we + rows[None, :] * stride_wr + k_col, mask=mask, other=0).to(tl.int32)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            codes = tl.load(w_ptr + w_row[:, None] + offs_k[None, :])
+        else:
+            codes = tl.load(w_ptr + w_row[:, None] + offs_k[None, :], mask=(offs_k < KRED)[None, :], other=0)
+        v = codes.to(tl.int32).to(tl.float32)
+        if HAS_ZP:
+            if SCALE_ACC:
+                v = v - tl.load(z_ptr + z_row + k0 // GROUP).to(tl.float32)[:, None]
+            else:
+                g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+                z = _load_groups(z_ptr, z_row, g, KRED, GROUP, EVEN_K, 0).to(tl.float32)
+                v = v - _bcast(z, BLOCK_N, BLOCK_K, GROUP)
+        else:
+            v = v - ZERO
+        if not SCALE_ACC:
+            g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+            v = _group_scale(v, _load_groups(s_ptr, s_row, g, KRED, GROUP, EVEN_K, 0).to(tl.float32),
+                             BLOCK_N, BLOCK_K, GROUP)
+        part = tl.dot(v.to(x_lo.dtype), x_lo, part)
     else:
-        byte = tl.load(w_ptr + expert * stride_we + rows[None, :] * stride_wr + k_col // 2, mask=mask, other=0).to(tl.int32)
-        codes = (byte >> ((k_col % 2) * 4)) & 0xF
-    scale = tl.load(s_ptr + expert * stride_se + rows[None, :] * stride_sr + k_col // group, mask=mask, other=0)
-    if KIND == KIND_MXFP4:
-        magnitude_code = codes & 7
-        exponent = magnitude_code >> 1
-        half = (magnitude_code & 1).to(tl.float32) * 0.5
-        magnitude = tl.where(exponent == 0, half, (1.0 + half) * tl.exp2((exponent - 1).to(tl.float32)))
-        value = tl.where((codes & 8) != 0, -magnitude, magnitude)
-        return value * tl.exp2(scale.to(tl.float32) - 127.0)
-    if HAS_ZP:
-        zero = tl.load(z_ptr + expert * stride_ze + rows[None, :] * stride_zr + k_col // group, mask=mask, other=0).to(tl.float32)
+        HALF: tl.constexpr = BLOCK_K // 2
+        offs_b = ki * HALF + tl.arange(0, HALF)  # the tile's bytes
+        if EVEN_K:
+            b = tl.load(w_ptr + w_row[:, None] + offs_b[None, :])
+        else:
+            b = tl.load(w_ptr + w_row[:, None] + offs_b[None, :], mask=(offs_b < KRED // 2)[None, :], other=0)
+        if SPLIT:
+            # byte j of 64-column chunk c: column c*64 + j (low nibble) and c*64 + 32 + j (high nibble)
+            idx = tl.arange(0, HALF)
+            k_lo = k0 + (idx // HALF_CHUNK) * SPLIT_CHUNK + idx % HALF_CHUNK
+            k_hi = k_lo + HALF_CHUNK
+        if KIND == KIND_MXFP4:
+            if SPLIT:
+                # the low nibbles' 32-column groups are the tile's even scale groups, the high ones' the odd
+                g_lo = k0 // GROUP + 2 * tl.arange(0, HALF // GROUP)
+                s_lo = _load_groups(s_ptr, s_row, g_lo, KRED, GROUP, EVEN_K, 127)
+                s_hi = _load_groups(s_ptr, s_row, g_lo + 1, KRED, GROUP, EVEN_K, 127)
+                if FAST:
+                    lo, hi = _mx_nibbles_bf16(b, _bcast(s_lo, BLOCK_N, HALF, GROUP), _bcast(s_hi, BLOCK_N, HALF, GROUP))
+                else:
+                    bi = b.to(tl.int32)
+                    lo = _group_scale(_mx_value(bi & 15), tl.exp2(s_lo.to(tl.float32) - 127.0), BLOCK_N, HALF, GROUP)
+                    hi = _group_scale(_mx_value(bi >> 4), tl.exp2(s_hi.to(tl.float32) - 127.0), BLOCK_N, HALF, GROUP)
+            else:
+                g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+                s = _load_groups(s_ptr, s_row, g, KRED, GROUP, EVEN_K, 127)
+                if FAST:
+                    # columns 2j (low) and 2j + 1 (high) share byte j's group: 16 bytes per group
+                    s_b = _bcast(s, BLOCK_N, HALF, GROUP // 2)
+                    lo, hi = _mx_nibbles_bf16(b, s_b, s_b)
+                    w = tl.interleave(lo, hi)
+                else:
+                    bi = b.to(tl.int32)
+                    w = tl.interleave(_mx_value(bi & 15), _mx_value(bi >> 4))
+                    w = _group_scale(w, tl.exp2(s.to(tl.float32) - 127.0), BLOCK_N, BLOCK_K, GROUP)
+        else:  # INT4
+            if FAST and not HAS_ZP:
+                lo, hi = _int4_nibbles_bf16(b)
+            else:
+                bi = b.to(tl.int32)
+                lo = (bi & 15).to(tl.float32)
+                hi = (bi >> 4).to(tl.float32)
+                if HAS_ZP:
+                    if SCALE_ACC:
+                        z = tl.load(z_ptr + z_row + k0 // GROUP).to(tl.float32)[:, None]
+                        lo = lo - z
+                        hi = hi - z
+                    elif SPLIT:
+                        lo = lo - _load_groups(z_ptr, z_row, k_lo // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
+                        hi = hi - _load_groups(z_ptr, z_row, k_hi // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
+                    else:
+                        g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+                        z = _load_groups(z_ptr, z_row, g, KRED, GROUP, EVEN_K, 0).to(tl.float32)
+                        zb = _bcast(z, BLOCK_N, HALF, GROUP // 2)
+                        lo = lo - zb
+                        hi = hi - zb
+                else:
+                    lo = lo - ZERO
+                    hi = hi - ZERO
+            if not SCALE_ACC:
+                if SPLIT:
+                    lo = lo.to(tl.float32) * _load_groups(s_ptr, s_row, k_lo // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
+                    hi = hi.to(tl.float32) * _load_groups(s_ptr, s_row, k_hi // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
+                else:
+                    g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+                    sb = _bcast(_load_groups(s_ptr, s_row, g, KRED, GROUP, EVEN_K, 0).to(tl.float32), BLOCK_N, HALF, GROUP // 2)
+                    lo = lo.to(tl.float32) * sb
+                    hi = hi.to(tl.float32) * sb
+            if not SPLIT:
+                w = tl.interleave(lo, hi)
+        if SPLIT:
+            part = tl.dot(lo.to(x_lo.dtype), x_lo, part)
+            part = tl.dot(hi.to(x_hi.dtype), x_hi, part)
+        else:
+            part = tl.dot(w.to(x_lo.dtype), x_lo, part)
+    if SCALE_ACC:
+        acc = acc + part * s_tile[:, None]
     else:
-        zero = ZERO
-    return (codes.to(tl.float32) - zero) * scale.to(tl.float32)
+        acc = part
+    return acc
 
 
-@triton.jit(do_not_specialize=["N", "K", "num_pairs"])
-def wq_w1_kernel(
-    a_ptr, w_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
+@triton.jit(do_not_specialize=["num_pairs"])
+def wq_gemm_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, rw_ptr, out_ptr,
     sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
-    N, K, num_pairs, top_k, group, limit,
-    stride_am, stride_we, stride_wr, stride_se, stride_sr, stride_ze, stride_zr, stride_be, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERLEAVED: tl.constexpr,
+    R_OUT, KRED, num_pairs, num_experts, num_row_blocks, x_row_div, limit,
+    stride_xm, stride_we, stride_wr, stride_se, stride_sr, stride_ze, stride_zr, stride_be, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    GROUP: tl.constexpr, KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERLEAVED: tl.constexpr,
+    ROUTER_WEIGHT: tl.constexpr, PAIR_BLOCKS: tl.constexpr, SPLIT: tl.constexpr, FAST: tl.constexpr,
+    EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr,
 ):
+    """out[pair, r] for the weight rows r of one BLOCK_N tile and the pairs of one BLOCK_M row block.
+
+    GATED (w1): R_OUT = N, rows r (gate) and r + N (up) (2r, 2r + 1 with INTERLEAVED), activation fused.
+    Otherwise (w2): R_OUT = K, the pair's router weight fused (ROUTER_WEIGHT).
+    """
     pid = tl.program_id(0)
-    num_n = tl.cdiv(N, BLOCK_N)
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    if expert < 0:
-        return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
-    token = (pair // top_k).to(tl.int64)
+    num_pid_n = tl.cdiv(R_OUT, BLOCK_N)
+    num_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_in_group
+    first_m = group_id * GROUP_M
+    group_size = tl.minimum(num_row_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % num_in_group) % group_size
+    pid_n = (pid % num_in_group) // group_size
+
+    offs_m = tl.arange(0, BLOCK_M)
+    if PAIR_BLOCKS:
+        # one block per (token, slot) pair, its expert read straight from topk_ids
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        if (expert < 0) | (expert >= num_experts):
+            return
+        pair = tl.where(offs_m == 0, pid_m, num_pairs)
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+            return
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        if expert < 0:
+            return
+        pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + offs_m)
+    pair_ok = pair < num_pairs
+    x_row_off = (pair // x_row_div).to(tl.int64) * stride_xm
+
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
-    if INTERLEAVED:
-        gate_rows = 2 * offs_n
-        up_rows = gate_rows + 1
+    n_ok = offs_n < R_OUT
+    rows = tl.minimum(offs_n, R_OUT - 1).to(tl.int64)  # rows past the end read the last row; never stored
+    if GATED:
+        if INTERLEAVED:
+            rows_a = 2 * rows
+            rows_b = rows_a + 1
+        else:
+            rows_a = rows
+            rows_b = rows + R_OUT
     else:
-        gate_rows = offs_n
-        up_rows = offs_n + N
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for ki in range(0, tl.cdiv(K, BLOCK_K)):
-        offs_k = ki * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        a = tl.load(a_ptr + token[:, None] * stride_am + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w_mask = k_ok[:, None] & n_ok[None, :]
-        w_gate = _dequant_tile(w_ptr, s_ptr, z_ptr, expert, gate_rows, offs_k, w_mask, stride_we, stride_wr,
-                               stride_se, stride_sr, stride_ze, stride_zr, group, KIND, HAS_ZP, ZERO)
-        w_up = _dequant_tile(w_ptr, s_ptr, z_ptr, expert, up_rows, offs_k, w_mask, stride_we, stride_wr,
-                             stride_se, stride_sr, stride_ze, stride_zr, group, KIND, HAS_ZP, ZERO)
-        acc_gate = tl.dot(a, w_gate.to(a.dtype), acc_gate)
-        acc_up = tl.dot(a, w_up.to(a.dtype), acc_up)
+        rows_a = rows
+    w_base = w_ptr + expert * stride_we
+    s_base = s_ptr + expert * stride_se
+    z_base = z_ptr + expert * stride_ze
+
+    acc_a = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if GATED:
+        acc_b = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for ki in range(0, tl.cdiv(KRED, BLOCK_K)):
+        k0 = ki * BLOCK_K
+        if SPLIT and KIND != KIND_INT8:
+            idx = tl.arange(0, BLOCK_K // 2)
+            k_lo = k0 + (idx // HALF_CHUNK) * SPLIT_CHUNK + idx % HALF_CHUNK
+            k_hi = k_lo + HALF_CHUNK
+            if EVEN_K:
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + k_lo[:, None], mask=pair_ok[None, :], other=0.0)
+                x_hi = tl.load(x_ptr + x_row_off[None, :] + k_hi[:, None], mask=pair_ok[None, :], other=0.0)
+            else:
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + k_lo[:, None], mask=pair_ok[None, :] & (k_lo < KRED)[:, None], other=0.0)
+                x_hi = tl.load(x_ptr + x_row_off[None, :] + k_hi[:, None], mask=pair_ok[None, :] & (k_hi < KRED)[:, None], other=0.0)
+        else:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            if EVEN_K:
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + offs_k[:, None], mask=pair_ok[None, :], other=0.0)
+            else:
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + offs_k[:, None], mask=pair_ok[None, :] & (offs_k < KRED)[:, None], other=0.0)
+            x_hi = x_lo
+        acc_a = _tile_dot(acc_a, w_base, s_base, z_base, rows_a * stride_wr, rows_a * stride_sr, rows_a * stride_zr,
+                          x_lo, x_hi, ki, KRED, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO,
+                          SPLIT, FAST, EVEN_K, SCALE_ACC)
+        if GATED:
+            acc_b = _tile_dot(acc_b, w_base, s_base, z_base, rows_b * stride_wr, rows_b * stride_sr,
+                              rows_b * stride_zr, x_lo, x_hi, ki, KRED, BLOCK_N, BLOCK_M, BLOCK_K,
+                              GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K, SCALE_ACC)
+
     if HAS_BIAS:
-        acc_gate += tl.load(b_ptr + expert * stride_be + gate_rows, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        acc_up += tl.load(b_ptr + expert * stride_be + up_rows, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_LIMIT:
-        acc_gate = tl.minimum(acc_gate, limit)
-        acc_up = tl.minimum(tl.maximum(acc_up, -limit), limit)
-    if ACT == ACT_SWIGLUOAI:
-        h = (acc_up + 1.0) * (acc_gate * tl.sigmoid(SWIGLUOAI_ALPHA * acc_gate))
-    elif ACT == ACT_GELU:
-        h = 0.5 * acc_gate * (1.0 + tl.erf(acc_gate * 0.7071067811865476)) * acc_up
+        acc_a += tl.load(b_ptr + expert * stride_be + rows_a).to(tl.float32)[:, None]
+        if GATED:
+            acc_b += tl.load(b_ptr + expert * stride_be + rows_b).to(tl.float32)[:, None]
+    if GATED:
+        gate = acc_a
+        up = acc_b
+        if HAS_LIMIT:
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
+        if ACT == ACT_SWIGLUOAI:
+            h = (up + 1.0) * (gate * tl.sigmoid(SWIGLUOAI_ALPHA * gate))
+        elif ACT == ACT_GELU:
+            h = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up
+        else:
+            h = gate * tl.sigmoid(gate) * up
     else:
-        h = acc_gate * tl.sigmoid(acc_gate) * acc_up
-    out_rows = pair.to(tl.int64)
-    tl.store(out_ptr + out_rows[:, None] * stride_om + offs_n[None, :], h.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit(do_not_specialize=["N", "K", "num_pairs"])
-def wq_w2_kernel(
-    a_ptr, w_ptr, s_ptr, z_ptr, b_ptr, topk_weights_ptr, out_ptr,
-    sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
-    N, K, num_pairs, group,
-    stride_am, stride_we, stride_wr, stride_se, stride_sr, stride_ze, stride_zr, stride_be, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
-):
-    """out[pair, :K] = (h[pair] @ W2[e]^T + b2[e]) * topk_weight[pair]; the GEMM's reduction runs over N."""
-    pid = tl.program_id(0)
-    num_k_out = tl.cdiv(K, BLOCK_N)
-    pid_m = pid // num_k_out
-    pid_n = pid % num_k_out
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    if expert < 0:
-        return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ids_ptr + offs_m)
-    row_ok = pair < num_pairs
-    rows_in = pair.to(tl.int64)
-    offs_out = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    out_ok = offs_out < K
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for ni in range(0, tl.cdiv(N, BLOCK_K)):
-        offs_red = ni * BLOCK_K + tl.arange(0, BLOCK_K)
-        red_ok = offs_red < N
-        a = tl.load(a_ptr + rows_in[:, None] * stride_am + offs_red[None, :], mask=row_ok[:, None] & red_ok[None, :], other=0.0)
-        w = _dequant_tile(w_ptr, s_ptr, z_ptr, expert, offs_out, offs_red, red_ok[:, None] & out_ok[None, :], stride_we,
-                          stride_wr, stride_se, stride_sr, stride_ze, stride_zr, group, KIND, HAS_ZP, ZERO)
-        acc = tl.dot(a, w.to(a.dtype), acc)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + expert * stride_be + offs_out, mask=out_ok, other=0.0).to(tl.float32)[None, :]
-    weight = tl.load(topk_weights_ptr + rows_in, mask=row_ok, other=0.0).to(tl.float32)
-    acc = acc * weight[:, None]
-    tl.store(out_ptr + rows_in[:, None] * stride_om + offs_out[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & out_ok[None, :])
+        h = acc_a
+        if ROUTER_WEIGHT:
+            h = h * tl.load(rw_ptr + pair, mask=pair_ok, other=0.0).to(tl.float32)[None, :]
+    out_rows = pair.to(tl.int64) * stride_om
+    tl.store(out_ptr + out_rows[None, :] + offs_n[:, None], h.to(out_ptr.dtype.element_ty),
+             mask=pair_ok[None, :] & n_ok[:, None])

@@ -1,15 +1,24 @@
-"""Host side of the weight-quantized Triton MoE: checks, buffers and the two launches.
+"""Host side of the weight-quantized Triton MoE: checks, configs, the build-time re-layout and the launches.
 
 ``fused_wq_experts`` is the whole layer for tokens as rows: align the (token,
-slot) pairs by expert, run the w1 GEMM with bias and gated activation fused, run
-the w2 GEMM with bias and the router weight fused, and sum over top-k. No device
-value is read on the host.
+slot) pairs by expert (one token: no alignment, one row block per pair), run the
+w1 GEMM with bias and gated activation fused, run the w2 GEMM with bias and the
+router weight fused, and sum over top-k. No device value is read on the host.
+
+``relayout_nibbles`` is the one-time weight re-layout (``SPLIT``, see ``_kernels``):
+a permutation of the 4-bit codes inside each 64-column chunk, exact, done once per
+weight tensor by the experts class. ``WqConfig`` is the tile of one call; the
+tuned table (``configs/wq_<device>.json``, written by ``bench/bench_wq.py --tune``)
+is keyed by layer shape and token count, with ``default_wq_config`` elsewhere.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import json
+import math
+from dataclasses import asdict, dataclass
+from importlib import resources
 from typing import Optional
 
 import torch
@@ -22,8 +31,7 @@ ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
 KINDS = {"mxfp4": 0, "int4": 1, "int8": 2}
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
 MX_GROUP = 32
-BLOCK_N = 64
-BLOCK_K = 64
+SPLIT_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -105,9 +113,125 @@ def _check_bias(name: str, bias: Optional[torch.Tensor], experts: int, rows: int
         raise KernelInputError(f"{name} must be a contiguous [{experts}, {rows}]; got {list(bias.shape)}")
 
 
-def default_block_m(num_tokens: int, top_k: int, num_experts: int) -> int:
-    """16 rows while experts see few tokens each (decode), 64 once they see many."""
-    return 16 if num_tokens * top_k <= 4 * num_experts else 64
+def relayout_nibbles(w: torch.Tensor) -> torch.Tensor:
+    """Packed 4-bit codes [..., C/2] (column 2j low nibble, 2j + 1 high) -> the SPLIT layout of ``_kernels``.
+
+    Byte j of each 64-column chunk holds column j in its low nibble and column j + 32 in its high one.
+    Exact (a permutation of codes); ``C`` must be a multiple of 64.
+    """
+    cols = w.shape[-1] * 2
+    if w.dtype != torch.uint8 or cols % SPLIT_CHUNK:
+        raise KernelInputError(f"the nibble re-layout needs uint8 codes with a multiple of {SPLIT_CHUNK} columns; "
+                               f"got {w.dtype} {list(w.shape)}")
+    codes = torch.stack((w & 15, w >> 4), dim=-1).reshape(*w.shape[:-1], cols // SPLIT_CHUNK, 2, SPLIT_CHUNK // 2)
+    return (codes[..., 0, :] | (codes[..., 1, :] << 4)).reshape(w.shape).contiguous()
+
+
+def undo_relayout_nibbles(w: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``relayout_nibbles``."""
+    cols = w.shape[-1] * 2
+    chunks = w.reshape(*w.shape[:-1], cols // SPLIT_CHUNK, SPLIT_CHUNK // 2)
+    codes = torch.stack((chunks & 15, chunks >> 4), dim=-2).reshape(*w.shape[:-1], cols)
+    pairs = codes.reshape(*w.shape[:-1], cols // 2, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+
+
+def can_split(quant: "WeightQuant", k: int, n: int) -> bool:
+    """Whether both weights of a [K, N] layer can take the SPLIT layout (4-bit, reductions of 64-column chunks)."""
+    return quant.kind != "int8" and k % SPLIT_CHUNK == 0 and n % SPLIT_CHUNK == 0
+
+
+@dataclass(frozen=True)
+class WqConfig:
+    """Tile of one weight-quantized MoE call: rows per block (shared by both GEMMs) and each GEMM's tile.
+
+    ``block_n`` weight rows (the MMA's M side, swap-AB) by ``block_m`` (token, slot) pairs, ``block_k`` of the
+    reduction per step; ``split``: the weights are in the SPLIT nibble layout; ``fast``: inline-PTX dequant.
+    """
+
+    block_m: int
+    block_n: int = 64
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 1
+    w2_block_n: Optional[int] = None
+    w2_block_k: Optional[int] = None
+    w2_num_warps: Optional[int] = None
+    w2_num_stages: Optional[int] = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "WqConfig":
+        try:
+            return cls(**{k: int(v) for k, v in data.items()})
+        except (TypeError, ValueError) as exc:
+            raise KernelInputError(f"bad weight-quantized MoE config {data!r}: {exc}") from None
+
+    def gemm(self, which: str) -> tuple[int, int, int, int]:
+        """(block_n, block_k, num_warps, num_stages) of the w1 or w2 GEMM."""
+        if which == "w2":
+            return (self.w2_block_n or self.block_n, self.w2_block_k or self.block_k,
+                    self.w2_num_warps or self.num_warps, self.w2_num_stages or self.num_stages)
+        return self.block_n, self.block_k, self.num_warps, self.num_stages
+
+    def check(self) -> None:
+        for name, value in asdict(self).items():
+            if value is not None and (value < 1 or (name.startswith(("block", "w2_block")) and value & (value - 1))):
+                raise KernelInputError(f"WqConfig.{name} must be a positive power of two; got {value}")
+        if self.block_m < 16 or min(self.gemm("w1")[0], self.gemm("w2")[0]) < 16:
+            raise KernelInputError("WqConfig: block_m and block_n must be at least 16 (tensor-core tiles)")
+
+
+def default_wq_config(num_tokens: int, top_k: int, num_experts: int) -> WqConfig:
+    """Untuned shapes: row blocks sized to the pairs an expert sees on average; small tiles for decode."""
+    per_expert = num_tokens * top_k / max(num_experts, 1)
+    if per_expert <= 16:
+        return WqConfig(16, 64, 128, 4, 4)
+    if per_expert <= 32:
+        return WqConfig(32, 64, 128, 4, 4)
+    if per_expert <= 96:
+        return WqConfig(64, 128, 128, 8, 3)
+    return WqConfig(128, 128, 64, 8, 3, group_m=8)
+
+
+def table_key(quant: WeightQuant, num_experts: int, n: int, k: int, top_k: int) -> str:
+    return f"{quant.kind},g={quant.group},zp={int(quant.zero_point)},E={num_experts},N={n},K={k},top_k={top_k}"
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped_table(device: str) -> dict:
+    name = "wq_" + device.replace(" ", "_") + ".json"
+    try:
+        text = resources.files("moe_fsm.kernels.triton_wq").joinpath("configs", name).read_text()
+    except (FileNotFoundError, ModuleNotFoundError, OSError):
+        return {}
+    return json.loads(text)
+
+
+def get_wq_config(device: str, quant: WeightQuant, num_experts: int, n: int, k: int, top_k: int,
+                  num_tokens: int) -> WqConfig:
+    """The tuned config of the nearest token count (log scale) for this shape and device, else the default."""
+    entries = _shipped_table(device).get(table_key(quant, num_experts, n, k, top_k))
+    if not entries:
+        return default_wq_config(num_tokens, top_k, num_experts)
+    tuned = min(entries, key=lambda t: abs(math.log(int(t)) - math.log(max(num_tokens, 1))))
+    return WqConfig.from_json(entries[tuned])
+
+
+def _scale_acc(quant: WeightQuant, group: int, cols: int, block_k: int) -> bool:
+    return quant.kind != "mxfp4" and (group == cols or group % block_k == 0)
+
+
+def _check_tile(quant: WeightQuant, group: int, cols: int, block_k: int, split: bool) -> None:
+    if quant.kind != "mxfp4" and not _scale_acc(quant, group, cols, block_k) and block_k % group:
+        raise KernelInputError(f"block_k {block_k} must divide or be a multiple of the scale group {group}")
+    if quant.kind == "mxfp4" and block_k < 2 * MX_GROUP:
+        raise KernelInputError(f"MXFP4 tiles need block_k >= {2 * MX_GROUP}; got {block_k}")
+    if split and block_k % SPLIT_CHUNK:
+        raise KernelInputError(f"the SPLIT layout needs block_k a multiple of {SPLIT_CHUNK}; got {block_k}")
 
 
 def fused_wq_experts(
@@ -127,12 +251,17 @@ def fused_wq_experts(
     activation: str = "silu",
     swiglu_limit: Optional[float] = None,
     interleaved: bool = False,
+    split: bool = False,
+    fast: bool = True,
+    config: Optional[WqConfig] = None,
     block_m: Optional[int] = None,
 ) -> torch.Tensor:
     """``sum_j g[t,j] * (W2[e] act(W1[e] x[t] + b1[e]) + b2[e])`` -> [M, K] in ``hidden``'s dtype.
 
     ``w1`` [E, 2N, K/p] and ``w2`` [E, K, N/p] hold codes (p = 2 for 4-bit), rows of
-    w1 stacked gate-then-up, or interleaved (gate 2n, up 2n+1) with ``interleaved``.
+    w1 stacked gate-then-up, or interleaved (gate 2n, up 2n+1) with ``interleaved``;
+    with ``split`` both are in the layout of ``relayout_nibbles``. ``fast`` (default)
+    dequantizes 4-bit codes with inline PTX where the activations are bf16.
     """
     require_device(hidden, w1, w2, topk_ids)
     if hidden.dim() != 2 or hidden.dtype not in COMPUTE_DTYPES or not hidden.is_contiguous():
@@ -151,45 +280,59 @@ def fused_wq_experts(
     if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != num_tokens:
         raise KernelInputError(f"topk_ids and topk_weights must both be [M={num_tokens}, top_k]; got "
                                f"{list(topk_ids.shape)} and {list(topk_weights.shape)}")
+    if split and not can_split(quant, k, n):
+        raise KernelInputError(f"the SPLIT nibble layout needs 4-bit weights and K, N multiples of {SPLIT_CHUNK}")
     top_k = topk_ids.shape[1]
     num_pairs = num_tokens * top_k
     out = torch.empty_like(hidden)
     if num_pairs == 0:
         return out
-    block_m = block_m or default_block_m(num_tokens, top_k, experts)
-    aligned = _align(topk_ids, experts, block_m)
+    if config is None:
+        from moe_fsm.kernels.triton_moe._runtime import device_name
+
+        config = get_wq_config(device_name(hidden.device), quant, experts, n, k, top_k, num_tokens)
+    if block_m is not None:
+        config = WqConfig(block_m, *list(asdict(config).values())[1:])
+    config.check()
     kern = _kernels()
+    from moe_fsm.kernels.triton_moe.align import align_tokens, pair_blocks
+    from moe_fsm.kernels.triton_moe.fused import topk_sum
+
+    if num_tokens == 1:  # one token's slots name distinct experts: no sorting, one row block per pair
+        rows = pair_blocks(topk_ids, experts, config.block_m)
+        sorted_ids = block_expert = rows.topk_ids
+        num_padded = rows.topk_ids
+    else:
+        rows = align_tokens(topk_ids, experts, config.block_m)
+        sorted_ids, block_expert, num_padded = rows.sorted_ids, rows.block_expert, rows.num_padded
+    num_row_blocks = rows.num_row_blocks
     kind, zero = KINDS[quant.kind], (8 if quant.kind == "int4" else 128)
     has_zp, has_bias = quant.zero_point, w1_bias is not None
+    fast = fast and hidden.dtype == torch.bfloat16 and quant.kind != "int8"
     dummy = w1_scale  # stands in for absent zero points / biases (never read: the constexpr flags are off)
+    flat_weights = topk_weights.contiguous().reshape(-1)
+
+    def launch(x, w, s, z, b, out_t, r_out, kred, group, which, gated):
+        block_n, block_k, warps, stages = config.gemm(which)
+        _check_tile(quant, group, kred, block_k, split)
+        z = z if has_zp else dummy
+        b = b if has_bias else dummy
+        grid = (num_row_blocks * -(-r_out // block_n),)
+        kern.wq_gemm_kernel[grid](
+            x, w, s, z, b, flat_weights, out_t, sorted_ids, block_expert, num_padded,
+            r_out, kred, num_pairs, experts, num_row_blocks, top_k if gated else 1, float(swiglu_limit or 0.0),
+            x.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), z.stride(0), z.stride(1), b.stride(0),
+            out_t.stride(0),
+            BLOCK_M=config.block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=config.group_m,
+            GROUP=group, KIND=kind, HAS_ZP=has_zp, ZERO=zero, HAS_BIAS=has_bias, GATED=gated,
+            ACT=ACTIVATIONS[activation], HAS_LIMIT=swiglu_limit is not None, INTERLEAVED=interleaved and gated,
+            ROUTER_WEIGHT=not gated, PAIR_BLOCKS=num_tokens == 1, SPLIT=split, FAST=fast,
+            EVEN_K=kred % block_k == 0, SCALE_ACC=_scale_acc(quant, group, kred, block_k),
+            num_warps=warps, num_stages=stages,
+        )
 
     intermediate = torch.empty((num_pairs, n), dtype=hidden.dtype, device=hidden.device)
-    z1 = w1_zero_point if has_zp else dummy
-    b1 = w1_bias if has_bias else dummy
-    grid1 = (aligned.num_row_blocks * -(-n // BLOCK_N),)
-    kern.wq_w1_kernel[grid1](
-        hidden, w1, w1_scale, z1, b1, intermediate,
-        aligned.sorted_ids, aligned.block_expert, aligned.num_padded,
-        n, k, num_pairs, top_k, g1, float(swiglu_limit or 0.0),
-        hidden.stride(0), w1.stride(0), w1.stride(1), w1_scale.stride(0), w1_scale.stride(1),
-        z1.stride(0), z1.stride(1), b1.stride(0), intermediate.stride(0),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, KIND=kind, HAS_ZP=has_zp, ZERO=zero, HAS_BIAS=has_bias,
-        ACT=ACTIVATIONS[activation], HAS_LIMIT=swiglu_limit is not None, INTERLEAVED=interleaved,
-        num_warps=4, num_stages=2,
-    )
-
-    per_pair = torch.zeros((num_pairs, k), dtype=hidden.dtype, device=hidden.device)
-    z2 = w2_zero_point if has_zp else dummy
-    b2 = w2_bias if has_bias else dummy
-    grid2 = (aligned.num_row_blocks * -(-k // BLOCK_N),)
-    kern.wq_w2_kernel[grid2](
-        intermediate, w2, w2_scale, z2, b2, topk_weights.contiguous().reshape(-1), per_pair,
-        aligned.sorted_ids, aligned.block_expert, aligned.num_padded,
-        n, k, num_pairs, g2,
-        intermediate.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1),
-        z2.stride(0), z2.stride(1), b2.stride(0), per_pair.stride(0),
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, KIND=kind, HAS_ZP=has_zp, ZERO=zero, HAS_BIAS=has_bias,
-        num_warps=4, num_stages=2,
-    )
-    torch.sum(per_pair.view(num_tokens, top_k, k), dim=1, out=out)
-    return out
+    launch(hidden, w1, w1_scale, w1_zero_point, w1_bias, intermediate, n, k, g1, "w1", True)
+    per_pair = torch.empty((num_pairs, k), dtype=hidden.dtype, device=hidden.device)
+    launch(intermediate, w2, w2_scale, w2_zero_point, w2_bias, per_pair, k, n, g2, "w2", False)
+    return topk_sum(per_pair, topk_ids, experts, out)
