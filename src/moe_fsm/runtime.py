@@ -8,26 +8,60 @@ needs no torch; building does (torch and Triton are imported from here on).
 
 from __future__ import annotations
 
+import importlib
+
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.decision import Decision
-from moe_fsm.errors import BackendUnavailableError
+from moe_fsm.errors import BackendUnavailableError, KernelInputError
 
 
-def build(decision: Decision, registry: Registry | None = None):
+def build(decision: Decision, registry: Registry | None = None, *, strict: bool = False, device: str | None = None):
     """The decision's experts and prepare/finalize pair as one modular kernel.
 
-    ``registry``: the one the decision was made with (default: its profile's);
-    ``BackendUnavailableError`` with the plan's reason when moe-fsm cannot run the decided kernel here.
+    ``registry``: the one the decision was made with (default: its profile's). Where moe-fsm cannot load
+    the decided experts kernel, its own implementation refuses the layer, or the kernel needs a device this
+    run lacks (``device``: the run's device type, e.g. "cpu"; None: CUDA when torch sees it), a stand-in of
+    the same numerics runs instead (``backends.stand_ins``), named by the kernel's ``stand_in``; ``strict``
+    refuses stand-ins with ``BackendUnavailableError`` (the plan's reason). The decision never changes.
     """
+    from moe_fsm.backends import stand_ins
     from moe_fsm.modular.kernel import ModularKernel
     from moe_fsm.prepare_finalize.choice import build_prepare_finalize
 
     registry = registry or default_registry(decision.inputs.profile.name)
-    if decision.plan.experts is None:
-        raise BackendUnavailableError(decision.plan.because)
-    experts = registry.implementation(decision.plan.experts)(decision.inputs.layer)
+    plan, layer = decision.plan, decision.inputs.layer
+    if not plan.prepare_finalize_buildable:
+        raise BackendUnavailableError(plan.prepare_finalize_because or plan.because)
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    impl = registry.kernels[plan.experts].impl if plan.experts is not None else None
+    stand_in = None
+    if impl is None:
+        stand_in = stand_ins.choose(layer, decision.activation_format, device,
+                                    decision.kernel or f"{decision.backend} (the platform's own MoE path)", plan.because)
+    elif device != "cuda" and stand_ins.cuda_only(impl):
+        stand_in = stand_ins.choose(layer, decision.activation_format, device, plan.experts,
+                                    f"{plan.experts} runs on CUDA; this run is on {device}")
+    if stand_in is not None:
+        if strict:
+            raise BackendUnavailableError(f"{stand_in.because} (a strict build refuses the stand-in {stand_in.label})")
+    else:
+        try:
+            experts = registry.implementation(plan.experts)(layer)
+        except (KernelInputError, BackendUnavailableError) as err:
+            # moe-fsm's implementation of the decided kernel does not take this layer (e.g. its FlashInfer
+            # adapter and NVFP4 weights): a stand-in of the same numerics runs it, unless the build is strict
+            if strict:
+                raise
+            stand_in = stand_ins.choose(layer, decision.activation_format, device, plan.experts, str(err))
+    if stand_in is not None:
+        module, _, attr = stand_in.impl.partition(":")
+        experts = getattr(importlib.import_module(module), attr)(layer)
     prepare_finalize = build_prepare_finalize(
-        decision.prepare_finalize, decision.inputs.parallel, num_experts=decision.inputs.layer.num_experts,
-        quant=decision.inputs.layer.quant,
+        decision.prepare_finalize, decision.inputs.parallel, num_experts=layer.num_experts, quant=layer.quant,
     )
-    return ModularKernel(prepare_finalize, experts, decision.inputs.layer)
+    kernel = ModularKernel(prepare_finalize, experts, layer)
+    kernel.stand_in = stand_in
+    return kernel

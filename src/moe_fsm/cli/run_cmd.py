@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from moe_fsm.engine.presets import DEFAULT_PRESET, PRESETS, preset
-from moe_fsm.errors import InputError
+from moe_fsm.errors import InputError, SelectionError
 from moe_fsm.trace.document import DEFAULT_TRACE_DIR
 
 DEFAULT_REPEATS = 3  # engine.run.DEFAULT_REPEATS; the flag's default without importing torch
@@ -37,6 +37,11 @@ def register(subparsers) -> None:
                              "(the installed vLLM's, else seeds); the MX and integer presets need vllm-0.33")
     parser.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR, help=f"where per-layer traces go (default {DEFAULT_TRACE_DIR}/)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and tokens")
+    parser.add_argument("--platform", default="probe", metavar="NAME",
+                        help="decide for this platform preset (what-if: sm90, sm100, cpu-x86, ...) and run the numerics "
+                             "here, with stand-ins where needed (default: probe this machine)")
+    parser.add_argument("--strict-build", action="store_true",
+                        help="refuse stand-ins: exit 3 when a decided kernel cannot be loaded here")
     parser.add_argument("--nproc", type=int, default=1, help="run across N processes (gloo on CPU, NCCL on GPUs)")
     parser.add_argument("--all2all", default="torch_all2all",
                         help=f"with --nproc > 1: how tokens travel ({' or '.join(RUNNABLE_ALL2ALL)})")
@@ -102,16 +107,24 @@ def _run_here(args, model, request, env, device) -> int:
 
     started_at = time.time()
     options = run_options(args)
-    platform = probed_platform()
+    platform = _platform(args.platform)
     print(render_header(model, args.tokens, args.layers, device, platform, request, env, (render_check_mode(options),)),
           flush=True)
     remove_stale_temp_files(args.trace_dir)
     progress = make_progress()
-    engine, results = run_model(
-        model, tokens=args.tokens, num_layers=args.layers, device=device, request=request, env=env,
-        platform=platform, trace_dir=args.trace_dir, seed=args.seed, options=options, progress=progress,
-        policy=args.policy,
-    )
+    try:
+        engine, results = run_model(
+            model, tokens=args.tokens, num_layers=args.layers, device=device, request=request, env=env,
+            platform=platform, trace_dir=args.trace_dir, seed=args.seed, options=options, progress=progress,
+            policy=args.policy, strict_build=args.strict_build,
+        )
+    except SelectionError as err:
+        hint = _platform_hint(model, args, request, env)
+        if not hint:
+            raise
+        named = type(err)(f"{err.message}; {hint}", trace=err.trace)
+        named.trace_path = err.trace_path
+        raise named from err
     progress.done()
     write_manifest(
         args.trace_dir, argv=sys.argv, preset=model.name, tokens=args.tokens, seed=args.seed,
@@ -120,6 +133,46 @@ def _run_here(args, model, request, env, device) -> int:
     )
     print(render_results(results, engine, args.trace_dir))
     return 0 if all(r.ok for r in results) else 1
+
+
+WHAT_IF_PLATFORMS = ("sm90", "sm100", "sm80", "sm120", "cpu-x86-amx", "cpu-arm", "rocm-mi300")
+
+
+def _platform_hint(model, args, request, env) -> str:
+    """For the first layer that fails to decide here: the platform presets that would decide it (run --platform)."""
+    from moe_fsm.decision import decide, make_inputs
+
+    specs = model.layers[: args.layers or len(model.layers)]
+    policy = args.policy if args.policy is not None else model.policy
+    here = _platform(args.platform)
+    for spec in specs:
+        try:
+            decide(make_inputs(spec.layer, None, request, env, here, policy), trace=False)
+            continue
+        except SelectionError:
+            pass
+        good = []
+        for name in WHAT_IF_PLATFORMS:
+            try:
+                decide(make_inputs(spec.layer, None, request, env, _platform(name), policy), trace=False)
+                good.append(name)
+            except SelectionError:
+                continue
+        if good:
+            return (f"{spec.name} would be decided with --platform {good[0]}" +
+                    (f" (or {', '.join(good[1:])})" if len(good) > 1 else "") +
+                    "; moe-fsm then runs its numerics here with stand-ins")
+        return ""
+    return ""
+
+
+def _platform(name: str):
+    from moe_fsm.decision import probed_platform
+    from moe_fsm.inputs import platform as platforms
+
+    if name in (None, "probe"):
+        return probed_platform()
+    return platforms.preset(name)
 
 
 def run_options(args):

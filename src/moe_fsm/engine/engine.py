@@ -11,15 +11,16 @@ Importing this module needs no torch; torch comes in when a kernel is built or r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 from moe_fsm import runtime
 from moe_fsm.decision import Decision, DecisionInputs
-from moe_fsm.errors import BackendUnavailableError
+from moe_fsm.errors import BackendUnavailableError, TraceWriteError
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.plan.decider import LayerDecider, LayerSpec
+from moe_fsm.trace import document as trace_doc
 
 
 @dataclass
@@ -29,6 +30,7 @@ class LoadedLayer:
     kernel: object  # ModularKernel, or None when the engine selects only
     trace_path: Path
     cached: bool
+    stand_in: object = None  # backends.stand_ins.StandIn when a stand-in runs the decided kernel's numerics
 
 
 class Engine(LayerDecider):
@@ -40,9 +42,16 @@ class Engine(LayerDecider):
     own trace. Unset arguments get an engine's defaults (see ``LayerDecider``).
     """
 
-    def __init__(self, layers: Optional[list[LayerSpec]] = None, *, build: bool = True, **settings) -> None:
-        """``settings``: the ``LayerDecider``'s (parallel, request, env, platform, trace_dir, rank, registry, policy)."""
+    def __init__(self, layers: Optional[list[LayerSpec]] = None, *, build: bool = True, strict_build: bool = False,
+                 device: Optional[str] = None, **settings) -> None:
+        """``settings``: the ``LayerDecider``'s (parallel, request, env, platform, trace_dir, rank, registry, policy).
+
+        ``strict_build`` refuses stand-ins (``runtime.build``); ``device`` is the run's device type (cpu, cuda),
+        which decides whether CUDA-only kernels can be built (None: CUDA when torch sees it).
+        """
         super().__init__(**settings)
+        self.strict_build = strict_build
+        self.device = device
         self.layers = list(layers or [])
         self.build = build
         self._kernels: dict[DecisionInputs, object] = {}
@@ -66,7 +75,19 @@ class Engine(LayerDecider):
         decided = self.decide_layer(index, spec)
         if not decided.cached:
             self._kernels[decided.inputs] = self._build(index, spec, decided.decision)
-        loaded = LoadedLayer(spec, decided.decision, self._kernels[decided.inputs], decided.trace_path, decided.cached)
+        decision = decided.decision
+        stand_in = getattr(self._kernels[decided.inputs], "stand_in", None)
+        if stand_in is not None and "stand_in" not in (decision.trace.get("build") or {}):
+            # the trace's build section names what runs in place of the decided kernel (the decision is unchanged)
+            decision = replace(decision, trace={**decision.trace,
+                                                "build": {**decision.trace["build"], "stand_in": stand_in.to_json()}})
+            if not decided.cached:
+                self._decisions[decided.inputs] = decision
+            try:
+                trace_doc.write_atomic(decided.trace_path, trace_doc.dumps(decision.trace))
+            except TraceWriteError as err:
+                raise TraceWriteError(f"layer {index} ({spec.name}): the decision trace was not written: {err}") from None
+        loaded = LoadedLayer(spec, decision, self._kernels[decided.inputs], decided.trace_path, decided.cached, stand_in)
         self.loaded.append(loaded)
         return loaded
 
@@ -74,7 +95,7 @@ class Engine(LayerDecider):
         if not self.build:
             return None
         try:
-            return runtime.build(decision, self.registry)
+            return runtime.build(decision, self.registry, strict=self.strict_build, device=self.device)
         except BackendUnavailableError as err:
             raise BackendUnavailableError(f"layer {index} ({spec.name}): {err}") from err
 

@@ -169,12 +169,18 @@ def run_model(
     options: RunOptions = RunOptions(),
     progress=None,
     policy: Optional[str] = None,
+    strict_build: bool = False,
 ) -> tuple[Engine, list[LayerResult]]:
-    """Load (decide + build) and run ``num_layers`` layers of ``model``; one row per layer."""
+    """Load (decide + build) and run ``num_layers`` layers of ``model``; one row per layer.
+
+    A decided kernel moe-fsm cannot load here runs as its stand-in (``backends.stand_ins``), named in the
+    row's kernel column and the trace's build section; ``strict_build`` refuses stand-ins instead.
+    """
     specs = list(model.layers[: num_layers or len(model.layers)])
     engine = Engine(
         specs, parallel=parallel, request=request, env=env if env is not None else EnvSnapshot.from_process(),
         platform=platform, trace_dir=trace_dir, policy=policy if policy is not None else model.policy,
+        strict_build=strict_build, device=torch.device(device).type,
     )
     loaded = engine.load()
     dev = torch.device(device)
@@ -284,7 +290,8 @@ def _row(index: int, layer_state: LoadedLayer, elapsed_ms: float, err: float, *,
         name=layer_state.spec.name,
         family=layer.family.value,
         backend=decision.backend,
-        kernel=decision.runner or "-",
+        kernel=(layer_state.stand_in.describe(decision.kernel or decision.backend) if layer_state.stand_in is not None
+                else decision.runner or "-"),
         prepare_finalize=decision.prepare_finalize.name,
         time_ms=elapsed_ms,
         rel_error=err,

@@ -1,0 +1,75 @@
+"""Stand-ins: moe-fsm's own implementation, with the same numerics, of a decided kernel it cannot load here.
+
+A decision is vLLM's and never changes with what this machine can load. When the
+runtime cannot build the decided experts kernel (vLLM's compiled Marlin, Humming,
+CUTLASS, DeepGEMM, TRTLLM, its CPU kernels, a platform's own MoE path, ...), or the
+kernel moe-fsm implements needs a device this run does not have (its Triton and
+FlashInfer kernels off CUDA), the build maps it to the moe-fsm implementation that
+computes the same function on the same weight format, scales and activation:
+
+* MXFP4 weights, 16-bit activations: moe-fsm's Triton MXFP4 experts (CUDA);
+* INT4/INT8 weight-only (GPTQ/AWQ/compressed-tensors, no activation order): moe-fsm's
+  Triton W4A16/W8A16 experts (CUDA);
+* unquantized and FP8 layers: moe-fsm's Triton experts (CUDA);
+* everything else, and every family off CUDA: moe-fsm's torch experts, which dequantize
+  every scheme the families hold and emulate the activation quantization.
+
+Pure data (no torch): ``choose`` answers from the layer, the decided activation format
+and the run's device type. ``Decision.build`` follows it unless the build is strict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from moe_fsm.inputs.formats import ActivationFormat
+from moe_fsm.inputs.quant import MX_FP4, QuantFamily
+
+TORCH = "moe_fsm.experts.torch_experts:TorchExperts"
+TORCH_BATCHED = "moe_fsm.experts.torch_experts:TorchBatchedExperts"
+TRITON = "moe_fsm.experts.triton_experts:TritonExperts"
+TRITON_BATCHED = "moe_fsm.experts.triton_experts:BatchedTritonExperts"
+TRITON_MXFP4 = "moe_fsm.experts.triton_wq_experts:TritonMxfp4Experts"
+TRITON_WNA16 = "moe_fsm.experts.triton_wq_experts:TritonWna16Experts"
+# moe-fsm implementations that run only on CUDA tensors
+CUDA_ONLY = ("moe_fsm.experts.triton_", "moe_fsm.experts.flashinfer_", "moe_fsm.experts.grouped_mm_")
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """What runs in place of ``replaces``: ``impl`` (module:Class), ``label`` for people, ``because``."""
+
+    replaces: str
+    impl: str
+    label: str
+    because: str
+
+    def to_json(self) -> dict:
+        return {"replaces": self.replaces, "impl": self.impl, "label": self.label, "because": self.because}
+
+    def describe(self, backend: str) -> str:
+        return f"{backend} decided; runs as {self.label} (stand-in)"
+
+
+def cuda_only(impl: Optional[str]) -> bool:
+    return impl is not None and impl.startswith(CUDA_ONLY)
+
+
+def choose(layer, activation_format: ActivationFormat, device_type: str, replaces: str, because: str) -> StandIn:
+    """The stand-in for a layer whose decided kernel cannot run here (``device_type``: cuda | cpu | ...)."""
+    batched = activation_format is ActivationFormat.BATCHED
+    quant = layer.quant
+    if device_type == "cuda" and layer.dtype in ("bfloat16", "float16"):
+        if batched:
+            if layer.family in (QuantFamily.UNQUANTIZED, QuantFamily.FP8):
+                return StandIn(replaces, TRITON_BATCHED, "moe-fsm batched Triton", because)
+        elif layer.family is QuantFamily.MXFP4 and quant.weight.dtype == MX_FP4 and quant.activation is None:
+            return StandIn(replaces, TRITON_MXFP4, "moe-fsm Triton MXFP4", because)
+        elif layer.family is QuantFamily.INT_WNA16 and not quant.act_order:
+            return StandIn(replaces, TRITON_WNA16, f"moe-fsm Triton W{quant.weight_bits}A16", because)
+        elif layer.family in (QuantFamily.UNQUANTIZED, QuantFamily.FP8):
+            return StandIn(replaces, TRITON, "moe-fsm Triton", because)
+    if batched:
+        return StandIn(replaces, TORCH_BATCHED, "moe-fsm batched torch experts", because)
+    return StandIn(replaces, TORCH, "moe-fsm torch experts", because)
