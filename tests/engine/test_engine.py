@@ -61,11 +61,17 @@ def test_a_failing_layer_writes_its_trace_and_is_named(tmp_path):
 def test_per_family_request_gets_past_the_mixed_checkpoint_failure(tmp_path):
     model = preset("mixed-nvfp4-fp8")
     failing = Engine(list(model.layers[:4]), parallel=ParallelConfig(), request=BackendRequest.parse("flashinfer_cutlass"),
-                     env=EnvSnapshot(), platform=platform_preset("sm121"), trace_dir=tmp_path / "a")
+                     env=EnvSnapshot(), platform=platform_preset("sm121"), trace_dir=tmp_path / "a", strict_build=True,
+                     device="cuda")
     # flashinfer_cutlass is valid for both families; moe-fsm's FlashInfer adapter runs unquantized and
-    # FP8 per-tensor layers, so building the first (NVFP4) layer is what fails, naming the layer.
+    # FP8 per-tensor layers, so a strict build of the first (NVFP4) layer is what fails, naming the layer.
     with pytest.raises(BackendUnavailableError, match=r"^layer 0 \(model.layers.0.mlp.experts\): moe-fsm's FlashInfer CUTLASS adapter runs unquantized and FP8 per-tensor"):
         failing.load()
+    # without strict, the NVFP4 layer runs as moe-fsm's torch experts (same numerics), the decision unchanged
+    loaded = Engine(list(model.layers[:1]), parallel=ParallelConfig(), request=BackendRequest.parse("flashinfer_cutlass"),
+                    env=EnvSnapshot(), platform=platform_preset("sm121"), trace_dir=tmp_path / "c", device="cuda").load()
+    assert loaded[0].decision.backend == "FLASHINFER_CUTLASS" and loaded[0].stand_in.label == "moe-fsm torch experts"
+    assert json.loads(loaded[0].trace_path.read_text())["build"]["stand_in"]["replaces"] == "FlashInferExperts"
     decisions = [
         Engine([spec], parallel=ParallelConfig(), request=BackendRequest.parse({"nvfp4": "emulation"}), env=EnvSnapshot(),
                platform=CPU, trace_dir=tmp_path / "b").load()[0].decision
