@@ -50,7 +50,8 @@ def _name(scenario: dict, answer: dict, seen: set) -> str:
     result = answer.get("backend") or answer.get("error")
     platform = scenario["platform"]
     if not isinstance(platform, str):
-        platform = "-".join([platform["preset"], *platform.get("add_libraries", ())])
+        base = platform.get("preset") or "sm" + "".join(map(str, platform.get("capability") or ())) or platform["vendor"]
+        platform = "-".join([base, *platform.get("add_libraries", ())])
     base = re.sub(r"[^a-z0-9.-]+", "-", f"{family}-{platform}-{scenario['backend']}-{result}".lower())
     name, n = base, 2
     while name in seen:
@@ -89,16 +90,16 @@ def choose(rows: list[dict]) -> list[dict]:
     return chosen
 
 
-def write(path: Path, rows: list[dict], version: str) -> int:
+def write(path: Path, rows: list[dict], version: str, profile: str = "vllm-0.33") -> int:
     chosen = choose(rows)
     seen: set = set()
     lines = [
-        f"# Golden scenarios of the vllm-0.33 profile: expectations are vLLM {version}'s own answers.",
+        f"# Golden scenarios of the {profile} profile: expectations are vLLM {version}'s own answers.",
         "#",
         "# Written by tools/vllm_parity.py --write-golden (tools/golden_writer.py): each scenario ran vLLM's",
         "# select_*_moe_backend on these machine facts, and `expect` / `expect_kernel` / `expect_message` are what",
         "# it returned or raised (ValueError -> BackendUnsupportedError, NotImplementedError -> NoBackendError).",
-        "# Regenerate the traces with: moe-fsm golden --update --profile vllm-0.33",
+        f"# Regenerate the traces with: moe-fsm golden --update --profile {profile}",
         "",
     ]
     for row in chosen:

@@ -16,6 +16,13 @@ import random
 
 PLATFORMS = ("sm80", "sm89", "sm90", "sm90-bare", "sm100", "sm120", "sm121", "rocm-mi300", "rocm-mi355",
              "xpu", "cpu", "tpu", "oot",
+             # the CPU kinds vLLM's CPU experts tell apart (architecture, AMX tiles; zentorch on an AMD x86 CPU)
+             "cpu-x86", "cpu-x86-amx", "cpu-arm", "cpu-power", {"preset": "cpu-x86", "add_libraries": ["zentorch"]},
+             # Blackwell Ultra (B300): compute capability 10.3, the SM100 family
+             {"vendor": "cuda", "capability": [10, 3], "device_name": "NVIDIA B300", "libraries": [
+                 "deep_gemm", "flashinfer", "flashinfer.b12x_moe", "flashinfer.cutedsl_moe",
+                 "flashinfer.cutlass_fused_moe", "flashinfer.trtllm_fused_moe", "torch._grouped_mm",
+                 "torch._scaled_grouped_mm", "triton", "vllm._custom_ops"]},
              # libraries no preset has: Tencent's hpc-ops on SM90, DeepGEMM on SM12x
              {"preset": "sm90", "add_libraries": ["hpc"]},
              {"preset": "sm120", "add_libraries": ["deep_gemm"]})

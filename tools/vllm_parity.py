@@ -56,9 +56,25 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(HERE))
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.33.0"  # --vllm-version sets these three
 PROFILE = "vllm-0.33"
 DEFAULT_CACHES = (Path("/work/cache/vllm/src"), Path.home() / ".cache" / "moe-fsm" / f"vllm-{VLLM_VERSION}")
+
+
+def use_version(version: str) -> None:
+    """Compare with vLLM ``version``'s oracles, under the moe-fsm profile written for that release."""
+    global VLLM_VERSION, PROFILE, DEFAULT_CACHES
+    from moe_fsm import profiles
+
+    wanted = profiles.version_tuple(version)
+    matches = [p for p in profiles.profiles().values()
+               if p.vllm_version is not None and wanted[:len(p.vllm_version)] == p.vllm_version]
+    if len(wanted) < 2 or not matches:
+        known = sorted(".".join(map(str, p.vllm_version)) for p in profiles.profiles().values() if p.vllm_version)
+        raise SystemExit(f"--vllm-version {version!r}: moe-fsm has no profile for it (profiles exist for {known})")
+    VLLM_VERSION, PROFILE = version, matches[0].name
+    caches = [Path.home() / ".cache" / "moe-fsm" / f"vllm-{version}"]
+    DEFAULT_CACHES = ((Path("/work/cache/vllm/src"), *caches) if version == "0.33.0" else tuple(caches))
 
 
 # ---------------------------------------------------------------------------
@@ -66,7 +82,7 @@ DEFAULT_CACHES = (Path("/work/cache/vllm/src"), Path.home() / ".cache" / "moe-fs
 # ---------------------------------------------------------------------------
 
 def ensure_vllm_source(cache: Path | None) -> Path:
-    """The directory holding vLLM 0.33.0's ``vllm`` package; downloaded and unpacked when absent."""
+    """The directory holding vLLM ``VLLM_VERSION``'s ``vllm`` package; downloaded and unpacked when absent."""
     candidates = [cache] if cache else list(DEFAULT_CACHES)
     for path in candidates:
         if (path / "vllm" / "model_executor" / "layers" / "fused_moe" / "oracle").is_dir():
@@ -214,6 +230,9 @@ def _matches(when: dict, scenario: dict, theirs: dict, ours: dict) -> bool:
         elif key == "ours_outcome":
             if ours.get("outcome") != wanted:
                 return False
+        elif key == "ours_message_contains":
+            if wanted not in ours.get("message", ""):
+                return False
         elif key == "theirs_message_contains":
             if wanted not in theirs.get("message", ""):
                 return False
@@ -226,6 +245,22 @@ def _matches(when: dict, scenario: dict, theirs: dict, ours: dict) -> bool:
 # Main
 # ---------------------------------------------------------------------------
 
+def golden_file_scenarios(path: Path) -> list[dict]:
+    """A golden scenario file's rows as grid scenarios (with their name and expectation kept for the report)."""
+    import tomllib
+
+    rows = tomllib.loads(path.read_text())["scenario"]
+    out = []
+    for row in rows:
+        scenario = {k: row[k] for k in ("platform", "layer", "parallel", "backend", "env") if k in row}
+        scenario.setdefault("parallel", {})
+        scenario.setdefault("backend", "auto")
+        scenario.setdefault("env", {})
+        scenario["layer"] = {"quant": "unquantized", **scenario["layer"]} if "quant" not in scenario["layer"] else scenario["layer"]
+        out.append(scenario)
+    return out
+
+
 def describe(scenario: dict) -> str:
     return json.dumps({k: scenario[k] for k in ("platform", "layer", "parallel", "backend", "env") if k in scenario},
                       sort_keys=True)
@@ -235,16 +270,26 @@ def main(argv: list[str] | None = None) -> int:
     import parity_families  # the MX and integer families (tools/parity_families/)
 
     FAMILIES.update({t.family: t for t in parity_families.tables()})
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache", type=Path, help="directory holding (or to receive) vLLM 0.33.0's source")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("0.33.0", "X.Y.Z"))
+    parser.add_argument("--vllm-version", default=VLLM_VERSION, metavar="X.Y.Z",
+                        help=f"the vLLM release whose oracles run (default {VLLM_VERSION}); moe-fsm decides under "
+                             "the profile written for it (0.31.0 -> vllm-0.31, ...)")
+    parser.add_argument("--cache", type=Path,
+                        help="directory holding (or to receive) that vLLM's source (default: "
+                             "~/.cache/moe-fsm/vllm-X.Y.Z; for 0.33.0 also /work/cache/vllm/src)")
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="only these families")
     parser.add_argument("--limit", type=int, help="only the first N scenarios (smoke runs)")
+    parser.add_argument("--scenarios", type=Path, action="append", metavar="TOML",
+                        help="instead of the grid, these golden scenario files' scenarios (checks hand-written "
+                             "expectations against vLLM's own answers)")
     parser.add_argument("--vllm-only", action="store_true", help="only vLLM's answers (no moe-fsm)")
     parser.add_argument("--json", type=Path, help="write every scenario with both answers to this file")
     parser.add_argument("--show", type=int, default=50, help="print at most N disagreements (default 50)")
     parser.add_argument("--write-golden", type=Path, metavar="TOML",
                         help="write golden scenarios whose expectations are vLLM's answers (see golden_scenarios)")
     args = parser.parse_args(argv)
+    use_version(args.vllm_version)
+    parity_families.use_profile(PROFILE)
 
     import parity_grid
 
@@ -255,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     chosen = args.family or sorted(FAMILIES)
     scenarios = parity_grid.grid([f for f in chosen if f in parity_grid.LAYERS]) + parity_families.grid(
         [f for f in chosen if f in parity_families.FAMILIES])
+    if args.scenarios:
+        scenarios = [s for path in args.scenarios for s in golden_file_scenarios(path)
+                     if s["layer"].get("quant", "unquantized") in chosen]
     if args.limit:
         scenarios = scenarios[: args.limit]
     declared = load_declared()
@@ -290,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_golden:
         import golden_writer
 
-        written = golden_writer.write(args.write_golden, rows, VLLM_VERSION)
+        written = golden_writer.write(args.write_golden, rows, VLLM_VERSION, PROFILE)
         print(f"wrote {written} golden scenarios (expectations: vLLM {VLLM_VERSION}'s answers) to {args.write_golden}")
     print(f"\nvLLM {VLLM_VERSION} (source {source}) vs moe-fsm profile {PROFILE}: {len(scenarios)} scenarios")
     if args.vllm_only:

@@ -278,6 +278,7 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
         plan = None
     else:
         sel = run.selection
+        ctx, fmt = run.ctx, run.ctx.activation_format  # a step may have checked its candidates in another format
         outcome = {
             "status": sel.status,
             "backend": sel.backend,

@@ -7,7 +7,7 @@ machine facts these oracles' kernels ask for (fakes.py).
 """
 
 from parity_families.fakes import Faked
-from parity_families.grid import FAMILIES, grid
+from parity_families.grid import FAMILIES, grid, use_profile
 from parity_families.tables import tables
 
-__all__ = ["FAMILIES", "Faked", "grid", "tables"]
+__all__ = ["FAMILIES", "Faked", "grid", "tables", "use_profile"]

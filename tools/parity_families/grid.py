@@ -13,7 +13,14 @@ from pathlib import Path
 
 from parity_grid import PARALLEL
 
-GOLDEN = Path(__file__).resolve().parents[2] / "traces" / "vllm-0.33" / "scenarios"
+TRACES = Path(__file__).resolve().parents[2] / "traces"
+GOLDEN = TRACES / "vllm-0.33" / "scenarios"
+
+
+def use_profile(profile: str) -> None:
+    """Read the hand-written golden scenarios of this profile (traces/<profile>/scenarios/<family>.toml)."""
+    global GOLDEN
+    GOLDEN = TRACES / profile / "scenarios"
 
 GFX1100 = {"vendor": "rocm", "gcn_arch": "gfx1100", "device_name": "AMD Radeon RX 7900 XTX",
            "libraries": ["triton", "torch.ops._rocm_C.moe_gptq_gemm_rdna3"]}
@@ -120,7 +127,7 @@ def family_grid(family: str, rng: random.Random) -> list[dict]:
 
 
 def golden_specs(family: str) -> list[dict]:
-    """The family's golden scenarios (traces/vllm-0.33/scenarios/<family>.toml), so vLLM also answers for the
+    """The family's golden scenarios (traces/<profile>/scenarios/<family>.toml), so vLLM also answers for the
     hand-written expectations (branches the one-change-at-a-time grid does not reach)."""
     import tomllib
 

@@ -10,7 +10,7 @@ path and the same trace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from moe_fsm.backends.pf_choice import choose_prepare_finalize
 from moe_fsm.backends.registry import Registry
@@ -93,6 +93,14 @@ class DecisionRun:
         return known[0]
 
     # -- what steps are made of -------------------------------------------------------
+
+    def in_format(self, fmt: ActivationFormat, because: str | None) -> None:
+        """Ask the following verdicts (and pair a selection) in another activation format than the decision's."""
+        self.ctx = self.registry.canonical(replace(self.ctx, activation_format=fmt))
+        self._memo = self.registry.memo_for(self.ctx)
+        self._known = self.registry.known_outcomes(self.ctx, self._memo)
+        if because and self.rec.enabled:
+            self.rec.emit("note", text=because)
 
     def outcomes(self, requirements) -> tuple[str | None, ...]:
         """Each requirement's failure in this decision's context (None: it holds), memoized with the verdicts."""

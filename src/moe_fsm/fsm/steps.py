@@ -64,6 +64,10 @@ class Shortcut(Step):
     instead of the backend's own, and conditions added to theirs (0.33's LoRA step
     tries TrtLlmBf16LoRAExperts under FLASHINFER_TRTLLM, and only when the
     per-partition intermediate size is a multiple of 128).
+    ``activation_format``: the format the candidates are checked in, whatever the
+    decision's (0.33's LoRA gate asks TrtLlmBf16LoRAExperts about the standard
+    format even when ``--backend batched_triton`` would make the scan batched);
+    a candidate selected here keeps that format for its prepare/finalize.
     """
 
     when: tuple["Requirement", ...] = ()
@@ -71,6 +75,7 @@ class Shortcut(Step):
     otherwise: str | None = None
     kernels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     extra: Mapping[str, tuple["Requirement", ...]] = field(default_factory=dict)
+    activation_format: ActivationFormat | None = None
 
     def guard(self, run) -> bool:
         checks = list(zip(self.when, run.outcomes(self.when)))
@@ -82,9 +87,15 @@ class Shortcut(Step):
         return result
 
     def act(self, run) -> None:
+        decision_format = run.ctx.activation_format
+        if self.activation_format is not None and self.activation_format is not decision_format:
+            run.in_format(self.activation_format, f"{self.name} checks its candidates in the "
+                                                  f"{self.activation_format.value} activation format")
         rejected = run.scan(self.candidates, self.kernels, self.extra)
         if run.selection is not None:
             return
+        if run.ctx.activation_format is not decision_format:
+            run.in_format(decision_format, None)
         if self.otherwise is not None:
             run.select_unchecked(self.otherwise, f"{self.name}: vLLM returns {self.otherwise} without a support check")
             return

@@ -115,10 +115,30 @@ CUTLASS_GROUP_GEMM = Condition(
     and ctx.platform.has(Library.VLLM_OPS),
     "kernel does not support current device (vLLM's CUTLASS grouped GEMM needs compute capability 9.0-10.x)",
 )
-NO_AMX = Condition(
-    "an x86 CPU with AMX tiles (moe-fsm's CPU platform facts describe none)", lambda ctx: False,
-    "kernel does not support current device (needs an x86 CPU with AMX)",
+def cpu_device(arch: str, amx: bool = False, note: str = "") -> Condition:
+    """``_supports_current_device`` of vLLM's CPU experts: ``current_platform.get_cpu_architecture()`` and, for
+    the x86 kernels, ``torch.cpu._is_amx_tile_supported()`` (PlatformFacts.cpu_arch / cpu_amx)."""
+    return Condition(
+        f"{'an' if arch in ('x86', 'arm') else 'a'} {arch} CPU" + (" with AMX tiles" if amx else "") + note,
+        lambda ctx: ctx.platform.vendor is Vendor.CPU and ctx.platform.cpu_arch == arch
+        and (ctx.platform.cpu_amx or not amx),
+        lambda ctx: f"kernel does not support current device {ctx.platform.device_name} "
+                    f"(needs {'an' if arch in ('x86', 'arm') else 'a'} {arch} CPU{' with AMX tiles' if amx else ''})",
+    )
+
+
+X86_AMX = cpu_device("x86", amx=True)
+# CPUExpertsFp8W8A8._supports_current_device: is_cpu() and cpu_has_amx_fp8(), a compiled probe of the CPU's
+# AMX-FP8 instructions. moe-fsm's PlatformFacts record AMX tiles (cpu_amx) but not AMX-FP8, so this cannot be
+# checked from the facts moe-fsm has: it is taken as absent, and the reason says so.
+AMX_FP8 = Condition(
+    "a CPU with native AMX-FP8 (vLLM's cpu_has_amx_fp8(); not a fact moe-fsm's platform facts record: taken as absent)",
+    lambda ctx: False,
+    lambda ctx: f"kernel does not support current device {ctx.platform.device_name} (needs native AMX-FP8, "
+                "vLLM's cpu_has_amx_fp8(); moe-fsm's platform facts do not record AMX-FP8, so it is taken as absent)",
 )
+CPU_BF16_ONLY = Condition("bfloat16 activations", lambda ctx: ctx.layer.dtype == "bfloat16",
+                          "kernel requires bfloat16 activations")
 
 
 def _fp8_hardware(ctx) -> bool:
@@ -221,11 +241,39 @@ B12X_MXFP4 = (
 )
 
 
-def _cpu_grouped_gemm(ctx) -> bool:
-    """CPUUnquantizedExperts._supports_grouped_gemm: hidden and (padded) intermediate divisible by 32."""
-    per_partition = intermediate_per_partition(ctx)
-    padded = per_partition if ctx.layer.activation is Activation.SWIGLUOAI else -(-per_partition // 32) * 32
-    return ctx.layer.hidden_size % 32 == 0 and padded % 32 == 0
+def cpu_grouped_gemm(output_alignment: int, reduction_alignment: int) -> Condition:
+    """CPUUnquantizedExperts._supports_grouped_gemm with a class's alignments: hidden size and the per-partition
+    intermediate size (padded to lcm(output, reduction) unless SwiGLU-OAI) divisible by each."""
+    import math
+
+    lcm = math.lcm(output_alignment, reduction_alignment)
+
+    def padded(ctx) -> int:
+        per_partition = intermediate_per_partition(ctx)
+        return per_partition if ctx.layer.activation is Activation.SWIGLUOAI else -(-per_partition // lcm) * lcm
+
+    def failure(ctx) -> str:
+        size = padded(ctx)
+        if ctx.layer.hidden_size % output_alignment or size % output_alignment:
+            return f"kernel requires hidden and intermediate dimensions divisible by {output_alignment}"
+        return f"kernel requires reduction dimensions divisible by {reduction_alignment}"
+
+    return Condition(
+        f"hidden and (padded) intermediate sizes divisible by {output_alignment} and {reduction_alignment}",
+        lambda ctx: all(ctx.layer.hidden_size % a == 0 and padded(ctx) % a == 0
+                        for a in (output_alignment, reduction_alignment)),
+        failure,
+    )
+
+
+def _zentorch_or(grouped_gemm: Condition) -> Condition:
+    """CPUUnquantizedExperts.is_supported_config after the generic chain: zentorch's fused MoE takes any gated
+    SiLU / SwiGLU-OAI / GELU layer (is_zentorch_moe_config_supported), else the grouped GEMM's alignment."""
+    return Condition(
+        f"zentorch's fused MoE (zentorch_fused_moe), or {grouped_gemm.text}",
+        lambda ctx: ctx.platform.has(Library.ZENTORCH) or grouped_gemm.holds(ctx),
+        grouped_gemm.failure_text,
+    )
 
 
 def _spec(name, fmt, *requirements, impl=None, note=""):
@@ -290,21 +338,23 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
           NoLoRA(), note="the XPU platform's MXFP8 MoE kernels"),
     _spec("XPUExpertsBlockFp8", S, OnVendor((Vendor.XPU,)), ALL, QuantSchemes((FP8_BLOCK,)), STANDARD,
           NOT_BATCH_INVARIANT, NoLoRA(), note="the XPU platform's block-FP8 MoE kernels"),
-    # -- CPU (experts/cpu_moe.py): the x86/Arm/Power variants need AMX, an Arm or a Power CPU ------------
-    *(_spec(name, S, OnVendor((Vendor.CPU,)), NO_AMX if name.startswith("X86") else Condition(
-            f"a {arch} CPU (moe-fsm's CPU platform facts describe x86)", lambda ctx: False,
-            f"kernel does not support current device (needs a {arch} CPU)"),
-            note="vLLM's CPU MoE kernels")
-      for name, arch in (("X86CPUUnquantizedExperts", "x86"), ("ArmCPUUnquantizedExperts", "Arm"),
-                         ("PowerCPUUnquantizedExperts", "Power"))),
+    # -- CPU (experts/cpu_moe.py): the x86 AMX / Arm NEON / Power VSX grouped GEMMs, then the portable one ----
+    # Each variant: its device (architecture; x86 also AMX tiles), the generic chain, then bfloat16 and its
+    # grouped GEMM alignment (output, reduction); the portable class: zentorch's fused MoE or alignment (32, 1).
+    *(_spec(name, S, device, ALL, QuantSchemes((UNQUANTIZED,)), STANDARD, NOT_BATCH_INVARIANT, NoLoRA(),
+            CPU_BF16_ONLY, cpu_grouped_gemm(*alignment), note=f"vLLM's CPU MoE kernels ({isa} grouped GEMM)")
+      for name, device, alignment, isa in (
+          ("X86CPUUnquantizedExperts", X86_AMX, (32, 32), "AMX"),
+          # vLLM also refuses macOS (sys.platform == "darwin"); moe-fsm's Arm CPU facts describe a Linux host.
+          ("ArmCPUUnquantizedExperts", cpu_device("arm", note=" (not macOS: moe-fsm's Arm facts are a Linux host)"),
+           (32, 4), "NEON"),
+          ("PowerCPUUnquantizedExperts", cpu_device("powerpc"), (16, 2), "VSX"))),
     _spec("CPUUnquantizedExperts", S, OnVendor((Vendor.CPU,)), ALL, QuantSchemes((UNQUANTIZED,)), STANDARD,
-          NOT_BATCH_INVARIANT, NoLoRA(),
-          Condition("hidden and (padded) intermediate sizes divisible by 32", _cpu_grouped_gemm,
-                    "kernel requires hidden and intermediate dimensions divisible by 32"),
+          NOT_BATCH_INVARIANT, NoLoRA(), _zentorch_or(cpu_grouped_gemm(32, 1)),
           note="vLLM's portable CPU MoE"),
-    _spec("CPUExpertsFp8", S, OnVendor((Vendor.CPU,)), NO_AMX, SILU_GELU, QuantSchemes((FP8_BLOCK,)), STANDARD,
+    _spec("CPUExpertsFp8", S, X86_AMX, SILU_GELU, QuantSchemes((FP8_BLOCK,)), STANDARD,
           NOT_BATCH_INVARIANT, NoLoRA(), note="vLLM's AMX FP8 W8A16 CPU MoE"),
-    _spec("CPUExpertsFp8W8A8", S, OnVendor((Vendor.CPU,)), NO_AMX, SILU, QuantSchemes((FP8_BLOCK,)), STANDARD,
+    _spec("CPUExpertsFp8W8A8", S, AMX_FP8, SILU, QuantSchemes((FP8_BLOCK,)), STANDARD,
           NOT_BATCH_INVARIANT, NoLoRA(), note="vLLM's AMX-FP8 W8A8 CPU MoE"),
     # -- FlashInfer TRTLLM FP8 (experts/trtllm_fp8_moe.py): SiLU only (the packed SwiGLU-OAI layout only) -
     _spec("TrtLlmFp8ExpertsMonolithic", S, *BLACKWELL_TRTLLM, SILU, QuantSchemes((FP8_BLOCK, FP8_TENSOR_STATIC, MXFP8)),
@@ -388,7 +438,8 @@ KERNELS: dict[str, KernelSpec] = {k.name: k for k in (
 
 # Kernels moe-fsm does not implement but runs with the same numerics (build's business, never the decision's).
 SUBSTITUTES: dict[str, str] = {"Nvfp4QuantizationEmulationTritonExperts": "TorchExperts",
-                               "CPUUnquantizedExperts": "TorchExperts"}
+                               "CPUUnquantizedExperts": "TorchExperts", "X86CPUUnquantizedExperts": "TorchExperts",
+                               "ArmCPUUnquantizedExperts": "TorchExperts", "PowerCPUUnquantizedExperts": "TorchExperts"}
 
 # Where the FP8 oracle returns NONE the platform runs the layer itself; on a CPU moe-fsm runs its emulation.
 FALLBACK_KERNELS: dict[Vendor, tuple[str, ...]] = {Vendor.CPU: ("TorchExperts", "TorchBatchedExperts")}

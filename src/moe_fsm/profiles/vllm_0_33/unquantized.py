@@ -15,6 +15,7 @@ from moe_fsm.backends.requirements import Activations, CudaCapability, LoRAEnabl
 from moe_fsm.backends.specs import backends
 from moe_fsm.fsm.policy import FamilyPolicy, Reorder, frozen
 from moe_fsm.fsm.steps import AutoScan, EnvOverride, ExplicitChoice, Shortcut
+from moe_fsm.inputs.formats import ActivationFormat
 from moe_fsm.inputs.layer import Activation
 from moe_fsm.inputs.platform import Vendor
 from moe_fsm.inputs.quant import QuantFamily
@@ -28,7 +29,10 @@ POLICY = FamilyPolicy(
     steps=(
         Shortcut("tpu_platform", when=(OnVendor((Vendor.TPU,)),), otherwise="TPU"),
         Shortcut("oot_platform", when=(OnVendor((Vendor.OUT_OF_TREE,)),), otherwise="OOT"),
-        Shortcut("lora_shortcut", when=(LoRAEnabled(),), candidates=("FLASHINFER_TRTLLM",), otherwise="TRITON"),
+        # _trtllm_bf16_lora_supported asks TrtLlmBf16LoRAExperts about the standard format, before the oracle
+        # works out the batched one (--backend batched_triton, batched all-to-all kinds).
+        Shortcut("lora_shortcut", when=(LoRAEnabled(),), candidates=("FLASHINFER_TRTLLM",), otherwise="TRITON",
+                 activation_format=ActivationFormat.STANDARD),
         ExplicitChoice("explicit_user_choice", passthrough=("humming", "marlin")),
         EnvOverride("aiter_override", names=("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MOE"),
                     standard="AITER", batched="AITER", prunes=("AITER",), unsupported="prune"),
