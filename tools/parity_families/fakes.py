@@ -55,6 +55,13 @@ def _humming_stub() -> None:
 
     if "humming" in sys.modules:
         return
+    # vLLM 0.32's vllm.utils.humming monkeypatches the humming package's device info on first use (a work-around
+    # for a humming bug); the stub has no device info, so that patch is marked as done.
+    with contextlib.suppress(ImportError):
+        import vllm.utils.humming as vllm_humming
+
+        if hasattr(vllm_humming, "_patched"):
+            vllm_humming._patched = True
     config = types.ModuleType("humming.config")
     config.GemmType = enum.Enum("GemmType", {"INDEXED": "indexed", "GROUPED_CONTIGUOUS": "grouped_contiguous",
                                              "GROUPED_MASKED": "grouped_masked"})
