@@ -15,6 +15,7 @@ from moe_fsm.errors import InputError
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "diff",
+        conflict_handler="resolve",  # --policy below replaces the single-profile one of the input flags
         help="decide a layer (or every layer of a preset) under two policy profiles and show where they part",
         description="What changes for a model when vLLM is upgraded: the same inputs decided under two policy "
                     "profiles, side by side, with the first step where the paths part and the events that say "
@@ -28,10 +29,18 @@ def register(subparsers) -> None:
                         help="every MoE layer of a `moe-fsm run` preset instead of one layer (layer flags are ignored)")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     add_input_arguments(parser)
-    parser.set_defaults(func=run)
+    parser.add_argument("--policy", dest="policies", action="append", metavar="PROFILE",
+                        help="given twice, the same as --from FIRST --to SECOND (moe-fsm diff --policy vllm-0.32 "
+                             "--policy vllm-0.33 --preset NAME)")
+    parser.set_defaults(func=run, policy=None)
 
 
 def run(args) -> int:
+    if args.policies:
+        if len(args.policies) != 2:
+            raise InputError(f"--policy is given twice to diff (from, then to), got {len(args.policies)}: "
+                             f"{args.policies}; or use --from / --to")
+        args.before, args.after = args.policies
     before = profiles.get(args.before).name
     after = args.after or diff.newest_release()
     if after is None:
