@@ -113,7 +113,10 @@ def test_seeds_matrix_covers_every_platform_preset():
 # Backends no scenario can select, because moe-fsm's platform facts cannot describe what they need
 # (vllm-0.33: the AMX CPUs of CPU/CPU_W8A8; the humming and b12x packages, which pick among their
 # own classes at run time). Each is still rejected with its reason in some golden trace.
-UNREACHABLE = {"vllm-0.33": {"fp8": {"CPU", "CPU_W8A8", "HUMMING"}, "nvfp4": {"HUMMING", "B12X"}}}
+# CPU_W8A8 needs AMX-FP8, a fact moe-fsm's platform facts lack; HUMMING / B12X ask packages not installable here.
+UNREACHABLE = {"vllm-0.33": {"fp8": {"CPU_W8A8", "HUMMING"}, "nvfp4": {"HUMMING", "B12X"}},
+               # 0.32's AiterMxfp8Experts takes only the uninterleaved SwiGLU-OAI activation, which moe-fsm's layers lack
+               "vllm-0.32": {"fp8": {"CPU_W8A8", "HUMMING"}, "nvfp4": {"HUMMING", "B12X"}, "mxfp8": {"AITER_MXFP8"}}}
 
 
 @pytest.mark.parametrize("profile", PROFILES)

@@ -440,10 +440,9 @@ def _call(fn):
 # ---------------------------------------------------------------------------------------------------------
 
 def _spec_parser():
-    try:  # issue 18 moves the spec parser into the core
-        return importlib.import_module("moe_fsm.inputs.spec").inputs_from_spec
-    except ImportError:
-        return importlib.import_module("moe_fsm.cli.inputs").inputs_from_spec
+    from moe_fsm.decision import inputs_from_spec  # the spec parser of the core (the `select --input` form)
+
+    return inputs_from_spec
 
 
 def moe_fsm_answer(spec: dict, layer_name: str) -> tuple[dict, dict | None]:
