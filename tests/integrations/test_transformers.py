@@ -243,15 +243,16 @@ def test_unknown_training_mode_and_model_without_experts():
 
 
 def test_a_decided_kernel_that_cannot_be_built_here_runs_the_torch_experts(tmp_path):
-    """Deciding for an H100 picks TRITON; its kernels do not compute float32, so the torch experts run, said so."""
+    """Deciding for an H100 picks TRITON; its kernels run on CUDA (and compute no float32), so on this CPU model the
+    torch experts stand in, said so."""
     model = build("olmoe", torch.float32)
     ids = tokens()
     reference = eager_logits(model, ids)
     enabled = enable(model, env={}, trace_dir=tmp_path, platform=preset("sm90"), policy="seeds")
     assert {p.loaded.decision.backend for p in enabled.modules.values()} == {"TRITON"}
     assert set(enabled.substitutes) == set(enabled.modules)
-    assert "float32" in next(iter(enabled.substitutes.values()))
-    assert "runs the torch experts" in enabled.summary()
+    assert "TritonExperts runs on CUDA; this run is on cpu" in next(iter(enabled.substitutes.values()))
+    assert "runs as moe-fsm torch experts (stand-in)" in enabled.summary()
     with torch.no_grad():
         assert rel_error(model(ids).logits, reference) < 1e-5
 

@@ -117,7 +117,7 @@ class EnabledModel:
             f"{self.engine.distinct_decisions} distinct decision(s); traces in {self.trace_dir}/"
         ]
         for (backend, kernel, dtype, inference_only, substitute), names in groups.items():
-            note = f"; runs the torch experts: {substitute}" if substitute else ""
+            note = f"; {substitute}" if substitute else ""
             if inference_only:
                 note += "; training: torch experts" if self.training == "torch" else "; training: refused"
             lines.append(f"  {len(names):3d} x {backend} ({kernel}, {dtype}{note}): {names[0]}" + (" ..." if len(names) > 1 else ""))
@@ -170,7 +170,7 @@ def enable(
         loaded = engine.load_layer(name, layer)
         key = engine.inputs_for(layer)
         if key not in kernels:
-            kernels[key] = build_kernel(loaded.decision, layer, engine)
+            kernels[key] = build_kernel(loaded.decision, layer, engine, _weights(module)[0].device)
         kernel, substitute_reason = kernels[key]
         training_kernel = kernel if kernel.experts.name in DIFFERENTIABLE_EXPERTS else None
         if training_kernel is None and training == "torch":
@@ -247,13 +247,17 @@ def platform_for(device: torch.device) -> PlatformFacts:
     return probed
 
 
-def build_kernel(decision, layer: MoELayer, engine: Engine) -> tuple[object, Optional[str]]:
+def build_kernel(decision, layer: MoELayer, engine: Engine, device: torch.device) -> tuple[object, Optional[str]]:
     """The decided kernel; where moe-fsm cannot build it here (a kernel it only models, a dtype its
-    implementation lacks), the torch experts of the same layer, with the reason."""
+    implementation lacks, a CUDA kernel for a model on the CPU), the stand-in ``build`` names, else the torch
+    experts of the same layer, with the reason."""
     try:
-        return build(decision, engine.registry), None
+        kernel = build(decision, engine.registry, device=device.type)
     except (BackendUnavailableError, KernelInputError) as err:
-        return torch_kernel(layer), f"{decision.kernel or decision.backend} cannot be built here ({err})"
+        return torch_kernel(layer), f"{decision.kernel or decision.backend} cannot be built here ({err}); runs the moe-fsm torch experts"
+    if kernel.stand_in is None:
+        return kernel, None
+    return kernel, f"{kernel.stand_in.describe(decision.kernel or decision.backend)}: {kernel.stand_in.because}"
 
 
 def torch_kernel(layer: MoELayer):
