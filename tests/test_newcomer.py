@@ -49,7 +49,8 @@ def test_readme_library_examples_run_as_shown(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == ["CPU TorchExperts", "torch.Size([4, 256])"]
     assert out[2] == "FLASHINFER_B12X"
-    assert "which moe-fsm models for selection but cannot run" in out[3]
+    assert out[3] == "FlashInferB12xExperts decided; runs as moe-fsm torch experts (stand-in)"
+    assert "which moe-fsm models for selection but cannot run" in out[4]
     assert (tmp_path / "traces" / "layer0.json").exists()
 
 
