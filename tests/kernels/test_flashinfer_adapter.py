@@ -29,9 +29,11 @@ def _layer(quant=None, **overrides):
 @pytest.mark.parametrize(
     "layer,reason",
     [
-        (_layer(QuantScheme.nvfp4()), "runs unquantized and FP8 per-tensor"),
-        (_layer(QuantScheme.fp8("block", "group")), "runs unquantized and FP8 per-tensor"),
-        (_layer(QuantScheme.fp8("tensor", "tensor", static_activation=False)), "runs unquantized and FP8 per-tensor"),
+        (_layer(QuantScheme.nvfp4()), "runs unquantized, FP8 per-tensor"),
+        (_layer(QuantScheme.fp8("tensor", "tensor", static_activation=False)), "runs unquantized, FP8 per-tensor"),
+        (_layer(QuantScheme.fp8("channel", "token")), "runs unquantized, FP8 per-tensor"),
+        (_layer(QuantScheme.fp8("block", "group"), hidden_size=192), "multiples of 128"),
+        (_layer(QuantScheme.fp8("block", "group"), dtype="float16"), "block-FP8 path takes bfloat16"),
         (_layer(activation=Activation.GELU), "runs SiLU without the SwiGLU clamp"),
         (_layer(swiglu_limit=7.0), "runs SiLU without the SwiGLU clamp"),
         (_layer(dtype="float32"), "takes bfloat16 or float16"),
@@ -61,7 +63,7 @@ def test_missing_module_names_the_build_command_and_the_jit_escape(tmp_path):
     with pytest.raises(BackendUnavailableError) as err:
         prebuilt.read_prebuilt(tmp_path / "empty", FI, TVM)
     message = str(err.value)
-    assert "tools/build_flashinfer_sm90.py" in message
+    assert "moe-fsm flashinfer build" in message
     assert prebuilt.PREBUILT_ENV in message and prebuilt.ALLOW_JIT_ENV in message
 
 

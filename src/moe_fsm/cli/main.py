@@ -19,7 +19,18 @@ from moe_fsm.errors import BackendUnavailableError, MoeFsmError, SelectionError,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from moe_fsm.cli import diagram, diff_cmd, explain, golden_cmd, plan_cmd, replay, run_cmd, select_cmd, tune_cmd
+    from moe_fsm.cli import (
+        diagram,
+        diff_cmd,
+        explain,
+        flashinfer_cmd,
+        golden_cmd,
+        plan_cmd,
+        replay,
+        run_cmd,
+        select_cmd,
+        tune_cmd,
+    )
 
     parser = argparse.ArgumentParser(
         prog="moe-fsm",
@@ -30,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"moe-fsm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (select_cmd, explain, replay, diff_cmd, diagram, golden_cmd, plan_cmd, run_cmd, tune_cmd):
+    for module in (select_cmd, explain, replay, diff_cmd, diagram, golden_cmd, plan_cmd, run_cmd, tune_cmd, flashinfer_cmd):
         module.register(subparsers)
     return parser
 

@@ -3,8 +3,8 @@
 On Hopper, ``flashinfer.fused_moe.cutlass_fused_moe`` JIT-compiles its whole module (248
 objects, about 48 minutes on 16 cores) the first time it is called. An engine loading a model
 must not stall for that, so moe-fsm's adapter never triggers it silently. It looks for the
-trimmed module that ``tools/build_flashinfer_sm90.py`` builds (only the dtype pairs moe-fsm
-calls), checks that its manifest matches this FlashInfer and tvm-ffi, and hands it to
+trimmed module that ``moe-fsm flashinfer build`` builds (only the dtype pairs moe-fsm
+calls; ``moe_fsm.experts.flashinfer_build``), checks that its manifest matches this FlashInfer and tvm-ffi, and hands it to
 FlashInfer in place of the JIT build. Without one, building the kernel fails with what is
 missing and the command that builds it; ``MOE_FSM_FLASHINFER_ALLOW_JIT=1`` lets FlashInfer
 compile in place instead.
@@ -27,7 +27,7 @@ MODULE_NAME = "moe_fsm_fused_moe_90"
 ARCH = "9.0a"
 PREBUILT_ENV = "MOE_FSM_FLASHINFER_PREBUILT"
 ALLOW_JIT_ENV = "MOE_FSM_FLASHINFER_ALLOW_JIT"
-BUILD_COMMAND = "python tools/build_flashinfer_sm90.py --out DIR --jobs 16"
+BUILD_COMMAND = "moe-fsm flashinfer build"
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class PrebuiltModule:
     so_path: Path
     dtype_sets: frozenset[str]
     flashinfer_version: str
+    failed_smoke: frozenset[str] = frozenset()
 
 
 def default_cache_dir(flashinfer_version: str) -> Path:
@@ -56,7 +57,8 @@ def read_prebuilt(directory: Path, flashinfer_version: str, tvm_ffi_version: str
     if not manifest_path.is_file() or not so_path.is_file():
         raise BackendUnavailableError(
             f"no prebuilt FlashInfer SM90 CUTLASS MoE module in {directory} (needs manifest.json and {so_path.name}); "
-            f"build it with `{BUILD_COMMAND}` and point {PREBUILT_ENV} at DIR, or set {ALLOW_JIT_ENV}=1 to let "
+            f"build it with `{BUILD_COMMAND}` (into the user cache; `--out DIR` and {PREBUILT_ENV}=DIR for another "
+            f"place), or set {ALLOW_JIT_ENV}=1 to let "
             "FlashInfer JIT-compile its full module (248 objects, about 48 minutes on 16 cores)"
         )
     manifest = json.loads(manifest_path.read_text())
@@ -70,7 +72,8 @@ def read_prebuilt(directory: Path, flashinfer_version: str, tvm_ffi_version: str
             f"the prebuilt FlashInfer module in {directory} was built for another setup: {', '.join(mismatches)}; "
             f"rebuild it with `{BUILD_COMMAND}`"
         )
-    return PrebuiltModule(so_path, frozenset(manifest.get("dtype_sets", ())), flashinfer_version)
+    return PrebuiltModule(so_path, frozenset(manifest.get("dtype_sets", ())), flashinfer_version,
+                          frozenset(manifest.get("dtype_sets_failed_smoke", ())))
 
 
 def find_prebuilt(flashinfer_version: str, tvm_ffi_version: str) -> PrebuiltModule:
