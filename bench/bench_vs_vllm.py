@@ -23,6 +23,16 @@ the router weight, sum. vLLM's config is its tuned table for the device when it 
 one for (E, N, dtype), else its ``get_default_config``; moe-fsm's is its own lookup
 (user table, shipped table, default).
 
+A third column, FlashInfer's CUTLASS fused MoE (``--columns ...,flashinfer``), runs through
+moe-fsm's own adapter (``FlashInferCutlassExperts`` in a ``ModularKernel``, as ``Decision.build()``
+makes it for a FLASHINFER_CUTLASS layer) on the same weights, routings and inputs: bf16 layers as
+they are, FP8 per-tensor layers with static activation scales calibrated on the first input (the
+layout FlashInfer takes; moe-fsm's Triton side quantizes per tensor dynamically), block-FP8 layers
+through FlashInfer's DeepSeek block-scale path. FlashInfer's autotuner picks its tactic for each
+shape and token count once, before timing. On Hopper it needs the module ``moe-fsm flashinfer
+build`` installs. A column whose kernel is missing here (no ``.vllm_extract``, no FlashInfer
+module) is left out with a line that says why.
+
 Each point is timed as CUDA-graph replays of R calls on R different routings, divided
 by R, with L2 flushed before each replay (``triton.testing.do_bench``, median); at one
 token the eager (no graph) call is timed too, for the host cost. Writes JSON, Markdown
@@ -324,15 +334,69 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
             ids = torch.randint(0, 2, (tokens, shape.top_k), device="cuda", dtype=torch.int32)
             g = torch.full(ids.shape, 1.0 / shape.top_k, device="cuda")
             layer_fn(small, weights, MoEConfig.from_json(ours_json))(x, g, ids)
-            vllm = VllmTriton(Path(extract), torch.cuda.get_device_name(), torch.cuda.get_device_capability())
-            pipe = VllmPipeline(vllm, small, weights)
-            pipe.configs[tokens] = (vllm_cfg, "given")
-            pipe.force_naive = naive
-            pipe(x, g, ids)
+            if extract is not None:
+                vllm = VllmTriton(Path(extract), torch.cuda.get_device_name(), torch.cuda.get_device_capability())
+                pipe = VllmPipeline(vllm, small, weights)
+                pipe.configs[tokens] = (vllm_cfg, "given")
+                pipe.force_naive = naive
+                pipe(x, g, ids)
             torch.cuda.synchronize()
         except Exception as exc:
             failures.append(f"{series} T={tokens}: {type(exc).__name__}: {str(exc)[:200]}")
     return failures
+
+
+class FlashInferColumn:
+    """FlashInfer's CUTLASS fused MoE through moe-fsm's adapter, for one layer shape's weights."""
+
+    def __init__(self, shape, weights):
+        from moe_fsm.experts.flashinfer_experts import FlashInferCutlassExperts
+        from moe_fsm.inputs.layer import MoELayer
+        from moe_fsm.inputs.quant import QuantScheme
+        from moe_fsm.modular.kernel import ModularKernel
+        from moe_fsm.prepare_finalize.local import LocalPrepareFinalize
+
+        quant = {None: QuantScheme.unquantized(), "tensor": QuantScheme.fp8("tensor", "tensor", static_activation=True),
+                 "block": QuantScheme.fp8("block", "group")}
+        if shape.fp8 not in quant:
+            raise ValueError(f"moe-fsm's FlashInfer adapter has no FP8 {shape.fp8} layout")
+        self.layer = MoELayer(quant=quant[shape.fp8], num_experts=shape.num_experts, top_k=shape.top_k,
+                              hidden_size=shape.hidden, intermediate_size=shape.intermediate, dtype=shape.dtype)
+        self.kernel = ModularKernel(LocalPrepareFinalize(), FlashInferCutlassExperts(self.layer), self.layer)
+        self.shape, (self.w1, self.w2, self.s1, self.s2) = shape, weights
+        self.scales = None
+
+    def calibrate(self, x):
+        """Static per-tensor activation scales from one input: a1 from x, a2 from a float32 pass of the intermediate."""
+        import torch
+
+        from moe_fsm.modular.interfaces import ExpertScales
+
+        if self.shape.fp8 is None:
+            return
+        if self.shape.fp8 == "block":
+            self.scales = ExpertScales(w1_scale=self.s1, w2_scale=self.s2)
+            return
+        n = self.shape.intermediate
+        a1 = (x.float().abs().amax() / 448).reshape(())
+        a2 = torch.zeros((), device=x.device)
+        for e in range(self.shape.num_experts):  # every expert, so any routing stays inside the static range
+            w1 = self.w1[e].float() * self.s1[e]
+            h = x.float() @ w1.T
+            a2 = torch.maximum(a2, (torch.nn.functional.silu(h[:, :n]) * h[:, n:]).abs().amax() / 448)
+        self.scales = ExpertScales(w1_scale=self.s1, w2_scale=self.s2, a1_scale=a1, a2_scale=a2.reshape(()))
+
+    def __call__(self, x, topk_weights, topk_ids):
+        return self.kernel(x, self.w1, self.w2, topk_weights, topk_ids, scales=self.scales)
+
+    def autotune(self, inputs):
+        from flashinfer.autotuner import autotune
+
+        with autotune(True):
+            self(*inputs[0])
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def main_run(args) -> None:
@@ -349,7 +413,13 @@ def main_run(args) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_vs_vllm.py run needs a CUDA device")
     dev_name = torch.cuda.get_device_name()
-    vllm = VllmTriton(args.extract, dev_name, torch.cuda.get_device_capability())
+    columns = [c.strip() for c in args.columns.split(",") if c.strip()]
+    vllm = None
+    if "vllm" in columns:
+        if (args.extract / "fused_moe_kernel.py").exists() or any(args.extract.glob("*.py")):
+            vllm = VllmTriton(args.extract, dev_name, torch.cuda.get_device_capability())
+        else:
+            print(f"no vLLM column: {args.extract} holds no extracted kernel (bench_vs_vllm.py prepare)", flush=True)
     series_list = args.series or list(NAMED_SHAPES)
     start = time.time()
 
@@ -362,8 +432,9 @@ def main_run(args) -> None:
         for series in series_list:
             shape = NAMED_SHAPES[series]
             for t in args.tokens:
-                cfg, _ = vllm.config(t, shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, shape.fp8)
-                jobs.append((str(args.extract), series, t, ours_config(shape, t).to_json(), cfg, t * shape.top_k * 4 <= shape.num_experts))
+                cfg = vllm.config(t, shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, shape.fp8)[0] if vllm else None
+                jobs.append((str(args.extract) if vllm else None, series, t, ours_config(shape, t).to_json(), cfg,
+                             t * shape.top_k * 4 <= shape.num_experts))
         chunks = [c for c in (jobs[i::args.workers] for i in range(args.workers)) if c]
         with mp.get_context("spawn").Pool(len(chunks)) as pool:
             failures = [f for fs in pool.map(precompile_worker, chunks) for f in fs]
@@ -373,14 +444,23 @@ def main_run(args) -> None:
 
     ceilings = measure_ceilings()
     print(json.dumps(ceilings), flush=True)
-    report = {"machine": versions(), "ceilings": ceilings, "vllm": VLLM_VERSION, "results": [], "eager": []}
+    report = {"machine": versions(), "ceilings": ceilings, "vllm": VLLM_VERSION if vllm else None,
+              "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c == "flashinfer"],
+              "results": [], "eager": [], "flashinfer_missing": {}}
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     for series in series_list:
         shape = NAMED_SHAPES[series]
         weights = make_weights(shape)
         ours_fns = layer_fn(shape, weights, None)
-        theirs = VllmPipeline(vllm, shape, weights)
+        theirs = VllmPipeline(vllm, shape, weights) if vllm else None
+        fi = None
+        if "flashinfer" in columns:
+            try:
+                fi = FlashInferColumn(shape, weights)
+            except Exception as exc:  # the column is left out for this series, with the reason
+                report["flashinfer_missing"][series] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                print(f"{series}: no FlashInfer column: {report['flashinfer_missing'][series]}", flush=True)
         for t in args.tokens:
             routes = routings(t, shape.num_experts, shape.top_k, replays_per_graph(t), seed=t)
             gen = torch.Generator(device="cuda").manual_seed(t + 1)
@@ -394,14 +474,27 @@ def main_run(args) -> None:
             row = {"series": series, "E": shape.num_experts, "N": shape.intermediate, "K": shape.hidden, "top_k": shape.top_k,
                    "quant": shape.fp8 or "bf16", "tokens": t, "hit_experts": hit, "bytes": n_bytes, "flops": flops,
                    "roofline_us": roofline_us, "ours_config": ours_config(shape, t).to_json()}
-            vcfg, source = theirs.config(t)
-            row.update(vllm_config=vcfg, vllm_config_source=source)
-            # correctness on the first input: both pipelines compute the same layer
+            source = "-"
             a = ours_fns(*inputs[0]).float()
-            b = theirs(*inputs[0]).float()
-            row["rel_diff"] = float((a - b).norm() / b.norm().clamp(min=1e-30))
+            if theirs is not None:
+                vcfg, source = theirs.config(t)
+                row.update(vllm_config=vcfg, vllm_config_source=source)
+                # correctness on the first input: both pipelines compute the same layer
+                b = theirs(*inputs[0]).float()
+                row["rel_diff"] = float((a - b).norm() / b.norm().clamp(min=1e-30))
+            fns = [("vllm", theirs), ("ours", ours_fns)] if theirs is not None else [("ours", ours_fns)]
+            if fi is not None:
+                try:
+                    fi.calibrate(inputs[0][0])
+                    fi.autotune(inputs)
+                    c = fi(*inputs[0]).float()
+                    row["fi_rel_diff"] = float((c - a).norm() / a.norm().clamp(min=1e-30))
+                    fns.append(("fi", fi))
+                except Exception as exc:
+                    torch.cuda.synchronize()
+                    row["fi_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             rep = 100.0 if t <= 2048 else 60.0
-            for name, fn in (("vllm", theirs), ("ours", ours_fns)):
+            for name, fn in fns:
                 try:
                     row[f"{name}_us"] = time_graph(fn, inputs, rep)
                 except Exception as exc:
@@ -411,18 +504,26 @@ def main_run(args) -> None:
                 row["speedup"] = row["vllm_us"] / row["ours_us"]
                 row["ours_TFLOPs"] = flops / row["ours_us"] / 1e6
                 row["ours_x_roofline"] = row["ours_us"] / roofline_us
+            if "fi_us" in row and "ours_us" in row:
+                row["fi_speedup_over_ours"] = row["ours_us"] / row["fi_us"]
+                row["fi_TFLOPs"] = flops / row["fi_us"] / 1e6
+            if "ours_us" in row and "ours_TFLOPs" not in row:
+                row["ours_TFLOPs"] = flops / row["ours_us"] / 1e6
+                row["ours_x_roofline"] = row["ours_us"] / roofline_us
             if t == 1:
-                for name, fn in (("vllm", theirs), ("ours", ours_fns)):
+                for name, fn in [f for f in fns if f[0] in ("vllm", "ours")]:
                     fn(*inputs[0])
                     torch.cuda.synchronize()
                     row[f"{name}_eager_us"] = float(triton.testing.do_bench(lambda: fn(*inputs[0]), warmup=20, rep=100, return_mode="median")) * 1e3
             report["results"].append(row)
-            print(f"{series:28s} T={t:5d} vllm {row.get('vllm_us', float('nan')):9.1f} ({source[:3]})  ours {row.get('ours_us', float('nan')):9.1f}  "
-                  f"x{row.get('speedup', float('nan')):5.2f}  roof x{row.get('ours_x_roofline', float('nan')):5.2f}  "
-                  f"diff {row['rel_diff']:.1e}" + (f"  eager ours {row['ours_eager_us']:.1f} vllm {row['vllm_eager_us']:.1f}" if t == 1 else ""),
-                  flush=True)
+            nan = float("nan")
+            print(f"{series:28s} T={t:5d} vllm {row.get('vllm_us', nan):9.1f} ({source[:3]})  ours {row.get('ours_us', nan):9.1f}  "
+                  f"x{row.get('speedup', nan):5.2f}  roof x{row.get('ours_x_roofline', nan):5.2f}  "
+                  f"diff {row.get('rel_diff', nan):.1e}  flashinfer {row.get('fi_us', nan):9.1f} "
+                  f"(ours/fi x{row.get('fi_speedup_over_ours', nan):5.2f}, diff {row.get('fi_rel_diff', nan):.1e})"
+                  + (f"  {row['fi_error'][:120]}" if "fi_error" in row else ""), flush=True)
             del xs, routes, inputs
-        del weights, ours_fns, theirs
+        del weights, ours_fns, theirs, fi
         torch.cuda.empty_cache()
         write_report(out_dir, args.name, report)
     report["engine_eager"] = engine_eager(NAMED_SHAPES[series_list[0]])
@@ -465,13 +566,26 @@ def geomean(values: list[float]) -> float:
 def summarize(report: dict) -> dict:
     rows = [r for r in report["results"] if "speedup" in r]
     losing = [f"{r['series']}/{r['tokens']}: x{r['speedup']:.2f}" for r in rows if r["speedup"] < 1.0]
-    prefill = {f"{r['series']}/{r['tokens']}": round(r["ours_TFLOPs"], 1) for r in rows if r["tokens"] >= 2048}
-    decode = {f"{r['series']}/{r['tokens']}": round(r["ours_x_roofline"], 3) for r in rows if r["tokens"] <= 32}
+    ours_rows = [r for r in report["results"] if "ours_TFLOPs" in r]
+    prefill = {f"{r['series']}/{r['tokens']}": round(r["ours_TFLOPs"], 1) for r in ours_rows if r["tokens"] >= 2048}
+    decode = {f"{r['series']}/{r['tokens']}": round(r["ours_x_roofline"], 3) for r in ours_rows if r["tokens"] <= 32}
     eager = {r["series"]: {"ours_graph_us": round(r["ours_us"], 1), "ours_eager_us": round(r["ours_eager_us"], 1),
                            "ours_host_us": round(r["ours_eager_us"] - r["ours_us"], 1),
                            "vllm_host_us": round(r["vllm_eager_us"] - r["vllm_us"], 1)}
              for r in rows if "ours_eager_us" in r}
+    fi_rows = [r for r in report["results"] if "fi_speedup_over_ours" in r]
+    flashinfer = {
+        "points": len(fi_rows),
+        "faster_than_ours": [f"{r['series']}/{r['tokens']}: x{r['fi_speedup_over_ours']:.2f}" for r in fi_rows
+                             if r["fi_speedup_over_ours"] > 1.0],
+        "geomean_over_ours": round(geomean([r["fi_speedup_over_ours"] for r in fi_rows]), 3) if fi_rows else None,
+        "max_rel_diff_vs_ours": max((r["fi_rel_diff"] for r in fi_rows), default=None),
+        "prefill_TFLOPs": {f"{r['series']}/{r['tokens']}": round(r["fi_TFLOPs"], 1) for r in fi_rows if r["tokens"] >= 2048},
+        "missing": report.get("flashinfer_missing", {}),
+        "errors": {f"{r['series']}/{r['tokens']}": r["fi_error"] for r in report["results"] if "fi_error" in r},
+    }
     return {
+        "flashinfer": flashinfer,
         "points": len(rows),
         "geomean_speedup": round(geomean([r["speedup"] for r in rows]), 3),
         "min_speedup": round(min((r["speedup"] for r in rows), default=float("nan")), 3),
@@ -503,35 +617,73 @@ def _cfg(c: dict) -> str:
 
 def write_markdown(path: Path, report: dict) -> None:
     m, c, s = report["machine"], report["ceilings"], report["summary"]
+    has_vllm = report.get("vllm") is not None
+    has_fi = "flashinfer" in report.get("columns", [])
+    title = (f"# moe-fsm Triton MoE vs vLLM {report['vllm']} fused_moe_kernel" if has_vllm else "# moe-fsm Triton MoE")
+    title += " and FlashInfer CUTLASS fused MoE, side by side" if has_fi else ", side by side"
     lines = [
-        f"# moe-fsm Triton MoE vs vLLM {report['vllm']} fused_moe_kernel, side by side",
+        title,
         "",
         f"Machine: {m['gpu']} (sm_{m['capability'].replace('.', '')}, {m['sm_count']} SMs), torch {m['torch']}, Triton {m['triton']}, {m['date']}.",
         f"Ceilings in this run: copy {c['copy_GBps']:.0f} GB/s, bf16 matmul {c['bf16_matmul_TFLOPs']:.0f} TFLOP/s, FP8 matmul {c['fp8_matmul_TFLOPs']:.0f} TFLOP/s.",
         "",
         "µs: median per layer call, CUDA-graph replays of R calls on R routings / R, L2 flushed per replay. "
-        "Both sides: same weights, routing, alignment, FP8 activation quantizer and top-k sum (bench/bench_vs_vllm.py docstring). "
-        "x = vLLM µs / ours (> 1: ours faster). vLLM cfg: `tuned` = vLLM's shipped table for this GPU, `default` = get_default_config.",
-        "",
-        f"**Geometric mean x{s['geomean_speedup']}** over {s['points']} points; slowest point x{s['min_speedup']}; "
-        f"points where vLLM is faster: {len(s['points_losing'])}{(' (' + ', '.join(s['points_losing']) + ')') if s['points_losing'] else ''}.",
-        "",
+        "All columns: same weights, routing and inputs (bench/bench_vs_vllm.py docstring).",
     ]
+    if has_vllm:
+        lines += ["x = vLLM µs / ours (> 1: ours faster). vLLM cfg: `tuned` = vLLM's shipped table for this GPU, "
+                  "`default` = get_default_config.", "",
+                  f"**Geometric mean x{s['geomean_speedup']}** over {s['points']} points; slowest point x{s['min_speedup']}; "
+                  f"points where vLLM is faster: {len(s['points_losing'])}"
+                  f"{(' (' + ', '.join(s['points_losing']) + ')') if s['points_losing'] else ''}."]
+    if has_fi:
+        f = s["flashinfer"]
+        lines += ["", "FlashInfer: moe-fsm's adapter (FlashInferCutlassExperts in a ModularKernel), autotuned per shape and "
+                  "token count before timing; FP8 per-tensor with static activation scales calibrated on the first input. "
+                  "FI x = ours µs / FlashInfer µs (> 1: FlashInfer faster); FI diff = relative difference from ours.", "",
+                  f"**FlashInfer over moe-fsm's Triton: geometric mean x{f['geomean_over_ours']}** over {f['points']} points; "
+                  f"faster at {len(f['faster_than_ours'])}"
+                  f"{(' (' + ', '.join(f['faster_than_ours']) + ')') if f['faster_than_ours'] else ''}."]
+        for series, why in f["missing"].items():
+            lines.append(f"- {series}: no FlashInfer column: {why}")
+    lines.append("")
+    nan = float("nan")
     series = list(dict.fromkeys(r["series"] for r in report["results"]))
     for name in series:
         rows = [r for r in report["results"] if r["series"] == name]
         r0 = rows[0]
+        head = ["tokens"] + (["vLLM µs", "vLLM cfg"] if has_vllm else []) + ["ours µs"] + (["x"] if has_vllm else [])
+        head += ["ours / roofline", "ours TFLOP/s"] + (["rel diff"] if has_vllm else [])
+        head += ["FlashInfer µs", "FI x", "FI TFLOP/s", "FI diff"] if has_fi else []
+        head += ["ours config"] + (["vLLM config"] if has_vllm else [])
         lines += [f"## {name} (E={r0['E']}, N={r0['N']}, K={r0['K']}, top-{r0['top_k']}, {r0['quant']})", "",
-                  "| tokens | vLLM µs | vLLM cfg | ours µs | x | ours / roofline | TFLOP/s | rel diff | ours config | vLLM config |",
-                  "|---:|---:|:--|---:|---:|---:|---:|---:|:--|:--|"]
+                  "| " + " | ".join(head) + " |", "|" + "|".join("---:" if "µs" in h or h in ("x", "FI x") else ":--" for h in head) + "|"]
         for r in rows:
-            lines.append(
-                f"| {r['tokens']} | {r.get('vllm_us', float('nan')):.1f} | {r['vllm_config_source']} | {r.get('ours_us', float('nan')):.1f} | "
-                f"{r.get('speedup', float('nan')):.2f} | {r.get('ours_x_roofline', float('nan')):.2f} | {r.get('ours_TFLOPs', float('nan')):.0f} | "
-                f"{r['rel_diff']:.1e} | {_cfg(r['ours_config'])} | {_cfg(r['vllm_config'])} |")
+            cells = [str(r["tokens"])]
+            if has_vllm:
+                cells += [f"{r.get('vllm_us', nan):.1f}", r.get("vllm_config_source", "-")]
+            cells.append(f"{r.get('ours_us', nan):.1f}")
+            if has_vllm:
+                cells.append(f"{r.get('speedup', nan):.2f}")
+            cells += [f"{r.get('ours_x_roofline', nan):.2f}", f"{r.get('ours_TFLOPs', nan):.0f}"]
+            if has_vllm:
+                cells.append(f"{r.get('rel_diff', nan):.1e}")
+            if has_fi:
+                if "fi_error" in r:
+                    cells += ["error", "-", "-", r["fi_error"][:80].replace("|", "/")]
+                else:
+                    cells += [f"{r.get('fi_us', nan):.1f}", f"{r.get('fi_speedup_over_ours', nan):.2f}",
+                              f"{r.get('fi_TFLOPs', nan):.0f}", f"{r.get('fi_rel_diff', nan):.1e}"]
+            cells.append(_cfg(r["ours_config"]))
+            if has_vllm:
+                cells.append(_cfg(r["vllm_config"]) if "vllm_config" in r else "-")
+            lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["## Headlines", "", f"- prefill TFLOP/s (ours): {s['prefill_TFLOPs']}", f"- decode, ours / memory roofline: {s['decode_x_roofline']}",
-              f"- eager at 1 token (fused_experts): {s['eager_1_token']}", f"- eager at 1 token (modular kernel): {s['engine_eager_1_token']}", ""]
+    lines += ["## Headlines", "", f"- prefill TFLOP/s (ours): {s['prefill_TFLOPs']}", f"- decode, ours / memory roofline: {s['decode_x_roofline']}"]
+    if has_fi:
+        lines.append(f"- prefill TFLOP/s (FlashInfer): {s['flashinfer']['prefill_TFLOPs']}")
+    if has_vllm:
+        lines += [f"- eager at 1 token (fused_experts): {s['eager_1_token']}", f"- eager at 1 token (modular kernel): {s['engine_eager_1_token']}"]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -546,14 +698,24 @@ def write_plot(path: Path, report: dict) -> None:
     for ax, name in zip(axes[0], series):
         rows = [r for r in report["results"] if r["series"] == name and "speedup" in r]
         ax.plot([r["tokens"] for r in rows], [r["speedup"] for r in rows], "o-", label="vLLM µs / ours")
+        fi_rows = [r for r in report["results"] if r["series"] == name and "fi_speedup_over_ours" in r]
+        if fi_rows:
+            ax.plot([r["tokens"] for r in fi_rows], [r["ours_us"] / r["fi_us"] for r in fi_rows], "s--",
+                    label="ours µs / FlashInfer")
+            ax.legend(fontsize=7)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens")
         ax.set_title(name, fontsize=9)
         ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("speedup over vLLM")
+    axes[0][0].set_ylabel("time ratio (> 1: the other is slower)")
     m = report["machine"]
-    fig.suptitle(f"moe-fsm vs vLLM {report['vllm']} Triton MoE, {m['gpu']}, geomean x{report['summary']['geomean_speedup']}")
+    title = f"moe-fsm Triton MoE, {m['gpu']}"
+    if report.get("vllm"):
+        title += f"; vs vLLM {report['vllm']} geomean x{report['summary']['geomean_speedup']}"
+    if "flashinfer" in report.get("columns", []):
+        title += f"; FlashInfer / ours geomean x{report['summary']['flashinfer']['geomean_over_ours']}"
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -571,6 +733,8 @@ def main() -> None:
     r.add_argument("--workers", type=int, default=12, help="processes compiling every kernel first (0: none)")
     r.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "perf")
     r.add_argument("--name", default=None)
+    r.add_argument("--columns", default="ours,vllm,flashinfer",
+                   help="which kernels to time beside moe-fsm's Triton (ours): vllm, flashinfer (default all three)")
     args = parser.parse_args()
     if args.step == "prepare":
         prepare(args.cache, args.extract)
@@ -578,7 +742,8 @@ def main() -> None:
     if args.name is None:
         import torch
 
-        args.name = "vs_vllm_" + ("h200" if "H200" in torch.cuda.get_device_name() else "h100")
+        gpu = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
+        args.name = f"vs_vllm_{gpu}" if "vllm" in args.columns else f"flashinfer_vs_triton_{gpu}"
     main_run(args)
 
 

@@ -1,8 +1,10 @@
 """FlashInfer's CUTLASS fused MoE through moe-fsm's adapter, against the float64 reference.
 
 Runs where CUDA, flashinfer-python and (on Hopper) the prebuilt trimmed module are present;
-``tools/build_flashinfer_sm90.py`` builds that module and ``MOE_FSM_FLASHINFER_PREBUILT``
-points at it. The last test goes the whole way an engine does: select -> build -> run.
+``moe-fsm flashinfer build`` builds that module into the user cache (``MOE_FSM_FLASHINFER_PREBUILT``
+points elsewhere). Every test poisons torch's allocator with NaN first, so an output or a
+workspace the kernel leaves unwritten fails the comparison. The last tests go the whole way an
+engine does: select -> build -> run, the README's sm90 block-FP8 layer among them.
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ from moe_fsm.modular.interfaces import ExpertScales  # noqa: E402
 from moe_fsm.runtime import build  # noqa: E402
 
 from .moe_gpu_cases import (  # noqa: E402
+    DEEPSEEK_V3,
     MIXTRAL_8X7B,
     QWEN3_30B,
+    Shape,
+    block_fp8_weights,
+    dequantize_block,
     emulate_fp8,
     float_weights,
     hidden_states,
@@ -40,6 +46,7 @@ from .moe_gpu_cases import (  # noqa: E402
 BF16_TOL = 1e-2
 FP8_VS_EMULATION_TOL = 2e-2
 FP8_VS_FLOAT_TOL = 8e-2
+SMALL_DEEPSEEK = Shape("deepseek-v3-32e", 32, 7168, 2048, 8)  # the V3 layer's sizes, fewer experts
 
 
 def _layer(shape, quant):
@@ -69,7 +76,8 @@ def _static_scales(x: torch.Tensor, w1q, w1_scale, shape) -> tuple[torch.Tensor,
     return a1, a2
 
 
-@pytest.mark.parametrize("shape,num_tokens", [(QWEN3_30B, 1), (QWEN3_30B, 37), (QWEN3_30B, 300), (MIXTRAL_8X7B, 64)])
+@pytest.mark.parametrize("shape,num_tokens", [(QWEN3_30B, 1), (QWEN3_30B, 37), (QWEN3_30B, 300), (MIXTRAL_8X7B, 64),
+                                              (MIXTRAL_8X7B, 512)])
 def test_bf16_matches_reference(shape, num_tokens):
     kernel = _kernel(_layer(shape, QuantScheme.unquantized()))
     w1, w2 = float_weights(shape)
@@ -77,7 +85,8 @@ def test_bf16_matches_reference(shape, num_tokens):
     g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=1)
     poison_allocator()
     out = kernel(x, w1, w2, g, ids)
-    assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+    ref = reference(x, w1, w2, g, ids)
+    assert 0 < rel_err(out, ref) < BF16_TOL  # exactly 0 against float64 would mean the output was not looked at
 
 
 @pytest.mark.parametrize("num_tokens", [1, 37, 300])
@@ -96,24 +105,61 @@ def test_fp8_per_tensor_static_matches_emulation_and_reference(num_tokens):
     assert rel_err(out, reference(x, w1q, w2q, g, ids, dequantize=deq)) < FP8_VS_FLOAT_TOL
 
 
-def test_select_build_run_goes_through_flashinfer():
+@pytest.mark.parametrize("shape,num_tokens", [(SMALL_DEEPSEEK, 1), (SMALL_DEEPSEEK, 5), (SMALL_DEEPSEEK, 200),
+                                              (QWEN3_30B, 300)], ids=lambda v: getattr(v, "name", str(v)))
+def test_fp8_block_matches_emulation_and_reference(shape, num_tokens):
+    if shape.intermediate % 128:
+        pytest.skip(f"{shape.name}: intermediate {shape.intermediate} is not a multiple of 128")
+    kernel = _kernel(_layer(shape, QuantScheme.fp8("block", "group")))
+    w1q, w2q, s1, s2 = block_fp8_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=7)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=7)
+    poison_allocator()
+    out = kernel(x, w1q, w2q, g, ids, scales=ExpertScales(w1_scale=s1, w2_scale=s2))
+    deq = dequantize_block(w1q, w2q, s1, s2)
+    assert rel_err(out, reference(x, w1q, w2q, g, ids, dequantize=deq)) < FP8_VS_FLOAT_TOL
+    assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
+
+
+def _selected_kernel(layer, env, policy):
     from moe_fsm import ParallelConfig, select
     from moe_fsm.inputs.platform import probe
 
-    shape, num_tokens = QWEN3_30B, 64
-    layer = _layer(shape, QuantScheme.fp8("tensor", "tensor", static_activation=True))
-    decision = select(layer, ParallelConfig(), env={}, platform=probe())
+    decision = select(layer, ParallelConfig(), env=env, platform=probe(), policy=policy)
     if decision.backend != "FLASHINFER_CUTLASS":
         pytest.skip(f"this GPU's decision is {decision.backend}, not FLASHINFER_CUTLASS")
+    assert decision.trace["build"]["experts"] == "FlashInferExperts"
+    assert decision.trace["build"]["how"] == "native", decision.trace["build"]
     try:
         kernel = build(decision)
     except BackendUnavailableError as err:
         pytest.skip(f"FlashInfer CUTLASS MoE module unavailable here: {err}")
-    assert type(kernel.experts).__name__ == "FlashInferCutlassExperts"
+    assert type(kernel.experts) is FlashInferCutlassExperts
+    return kernel
+
+
+def test_select_build_run_fp8_per_tensor_goes_through_flashinfer():
+    shape, num_tokens = QWEN3_30B, 64
+    kernel = _selected_kernel(_layer(shape, QuantScheme.fp8("tensor", "tensor", static_activation=True)), {}, "seeds")
     w1f, w2f = float_weights(shape)
     w1q, w2q, s1, s2, deq = quantize_rowwise(w1f, w2f, "tensor")
     x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=3)
     g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=3)
     a1, a2 = _static_scales(x, w1q, s1, shape)
+    poison_allocator()
     out = kernel(x, w1q, w2q, g, ids, scales=ExpertScales(w1_scale=s1, w2_scale=s2, a1_scale=a1, a2_scale=a2))
+    assert rel_err(out, reference(x, w1q, w2q, g, ids, dequantize=deq)) < FP8_VS_FLOAT_TOL
+
+
+@pytest.mark.parametrize("num_tokens", [1, 4])
+def test_select_build_run_of_the_readme_sm90_fp8_layer(num_tokens):
+    """README: block FP8, 256 experts, top-8, 7168 x 2048, VLLM_USE_DEEP_GEMM=0 on an H100 -> FLASHINFER_CUTLASS."""
+    shape = DEEPSEEK_V3
+    kernel = _selected_kernel(_layer(shape, QuantScheme.fp8("block", "group")), {"VLLM_USE_DEEP_GEMM": "0"}, "seeds")
+    w1q, w2q, s1, s2 = block_fp8_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=11)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=11)
+    poison_allocator()
+    out = kernel(x, w1q, w2q, g, ids, scales=ExpertScales(w1_scale=s1, w2_scale=s2))
+    deq = dequantize_block(w1q, w2q, s1, s2)
     assert rel_err(out, reference(x, w1q, w2q, g, ids, dequantize=deq)) < FP8_VS_FLOAT_TOL
