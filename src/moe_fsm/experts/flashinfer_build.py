@@ -70,9 +70,50 @@ KEPT_PAIRS = {"bf16": {("bf16", "bf16")}, "fp16": {("fp16", "fp16")}, "fp8": {("
               "fp8_block": {("bf16", "fp8")}}
 SET_FLAGS = {"fp8_block": ("-DENABLE_FP8_BLOCK_SCALE",)}  # kept only when the set is built
 DROPPED_FLAGS = ("-DENABLE_FP4", "-DENABLE_FP8_BLOCK_SCALE")
-# Started first: the objects measured longest (the runner classes, the binding, the dispatch files).
-HEAVY_FIRST = ("cutlass_fused_moe_instantiation.cu", "flashinfer_cutlass_fused_moe_binding.cu",
-               "moe_gemm_kernels_", "fp8_blockscale_gemm.cu", "moe_gemm_tma_warp_specialized_input.cu")
+# ninja starts objects in the order the build file lists them, so the longest go first (the
+# critical path is one object: at -j16 the first build's wall time was the fp8 dispatch file's plus
+# the sm80 group0 file's, started late).
+MEASURED_SECONDS = {  # one H100-machine core each, -j16 (issue 27's first build): started longest first
+    "moe_gemm_kernels_fp8_fp8.cu": 495, "cutlass_kernel_file_gemm_grouped_sm80_M128_group0.generated.cu": 447,
+    "cutlass_kernel_file_gemm_grouped_sm80_M64_group0.generated.cu": 300,
+    "cutlass_kernel_file_gemm_grouped_sm80_M128_group1.generated.cu": 287,
+    "cutlass_kernel_file_gemm_grouped_sm80_M16_group2.generated.cu": 220,
+    "cutlass_kernel_file_gemm_grouped_sm80_M64_group1.generated.cu": 220,
+    "cutlass_kernel_file_gemm_grouped_sm80_M32_group0.generated.cu": 219,
+    "cutlass_kernel_file_gemm_grouped_sm80_M16_group1.generated.cu": 216, "moe_gemm_kernels_bf16_bf16.cu": 189,
+    "cutlass_kernel_file_gemm_grouped_sm90_M256_group8.generated.cu": 183,
+    "cutlass_kernel_file_gemm_grouped_sm90_M256_group9.generated.cu": 175,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group34.generated.cu": 171,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group33.generated.cu": 170, "cutlass_fused_moe_instantiation.cu": 169,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group10.generated.cu": 168,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group11.generated.cu": 167,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group12.generated.cu": 164,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group31.generated.cu": 162,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group32.generated.cu": 160,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group13.generated.cu": 160,
+    "cutlass_kernel_file_gemm_grouped_sm80_M32_group1.generated.cu": 159,
+    "cutlass_kernel_file_gemm_grouped_sm90_M256_group3.generated.cu": 158,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group29.generated.cu": 158,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group9.generated.cu": 147,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group30.generated.cu": 147,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group27.generated.cu": 146,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group28.generated.cu": 142,
+    "cutlass_kernel_file_gemm_grouped_sm90_M256_group6.generated.cu": 141,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group26.generated.cu": 141,
+    "cutlass_kernel_file_gemm_grouped_sm90_M256_group2.generated.cu": 136,
+    "cutlass_kernel_file_gemm_grouped_sm90_M256_group7.generated.cu": 134,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group25.generated.cu": 132,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group8.generated.cu": 128,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group7.generated.cu": 128,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group22.generated.cu": 124,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group23.generated.cu": 122,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group24.generated.cu": 121, "fp8_blockscale_gemm.cu": 120,
+    "cutlass_kernel_file_gemm_grouped_sm90_M128_group21.generated.cu": 119,
+    "flashinfer_cutlass_fused_moe_binding.cu": 82, "moe_gemm_kernels_bf16_fp8.cu": 62,
+    "moe_gemm_tma_warp_specialized_input.cu": 41, "memoryUtils.cu": 16, "deepgemm_jit_setup.cu": 12,
+    "cutlass_heuristic.cpp": 7, "preQuantScaleKernel.cu": 4, "envUtils.cpp": 4, "lora.cpp": 4, "logger.cpp": 3,
+    "moe_gemm_mixed_utils.cu": 2, "stringUtils.cpp": 1, "tllmException.cpp": 1,
+}
 # Read at run time, not at build time: DeepGEMM's JIT (the fp8_block path) compiles its kernels
 # with nvrtc from these headers, under the include directory FlashInfer hands the module.
 RUNTIME_DATA_DIRS = ("csrc/nv_internal/tensorrt_llm/deep_gemm",)
@@ -121,11 +162,8 @@ def keep_source(source: Path, wanted: set[tuple[str, str, str]], dtype_sets: Ite
     return True
 
 
-def _heavy_rank(source: Path) -> int:
-    for rank, prefix in enumerate(HEAVY_FIRST):
-        if source.name.startswith(prefix):
-            return rank
-    return len(HEAVY_FIRST)
+def _start_order(source: Path) -> float:
+    return -MEASURED_SECONDS.get(source.name, 100.0)
 
 
 def trimmed_spec(dtype_sets: list[str], cuda_extra: Iterable[Path] = ()):
@@ -135,7 +173,7 @@ def trimmed_spec(dtype_sets: list[str], cuda_extra: Iterable[Path] = ()):
     cuda_extra = list(cuda_extra)
     full = gen_cutlass_fused_moe_sm90_module(use_fast_build=True)
     wanted = set().union(*(DTYPE_SETS[d] for d in dtype_sets))
-    sources = sorted((Path(s) for s in full.sources if keep_source(Path(s), wanted, dtype_sets)), key=_heavy_rank)
+    sources = sorted((Path(s) for s in full.sources if keep_source(Path(s), wanted, dtype_sets)), key=_start_order)
     kept_flags = {f for d in dtype_sets for f in SET_FLAGS.get(d, ())}
     flags = [f for f in full.extra_cuda_cflags if f and (f not in DROPPED_FLAGS or f in kept_flags)]
     flags += [f for f in sorted(kept_flags) if f not in flags]
@@ -447,7 +485,7 @@ def run_ninja(spec, jobs: int, log_path: Path, time_limit: Optional[float],
 
 # --- smoke call ---------------------------------------------------------------------------------
 
-SMOKE_TIMEOUT_S = 1200
+SMOKE_TIMEOUT_S = 300  # per set; the first block-FP8 call JIT-compiles DeepGEMM kernels
 
 
 def smoke_in_child(module_dir: Path, dtype_set: str, timeout: float = SMOKE_TIMEOUT_S) -> dict:
