@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the module, its manifest and ninja's log go (default: the user cache "
                              "moe_fsm.experts.flashinfer_prebuilt reads)")
     parser.add_argument("--dtypes", default=",".join(fb.DEFAULT_DTYPES), help=f"comma list of {sorted(fb.DTYPE_SETS)}")
-    parser.add_argument("--jobs", type=int, default=None, help="ninja -j (default: free memory / 3.5 GB, at most the cores)")
+    parser.add_argument("--jobs", type=int, default=None, help="ninja -j (default: free memory / 5 GB, at most the cores)")
     parser.add_argument("--workspace", type=Path, default=None,
                         help="FlashInfer workspace (generated sources, objects); default: a temp dir")
     parser.add_argument("--time-limit", type=float, default=None, help="stop ninja after this many seconds")

@@ -83,10 +83,10 @@ def test_dtype_sets_are_parsed_and_unknown_ones_refused():
         fb.parse_dtype_sets("bf16,int4")
 
 
-def test_jobs_follow_free_memory_at_about_3_5_gb_a_compile(monkeypatch):
+def test_jobs_follow_free_memory_at_about_5_gb_a_compile(monkeypatch):
     monkeypatch.setattr(fb.os, "cpu_count", lambda: 16)
     monkeypatch.setattr(fb, "meminfo", lambda: {"MemAvailable": int(40e9), "MemTotal": int(128e9)})
-    assert fb.default_jobs()[0] == 11
+    assert fb.default_jobs()[0] == 8
     monkeypatch.setattr(fb, "meminfo", lambda: {"MemAvailable": int(120e9), "MemTotal": int(128e9)})
     assert fb.default_jobs()[0] == 16
     monkeypatch.setattr(fb, "meminfo", lambda: {"MemAvailable": int(1e9), "MemTotal": int(8e9)})

@@ -27,14 +27,14 @@ def register(subparsers) -> None:
         help="build the trimmed SM90 module into the user cache (about 10 minutes on 16 cores)",
         description="Build FlashInfer's SM90 CUTLASS fused-MoE module with only the dtype sets asked for, check its "
         "undefined symbols, smoke-test it in a child process, and install it where moe-fsm loads it from. "
-        "About 10 minutes on 16 cores and about 3.5 GB of memory a compile.",
+        "About 8-10 minutes on 16 cores and about 5 GB of memory a compile.",
     )
     from moe_fsm.experts.flashinfer_build import DEFAULT_DTYPES, DTYPE_SETS
 
     build.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES),
                        help=f"comma list of {', '.join(sorted(DTYPE_SETS))} (default {','.join(DEFAULT_DTYPES)})")
     build.add_argument("--jobs", "-j", type=int, default=None,
-                       help="parallel compiles (default: free memory / 3.5 GB, at most one per core)")
+                       help="parallel compiles (default: free memory / 5 GB, at most one per core)")
     build.add_argument("--out", type=Path, default=None,
                        help="where the module goes (default: the user cache, "
                             "$XDG_CACHE_HOME/moe-fsm/flashinfer/<version>/sm90)")
