@@ -657,7 +657,7 @@ def write_markdown(path: Path, report: dict) -> None:
         head += ["FlashInfer µs", "FI x", "FI TFLOP/s", "FI diff"] if has_fi else []
         head += ["ours config"] + (["vLLM config"] if has_vllm else [])
         lines += [f"## {name} (E={r0['E']}, N={r0['N']}, K={r0['K']}, top-{r0['top_k']}, {r0['quant']})", "",
-                  "| " + " | ".join(head) + " |", "|" + "|".join("---:" if "µs" in h or h in ("x", "FI x") else ":--" for h in head) + "|"]
+                  "| " + " | ".join(head) + " |", "|" + "|".join(":--" if "config" in h or h == "vLLM cfg" else "---:" for h in head) + "|"]
         for r in rows:
             cells = [str(r["tokens"])]
             if has_vllm:
@@ -697,7 +697,8 @@ def write_plot(path: Path, report: dict) -> None:
     fig, axes = plt.subplots(1, len(series), figsize=(4 * len(series), 3.8), squeeze=False)
     for ax, name in zip(axes[0], series):
         rows = [r for r in report["results"] if r["series"] == name and "speedup" in r]
-        ax.plot([r["tokens"] for r in rows], [r["speedup"] for r in rows], "o-", label="vLLM µs / ours")
+        if rows:
+            ax.plot([r["tokens"] for r in rows], [r["speedup"] for r in rows], "o-", label="vLLM µs / ours")
         fi_rows = [r for r in report["results"] if r["series"] == name and "fi_speedup_over_ours" in r]
         if fi_rows:
             ax.plot([r["tokens"] for r in fi_rows], [r["ours_us"] / r["fi_us"] for r in fi_rows], "s--",

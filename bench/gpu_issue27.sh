@@ -36,4 +36,4 @@ fi
 [ -n "$NO_MODULE_BACK" ] || cp $dir/moe_fsm_fused_moe_90.so $OUT/
 [ -z "$TESTS" ] && TESTS=tests/gpu/test_flashinfer_cutlass.py
 timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider -rs $TESTS 2>&1 | tail -30 | tee $OUT/log_tests.txt
-[ -n "$NO_BENCH" ] || timeout ${BENCH_S:-240} python3 bench/bench_vs_vllm.py run ${BENCH_ARGS:---flashinfer-only} --out-dir $OUT 2>&1 | tail -40 | tee $OUT/log_bench.txt
+[ -n "$NO_BENCH" ] || timeout ${BENCH_S:-240} python3 bench/bench_vs_vllm.py run ${BENCH_ARGS:---columns ours,flashinfer} --out-dir $OUT 2>&1 | tail -40 | tee $OUT/log_bench.txt
