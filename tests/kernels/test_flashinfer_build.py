@@ -107,3 +107,24 @@ def test_cli_refuses_bad_flags_with_status_2(capsys):
     assert cli(["flashinfer", "build", "--dtypes", "int4"]) == 2
     assert "unknown" in capsys.readouterr().err
     assert cli(["flashinfer", "build", "--jobs", "0"]) == 2
+
+
+def test_a_smoke_child_that_dies_fails_its_set_not_the_caller(tmp_path, monkeypatch):
+    dying = tmp_path / "python"
+    dying.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    dying.chmod(0o755)
+    monkeypatch.setattr(fb.sys, "executable", str(dying))
+    report = fb.smoke_in_child(tmp_path, "bf16", timeout=60)
+    assert report["ok"] is False and report["returncode"] < 0
+    assert "died" in report["reason"]
+
+
+def test_a_smoke_child_without_cuda_says_why(tmp_path):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU-only answer")
+    report = fb.smoke_in_child(tmp_path, "bf16", timeout=300)
+    assert report["ok"] is False and report["returncode"] == 1
+    assert "no CUDA device" in report["reason"]

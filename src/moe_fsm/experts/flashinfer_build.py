@@ -511,8 +511,9 @@ def smoke_in_child(module_dir: Path, dtype_set: str, timeout: float = SMOKE_TIME
     report["ok"] = bool(report.get("ok")) and result.returncode == 0
     if not report["ok"]:
         died = result.returncode < 0 or result.returncode == 127
+        said = report.get("reason") or report.get("error")
         report["reason"] = (f"the child process died (status {result.returncode})" if died
-                            else f"the child process exited with status {result.returncode}")
+                            else f"the child process exited with status {result.returncode}") + (f": {said}" if said else "")
         report["stderr_tail"] = result.stderr[-3000:]
     return report
 
