@@ -24,7 +24,7 @@ one for (E, N, dtype), else its ``get_default_config``; moe-fsm's is its own loo
 (user table, shipped table, default).
 
 A third column, FlashInfer's CUTLASS fused MoE (``--columns ...,flashinfer``), runs through
-moe-fsm's own adapter (``FlashInferCutlassExperts`` in a ``ModularKernel``, as ``Decision.build()``
+moe-fsm's own adapter (``FlashInferCutlassExperts`` in a ``ModularKernel``, as ``moe_fsm.runtime.build``
 makes it for a FLASHINFER_CUTLASS layer) on the same weights, routings and inputs: bf16 layers as
 they are, FP8 per-tensor layers with static activation scales calibrated on the first input (the
 layout FlashInfer takes; moe-fsm's Triton side quantizes per tensor dynamically), block-FP8 layers

@@ -1,7 +1,7 @@
 """`moe-fsm flashinfer build`: build FlashInfer's SM90 CUTLASS MoE module, trimmed, into the user cache.
 
 The module lands where ``moe_fsm.experts.flashinfer_prebuilt`` looks for it, so the next
-``Decision.build()`` of a FLASHINFER_CUTLASS layer on an H100 runs FlashInfer's kernel. The
+``moe_fsm.runtime.build(decision)`` of a FLASHINFER_CUTLASS layer on an H100 runs FlashInfer's kernel. The
 build refuses to install a module with an undefined symbol of a kept dtype pair, and ends with
 a smoke call in a child process (``moe_fsm.experts.flashinfer_build``). flashinfer-python,
 tvm-ffi and nvcc are needed only when the command runs.
