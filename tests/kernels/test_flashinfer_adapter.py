@@ -29,9 +29,9 @@ def _layer(quant=None, **overrides):
 @pytest.mark.parametrize(
     "layer,reason",
     [
-        (_layer(QuantScheme.nvfp4()), "runs unquantized, FP8 per-tensor"),
-        (_layer(QuantScheme.fp8("tensor", "tensor", static_activation=False)), "runs unquantized, FP8 per-tensor"),
-        (_layer(QuantScheme.fp8("channel", "token")), "runs unquantized, FP8 per-tensor"),
+        (_layer(QuantScheme.nvfp4()), "runs unquantized and FP8 per-tensor"),
+        (_layer(QuantScheme.fp8("tensor", "tensor", static_activation=False)), "runs unquantized and FP8 per-tensor"),
+        (_layer(QuantScheme.fp8("channel", "token")), "runs unquantized and FP8 per-tensor"),
         (_layer(QuantScheme.fp8("block", "group"), hidden_size=192), "multiples of 128"),
         (_layer(QuantScheme.fp8("block", "group"), dtype="float16"), "block-FP8 path takes bfloat16"),
         (_layer(activation=Activation.GELU), "runs SiLU without the SwiGLU clamp"),

@@ -70,9 +70,9 @@ def _refusal(layer: MoELayer) -> Optional[str]:
     """Why the adapter cannot run ``layer``; None when it can."""
     if layer.family is not QuantFamily.UNQUANTIZED and not (_is_fp8_per_tensor_static(layer) or _is_fp8_block(layer)):
         return (
-            f"moe-fsm's FlashInfer CUTLASS adapter runs unquantized, FP8 per-tensor (static activation scale) and "
-            f"FP8 128x128-block (dynamic 1x128 activation groups) layers; {layer.quant.describe()} needs FlashInfer's "
-            "other scale layouts, which moe-fsm does not produce"
+            f"moe-fsm's FlashInfer CUTLASS adapter runs unquantized and FP8 per-tensor (static activation scale) "
+            f"layers, and FP8 128x128-block ones (dynamic 1x128 activation groups); {layer.quant.describe()} needs "
+            "FlashInfer's other scale layouts, which moe-fsm does not produce"
         )
     if _is_fp8_block(layer) and (layer.hidden_size % 128 or layer.intermediate_size % 128):
         return (
