@@ -28,7 +28,10 @@ Eager callers need not go through the dispatcher: a Python custom operator costs
 15-25 µs of host time per call on a CPU, more than the target for a whole one-token
 layer, so :func:`call` takes the operator only while dynamo traces
 (``torch.compiler.is_compiling()``) and calls the kernel directly otherwise. Both run
-the same kernel object on the same arguments.
+the same kernel object on the same arguments. Neither reads routing values to check
+them (``check_values=False``: the ids come from a router's top-k, in range by
+construction; an id out of range contributes nothing): shapes, dtypes and devices are
+checked once per call signature.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ def experts(
     handle: int,
 ) -> torch.Tensor:
     """The registered kernel's ``[M, K]`` output for this call."""
-    return registered(handle).kernel(hidden, w1, w2, topk_weights, topk_ids, expert_map=expert_map)
+    return registered(handle).kernel(hidden, w1, w2, topk_weights, topk_ids, expert_map=expert_map, check_values=False)
 
 
 @experts.register_fake
@@ -126,7 +129,7 @@ def experts_backward(
     inputs = (hidden, w1, w2, topk_weights)
     with _autograd_inside_operator(), torch.enable_grad():
         leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, needs)]
-        out = kernel(*leaves, topk_ids, expert_map=expert_map)
+        out = kernel(*leaves, topk_ids, expert_map=expert_map, check_values=False)
         wanted = [t for t, need in zip(leaves, needs) if need]
         if wanted and not out.requires_grad:
             raise MoeFsmError(f"{kernel.name} gave an output autograd cannot differentiate; its backward needs the torch experts")
@@ -208,4 +211,4 @@ def call(
     """One experts call: through ``moe_fsm::experts`` while dynamo traces, straight to ``kernel`` in eager."""
     if torch.compiler.is_compiling():
         return torch.ops.moe_fsm.experts(hidden, w1, w2, topk_weights, topk_ids, expert_map, handle)
-    return kernel(hidden, w1, w2, topk_weights, topk_ids, expert_map=expert_map)
+    return kernel(hidden, w1, w2, topk_weights, topk_ids, expert_map=expert_map, check_values=False)
