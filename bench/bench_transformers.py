@@ -262,7 +262,7 @@ def generate_table(results: dict) -> str:
         f"{results['new_tokens']} new tokens after a {results['prompt']}-token prompt, {results['layers']} layers, "
         f"{results['dtype']} on {results['device_name']} (torch {results['torch']}, transformers {results['transformers']})",
         "",
-        "tokens/s (batch x new tokens / wall time of the call, prefill included); best/moe_fsm above 1: moe_fsm is faster",
+        "tokens/s (batch x new tokens / wall time of the call, prefill included); moe_fsm/best above 1: moe_fsm is faster",
         "",
         "| shape | batch | " + " | ".join(impls) + " | moe_fsm/best |",
         "|---|---:|" + "---:|" * (len(impls) + 1),
