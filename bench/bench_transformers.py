@@ -435,7 +435,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=16, help="prompt tokens per sequence")
     parser.add_argument("--generate-repeats", type=int, default=3)
     parser.add_argument("--host-cost", action="store_true", help="profile one eager experts call instead")
-    parser.add_argument("--host-calls", type=int, default=200)
+    parser.add_argument("--host-calls", type=int, default=50,
+                        help="profiled calls per implementation (the profiler's event tree grows with them)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
