@@ -50,8 +50,16 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def _nonempty(t: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
-    """Row blocks of ``t`` for the non-zero ``counts``, in order (one split, no per-expert slicing)."""
-    return [part for part, n in zip(torch.split(t, counts), counts) if n]
+    """Row blocks of ``t`` for the non-zero ``counts``, in order.
+
+    A view per active expert: one ``narrow`` each when few experts are active (a
+    decode step's top-k of many), one split otherwise (which makes a view per expert).
+    """
+    active = [(e, n) for e, n in enumerate(counts) if n]
+    if 4 * len(active) >= len(counts):
+        return [part for part, n in zip(torch.split(t, counts), counts) if n]
+    offsets = list(accumulate(counts, initial=0))
+    return [t.narrow(0, offsets[e], n) for e, n in active]
 
 
 def _expert_gemms(blocks: list[torch.Tensor], weight_t: Callable[[int], torch.Tensor], active: list[int],

@@ -51,6 +51,8 @@ from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts, Vendor
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.modular import ops
+from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.plan.decider import DEFAULT_TRACE_DIR
 from moe_fsm.plan.model_config import ACTIVATIONS
 from moe_fsm.profiles import ProfileChoice
@@ -76,10 +78,30 @@ class PreparedExperts:
     training_kernel: Optional[object]
     device: torch.device
     substitute_reason: Optional[str] = None  # why the torch experts run instead of the decided kernel
+    # fixed at enable, read by every call (plain fields: what a compiled graph guards on)
+    dtype: Optional[torch.dtype] = None
+    handle: int = -1  # moe_fsm::experts handle of ``kernel`` (with ``training_kernel`` for its backward)
+    training_handle: int = -1  # the handle of ``training_kernel``, for calls that need gradients
+    inference_only: bool = False
 
-    @property
-    def inference_only(self) -> bool:
-        return self.kernel.experts.name not in DIFFERENTIABLE_EXPERTS
+    def __post_init__(self) -> None:
+        self.dtype = getattr(torch, self.layer.dtype)
+        self._register()
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name in ("kernel", "training_kernel") and self.handle >= 0:
+            self._register()  # a replaced kernel gets its own operator handle
+
+    def _register(self) -> None:
+        """Register the kernels with ``moe_fsm::experts`` (once each: enable and any replacement)."""
+        self.inference_only = self.kernel.experts.name not in DIFFERENTIABLE_EXPERTS
+        differentiable = self.training_kernel if self.inference_only else self.kernel
+        self.handle = ops.register(self.kernel, differentiable if isinstance(differentiable, ModularKernel) else None)
+        if isinstance(self.training_kernel, ModularKernel):
+            self.training_handle = ops.register(self.training_kernel, self.training_kernel)
+        else:
+            self.training_handle = -1
 
 
 @dataclass
@@ -277,7 +299,12 @@ def moe_fsm_ids(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tens
 
 
 def experts_forward(module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """The ``moe_fsm`` entry of ExpertsInterface: run the module's prepared kernel on its own weights."""
+    """The ``moe_fsm`` entry of ExpertsInterface: run the module's prepared kernel on its own weights.
+
+    Everything here reads metadata and attributes fixed at enable (no tensor value), so
+    ``torch.compile`` traces it whole; the kernel itself is the ``moe_fsm::experts``
+    operator while dynamo traces, a direct call in eager (``moe_fsm.modular.ops.call``).
+    """
     prepared: Optional[PreparedExperts] = getattr(module, "_moe_fsm", None)
     if prepared is None:
         raise MoeFsmError(
@@ -285,12 +312,12 @@ def experts_forward(module, hidden_states: torch.Tensor, top_k_index: torch.Tens
             "after loading (and again after adding modules)"
         )
     w1, w2 = _weights(module)
-    if w1.device != prepared.device or w1.dtype != getattr(torch, prepared.layer.dtype):
+    if w1.device != prepared.device or w1.dtype != prepared.dtype:
         raise MoeFsmError(
             f"{prepared.name} moved to {w1.device} / {w1.dtype} after enable() decided it for {prepared.device} / "
             f"{prepared.layer.dtype}; call enable(model) again"
         )
-    kernel = prepared.kernel
+    kernel, handle = prepared.kernel, prepared.handle
     needs_grad = torch.is_grad_enabled() and (
         hidden_states.requires_grad or w1.requires_grad or w2.requires_grad or top_k_weights.requires_grad
     )
@@ -300,13 +327,13 @@ def experts_forward(module, hidden_states: torch.Tensor, top_k_index: torch.Tens
                 f"{prepared.name}: {kernel.experts.name} is inference-only and enable(training='refuse') was asked; "
                 "run under torch.no_grad(), or enable with training='torch'"
             )
-        kernel = prepared.training_kernel
+        kernel, handle = prepared.training_kernel, prepared.training_handle
     ids, expert_map = top_k_index, None
     if getattr(module, "_is_expert_parallel", False):
         ids, expert_map = moe_fsm_ids(top_k_index, prepared.layer.num_experts)
-    x = hidden_states.to(w1.dtype)
-    out = kernel(x, w1, w2, top_k_weights, ids, expert_map=expert_map)
-    return out.to(hidden_states.dtype)
+    x = hidden_states if hidden_states.dtype == w1.dtype else hidden_states.to(w1.dtype)
+    out = ops.call(handle, kernel, x, w1, w2, top_k_weights, ids, expert_map)
+    return out if out.dtype == hidden_states.dtype else out.to(hidden_states.dtype)
 
 
 def _weights(module) -> tuple[torch.Tensor, torch.Tensor]:

@@ -70,14 +70,20 @@ class ModularKernel:
         *,
         scales: Optional[ExpertScales] = None,
         expert_map: Optional[torch.Tensor] = None,
+        check_values: bool = True,
     ) -> torch.Tensor:
         """The layer's output for this rank's tokens, in hidden_states' dtype.
 
         Zero tokens still pass through prepare and finalize (a distributed
         prepare/finalize must join its collectives) and yield ``[0, K]``.
+        ``check_values=False`` (routing from a router, whose top-k ids are in range
+        by construction) checks shapes, dtypes and devices once per signature and
+        never reads a tensor's values, on the CPU too; an id out of range then
+        contributes nothing, as in the Triton kernels.
         """
         scales = scales or ExpertScales()
-        validate_call(self.layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map, self._validated)
+        validate_call(self.layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map, self._validated,
+                      values=check_values)
         on_input = self.layer.router_weight_on_input
         prepared = self.prepare_finalize.prepare(
             hidden_states,

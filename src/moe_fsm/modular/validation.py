@@ -85,14 +85,15 @@ def check_weights(w1: torch.Tensor, w2: torch.Tensor, layer: MoELayer, num_local
     _expect_dtype("w2", w2, [storage])
 
 
-def check_routing(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_tokens: int, layer: MoELayer, has_map: bool) -> None:
+def check_routing(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_tokens: int, layer: MoELayer, has_map: bool,
+                  values: bool = True) -> None:
     expected = (num_tokens, layer.top_k)
     _expect_shape("topk_ids", topk_ids, expected, "[M, top_k]")
     _expect_shape("topk_weights", topk_weights, expected, "[M, top_k]")
     _expect_dtype("topk_ids", topk_ids, INDEX_DTYPES)
     if not topk_weights.is_floating_point():
         raise KernelInputError(f"topk_weights has dtype {topk_weights.dtype}; accepted: a floating dtype (float32 preferred)")
-    if topk_ids.numel() == 0 or not values_checkable(topk_ids):
+    if not values or topk_ids.numel() == 0 or not values_checkable(topk_ids):
         return
     low, high = int(topk_ids.min()), int(topk_ids.max())
     lowest = -1 if has_map else 0
@@ -102,10 +103,10 @@ def check_routing(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_tokens
         raise KernelInputError(f"topk_ids holds expert id {bad}; accepted: {accepted}")
 
 
-def check_expert_map(expert_map: torch.Tensor, layer: MoELayer, num_local: int) -> None:
+def check_expert_map(expert_map: torch.Tensor, layer: MoELayer, num_local: int, values: bool = True) -> None:
     _expect_shape("expert_map", expert_map, (layer.num_experts,), "[E] global -> local expert id, -1 if not local")
     _expect_dtype("expert_map", expert_map, INDEX_DTYPES)
-    if not values_checkable(expert_map):
+    if not values or not values_checkable(expert_map):
         return
     local = expert_map[expert_map >= 0]
     if bool(((expert_map < -1) | (expert_map >= num_local)).any()):
@@ -160,7 +161,7 @@ def check_biases(scales: ExpertScales, layer: MoELayer, num_local: int) -> None:
             raise KernelInputError(f"ExpertScales.{prefix}_bias has dtype {bias.dtype}; accepted: a floating dtype")
 
 
-def check_activation_scales(scales: ExpertScales, layer: MoELayer, num_tokens: int, num_local: int) -> None:
+def check_activation_scales(scales: ExpertScales, layer: MoELayer, num_tokens: int, num_local: int, values: bool = True) -> None:
     quant = activation_quant(layer.quant)
     if quant is None or quant.fields is None:
         return
@@ -178,7 +179,7 @@ def check_activation_scales(scales: ExpertScales, layer: MoELayer, num_tokens: i
                 f"{', one per local expert' if quant.key.granularity is Granularity.GROUP_1x16 else ''})"
             )
         _expect_dtype(f"ExpertScales.{field}", value, [torch.float32])
-        if value.numel() and values_checkable(value) and not bool(torch.isfinite(value).all() and (value > 0).all()):
+        if values and value.numel() and values_checkable(value) and not bool(torch.isfinite(value).all() and (value > 0).all()):
             raise KernelInputError(f"ExpertScales.{field} must be finite and positive; got {value.flatten()[:4].tolist()}")
 
 
@@ -198,6 +199,8 @@ def validate_call(
     scales: ExpertScales,
     expert_map: Optional[torch.Tensor],
     seen: Optional[set] = None,
+    *,
+    values: bool = True,
 ) -> None:
     """Every check, cheapest first; raises KernelInputError on the first problem.
 
@@ -205,29 +208,32 @@ def validate_call(
     dtypes and devices of one that already passed, and whose values are not to be
     read (see ``values_checkable``), is not checked again: eager decode calls then
     pay one tuple comparison instead of the whole walk.
+
+    ``values=False`` checks the metadata alone (shapes, dtypes, devices), never a
+    tensor's values: what a trace can check (``torch.compile``'s fake tensors have none).
     """
     key = None
-    if seen is not None and not values_checkable(topk_ids):
+    if seen is not None and (not values or not values_checkable(topk_ids)):
         key = tuple(
             None if t is None else (t.shape, t.dtype, t.device)
             for t in (hidden_states, w1, w2, topk_weights, topk_ids, expert_map, *vars(scales).values())
         )
         if key in seen:
             return
-    _validate(layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map)
+    _validate(layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map, values)
     if key is not None:
         seen.add(key)
 
 
-def _validate(layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map) -> None:
+def _validate(layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map, values: bool = True) -> None:
     scale_tensors = {f"ExpertScales.{k}": v for k, v in vars(scales).items()}
     check_devices(hidden_states, {"w1": w1, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids, "expert_map": expert_map, **scale_tensors})
     check_hidden(hidden_states, layer)
     num_local = w1.shape[0] if expert_map is not None and w1.dim() == 3 else layer.num_experts
     check_weights(w1, w2, layer, num_local)
     if expert_map is not None:
-        check_expert_map(expert_map, layer, num_local)
+        check_expert_map(expert_map, layer, num_local, values)
     num_tokens = hidden_states.shape[0]
-    check_routing(topk_weights, topk_ids, num_tokens, layer, expert_map is not None)
+    check_routing(topk_weights, topk_ids, num_tokens, layer, expert_map is not None, values)
     check_weight_scales(scales, layer, num_local)
-    check_activation_scales(scales, layer, num_tokens, num_local)
+    check_activation_scales(scales, layer, num_tokens, num_local, values)
