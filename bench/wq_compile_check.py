@@ -1,0 +1,171 @@
+"""Compile the weight-quantized MoE kernel's variants for sm_90 without a GPU and print the resource report.
+
+Needs only Triton (its bundled ptxas and cuobjdump): no CUDA device, no torch. For each variant
+(weight kind, nibble layout, inline-PTX dequant, gated or not, one token or sorted blocks, tile) it
+compiles ``wq_gemm_kernel`` exactly as ``fused_wq_experts`` launches it and reports registers,
+spills, shared memory and whether the tensor-core instructions are warpgroup ones (wgmma on sm_90a).
+
+    python bench/wq_compile_check.py [--quick] [--sass NAME]
+
+Compile errors, spills and a missing wgmma show here in seconds, before a GPU call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = ROOT / "src" / "moe_fsm" / "kernels" / "triton_wq" / "_kernels.py"
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("wq_kernels_standalone", KERNELS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+PTR_ARGS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "b_ptr", "rw_ptr", "out_ptr", "sorted_ids_ptr", "block_expert_ptr",
+            "num_padded_ptr")
+INT_ARGS = ("R_OUT", "KRED", "num_pairs", "num_experts", "num_row_blocks", "x_row_div")
+STRIDES = ("stride_xm", "stride_we", "stride_wr", "stride_se", "stride_sr", "stride_ze", "stride_zr", "stride_be",
+           "stride_om")
+
+
+def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, block_m: int, block_n: int,
+            block_k: int, warps: int, stages: int, k: int = 2880, n: int = 2880, group: int | None = None,
+            zp: bool = False, bias: bool | None = None):
+    """(signature, constexprs, attrs, options) of one launch of ``fused_wq_experts``."""
+    kinds = {"mxfp4": 0, "int4": 1, "int8": 2}
+    group = 32 if kind == "mxfp4" else (group or 128)
+    bias = (kind == "mxfp4") if bias is None else bias
+    kred = k if gated else n
+    r_out = n if gated else k
+    sdt = "*u8" if kind == "mxfp4" else "*fp16"
+    types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": sdt, "z_ptr": "*u8" if zp else sdt,
+             "b_ptr": "*bf16" if bias else sdt, "rw_ptr": "*fp32", "out_ptr": "*bf16", "sorted_ids_ptr": "*i32",
+             "block_expert_ptr": "*i32", "num_padded_ptr": "*i32"}
+    sig = dict(types)
+    p = 1 if kind == "int8" else 2
+    rows, cols = (2 * n, k) if gated else (k, n)
+    sg = cols if group == -1 else group
+    top_k = 4
+    values = {"R_OUT": r_out, "KRED": kred, "num_pairs": 3, "num_experts": 32, "num_row_blocks": 7,
+              "x_row_div": top_k if gated else 1,
+              "stride_xm": kred, "stride_we": rows * cols // p, "stride_wr": cols // p,
+              "stride_se": rows * cols // sg, "stride_sr": cols // sg,
+              "stride_ze": rows * cols // sg, "stride_zr": cols // sg,
+              "stride_be": rows if bias else rows * cols // sg, "stride_om": r_out}
+    for a in INT_ARGS + STRIDES:
+        sig[a] = "i32"
+    sig["limit"] = "fp32"
+    scale_acc = kind != "mxfp4" and (group == kred or group % block_k == 0)
+    const = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=1, GROUP=group, KIND=kinds[kind],
+                 HAS_ZP=zp, ZERO=8 if kind == "int4" else 128, HAS_BIAS=bias, GATED=gated,
+                 ACT=2 if kind == "mxfp4" else 0, HAS_LIMIT=kind == "mxfp4", INTERLEAVED=False,
+                 ROUTER_WEIGHT=not gated, PAIR_BLOCKS=pair_blocks, SPLIT=split, FAST=fast and kind != "int8",
+                 EVEN_K=kred % block_k == 0, SCALE_ACC=scale_acc)
+    for c in const:
+        sig[c] = "constexpr"
+    # the JIT's specialization: ints equal to 1 become constants, multiples of 16 carry divisibility 16
+    const_ints = {a: 1 for a, v in values.items() if v == 1 and a != "num_pairs"}
+    for a in const_ints:
+        sig[a] = "constexpr"
+    const.update(const_ints)
+    divisible = [a for a, v in values.items() if v != 1 and v % 16 == 0 and a != "num_pairs"]
+    return sig, const, {"num_warps": warps, "num_stages": stages}, divisible
+
+
+def compile_one(mod, sig, const, options, divisible):
+    fn = mod.wq_gemm_kernel
+    names = fn.arg_names
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in PTR_ARGS + tuple(divisible)}
+    src = ASTSource(fn, sig, const, attrs)
+    return triton.compile(src, target=TARGET, options=options)
+
+
+def resources(kernel) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        res = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", res)
+    stack = re.search(r"STACK:(\d+)", res)
+    ptx = kernel.asm["ptx"]
+    return {"regs": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
+            "shared": kernel.metadata.shared, "wgmma": "wgmma.mma_async" in ptx,
+            "mma": len(re.findall(r"\bmma\.sync", ptx)), "prmt": "prmt.b32" in ptx,
+            "ld128": len(re.findall(r"ld\.global(?:\.\w+)*\.v4\.b32", ptx)),
+            "ld_u8": len(re.findall(r"ld\.global(?:\.\w+)*\.(?:u8|b8)\b", ptx))}
+
+
+def matrix(quick: bool):
+    out = []
+    for kind, k, n, group, zp in (("mxfp4", 2880, 2880, 32, False), ("int4", 2048, 768, 128, False),
+                                  ("int4", 2048, 768, 32, True), ("int8", 2048, 768, 64, True)):
+        tiles = [(16, 64, 128, 4, 4), (64, 128, 64, 8, 3)] if quick else [
+            (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3)]
+        layouts = [(True, True)] if kind == "int8" else ([(True, True), (False, False)] if quick else
+                                                          [(True, True), (True, False), (False, True), (False, False)])
+        for split, fast in layouts:
+            if kind == "int8":
+                split = False
+            for tile in tiles:
+                for gated in (True, False):
+                    for pair in ((True, False) if tile[0] == 16 else (False,)):
+                        out.append(dict(kind=kind, gated=gated, pair_blocks=pair, split=split, fast=fast,
+                                        block_m=tile[0], block_n=tile[1], block_k=tile[2], warps=tile[3],
+                                        stages=tile[4], k=k, n=n, group=group, zp=zp))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", help="substring of the variant name")
+    ap.add_argument("--dump", help="directory to write ptx/ttgir of each variant")
+    args = ap.parse_args()
+    mod = _load()
+    failures = 0
+    for v in matrix(args.quick):
+        name = "{kind} g{group}{z} {g} {p} split={split} fast={fast} m{block_m} n{block_n} k{block_k} w{warps} s{stages}".format(
+            g="w1" if v["gated"] else "w2", p="pair" if v["pair_blocks"] else "sorted", z=" zp" if v["zp"] else "", **v)
+        if args.only and args.only not in name:
+            continue
+        sig, const, options, divisible = variant(v["kind"], v["gated"], v["pair_blocks"], v["split"], v["fast"], v["block_m"],
+                                            v["block_n"], v["block_k"], v["warps"], v["stages"], v["k"], v["n"],
+                                            v["group"], v["zp"])
+        try:
+            kernel = compile_one(mod, sig, const, options, divisible)
+        except Exception as exc:  # report and go on: every variant's verdict in one pass
+            failures += 1
+            msg = str(exc).strip().splitlines()
+            print(f"FAIL {name}: {type(exc).__name__}: {' | '.join(msg[-6:])[:1500]}", flush=True)
+            continue
+        r = resources(kernel)
+        print(f"ok   {name}: regs {r['regs']} stack {r['stack']} smem {r['shared']} wgmma {r['wgmma']} "
+              f"mma.sync {r['mma']} prmt {r['prmt']} ld.v4 {r['ld128']} ld.u8 {r['ld_u8']}", flush=True)
+        if args.dump:
+            d = Path(args.dump)
+            d.mkdir(parents=True, exist_ok=True)
+            safe = re.sub(r"[^A-Za-z0-9]+", "_", name)
+            (d / f"{safe}.ptx").write_text(kernel.asm["ptx"])
+            (d / f"{safe}.ttgir").write_text(kernel.asm["ttgir"])
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
