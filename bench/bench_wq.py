@@ -105,17 +105,17 @@ def candidates(tokens: int, top_k: int, experts: int):
 
     per_expert = tokens * top_k / experts
     if tokens == 1 or per_expert <= 4:
-        tiles = [(16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 32, 128, 4, 4), (16, 32, 256, 4, 4),
-                 (16, 128, 128, 4, 3), (16, 128, 256, 8, 3)]
+        tiles = [(16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 32, 128, 4, 4), (16, 64, 128, 4, 6),
+                 (16, 64, 64, 4, 6), (16, 128, 128, 8, 4)]
     elif per_expert <= 24:
-        tiles = [(16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (32, 64, 128, 4, 4), (16, 128, 128, 4, 3),
-                 (32, 128, 128, 8, 3)]
+        tiles = [(16, 64, 128, 4, 4), (16, 64, 128, 4, 6), (32, 64, 128, 4, 4), (16, 128, 128, 4, 3),
+                 (16, 64, 64, 4, 6)]
     elif per_expert <= 96:
-        tiles = [(32, 64, 128, 4, 4), (64, 64, 128, 4, 3), (64, 128, 128, 8, 3), (32, 128, 128, 4, 3),
-                 (64, 128, 64, 4, 4)]
+        tiles = [(32, 64, 128, 4, 4), (64, 64, 128, 4, 3), (64, 128, 128, 8, 3), (16, 64, 128, 4, 4),
+                 (64, 64, 128, 4, 4)]
     else:
-        tiles = [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 64, 128, 4, 3), (128, 128, 128, 8, 3),
-                 (64, 128, 128, 8, 3)]
+        tiles = [(128, 64, 128, 4, 3), (128, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 64, 128, 4, 3),
+                 (128, 64, 128, 4, 4)]
     return [WqConfig(*t, group_m=1 if per_expert <= 96 else 8) for t in tiles]
 
 
@@ -311,7 +311,6 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
         print(f"{name}: peer unavailable: {type(exc).__name__}: {exc}", flush=True)
         traceback.print_exc()
     rows = []
-    key = table_key(quant, e, n, k, top_k)
     for tokens in args.tokens:
         count = 8 if tokens <= 32 else (4 if tokens <= 512 else 2)
         x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -322,29 +321,38 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
             routes.append((torch.softmax(vals, dim=1), ids.to(torch.int32)))
         active = sum(torch.unique(ids).numel() for _, ids in routes) / count
 
-        def ours(cfg):
+        def ours(cfg, scaled=False):
             def fn(g, ids):
-                return fused_wq_experts(x, w1s, w2s, g, ids, quant=quant, w1_scale=scales.w1_scale,
+                return fused_wq_experts(x, w1q if scaled else w1s, w2q if scaled else w2s, g, ids, quant=quant,
+                                        w1_scale=scales.w1_scale,
                                         w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point,
                                         w2_zero_point=scales.w2_zero_point, w1_bias=scales.w1_bias,
                                         w2_bias=scales.w2_bias, activation=activation, swiglu_limit=limit,
-                                        split=True, config=cfg)
+                                        split=not scaled, scaled_dot=scaled, config=cfg)
             return fn
 
         tried = {}
-        for cfg in candidates(tokens, top_k, e):
-            try:
-                tried[cfg] = time_graph(ours(cfg), routes, args.rep_ms)
-            except Exception as exc:
-                print(f"  {name} T={tokens} {cfg.to_json()}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        # MXFP4: both dequant paths, SPLIT nibbles + inline PTX and checkpoint order + tl.dot_scaled
+        for scaled in ((False, True) if quant.kind == "mxfp4" else (False,)):
+            for cfg in candidates(tokens, top_k, e):
+                try:
+                    tried[(cfg, scaled)] = time_graph(ours(cfg, scaled), routes, args.rep_ms)
+                except Exception as exc:
+                    print(f"  {name} T={tokens} {cfg.to_json()} scaled_dot={scaled}: {type(exc).__name__}: "
+                          f"{str(exc)[:300]}", flush=True)
         if not tried:
             continue
-        best = min(tried, key=tried.get)
-        us = tried[best]
+        for scaled in (False, True):  # the tuned table: the best tile of each path
+            mine = {c: t for (c, sd), t in tried.items() if sd == scaled}
+            if mine:
+                table.setdefault(table_key(quant, e, n, k, top_k, scaled), {})[str(tokens)] = min(mine, key=mine.get).to_json()
+        best_key = min(tried, key=tried.get)
+        best, best_scaled = best_key
+        us = tried[best_key]
         # numerics of the chosen tile: sampled tokens against float64, output poisoned first
         sample = torch.randperm(tokens, device="cuda", generator=gen)[:16]
         g0, ids0 = routes[0]
-        out = ours(best)(g0, ids0)
+        out = ours(best, best_scaled)(g0, ids0)
         ref = _reference(x, w1q, w2q, scales, scheme, g0, ids0, activation, limit, sample)
         got = out[sample].double()
         err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
@@ -370,19 +378,23 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
         roof_us = 1e3 * max((active * per_expert_q + io) / (ceilings["copy_GBps"] * 1e6), compute_ms)
         row = {
             "row": name, "tokens": tokens, "active_experts": active, "moe_fsm_us": us, "config": best.to_json(),
-            "candidates_us": {json.dumps(c.to_json()): t for c, t in tried.items()}, "rel_err": err,
+            "dequant": "tl.dot_scaled" if best_scaled else "inline PTX, SPLIT nibbles",
+            "candidates_us": {json.dumps({**c.to_json(), "scaled_dot": int(sd)}): t for (c, sd), t in tried.items()},
+            "best_by_path_us": {p: min((t for (c, sd), t in tried.items() if sd == (p == "tl.dot_scaled")), default=None)
+                                for p in ("inline PTX", "tl.dot_scaled")},
+            "rel_err": err,
             "peer": peer_name, "peer_us": peer_us, "peer_rel_err": peer_err, "bf16_us": bf16_us,
             "roofline_us": roof_us, "of_roofline": roof_us / us, "weight_TBps": active * per_expert_q / us / 1e6,
             "tflops": flops / us / 1e6, "bf16_tflops": flops / bf16_us / 1e6,
             "vs_bf16": bf16_us / us, "vs_peer": (peer_us / us) if peer_us else None,
         }
         rows.append(row)
-        table.setdefault(key, {})[str(tokens)] = best.to_json()
         if sink is not None:
             sink(row)
         print(f"{name:30s} T={tokens:5d} moe-fsm {us:8.1f} us ({row['weight_TBps']:.2f} TB/s, "
               f"{100 * row['of_roofline']:.0f}% roof, err {err:.1e})  peer {peer_us or float('nan'):8.1f}  "
-              f"bf16 {bf16_us:8.1f}  roof {roof_us:7.1f}  cfg {best.to_json()}", flush=True)
+              f"bf16 {bf16_us:8.1f}  roof {roof_us:7.1f}  cfg {best.to_json()} {row['dequant']} "
+              f"by path {row['best_by_path_us']}", flush=True)
     del w1q, w2q, w1s, w2s, w1b, w2b, scales, peer
     torch.cuda.empty_cache()
     return rows
@@ -424,6 +436,8 @@ def markdown(report: dict) -> str:
     for r in report["rows"]:
         cfg = r["config"]
         tile = f"{cfg['block_m']},{cfg['block_n']},{cfg['block_k']},{cfg['num_warps']},{cfg['num_stages']}"
+        if r.get("dequant") == "tl.dot_scaled":
+            tile += " dot_scaled"
         peer = f"{r['peer_us']:.1f}" if r["peer_us"] else "-"
         vs = f"{r['vs_peer']:.2f}" if r["vs_peer"] else "-"
         lines.append(

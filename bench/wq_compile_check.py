@@ -46,7 +46,7 @@ STRIDES = ("stride_xm", "stride_we", "stride_wr", "stride_se", "stride_sr", "str
 
 def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, block_m: int, block_n: int,
             block_k: int, warps: int, stages: int, k: int = 2880, n: int = 2880, group: int | None = None,
-            zp: bool = False, bias: bool | None = None):
+            zp: bool = False, bias: bool | None = None, scaled_dot: bool = False):
     """(signature, constexprs, attrs, options) of one launch of ``fused_wq_experts``."""
     kinds = {"mxfp4": 0, "int4": 1, "int8": 2}
     group = 32 if kind == "mxfp4" else (group or 128)
@@ -76,7 +76,7 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
                  HAS_ZP=zp, ZERO=8 if kind == "int4" else 128, HAS_BIAS=bias, GATED=gated,
                  ACT=2 if kind == "mxfp4" else 0, HAS_LIMIT=kind == "mxfp4", INTERLEAVED=False,
                  ROUTER_WEIGHT=not gated, PAIR_BLOCKS=pair_blocks, SPLIT=split, FAST=fast and kind != "int8",
-                 EVEN_K=kred % block_k == 0, SCALE_ACC=scale_acc)
+                 EVEN_K=kred % block_k == 0, SCALE_ACC=scale_acc, SCALED_DOT=scaled_dot)
     for c in const:
         sig[c] = "constexpr"
     # the JIT's specialization: ints equal to 1 become constants, multiples of 16 carry divisibility 16
@@ -118,15 +118,18 @@ def matrix(quick: bool):
                                   ("int4", 2048, 768, 32, True), ("int8", 2048, 768, 64, True)):
         tiles = [(16, 64, 128, 4, 4), (64, 128, 64, 8, 3)] if quick else [
             (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3)]
-        layouts = [(True, True)] if kind == "int8" else ([(True, True), (False, False)] if quick else
-                                                          [(True, True), (True, False), (False, True), (False, False)])
-        for split, fast in layouts:
+        layouts = [(True, True, False)] if kind == "int8" else (
+            [(True, True, False), (False, False, False)] if quick else
+            [(True, True, False), (True, False, False), (False, True, False), (False, False, False)])
+        if kind == "mxfp4":
+            layouts.append((False, True, True))
+        for split, fast, scaled in layouts:
             if kind == "int8":
                 split = False
             for tile in tiles:
                 for gated in (True, False):
                     for pair in ((True, False) if tile[0] == 16 else (False,)):
-                        out.append(dict(kind=kind, gated=gated, pair_blocks=pair, split=split, fast=fast,
+                        out.append(dict(kind=kind, gated=gated, pair_blocks=pair, split=split, fast=fast, scaled=scaled,
                                         block_m=tile[0], block_n=tile[1], block_k=tile[2], warps=tile[3],
                                         stages=tile[4], k=k, n=n, group=group, zp=zp))
     return out
@@ -141,13 +144,13 @@ def main() -> None:
     mod = _load()
     failures = 0
     for v in matrix(args.quick):
-        name = "{kind} g{group}{z} {g} {p} split={split} fast={fast} m{block_m} n{block_n} k{block_k} w{warps} s{stages}".format(
+        name = "{kind} g{group}{z} {g} {p} split={split} fast={fast} scaled_dot={scaled} m{block_m} n{block_n} k{block_k} w{warps} s{stages}".format(
             g="w1" if v["gated"] else "w2", p="pair" if v["pair_blocks"] else "sorted", z=" zp" if v["zp"] else "", **v)
         if args.only and args.only not in name:
             continue
         sig, const, options, divisible = variant(v["kind"], v["gated"], v["pair_blocks"], v["split"], v["fast"], v["block_m"],
                                             v["block_n"], v["block_k"], v["warps"], v["stages"], v["k"], v["n"],
-                                            v["group"], v["zp"])
+                                            v["group"], v["zp"], scaled_dot=v["scaled"])
         try:
             kernel = compile_one(mod, sig, const, options, divisible)
         except Exception as exc:  # report and go on: every variant's verdict in one pass

@@ -31,7 +31,9 @@ if [ "${WQ_SKIP_TESTS:-0}" != 1 ]; then
   echo "tests collected: $(wc -l <"$W/ids.txt")" >>"$S"
   for i in $(seq 0 $((SHARDS - 1))); do
     awk -v n="$SHARDS" -v i="$i" 'NR % n == i' "$W/ids.txt" >"$W/ids_$i.txt"
-    ( timeout 300 python3 -m pytest -q -p no:cacheprovider -rf --tb=short $(cat "$W/ids_$i.txt") >"$W/pytest_$i.log" 2>&1
+    # node ids hold spaces ("int4 g128"): one argument per line
+    ( mapfile -t ids <"$W/ids_$i.txt"
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -rf --tb=short "${ids[@]}" >"$W/pytest_$i.log" 2>&1
       echo "rc=$?" >>"$W/pytest_$i.log" ) &
     pids+=($!)
   done

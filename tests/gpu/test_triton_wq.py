@@ -140,3 +140,32 @@ def test_dequant_paths_and_tiles(name, tokens, split, fast, cfg):
         swiglu_limit=layer.swiglu_limit, split=split, fast=fast, config=cfg,
     )
     assert rel_err(out.cpu(), ref) <= TOL
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "m{}n{}k{}".format(c.block_m, c.block_n, c.block_k))
+@pytest.mark.parametrize("tokens", [1, 45])
+def test_mxfp4_scaled_dot_path(tokens, cfg):
+    """MXFP4 in checkpoint nibble order through tl.dot_scaled (Triton's upcast and E8M0 scaling)."""
+    layer = _layer("mxfp4", VARIANT_SHAPE)
+    x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"sd-{tokens}".encode()))
+    poison_allocator()
+    out = fused_wq_experts(
+        x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
+        w2_scale=scales.w2_scale, w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation="swigluoai",
+        swiglu_limit=7.0, scaled_dot=True, config=cfg,
+    )
+    assert rel_err(out.cpu(), ref) <= TOL
+
+
+@pytest.mark.parametrize("scaled_dot", [False, True])
+def test_mxfp4_experts_either_path(monkeypatch, scaled_dot):
+    """The experts class with either MXFP4 path (SPLIT re-layout + inline PTX, or checkpoint order + dot_scaled)."""
+    monkeypatch.setattr(TritonMxfp4Experts, "scaled_dot", scaled_dot)
+    layer = _layer("mxfp4", GPT_OSS)
+    x, w1, w2, scales, g, ids, ref = _problem(layer, 19, 123)
+    experts = TritonMxfp4Experts(layer)
+    assert experts.split is not scaled_dot
+    kernel = ModularKernel(LocalPrepareFinalize(), experts, layer)
+    poison_allocator()
+    out = kernel(x, w1, w2, g, ids, scales=scales)
+    assert rel_err(out.cpu(), ref) <= TOL

@@ -37,6 +37,9 @@ _LAYER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 class _TritonWeightQuantExperts(Experts):
     family: QuantFamily
+    # MXFP4 only: checkpoint nibble order and Triton's tl.dot_scaled upcast instead of the SPLIT re-layout and the
+    # inline-PTX dequant (which of the two is faster on the H100: docs/perf/wq.md)
+    scaled_dot: bool = False
 
     def __init__(self, layer: MoELayer) -> None:
         if layer.family is not self.family:
@@ -45,7 +48,8 @@ class _TritonWeightQuantExperts(Experts):
             raise KernelInputError(f"{self.name} computes in bfloat16 or float16; the layer is {layer.dtype}")
         self.layer = layer
         self.quant = WeightQuant.for_scheme(layer.quant)
-        self.split = can_split(self.quant, layer.hidden_size, layer.intermediate_size)
+        self.use_scaled_dot = self.scaled_dot and layer.dtype == "bfloat16"
+        self.split = not self.use_scaled_dot and can_split(self.quant, layer.hidden_size, layer.intermediate_size)
         self._relaid: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
@@ -114,6 +118,7 @@ class _TritonWeightQuantExperts(Experts):
             activation=self.layer.activation.value,
             swiglu_limit=self.layer.swiglu_limit,
             split=self.split,
+            scaled_dot=self.use_scaled_dot,
         )
 
 

@@ -176,7 +176,7 @@ def _load_groups(ptr, row, g, KRED, GROUP: tl.constexpr, EVEN_K: tl.constexpr, o
 def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRED,
               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
               KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, SPLIT: tl.constexpr,
-              FAST: tl.constexpr, EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr):
+              FAST: tl.constexpr, EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] += W[rows, K tile ki] @ X^T[K tile ki, pairs], weights dequantized in registers.
 
     w_row/s_row/z_row: [BLOCK_N] int64 element offsets of the tile's weight rows in w, s, z. x_lo, x_hi: the
@@ -223,7 +223,12 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
             idx = tl.arange(0, HALF)
             k_lo = k0 + (idx // HALF_CHUNK) * SPLIT_CHUNK + idx % HALF_CHUNK
             k_hi = k_lo + HALF_CHUNK
-        if KIND == KIND_MXFP4:
+        if KIND == KIND_MXFP4 and SCALED_DOT:
+            # checkpoint nibble order, Triton's own MXFP4 upcast (tl.dot_scaled: e2m1 -> bf16, times the E8M0 scale)
+            g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+            s = _load_groups(s_ptr, s_row, g, KRED, GROUP, EVEN_K, 127)
+            part = tl.dot_scaled(b, s, "e2m1", x_lo, None, "bf16", part, fast_math=True)
+        elif KIND == KIND_MXFP4:
             if SPLIT:
                 # the low nibbles' 32-column groups are the tile's even scale groups, the high ones' the odd
                 g_lo = k0 // GROUP + 2 * tl.arange(0, HALF // GROUP)
@@ -282,7 +287,9 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
                     hi = hi.to(tl.float32) * sb
             if not SPLIT:
                 w = tl.interleave(lo, hi)
-        if SPLIT:
+        if KIND == KIND_MXFP4 and SCALED_DOT:
+            pass
+        elif SPLIT:
             part = tl.dot(lo.to(x_lo.dtype), x_lo, part)
             part = tl.dot(hi.to(x_hi.dtype), x_hi, part)
         else:
@@ -304,7 +311,7 @@ def wq_gemm_kernel(
     GROUP: tl.constexpr, KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERLEAVED: tl.constexpr,
     ROUTER_WEIGHT: tl.constexpr, PAIR_BLOCKS: tl.constexpr, SPLIT: tl.constexpr, FAST: tl.constexpr,
-    EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr,
+    EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr = False,
 ):
     """out[pair, r] for the weight rows r of one BLOCK_N tile and the pairs of one BLOCK_M row block.
 
@@ -377,11 +384,11 @@ def wq_gemm_kernel(
             x_hi = x_lo
         acc_a = _tile_dot(acc_a, w_base, s_base, z_base, rows_a * stride_wr, rows_a * stride_sr, rows_a * stride_zr,
                           x_lo, x_hi, ki, KRED, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO,
-                          SPLIT, FAST, EVEN_K, SCALE_ACC)
+                          SPLIT, FAST, EVEN_K, SCALE_ACC, SCALED_DOT)
         if GATED:
             acc_b = _tile_dot(acc_b, w_base, s_base, z_base, rows_b * stride_wr, rows_b * stride_sr,
                               rows_b * stride_zr, x_lo, x_hi, ki, KRED, BLOCK_N, BLOCK_M, BLOCK_K,
-                              GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K, SCALE_ACC)
+                              GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K, SCALE_ACC, SCALED_DOT)
 
     if HAS_BIAS:
         acc_a += tl.load(b_ptr + expert * stride_be + rows_a).to(tl.float32)[:, None]

@@ -197,8 +197,9 @@ def default_wq_config(num_tokens: int, top_k: int, num_experts: int) -> WqConfig
     return WqConfig(128, 128, 64, 8, 3, group_m=8)
 
 
-def table_key(quant: WeightQuant, num_experts: int, n: int, k: int, top_k: int) -> str:
-    return f"{quant.kind},g={quant.group},zp={int(quant.zero_point)},E={num_experts},N={n},K={k},top_k={top_k}"
+def table_key(quant: WeightQuant, num_experts: int, n: int, k: int, top_k: int, scaled_dot: bool = False) -> str:
+    key = f"{quant.kind},g={quant.group},zp={int(quant.zero_point)},E={num_experts},N={n},K={k},top_k={top_k}"
+    return key + (",scaled_dot" if scaled_dot else "")
 
 
 @functools.lru_cache(maxsize=None)
@@ -212,9 +213,9 @@ def _shipped_table(device: str) -> dict:
 
 
 def get_wq_config(device: str, quant: WeightQuant, num_experts: int, n: int, k: int, top_k: int,
-                  num_tokens: int) -> WqConfig:
+                  num_tokens: int, scaled_dot: bool = False) -> WqConfig:
     """The tuned config of the nearest token count (log scale) for this shape and device, else the default."""
-    entries = _shipped_table(device).get(table_key(quant, num_experts, n, k, top_k))
+    entries = _shipped_table(device).get(table_key(quant, num_experts, n, k, top_k, scaled_dot))
     if not entries:
         return default_wq_config(num_tokens, top_k, num_experts)
     tuned = min(entries, key=lambda t: abs(math.log(int(t)) - math.log(max(num_tokens, 1))))
@@ -253,6 +254,7 @@ def fused_wq_experts(
     interleaved: bool = False,
     split: bool = False,
     fast: bool = True,
+    scaled_dot: bool = False,
     config: Optional[WqConfig] = None,
     block_m: Optional[int] = None,
 ) -> torch.Tensor:
@@ -261,7 +263,8 @@ def fused_wq_experts(
     ``w1`` [E, 2N, K/p] and ``w2`` [E, K, N/p] hold codes (p = 2 for 4-bit), rows of
     w1 stacked gate-then-up, or interleaved (gate 2n, up 2n+1) with ``interleaved``;
     with ``split`` both are in the layout of ``relayout_nibbles``. ``fast`` (default)
-    dequantizes 4-bit codes with inline PTX where the activations are bf16.
+    dequantizes 4-bit codes with inline PTX where the activations are bf16. ``scaled_dot`` (MXFP4 in
+    checkpoint nibble order, bf16 activations) hands the upcast and the E8M0 scales to Triton's ``tl.dot_scaled``.
     """
     require_device(hidden, w1, w2, topk_ids)
     if hidden.dim() != 2 or hidden.dtype not in COMPUTE_DTYPES or not hidden.is_contiguous():
@@ -282,6 +285,9 @@ def fused_wq_experts(
                                f"{list(topk_ids.shape)} and {list(topk_weights.shape)}")
     if split and not can_split(quant, k, n):
         raise KernelInputError(f"the SPLIT nibble layout needs 4-bit weights and K, N multiples of {SPLIT_CHUNK}")
+    if scaled_dot and (quant.kind != "mxfp4" or split or hidden.dtype != torch.bfloat16):
+        raise KernelInputError("scaled_dot runs MXFP4 weights in checkpoint nibble order (no SPLIT) with bfloat16 "
+                               f"activations; got {quant.kind}, split={split}, {hidden.dtype}")
     top_k = topk_ids.shape[1]
     num_pairs = num_tokens * top_k
     out = torch.empty_like(hidden)
@@ -290,7 +296,7 @@ def fused_wq_experts(
     if config is None:
         from moe_fsm.kernels.triton_moe._runtime import device_name
 
-        config = get_wq_config(device_name(hidden.device), quant, experts, n, k, top_k, num_tokens)
+        config = get_wq_config(device_name(hidden.device), quant, experts, n, k, top_k, num_tokens, scaled_dot)
     if block_m is not None:
         config = WqConfig(block_m, *list(asdict(config).values())[1:])
     config.check()
@@ -327,7 +333,7 @@ def fused_wq_experts(
             GROUP=group, KIND=kind, HAS_ZP=has_zp, ZERO=zero, HAS_BIAS=has_bias, GATED=gated,
             ACT=ACTIVATIONS[activation], HAS_LIMIT=swiglu_limit is not None, INTERLEAVED=interleaved and gated,
             ROUTER_WEIGHT=not gated, PAIR_BLOCKS=num_tokens == 1, SPLIT=split, FAST=fast,
-            EVEN_K=kred % block_k == 0, SCALE_ACC=_scale_acc(quant, group, kred, block_k),
+            EVEN_K=kred % block_k == 0, SCALE_ACC=_scale_acc(quant, group, kred, block_k), SCALED_DOT=scaled_dot,
             num_warps=warps, num_stages=stages,
         )
 
