@@ -21,7 +21,7 @@ from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.plan.decider import DEFAULT_TRACE_DIR, LayerDecider, LayerSpec
 from moe_fsm.plan.model_config import ModelConfig, read_model_config
-from moe_fsm.plan.quant_config import LayerQuant, Mapped, layer_quant
+from moe_fsm.plan.quant_config import LayerQuant, Mapped, QuantReader
 from moe_fsm.profiles import ProfileChoice
 
 
@@ -84,18 +84,23 @@ def plan_model(
 ) -> Plan:
     """Read the config, derive each MoE layer's MoELayer, decide it; one row (and trace) per layer."""
     model = read_model_config(config_path)
+    try:  # a malformed quantization_config is refused before any layer is decided
+        reader = QuantReader(model.quantization)
+    except InputError as err:
+        raise InputError(f"model config {model.path}: {err}") from None
     decider = LayerDecider(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir,
                            policy=policy)
     rows: list[PlannedLayer] = []
+    decided = 0  # trace files are numbered by decided layers
     for index in model.moe_layers:
-        decided = sum(row.decision is not None for row in rows)  # trace files are numbered by decided layers
-        rows.append(_plan_layer(decider, model, index, decided))
+        rows.append(_plan_layer(decider, model, reader, index, decided))
+        decided += rows[-1].decision is not None
     return Plan(model, rows, decider)
 
 
-def _plan_layer(decider: LayerDecider, model: ModelConfig, index: int, trace_number: int) -> PlannedLayer:
+def _plan_layer(decider: LayerDecider, model: ModelConfig, reader: QuantReader, index: int, trace_number: int) -> PlannedLayer:
     name = model.experts_module(index)
-    quant = layer_quant(model.quantization, name)
+    quant = reader.layer(name)
     if not isinstance(quant, Mapped):
         return PlannedLayer(index, name, quant)
     g = model.geometry
