@@ -173,3 +173,17 @@ def test_indexed_name_lists_answer_as_a_scan_would():
                           (["model.layers.4.mlp.experts"], True), (["model.layers.4.mlp.experts.0"], False)):
         source = layer_quant({"quant_method": "mxfp4", "modules_to_not_convert": patterns}, "model.layers.4.mlp.experts")
         assert (getattr(source, "source", "") or "").startswith("mxfp4: not converted") == hit, patterns
+
+
+def test_a_malformed_entry_of_a_late_layer_is_refused_before_any_trace_is_written(tmp_path, capsys):
+    """Found by the plan fuzz driver: the last layer's quantized_layers entry was checked only when its turn came."""
+    config = json.loads((CONFIGS / "synthetic-mixed-nvfp4-fp8" / "config.json").read_text())
+    config["quantization_config"]["quantized_layers"]["model.layers.47.mlp.experts.0.gate_proj"] = "FP8"
+    code, err = _plan(tmp_path, config, capsys)
+    assert code == 2 and "quantized_layers['model.layers.47.mlp.experts.0.gate_proj'] must be an object" in err
+    assert not (tmp_path / "traces").exists()
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {
+        "g": {"targets": ["Linear"], "weights": {"type": "float", "num_bits": 8}}, "h": {"targets": ["x"], "weights": []}}}
+    code, err = _plan(tmp_path, config, capsys)
+    assert code == 2 and "config_groups['h'].weights must be an object" in err
+    assert not (tmp_path / "traces").exists()

@@ -295,6 +295,8 @@ class _ModelOpt:
             excluded = []
         self.excluded = _SubstringOrGlob(excluded, "exclude_modules", glob=True)
         self.layers = _obj(body.get("quantized_layers"), "quantized_layers", {}) if self.algo == "MIXED_PRECISION" else {}
+        for key, entry in self.layers.items():  # every entry checked up front: no layer is decided from a malformed config
+            _algo(_obj(entry, f"quantized_layers[{key!r}]").get("quant_algo"), f"quantized_layers[{key!r}].quant_algo")
         self.index = _PrefixIndex(self.layers)
 
     def layer(self, experts: str) -> LayerQuant:
@@ -364,6 +366,7 @@ class _CompressedTensors:
         self.groups = []
         for name, group in groups.items():
             group = _obj(group, f"config_groups[{name!r}]")
+            _args(group, "weights", name), _args(group, "input_activations", name)  # checked up front
             targets = _CtTargets(_names(group.get("targets"), f"config_groups[{name!r}].targets"),
                                  f"config_groups[{name!r}].targets")
             self.groups.append((name, group, targets))
