@@ -187,3 +187,55 @@ def test_a_malformed_entry_of_a_late_layer_is_refused_before_any_trace_is_writte
     code, err = _plan(tmp_path, config, capsys)
     assert code == 2 and "config_groups['h'].weights must be an object" in err
     assert not (tmp_path / "traces").exists()
+
+
+# -- issue 24 item 4: one trace per distinct decision, and a manifest that explain and replay read ----------------------
+
+
+def test_plan_writes_one_trace_per_distinct_decision_and_explain_reads_the_manifest(tmp_path, capsys):
+    config = CONFIGS / "synthetic-mixed-nvfp4-fp8"
+    argv = ["plan", str(config), "--platform", "sm121", "--no-env", "--policy", "seeds", "--backend", "flashinfer_b12x",
+            "--trace-dir", str(tmp_path)]
+    assert main(argv) == 1  # the FP8 and bf16 layers fail under b12x
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "layer000-model.layers.0.mlp.experts.json", "layer001-model.layers.1.mlp.experts.json",
+        "layer003-model.layers.3.mlp.experts.json", "plan.manifest"]
+    manifest = tmp_path / "plan.manifest"
+    assert main(["explain", str(manifest), "--layer", "47"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Decision for a fp8 MoE layer (model.layers.47.mlp.experts)")
+    assert "layer003-model.layers.3.mlp.experts.json, shared by 12 layer(s): 3, 7, 11" in out
+    assert main(["explain", str(manifest)]) == 0
+    assert capsys.readouterr().out.count("Decision for a ") == 3
+    assert main(["replay", str(manifest)]) == 0
+    assert capsys.readouterr().out.count("byte-identical") == 3
+    # the trace file itself still explains and replays on its own
+    assert main(["replay", str(tmp_path / "layer001-model.layers.1.mlp.experts.json")]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m.update(layers="x"), "has no list of layers"),
+    (lambda m: m["layers"][0].update(trace="../../etc/passwd"), "not a file beside the manifest"),
+    (lambda m: m["layers"][0].update(index="0"), "needs an integer index and a name"),
+    (lambda m: m["layers"][5].update(trace="nowhere.json"), "does not exist"),
+])
+def test_a_broken_manifest_is_one_line(tmp_path, capsys, edit, says):
+    assert main(["plan", str(CONFIGS / "qwen3-30b-a3b"), "--platform", "sm90", "--no-env", "--policy", "seeds",
+                 "--trace-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    manifest = json.loads((tmp_path / "plan.manifest").read_text())
+    edit(manifest)
+    (tmp_path / "plan.manifest").write_text(json.dumps(manifest))
+    assert main(["explain", str(tmp_path / "plan.manifest"), "--layer", "5"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_layer_needs_a_manifest(tmp_path, capsys):
+    assert main(["plan", str(CONFIGS / "qwen3-30b-a3b"), "--platform", "sm90", "--no-env", "--trace-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    trace = next(tmp_path.glob("*.json"))
+    assert main(["explain", str(trace), "--layer", "3"]) == 2
+    assert "--layer picks a layer of a plan.manifest or run.manifest" in capsys.readouterr().err
