@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from moe_fsm.cli import render
-from moe_fsm.cli.inputs import parse_env_flags
+from moe_fsm.cli.inputs import POLICY_HELP, Once, parse_env_flags
 from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
 from moe_fsm.inputs.platform import PRESETS
 
@@ -47,9 +47,7 @@ def register(subparsers) -> None:
                         help="an environment variable the selection reads (repeatable); with any --env, the process "
                              "environment is ignored")
     parser.add_argument("--no-env", action="store_true", help="ignore the process environment")
-    parser.add_argument("--policy", metavar="PROFILE",
-                        help="whose rules decide: a policy profile (seeds, vllm-0.33, ...; see moe-fsm diagram --list) or "
-                             "'default': the installed vLLM's profile, else seeds")
+    parser.add_argument("--policy", metavar="PROFILE", action=Once, help=POLICY_HELP)
     parser.add_argument("--trace-dir", type=Path, metavar="DIR",
                         help=f"where the traces (one per distinct decision) and plan.manifest go (default {DEFAULT_TRACE_ROOT}/plan-<config dir>/)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (one object per layer)")
