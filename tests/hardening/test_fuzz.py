@@ -5,11 +5,13 @@ Three drivers, each with arbitrary (including wrongly typed) input:
 - the library: ``MoELayer(...)``, ``select(...)`` and ``decide(...)`` with values drawn from
   valid ones and from any JSON-ish or Python value;
 - the CLI verbs ``select``/``explain``/``replay``/``diagram``/``golden`` with arbitrary argv;
-- ``explain`` and ``replay`` on arbitrary trace files: golden traces with random edits, and raw text.
+- ``explain`` and ``replay`` on arbitrary trace files: golden traces with random edits, and raw text;
+- ``plan`` on arbitrary config.json files (issue 24): real checkpoints' configs and drawn ones of every kind plan
+  reads, with garbage values, missing and extra fields, wrong types, bytes that are not UTF-8 JSON.
 
 A decision must carry a trace that validates; a documented error is a ``MoeFsmError`` (InputError,
 the selection errors, TraceWriteError...) whose message is not empty; the CLI must return one of its
-documented exit statuses. CI runs a short pass (``MOE_FSM_FUZZ_EXAMPLES``, default 60 per driver);
+documented exit statuses. CI runs a short pass (``MOE_FSM_FUZZ_EXAMPLES``, default 60 per driver, 300 for ``plan``);
 a maintainer runs the long mode, e.g.::
 
     MOE_FSM_FUZZ_EXAMPLES=34000 MOE_FSM_FUZZ_REPORT=fuzz.json python -m pytest -q tests/hardening/test_fuzz.py
@@ -491,9 +493,11 @@ def config_files(draw):
 
 
 PLAN_STATUSES = {0, 1, 2}  # a decision for every layer; some layer not mapped or failed; bad input
+# A plan example costs ~15 ms: CI runs a few hundred (derandomized); MOE_FSM_FUZZ_EXAMPLES sets the long mode's count.
+PLAN_FUZZ = settings(FUZZ, max_examples=int(os.environ.get("MOE_FSM_FUZZ_EXAMPLES", "300")))
 
 
-@FUZZ
+@PLAN_FUZZ
 @given(drawn=config_files(), platform=st.sampled_from(sorted(PRESETS)), policy=st.sampled_from(["seeds", "vllm-0.33"]),
        extra=st.lists(st.sampled_from([["--json"], ["--tp", "2"], ["--dp", "2", "--ep", "2"], ["--backend", "triton"],
                                        ["--backend", "nvfp4=flashinfer_b12x"], ["--batched"], ["--env", "VLLM_USE_DEEP_GEMM=0"]]),
