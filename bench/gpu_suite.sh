@@ -9,8 +9,8 @@
 # lacks them); without it: $MOE_FSM_WHEELS, else the first of ./.whl, ../../.whl (a worktree under .wt/),
 # <main checkout>/.whl that holds wheels. Only the wheels whose distribution is not installed are
 # installed, into $SITE (default /tmp/moe-fsm-site), which goes on PYTHONPATH with ./src.
-# PYTEST_ARGS replace the default selection (`tests`): e.g. `-- tests/kernels/test_torch_experts_cuda.py tests`
-# runs that file first, then the rest.
+# PYTEST_ARGS replace the default selection (`tests`): e.g. `-- tests/kernels/test_torch_experts_cuda.py
+# tests/gpu/test_triton_moe.py`. (pytest runs a file named beside its directory in directory order, not first.)
 #
 # Limits: every test gets TEST_TIMEOUT_S seconds (pytest-timeout, default 300); the whole suite SUITE_S
 # seconds (default 1500), after which pytest is interrupted (SIGINT) and still writes its reports.
