@@ -12,7 +12,7 @@ from moe_fsm.errors import InputError
 
 @pytest.mark.parametrize("name", ["vllm-9.99", "vllm-0.33.1", "vllm-0.34", "0.33", "seed", ""])
 def test_an_unknown_profile_name_is_refused_with_the_list(name):
-    with pytest.raises(InputError, match=r"unknown policy profile .*known: \['seeds', 'vllm-0.33'\]"):
+    with pytest.raises(InputError, match=r"unknown policy profile .*known: \['seeds', .*'vllm-0.33'\]"):
         select(MoELayer(), policy=name, env={}, platform=preset("sm90"))
 
 
@@ -44,7 +44,7 @@ def test_the_installed_vllms_default_still_resolves_to_the_nearest(monkeypatch):
     (["diff", "--policy", "seeds", "--policy", "vllm-9.99"], "unknown policy profile 'vllm-9.99'; known: ["),
     (["diff", "--policy", "seeds"], "--policy is given twice to diff (from, then to), got 1"),
     (["diff", "--policy", "seeds", "--policy", "vllm-0.33", "--to", "seeds"], "not both"),
-    (["diff", "--from", "vllm-9.99"], "unknown policy profile 'vllm-9.99'; known: ['seeds', 'vllm-0.33'] (or 'nearest:vllm-9.99'"),
+    (["diff", "--from", "vllm-9.99"], "(or 'nearest:vllm-9.99' for the nearest older profile"),
     (["diff", "--to", "seeds", "--to", "vllm-0.33"], "--to given twice"),
     (["select", "--policy", "vllm-9.99"], "unknown policy profile 'vllm-9.99'"),
     (["select", "--policy", "seeds", "--policy", "vllm-0.33"], "--policy given twice"),
