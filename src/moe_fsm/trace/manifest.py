@@ -1,9 +1,9 @@
 """Manifests: which trace file holds each layer's decision.
 
-``moe-fsm plan`` and ``moe-fsm run`` write one trace per *distinct* decision (a
-48-layer model whose layers all decide alike writes one file, named after the
-first layer that got it), and a manifest that maps every layer to its file:
-``plan.manifest`` and ``run.manifest``. Their content is JSON; their names are
+``moe-fsm plan``, ``moe-fsm run`` and ``integrations.transformers.enable`` write one
+trace per *distinct* decision (a 48-layer model whose layers all decide alike writes
+one file, named after the first layer that got it), and a manifest that maps every
+layer to its file: ``plan.manifest``, ``run.manifest``, ``model.manifest``. Their content is JSON; their names are
 not *.json, so ``moe-fsm explain DIR/*.json`` still reads only traces.
 
 ``explain`` and ``replay`` take a manifest where they take a trace:
@@ -25,7 +25,9 @@ RUN_MANIFEST_NAME = "run.manifest"
 RUN_MANIFEST_SCHEMA = "moe-fsm/run-manifest"
 PLAN_MANIFEST_NAME = "plan.manifest"
 PLAN_MANIFEST_SCHEMA = "moe-fsm/plan-manifest"
-SCHEMAS = (RUN_MANIFEST_SCHEMA, PLAN_MANIFEST_SCHEMA)
+MODEL_MANIFEST_NAME = "model.manifest"  # transformers' enable(model)
+MODEL_MANIFEST_SCHEMA = "moe-fsm/model-manifest"
+SCHEMAS = (RUN_MANIFEST_SCHEMA, PLAN_MANIFEST_SCHEMA, MODEL_MANIFEST_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -100,20 +102,18 @@ def distinct(entries: Sequence[LayerEntry]) -> list[tuple[Path, list[LayerEntry]
     return list(groups.items())
 
 
+def write_layer_manifest(trace_dir: Path, name: str, schema: str, header: dict, layers: Sequence[dict]) -> Path:
+    """``trace_dir/name``: ``header``, each layer (``index``, ``name``, ``trace`` file name or None, ...) and
+    ``traces`` (each file's layers). The plan's and transformers' manifests; ``run.manifest`` has its own writer."""
+    from moe_fsm.trace.document import write_atomic
+
+    document = {"schema": schema, "schema_version": 1, **header, "layers": list(layers),
+                "traces": trace_groups((row["name"], row["trace"]) for row in layers)}
+    return write_atomic(Path(trace_dir) / name, json.dumps(document, indent=2, allow_nan=False) + "\n")
+
+
 def write_plan_manifest(trace_dir: Path, *, config: str, profile: dict, platform: dict, parallel: dict, request,
                         layers: Sequence[dict]) -> Path:
     """``trace_dir/plan.manifest``: each planned layer (index, module, status, backend, trace) and the traces' layers."""
-    from moe_fsm.trace.document import write_atomic
-
-    document = {
-        "schema": PLAN_MANIFEST_SCHEMA,
-        "schema_version": 1,
-        "config": config,
-        "profile": profile,
-        "platform": platform,
-        "parallel": parallel,
-        "request": request,
-        "layers": list(layers),
-        "traces": trace_groups((row["name"], row["trace"]) for row in layers),
-    }
-    return write_atomic(Path(trace_dir) / PLAN_MANIFEST_NAME, json.dumps(document, indent=2, allow_nan=False) + "\n")
+    header = {"config": config, "profile": profile, "platform": platform, "parallel": parallel, "request": request}
+    return write_layer_manifest(trace_dir, PLAN_MANIFEST_NAME, PLAN_MANIFEST_SCHEMA, header, layers)
