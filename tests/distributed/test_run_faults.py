@@ -83,7 +83,8 @@ def test_run_nproc_2_ends_every_process_on_a_signal(tmp_path: Path, target: str,
             family = _descendants(launcher.pid)
             seen.update(family)
             ranks = [p for p in family if "__main__.py run" in _cmdline(p)]
-            if len(ranks) == 2 and len(list(trace_dir.glob("*.rank1.json"))) >= 48 and len(list(trace_dir.glob("*.rank0.json"))) >= 48:
+            # each rank writes its one trace (48 identical layers: one distinct decision) before it computes
+            if len(ranks) == 2 and list(trace_dir.glob("*.rank1.json")) and list(trace_dir.glob("*.rank0.json")):
                 break
             time.sleep(0.2)
         assert launcher.poll() is None and len(ranks) == 2, f"the launch did not get going: {launcher.poll()}"
@@ -110,6 +111,6 @@ def test_run_nproc_2_ends_every_process_on_a_signal(tmp_path: Path, target: str,
                 os.kill(pid, signal.SIGKILL)
         launcher.wait(timeout=30)
     visible = [p for p in trace_dir.iterdir() if not p.name.startswith(".")]
-    assert len(visible) >= 96
+    assert len(visible) >= 2  # each rank's one trace (the 48 layers decide alike), whole JSON
     for path in visible:
         json.loads(path.read_text())

@@ -26,10 +26,11 @@ def test_presets_run_selected_checked_and_traced(tmp_path, name):
     assert {r.backend for r in results} == {"CPU"}
     assert engine.distinct_decisions == 1
     assert [r.cached for r in results] == [False, True, True]
-    traces = sorted(tmp_path.glob("layer*.json"))
-    assert len(traces) == 3
-    names = [json.loads(p.read_text())["layer_name"] for p in traces]
-    assert names == [r.name for r in results]
+    traces = sorted(tmp_path.glob("layer*.json"))  # one trace per distinct decision, named after its first layer
+    assert [p.name for p in traces] == ["layer000-model.layers.0.mlp.experts.json"]
+    assert [layer.trace_path for layer in engine.loaded] == traces * 3
+    assert [layer.decision.trace["layer_name"] for layer in engine.loaded] == [r.name for r in results]
+    assert engine.layer_traces == [(r.name, traces[0]) for r in results]
 
 
 def test_mixed_preset_gives_fp8_and_nvfp4_layers_different_backends(tmp_path):

@@ -16,14 +16,20 @@ from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.platform import preset as platform_preset
 
 
-def test_run_prints_the_table_and_writes_one_trace_per_layer(tmp_path, capsys):
+def test_run_prints_the_table_and_writes_one_trace_per_distinct_decision(tmp_path, capsys):
     code = main(["run", "--layers", "2", "--tokens", "8", "--env", "VLLM_USE_DEEP_GEMM=0", "--trace-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "2/2 layers within tolerance of the float64 reference" in out
     assert "VLLM_USE_DEEP_GEMM=0" in out
-    traces = sorted(tmp_path.glob("*.json"))
-    assert [json.loads(p.read_text())["layer_name"] for p in traces] == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+    traces = sorted(tmp_path.glob("*.json"))  # the two layers decide alike: one trace, and the manifest maps both
+    assert [json.loads(p.read_text())["layer_name"] for p in traces] == ["model.layers.0.mlp.experts"]
+    assert main(["explain", str(tmp_path / "run.manifest"), "--layer", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Decision for a unquantized MoE layer (model.layers.1.mlp.experts)")
+    assert "shared by 2 layer(s): 0-1" in out
+    assert main(["replay", str(tmp_path / "run.manifest"), "--layer", "model.layers.1.mlp.experts"]) == 0
+    assert "byte-identical" in capsys.readouterr().out
 
 
 def test_run_rejects_bad_flags_with_a_message(capsys):
@@ -50,10 +56,14 @@ def test_run_across_two_processes(tmp_path, capfd):
     out = capfd.readouterr().out
     assert code == 0, out
     assert "AllToAllPrepareFinalize" in out and "2/2 layers within tolerance" in out
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [  # the two layers decide alike: one trace per rank
         "layer000-model.layers.0.mlp.experts.rank0.json", "layer000-model.layers.0.mlp.experts.rank1.json",
-        "layer001-model.layers.1.mlp.experts.rank0.json", "layer001-model.layers.1.mlp.experts.rank1.json",
     ]
+    manifest = json.loads((tmp_path / "run.manifest").read_text())
+    assert [layer["trace_files"] for layer in manifest["layers"]] == [
+        ["layer000-model.layers.0.mlp.experts.rank0.json", "layer000-model.layers.0.mlp.experts.rank1.json"]] * 2
+    assert main(["explain", str(tmp_path / "run.manifest"), "--layer", "1", "--rank", "1"]) == 0
+    assert "rank1.json, shared by 2 layer(s)" in capfd.readouterr().out
 
 
 # -- issue 12, item 10: `run --nproc` checks its flags before launching anything --------------------
@@ -183,8 +193,9 @@ def test_run_writes_a_manifest_naming_its_files_and_earlier_ones(tmp_path, capsy
     assert main(["run", "--layers", "2", "--tokens", "4", "--repeats", "1", "--trace-dir", str(tmp_path)]) == 0
     manifest = json.loads((tmp_path / MANIFEST_NAME).read_text())
     assert manifest["schema"] == "moe-fsm/run-manifest" and manifest["ok"] is True
-    assert [layer["trace_files"] for layer in manifest["layers"]] == [
-        ["layer000-model.layers.0.mlp.experts.json"], ["layer001-model.layers.1.mlp.experts.json"]]
+    assert [layer["trace_files"] for layer in manifest["layers"]] == [["layer000-model.layers.0.mlp.experts.json"]] * 2
+    assert manifest["traces"] == {"layer000-model.layers.0.mlp.experts.json": ["model.layers.0.mlp.experts",
+                                                                               "model.layers.1.mlp.experts"]}
     assert manifest["layers"][0]["backend"] == "CPU" and manifest["layers"][0]["checked_rows"] == 4
     assert manifest["earlier_files"] == [old.name]
 

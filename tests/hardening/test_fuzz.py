@@ -5,11 +5,13 @@ Three drivers, each with arbitrary (including wrongly typed) input:
 - the library: ``MoELayer(...)``, ``select(...)`` and ``decide(...)`` with values drawn from
   valid ones and from any JSON-ish or Python value;
 - the CLI verbs ``select``/``explain``/``replay``/``diagram``/``golden`` with arbitrary argv;
-- ``explain`` and ``replay`` on arbitrary trace files: golden traces with random edits, and raw text.
+- ``explain`` and ``replay`` on arbitrary trace files: golden traces with random edits, and raw text;
+- ``plan`` on arbitrary config.json files (issue 24): real checkpoints' configs and drawn ones of every kind plan
+  reads, with garbage values, missing and extra fields, wrong types, bytes that are not UTF-8 JSON.
 
 A decision must carry a trace that validates; a documented error is a ``MoeFsmError`` (InputError,
 the selection errors, TraceWriteError...) whose message is not empty; the CLI must return one of its
-documented exit statuses. CI runs a short pass (``MOE_FSM_FUZZ_EXAMPLES``, default 60 per driver);
+documented exit statuses. CI runs a short pass (``MOE_FSM_FUZZ_EXAMPLES``, default 60 per driver, 300 for ``plan``);
 a maintainer runs the long mode, e.g.::
 
     MOE_FSM_FUZZ_EXAMPLES=34000 MOE_FSM_FUZZ_REPORT=fuzz.json python -m pytest -q tests/hardening/test_fuzz.py
@@ -354,3 +356,176 @@ def test_explain_and_replay_of_arbitrary_traces_end_in_a_documented_exit_status(
         official = jsonschema.Draft202012Validator(schema.load_schema()).is_valid(document)
         assert MiniValidator(schema.load_schema()).is_valid(document) == official, "the validators disagree"
 
+
+
+# -- driver 4: `moe-fsm plan` on arbitrary config.json files (issue 24) ------------------------------------------------
+
+CONFIGS = ROOT / "tests" / "data" / "configs"
+REAL_CONFIGS = {p.parent.name: json.loads(p.read_text()) for p in sorted(CONFIGS.glob("*/config.json"))}
+# The keys plan reads (every spelling), so that edits hit them often.
+PLAN_KEYS = ["num_hidden_layers", "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts",
+             "num_experts_per_tok", "experts_per_token", "moe_topk", "top_k", "hidden_size", "moe_intermediate_size",
+             "expert_intermediate_size", "intermediate_size", "torch_dtype", "dtype", "n_shared_experts",
+             "num_shared_experts", "shared_expert_intermediate_size", "hidden_act", "swiglu_limit", "architectures",
+             "model_type", "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
+             "mlp_only_layers", "text_config", "quantization_config"]
+QUANT_KEYS = ["quant_method", "weight_block_size", "activation_scheme", "modules_to_not_convert", "ignored_layers",
+              "quant_algo", "quantization", "exclude_modules", "quantized_layers", "ignore", "config_groups", "targets",
+              "weights", "input_activations", "num_bits", "type", "strategy", "group_size", "dynamic", "block_structure",
+              "bits", "sym", "desc_act", "zero_point", "version"]
+config_junk = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3000), st.integers(-2**70, 2**70), st.sampled_from([1024, 1025, 4096, 4097]),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+    st.sampled_from(["silu", "gelu", "relu", "bfloat16", "float8_e4m3fn", "fp8", "modelopt", "NVFP4", "FP8", "MIXED_PRECISION",
+                     "Linear", "re:.*experts.*", "re:(", "model.layers.1*", "*", "[", "lm_head", "dynamic", "static",
+                     "channel", "token", "group", "tensor", "block", "tensor_group", "float", "int"]),
+    st.lists(st.one_of(st.integers(-2, 200), st.text(max_size=8), st.sampled_from(["model.layers.3.mlp", "re:.*", "*.mlp*"])),
+             max_size=4),
+    st.dictionaries(st.text(max_size=6), st.one_of(st.integers(), st.text(max_size=6), st.none()), max_size=3),
+)
+geometry = st.fixed_dictionaries({
+    "architectures": st.sampled_from([["Qwen3MoeForCausalLM"], ["MixtralForCausalLM"], ["DeepseekV3ForCausalLM"],
+                                      ["GptOssForCausalLM"], ["SomethingNew"]]),
+    "num_hidden_layers": st.integers(1, 24), "hidden_size": st.sampled_from([64, 128, 2048, 2880, 7168, 100]),
+    "num_experts": st.sampled_from([1, 8, 32, 128, 256]), "num_experts_per_tok": st.sampled_from([1, 2, 4, 8]),
+    "moe_intermediate_size": st.sampled_from([64, 768, 2048, 96]), "hidden_act": st.sampled_from(["silu", "gelu", "swish"]),
+    "torch_dtype": st.sampled_from(["bfloat16", "float16", "float32"]),
+}, optional={"first_k_dense_replace": st.integers(0, 3), "decoder_sparse_step": st.integers(1, 3),
+             "mlp_only_layers": st.lists(st.integers(0, 24), max_size=3), "interleave_moe_layer_step": st.integers(1, 2),
+             "n_shared_experts": st.integers(0, 2), "swiglu_limit": st.floats(0.5, 10)})
+ct_group = st.fixed_dictionaries({
+    "targets": st.sampled_from([["Linear"], ["re:.*experts.*"], ["re:.*down_proj$"], []]),
+    "weights": st.fixed_dictionaries({"type": st.sampled_from(["float", "int"]), "num_bits": st.sampled_from([4, 8]),
+                                      "strategy": st.sampled_from(["tensor", "channel", "block", "group", "tensor_group"]),
+                                      "group_size": st.sampled_from([None, 16, 32, 128]),
+                                      "block_structure": st.sampled_from([None, [128, 128], [64, 64]])}),
+    "input_activations": st.one_of(st.none(), st.fixed_dictionaries({
+        "type": st.sampled_from(["float", "int"]), "num_bits": st.sampled_from([4, 8]),
+        "strategy": st.sampled_from(["tensor", "token", "group", "tensor_group"]), "dynamic": st.sampled_from([True, False, "local"])})),
+})
+module_names = st.builds("model.layers.{}.{}".format, st.integers(0, 24),
+                        st.sampled_from(["mlp.experts.0.up_proj", "mlp.experts.3.down_proj", "mlp.gate_proj", "self_attn.q_proj",
+                                         "block_sparse_moe.experts.1.w1"]))
+quantization_configs = st.one_of(
+    st.none(),
+    st.fixed_dictionaries({"quant_method": st.just("fp8"), "weight_block_size": st.sampled_from([[128, 128], [64, 64], None]),
+                           "activation_scheme": st.sampled_from(["dynamic", "static"])},
+                          optional={"modules_to_not_convert": st.lists(st.sampled_from(["lm_head", "model.layers.1.mlp", "gate"]), max_size=2),
+                                    "ignored_layers": st.lists(module_names, max_size=2)}),
+    st.fixed_dictionaries({"quant_method": st.just("modelopt"), "quant_algo": st.sampled_from(
+        ["NVFP4", "FP8", "FP8_PB_WO", "FP8_PER_CHANNEL_PER_TOKEN", "W4A16_NVFP4", "MXFP4", "INT4_AWQ", "MIXED_PRECISION"])},
+        optional={"exclude_modules": st.lists(st.sampled_from(["lm_head", "model.layers.0.mlp*", "*self_attn*", "model.layers.?.mlp",
+                                                               "experts", "[", ""]), max_size=3),
+                  "quantized_layers": st.dictionaries(module_names, st.fixed_dictionaries(
+                      {"quant_algo": st.sampled_from(["NVFP4", "FP8", "MXFP8", "bogus"])}), max_size=6)}),
+    st.builds(lambda inner: {"quant_method": "modelopt", "quantization": inner}, st.fixed_dictionaries(
+        {"quant_algo": st.sampled_from(["NVFP4", "FP8", "MIXED_PRECISION"])},
+        optional={"exclude_modules": st.lists(st.sampled_from(["lm_head", "model.layers.1*"]), max_size=2)})),
+    st.fixed_dictionaries({"quant_method": st.just("compressed-tensors"),
+                           "config_groups": st.dictionaries(st.sampled_from(["group_0", "group_1", "down"]), ct_group, max_size=2)},
+                          optional={"ignore": st.lists(st.sampled_from(["lm_head", "re:.*mlp.gate$", "re:.*experts.*",
+                                                                        "re:.*down_proj$", "model.layers.2.mlp.experts.0.up_proj"]), max_size=3)}),
+    st.fixed_dictionaries({"quant_method": st.just("mxfp4")},
+                          optional={"modules_to_not_convert": st.lists(st.sampled_from(
+                              ["model.layers.*.self_attn", "model.layers.*.mlp.router", "lm_head", "model.layers.2.mlp"]), max_size=3)}),
+    st.fixed_dictionaries({"quant_method": st.sampled_from(["gptq", "awq", "GPTQ", "awq_marlin"]), "bits": st.sampled_from([4, 8, 3]),
+                           "group_size": st.sampled_from([128, 32, -1]), "sym": st.booleans(), "desc_act": st.booleans()},
+                          optional={"zero_point": st.booleans(), "version": st.sampled_from(["gemm", "gemv"])}),
+    st.fixed_dictionaries({"quant_method": config_junk}),
+)
+
+
+@st.composite
+def config_dicts(draw):
+    if draw(st.integers(0, 3)) == 0:
+        config = json.loads(json.dumps(REAL_CONFIGS[draw(st.sampled_from(sorted(REAL_CONFIGS)))]))
+        if config.get("num_hidden_layers", 0) > 24 and draw(st.booleans()):
+            config["num_hidden_layers"] = draw(st.integers(1, 24))  # keep most examples cheap
+    else:
+        config = dict(draw(geometry))
+        quant = draw(quantization_configs)
+        if quant is not None:
+            config["quantization_config"] = quant
+        config = json.loads(json.dumps(config))  # a copy: sampled_from hands out the same list objects every time
+        if draw(st.integers(0, 9)) == 0:
+            config = {"architectures": config.pop("architectures"), "text_config": config}
+    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 1, 2, 3, 4]))):  # a third untouched, so plan gets to decide
+        paths = [p for p in _paths(config) if p]
+        action = draw(st.sampled_from(["replace", "replace", "delete", "add", "add_known"]))
+        if action == "add_known" or not paths:
+            target = config
+            if isinstance(config.get("quantization_config"), dict) and draw(st.booleans()):
+                target = config["quantization_config"]
+                target[draw(st.sampled_from(QUANT_KEYS))] = draw(config_junk)
+            else:
+                target[draw(st.sampled_from(PLAN_KEYS))] = draw(config_junk)
+            continue
+        path = draw(st.sampled_from(paths))
+        parent = config
+        for key in path[:-1]:
+            parent = parent[key]
+        if action == "delete":
+            del parent[path[-1]]
+        elif action == "add" and isinstance(parent, dict):
+            parent[draw(st.text(max_size=6))] = draw(config_junk)
+        else:
+            parent[path[-1]] = draw(config_junk)
+    return config
+
+
+@st.composite
+def config_files(draw):
+    """config.json bytes: mostly a drawn config dict, sometimes broken text (not UTF-8, truncated, not an object)."""
+    config = draw(config_dicts())
+    text = json.dumps(config, indent=draw(st.sampled_from([None, 1])))
+    kind = draw(st.integers(0, 19))
+    if kind == 0:
+        return text.encode("utf-16"), config
+    if kind == 1:
+        data = bytearray(text.encode())
+        data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0x80, 0xff))
+        return bytes(data), config
+    if kind == 2:
+        return text.encode()[:draw(st.integers(0, len(text)))], config
+    if kind == 3:
+        return json.dumps(draw(config_junk)).encode(), config
+    return text.encode(), config
+
+
+PLAN_STATUSES = {0, 1, 2}  # a decision for every layer; some layer not mapped or failed; bad input
+# A plan example costs ~15 ms: CI runs a few hundred (derandomized); MOE_FSM_FUZZ_EXAMPLES sets the long mode's count.
+PLAN_FUZZ = settings(FUZZ, max_examples=int(os.environ.get("MOE_FSM_FUZZ_EXAMPLES", "300")))
+
+
+@PLAN_FUZZ
+@given(drawn=config_files(), platform=st.sampled_from(sorted(PRESETS)), policy=st.sampled_from(["seeds", "vllm-0.33"]),
+       extra=st.lists(st.sampled_from([["--json"], ["--tp", "2"], ["--dp", "2", "--ep", "2"], ["--backend", "triton"],
+                                       ["--backend", "nvfp4=flashinfer_b12x"], ["--batched"], ["--env", "VLLM_USE_DEEP_GEMM=0"]]),
+                      max_size=2))
+def test_plan_of_arbitrary_config_files_ends_in_a_documented_exit_status(drawn, platform, policy, extra):
+    data, config = drawn
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "config.json").write_bytes(data)
+        argv = ["plan", str(tmp / "config.json"), "--platform", platform, "--policy", policy, "--no-env",
+                "--trace-dir", str(tmp / "traces"), *(arg for group in extra for arg in group)]
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+        assert "Traceback" not in out.getvalue() + err.getvalue(), (argv, err.getvalue())
+        assert code in PLAN_STATUSES, (code, err.getvalue(), config)
+        if code == 2:
+            assert err.getvalue().strip() and not out.getvalue(), config
+        written = sorted((tmp / "traces").glob("*")) if (tmp / "traces").is_dir() else []
+        if code == 2:
+            assert written == [], "bad input was refused after traces were written"
+        else:
+            # bounded: at most one file per MoE layer (plus a manifest), and what was written is a valid trace
+            assert len(written) <= 1024 + 1
+            for path in written[:1] + written[-1:]:
+                if path.suffix == ".json":
+                    assert schema.errors(json.loads(path.read_text())) == []
+            if "--json" in argv:
+                rows = json.loads(out.getvalue())["layers"]
+                assert (code == 0) == all(r["status"] in ("selected", "fallback_none") for r in rows)
+    _count("plan configs", f"exit {code}")

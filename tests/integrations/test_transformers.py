@@ -107,16 +107,20 @@ def test_logits_match_eager_and_traces_are_written(name, dtype, tmp_path, monkey
     names = [n for n, _ in experts_modules(model)]
     assert model.config._experts_implementation == "moe_fsm"
     assert list(enabled.modules) == names and len(names) >= 2
-    # identical layers share one decision; each module has its own trace, named after it
+    # identical layers share one decision and one trace, named after the first module; model.manifest maps them all
     assert decisions == [names[0]] and enabled.engine.distinct_decisions == 1
     traces = sorted(tmp_path.glob("*.json"))
-    assert len(traces) == len(names)
-    for path, module_name in zip(traces, names):
-        document = json.loads(path.read_text())
-        assert document["layer_name"] == module_name and module_name in path.name
-        assert document["inputs"]["layer"]["dtype"] == str(dtype).removeprefix("torch.")
-        assert document["outcome"]["kernel"] == "TorchExperts"
-        assert document["inputs"]["profile"]["name"] == "seeds"
+    assert len(traces) == 1
+    document = json.loads(traces[0].read_text())
+    assert document["layer_name"] == names[0] and names[0] in traces[0].name
+    assert document["inputs"]["layer"]["dtype"] == str(dtype).removeprefix("torch.")
+    assert document["outcome"]["kernel"] == "TorchExperts"
+    assert document["inputs"]["profile"]["name"] == "seeds"
+    manifest = json.loads((tmp_path / "model.manifest").read_text())
+    assert [(row["name"], row["trace"]) for row in manifest["layers"]] == [(n, traces[0].name) for n in names]
+    from moe_fsm.cli.main import main
+
+    assert main(["explain", str(tmp_path / "model.manifest"), "--layer", names[-1]]) == 0
 
     with torch.no_grad():
         first = model(ids).logits
@@ -314,4 +318,5 @@ def test_readme_transformers_example_runs_as_shown(tmp_path, monkeypatch, capsys
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "moe_fsm: 4 experts module(s) of Qwen3MoeForCausalLM, 1 distinct decision(s); traces in moe-fsm-traces/qwen3/"
     assert out[1] == "    4 x CPU (TorchExperts + LocalPrepareFinalize, float32): model.layers.0.mlp.experts ..."
-    assert len(list((tmp_path / "moe-fsm-traces" / "qwen3").glob("*.json"))) == 4
+    assert len(list((tmp_path / "moe-fsm-traces" / "qwen3").glob("*.json"))) == 1  # one per distinct decision
+    assert (tmp_path / "moe-fsm-traces" / "qwen3" / "model.manifest").is_file()

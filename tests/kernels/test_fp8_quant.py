@@ -109,3 +109,20 @@ def test_weight_quantization_of_fp8_values_is_exact() -> None:
     w = (grid.repeat(16) * 2.0**-5).reshape(1, 8, 16)
     q, scale = fp8.quantize_weight_per_tensor(w)
     assert torch.equal(fp8.dequantize_weight_per_tensor(q, scale), w)
+
+
+def test_dynamic_scales_are_correctly_rounded_quotients() -> None:
+    """amax / 448 rounded once (a true division, as on CUDA since issue 24: not amax * fl(1/448))."""
+    amax = torch.rand(100_000, generator=torch.Generator().manual_seed(seed_for("amax"))) * 100
+    assert torch.equal(fp8.dynamic_scale(amax), (amax.double() / 448).float())  # float64 then float32: rounded once
+    # 7 * 2^k / 448 = 2^(k-6) exactly; the reciprocal product is off by an ulp for many such amax values
+    sevens = torch.tensor([7.0 * 2.0**k for k in range(-20, 20)])
+    assert torch.equal(fp8.dynamic_scale(sevens), torch.tensor([2.0 ** (k - 6) for k in range(-20, 20)]))
+
+
+def test_bf16_rows_on_an_e4m3_midpoint_round_to_even() -> None:
+    """x * 448 / amax lands exactly halfway between two e4m3 values for bf16 data: the tie must go to even."""
+    x = torch.tensor([[7.0, 1.0625 / 64, 1.1875 / 64, -3.125 / 64]], dtype=torch.bfloat16)  # amax 7: scale 2^-6
+    q, scale = fp8.quantize_per_token(x)
+    assert scale.item() == 2.0**-6
+    assert q.float().tolist() == [[448.0, 1.0, 1.25, -3.0]]  # 1.0625 -> 1.0, 1.1875 -> 1.25, -3.125 -> -3.0

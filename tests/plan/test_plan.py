@@ -86,11 +86,20 @@ def test_plan_matches_the_hand_written_table(case, tmp_path):
     got = [(layer_ranges([r.index for r in rows]), scheme, outcome) for (scheme, outcome), rows in plan.groups()]
     assert got == EXPECTED[case]
     decided = [r for r in plan.layers if r.decision is not None or r.error is not None]
-    # every decided or failed layer wrote its own trace, named after its module
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(r.trace_path.name for r in decided)
+    # one trace per distinct decision (named after the first layer that got it) and a manifest for every layer
+    first = {}
+    for row in decided:
+        first.setdefault(row.group, row)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [r.trace_path.name for r in first.values()] + (["plan.manifest"] if decided else []))
     for row in decided:
         document = json.loads(row.trace_path.read_text())
-        assert document["layer_name"] == row.name
+        assert document["layer_name"] == first[row.group].name and row.trace_path == first[row.group].trace_path
+        assert row.decision is None or row.decision.trace["layer_name"] == row.name  # in memory: its own name
+    if decided:
+        manifest = json.loads((tmp_path / "plan.manifest").read_text())
+        assert [(m["index"], m["name"], m["trace"]) for m in manifest["layers"]] == [
+            (r.index, r.name, r.trace_path.name if r.trace_path else None) for r in plan.layers]
     assert plan.ok == all(not outcome.startswith(("FAILED", "NOT MAPPED")) for _, _, outcome in EXPECTED[case])
 
 
@@ -175,4 +184,4 @@ def test_plan_needs_no_torch(tmp_path):
     assert done.returncode == 0, done.stderr
     backends = {row["backend"] for row in json.loads(done.stdout)["layers"]}
     assert backends == {"TRITON", "FLASHINFER_B12X", "FLASHINFER_CUTLASS"}
-    assert len(list(tmp_path.glob("*.json"))) == 48
+    assert len(list(tmp_path.glob("*.json"))) == 3  # one trace per distinct decision, plan.manifest for the 48 layers

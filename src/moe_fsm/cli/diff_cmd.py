@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from moe_fsm import diff, profiles
 from moe_fsm.cli import render
-from moe_fsm.cli.inputs import add_input_arguments, inputs_from_args
+from moe_fsm.cli.inputs import Once, add_input_arguments, inputs_from_args
 from moe_fsm.errors import InputError
 
 
@@ -21,10 +21,11 @@ def register(subparsers) -> None:
                     "profiles, side by side, with the first step where the paths part and the events that say "
                     "why. Exit 0 when every decision is the same, 1 when some differ, 2 on bad input.",
     )
-    parser.add_argument("--from", dest="before", default=profiles.SEEDS, metavar="PROFILE",
-                        help=f"the profile to compare from (default {profiles.SEEDS})")
-    parser.add_argument("--to", dest="after", metavar="PROFILE",
-                        help="the profile to compare to (default: the newest vLLM release profile)")
+    parser.add_argument("--from", dest="before", metavar="PROFILE", action=Once,
+                        help=f"the profile to compare from (default {profiles.SEEDS}); a name, 'default' or 'nearest:vllm-X.Y'")
+    parser.add_argument("--to", dest="after", metavar="PROFILE", action=Once,
+                        help="the profile to compare to (default: the newest vLLM release profile); a name, 'default' or "
+                             "'nearest:vllm-X.Y'")
     parser.add_argument("--preset", metavar="NAME",
                         help="every MoE layer of a `moe-fsm run` preset instead of one layer (layer flags are ignored)")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
@@ -40,12 +41,15 @@ def run(args) -> int:
         if len(args.policies) != 2:
             raise InputError(f"--policy is given twice to diff (from, then to), got {len(args.policies)}: "
                              f"{args.policies}; or use --from / --to")
+        if args.before is not None or args.after is not None:
+            raise InputError("give the two profiles as --policy FROM --policy TO or as --from / --to, not both")
         args.before, args.after = args.policies
-    before = profiles.get(args.before).name
+    # each side a profile name, 'default' or nearest:vllm-X.Y; a name that is no profile is refused with the list
+    before = profiles.choose(args.before or profiles.SEEDS).name
     after = args.after or diff.newest_release()
     if after is None:
         raise InputError(f"--to is needed: the only profiles are {profiles.names()}")
-    profiles.get(after)
+    after = profiles.choose(after).name
     base = inputs_from_args(args)
     if args.preset:
         from moe_fsm.engine.presets import preset

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.requirements import EnvEnabled
@@ -36,14 +37,63 @@ def register(subparsers) -> None:
                     "states visited and why, each rejected candidate, the outcome, and every backend of the family "
                     "that would run on the recorded inputs with the --backend that selects it.",
     )
-    parser.add_argument("trace", metavar="TRACE.json", help="a decision trace")
+    add_trace_arguments(parser)
     parser.set_defaults(func=run)
 
 
+def add_trace_arguments(parser) -> None:
+    """The TRACE argument of explain and replay: a trace, or a plan/run manifest with --layer (or every decision)."""
+    parser.add_argument("trace", metavar="TRACE.json|MANIFEST",
+                        help="a decision trace, or a plan.manifest / run.manifest (which maps each layer to its trace)")
+    parser.add_argument("--layer", metavar="N|MODULE",
+                        help="with a manifest: the layer (decoder index or module name) whose decision to take; "
+                             "without it, every distinct decision of the manifest in turn")
+    parser.add_argument("--rank", type=int, default=0, metavar="R",
+                        help="with a run.manifest of a multi-process run: whose traces (default 0)")
+
+
 def run(args) -> int:
-    document = load_trace(args.trace)
-    print(printable("\n".join(explain_lines(document, args.trace))))
+    chunks = []
+    for source, document, layers in trace_documents(args.trace, args.layer, args.rank):
+        lines = explain_lines(document, source)
+        if layers is not None:
+            lines[1:1] = shared_lines(source, layers)
+        chunks.append("\n".join(lines))
+    print(printable(("\n\n" + "=" * 100 + "\n\n").join(chunks)))
     return 0
+
+
+def shared_lines(source: str, layers) -> list[str]:
+    """Which layers of the manifest share this decision (and its trace file)."""
+    from moe_fsm.plan.plan import layer_ranges
+
+    indices = sorted(e.index for e in layers)
+    return [f"(trace {source}, shared by {len(layers)} layer(s): {layer_ranges(indices)})"]
+
+
+def trace_documents(path: str, layer: str | None = None, rank: int = 0) -> list[tuple[str, dict, list | None]]:
+    """``[(trace file, validated document, the manifest layers sharing it or None)]`` for a trace or a manifest.
+
+    A trace gives itself; a manifest with ``layer`` the trace of that layer, its ``layer_name`` set to that
+    layer (as a per-layer trace of it would read); a manifest alone every distinct trace, in layer order.
+    """
+    from moe_fsm.trace import manifest
+
+    document = trace_doc.parse_json(trace_doc.read_text(path, "trace file"), f"trace file {path}")
+    if not manifest.is_manifest(document):
+        if layer is not None:
+            raise InputError(f"--layer picks a layer of a plan.manifest or run.manifest; {path} is not one")
+        return [(str(path), load_trace(path), None)]
+    entries = manifest.layer_entries(document, Path(path), rank)
+    if layer is not None:
+        entry = manifest.pick(entries, layer, Path(path))
+        shared = [e for e in entries if e.trace == entry.trace]
+        loaded = load_trace(entry.trace)
+        return [(str(entry.trace), {**loaded, "layer_name": entry.name}, shared)]
+    groups = manifest.distinct(entries)
+    if not groups:
+        raise InputError(f"manifest {path} maps no layer to a trace")
+    return [(str(trace), load_trace(trace), shared) for trace, shared in groups]
 
 
 def load_trace(path: str) -> dict:

@@ -9,6 +9,8 @@ past decision.
 
 from __future__ import annotations
 
+import argparse
+
 import math
 import os
 from pathlib import Path
@@ -93,9 +95,23 @@ def add_input_arguments(parser) -> None:
     ctx.add_argument("--no-env", action="store_true", help="ignore the process environment (as if no variable were set)")
     ctx.add_argument("--platform", metavar="NAME",
                      help=f"'probe' (this machine, the default) or a preset: {', '.join(PRESETS)}")
-    ctx.add_argument("--policy", metavar="PROFILE",
-                     help="whose rules decide: a policy profile (seeds, vllm-0.33, ...; see moe-fsm diagram --list) or "
-                          "'default': the installed vLLM's profile, else seeds")
+    ctx.add_argument("--policy", metavar="PROFILE", action=Once,
+                     help=POLICY_HELP)
+
+
+POLICY_HELP = ("whose rules decide: a policy profile (seeds, vllm-0.33, ...; see moe-fsm diagram --list; an unknown name "
+               "is refused), 'default' (the installed vLLM's profile, the nearest older one with a note, else seeds) or "
+               "'nearest:vllm-X.Y' (the profile of that vLLM version, else the nearest older one)")
+
+
+class Once(argparse.Action):
+    """A flag that may be given once: a second value is refused instead of silently replacing the first."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        earlier = getattr(namespace, self.dest, None)
+        if earlier is not None and earlier is not self.default:
+            parser.error(f"{option_string} given twice ({earlier!r}, then {values!r}): give it once")
+        setattr(namespace, self.dest, values)
 
 
 def _positive_int(text: str) -> int:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from moe_fsm.cli import render
-from moe_fsm.cli.inputs import parse_env_flags
+from moe_fsm.cli.inputs import POLICY_HELP, Once, parse_env_flags
 from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
 from moe_fsm.inputs.platform import PRESETS
 
@@ -28,7 +28,8 @@ def register(subparsers) -> None:
         help="decide every MoE layer of a checkpoint from its config.json (no weights needed)",
         description="Read a model's config.json (a file, or the directory holding it) including its "
                     "quantization_config, derive every MoE layer's spec, decide each for the platform, parallel "
-                    "layout and backend request, and print a per-layer table grouped by decision; one trace per layer. "
+                    "layout and backend request, and print a per-layer table grouped by decision; one trace per distinct "
+                    "decision and plan.manifest (layer -> trace) in the trace directory. "
                     "Exit 0 when every layer has a decision, 1 when some layer could not be mapped or failed.",
     )
     parser.add_argument("config", metavar="CONFIG", help="config.json, or a checkpoint directory holding one")
@@ -46,11 +47,9 @@ def register(subparsers) -> None:
                         help="an environment variable the selection reads (repeatable); with any --env, the process "
                              "environment is ignored")
     parser.add_argument("--no-env", action="store_true", help="ignore the process environment")
-    parser.add_argument("--policy", metavar="PROFILE",
-                        help="whose rules decide: a policy profile (seeds, vllm-0.33, ...; see moe-fsm diagram --list) or "
-                             "'default': the installed vLLM's profile, else seeds")
+    parser.add_argument("--policy", metavar="PROFILE", action=Once, help=POLICY_HELP)
     parser.add_argument("--trace-dir", type=Path, metavar="DIR",
-                        help=f"where the per-layer traces go (default {DEFAULT_TRACE_ROOT}/plan-<config dir>/)")
+                        help=f"where the traces (one per distinct decision) and plan.manifest go (default {DEFAULT_TRACE_ROOT}/plan-<config dir>/)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (one object per layer)")
     parser.set_defaults(func=run)
 
@@ -109,7 +108,9 @@ def plan_lines(plan) -> list[str]:
                           getattr(r.quant, "source", None) or r.quant.reason, r.trace_path.name if r.trace_path else "-"))
     lines += _table(header, table)
     lines.append("")
-    lines.append(f"traces: {decider.trace_dir}/ (one JSON per decided or failed layer; `moe-fsm explain <file>` tells its story)")
+    written = len({r.trace_path for r in plan.layers if r.trace_path})
+    lines.append(f"traces: {decider.trace_dir}/ ({written} JSON file(s), one per distinct decision; plan.manifest maps each "
+                 f"layer to its file: `moe-fsm explain {decider.trace_dir}/plan.manifest --layer N` tells layer N's story)")
     return lines
 
 
@@ -126,7 +127,7 @@ def plan_json(plan) -> dict:
                 "index": r.index,
                 "module": r.name,
                 "layer": r.layer.to_json() if r.layer else None,
-                "status": r.decision.status if r.decision else ("failed" if r.error else "not_mapped"),
+                "status": r.status,
                 "backend": r.decision.backend if r.decision else None,
                 "kernel": r.decision.kernel if r.decision else None,
                 "via": r.decision.via if r.decision else None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import sys
 
-from moe_fsm.cli.explain import load_trace
+from moe_fsm.cli.explain import add_trace_arguments, shared_lines, trace_documents
 from moe_fsm.decision import replay
 from moe_fsm.trace import document as trace_doc
 
@@ -24,7 +24,7 @@ def register(subparsers) -> None:
                     "and the env snapshot) and compare the canonical documents. Exit 0 when the path and the "
                     "outcome are the same, 1 with a unified diff when not, 2 when the trace is unreadable.",
     )
-    parser.add_argument("trace", metavar="TRACE.json", help="a decision trace")
+    add_trace_arguments(parser)
     parser.add_argument("--strict", action="store_true",
                         help="fail on any difference of the canonical trace (events and messages too), "
                              "not only of the path and outcome")
@@ -38,7 +38,17 @@ def canonical_diff(old: dict, new: dict, old_name: str = "recorded", new_name: s
 
 
 def run(args) -> int:
-    document = load_trace(args.trace)
+    """Replay a trace, or (a manifest) the trace of ``--layer`` or every distinct trace: the worst status wins."""
+    results = trace_documents(args.trace, args.layer, args.rank)
+    status = 0
+    for source, document, layers in results:
+        if layers is not None:
+            print(shared_lines(source, layers)[0])
+        status = max(status, replay_one(document, source, args.strict))
+    return status
+
+
+def replay_one(document: dict, source: str, strict: bool) -> int:
     recorded = trace_doc.canonical(document)
     replayed = replay(document)
     same_decision = recorded["path"] == replayed["path"] and recorded["outcome"] == replayed["outcome"]
@@ -48,8 +58,8 @@ def run(args) -> int:
     if identical:
         print(f"replay: same decision, byte-identical canonical trace ({' -> '.join(replayed['path'])}; {result})")
         return 0
-    diff = canonical_diff(recorded, replayed, f"{args.trace} (recorded)", "replayed")
-    if same_decision and not args.strict:
+    diff = canonical_diff(recorded, replayed, f"{source} (recorded)", "replayed")
+    if same_decision and not strict:
         print(f"replay: same path and outcome ({' -> '.join(replayed['path'])}; {result}); "
               "the recorded events differ (a reason's wording?):")
         sys.stdout.write(diff)

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from moe_fsm.cli.inputs import POLICY_HELP, Once
 from moe_fsm.engine.presets import DEFAULT_PRESET, PRESETS, preset
 from moe_fsm.errors import InputError, SelectionError
 from moe_fsm.trace.document import DEFAULT_TRACE_DIR
@@ -32,9 +33,8 @@ def register(subparsers) -> None:
     parser.add_argument("--backend", default="auto", help="auto, a backend name, or a per-family mapping like nvfp4=flashinfer_b12x,fp8=triton")
     parser.add_argument("--env", action="append", default=None, metavar="K=V",
                         help="a VLLM_* variable for the decision (repeatable; default: the process environment)")
-    parser.add_argument("--policy", default=None, metavar="PROFILE",
-                        help="whose rules decide each layer: a policy profile (seeds, vllm-0.33, ...) or 'default' "
-                             "(the installed vLLM's, else seeds); the MX and integer presets need vllm-0.33")
+    parser.add_argument("--policy", default=None, metavar="PROFILE", action=Once,
+                        help=POLICY_HELP + "; the MX and integer presets need vllm-0.33 (their default)")
     parser.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR, help=f"where per-layer traces go (default {DEFAULT_TRACE_DIR}/)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and tokens")
     parser.add_argument("--platform", default="probe", metavar="NAME",

@@ -31,7 +31,6 @@ from moe_fsm.engine.report import make_progress, render_check_mode, render_heade
 from moe_fsm.engine.run import KernelTimer, RunOptions, WeightBank, rms_norm, run_layer
 from moe_fsm.experts.torch_experts import torch_dtype
 from moe_fsm.inputs.parallel import ParallelConfig
-from moe_fsm.plan.decider import trace_file_name
 from moe_fsm.trace.document import remove_stale_temp_files
 
 
@@ -115,10 +114,16 @@ def run_rank(args, model, request, env, options: RunOptions) -> int:
                 args.trace_dir, argv=sys.argv, preset=model.name, tokens=args.tokens, seed=args.seed,
                 check_rows=options.check_rows, repeats=options.repeats, world_size=ctx.world_size,
                 started_at=started_at, results=rows,
-                trace_files=[[args.trace_dir / trace_file_name(i, spec, r) for r in range(ctx.world_size)]
-                             for i, spec in enumerate(specs)],
+                trace_files=[[_rank_file(layer.trace_path, ctx.rank, r) for r in range(ctx.world_size)] for layer in loaded],
             )
             print(render_results(rows, engine, args.trace_dir))
             print("(rel err and time: the worst rank per layer; checked and non-finite rows: all ranks; "
                   "traces carry .rank<r> in their names)")
         return 0 if all(r.ok for r in rows) else 1
+
+
+def _rank_file(path: Path, rank: int, other: int) -> Path:
+    """Rank ``other``'s copy of a trace this rank wrote: every rank decides its layers alike, and names its files
+    ``layerNNN-<module>.rank<r>.json`` after the first layer of each decision."""
+    suffix = f".rank{rank}.json"
+    return path.with_name(path.name[: -len(suffix)] + f".rank{other}.json") if path.name.endswith(suffix) else path

@@ -1,8 +1,8 @@
 """The per-layer engine: decide every layer at load, build each kernel once, run forward.
 
 This is how an inference engine uses moe-fsm. Deciding is the core's
-(``moe_fsm.plan.decider.LayerDecider``: identical layers share one decision,
-every layer writes its own trace); the engine adds the build, one kernel per
+(``moe_fsm.plan.decider.LayerDecider``: identical layers share one decision
+and one trace file); the engine adds the build, one kernel per
 distinct decision (``moe_fsm.runtime.build``), so a 61-layer model with one
 quant scheme runs the machine once and builds one kernel.
 
@@ -38,8 +38,8 @@ class Engine(LayerDecider):
 
     Two ways in: the layers up front (``Engine(specs, ...).load()``), or one at a
     time as a model loads (``engine.load_layer("model.layers.3.mlp.experts", layer)``).
-    Either way decisions are cached by ``DecisionInputs`` and every layer writes its
-    own trace. Unset arguments get an engine's defaults (see ``LayerDecider``).
+    Either way decisions are cached by ``DecisionInputs``, one trace per distinct
+    decision (``layer_traces`` maps every layer to its file). Unset arguments get an engine's defaults (see ``LayerDecider``).
     """
 
     def __init__(self, layers: Optional[list[LayerSpec]] = None, *, build: bool = True, strict_build: bool = False,

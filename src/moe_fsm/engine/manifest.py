@@ -1,10 +1,13 @@
 """The run manifest: which run wrote which trace files of a trace directory, and what it found.
 
 Several runs may share one trace directory (the default is ``moe-fsm-traces/``).
-Trace files are named after their layer, so a later run overwrites some of an
-earlier run's files and leaves others; ``run.manifest`` says which files
-the last run wrote, with its command, settings and each layer's result, and
-lists the trace files it found there from earlier runs. Its content is JSON; its name
+A run writes one trace per distinct decision, named after the first layer that
+got it, so a later run overwrites some of an earlier run's files and leaves
+others; ``run.manifest`` says which files the last run wrote, maps each layer
+to its trace (``layers[i].trace_files``, one per rank; ``traces``: each file's
+layers), with its command, settings and each layer's result, and lists the
+trace files it found there from earlier runs (``moe_fsm.trace.manifest`` reads it
+for ``explain`` / ``replay DIR/run.manifest --layer N``). Its content is JSON; its name
 is not *.json, so `moe-fsm explain DIR/*.json` still reads only traces.
 """
 
@@ -18,8 +21,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable, Sequence
 
-MANIFEST_NAME = "run.manifest"  # JSON, named so that `explain DIR/*.json` takes only traces
-MANIFEST_SCHEMA = "moe-fsm/run-manifest"
+from moe_fsm.trace.manifest import RUN_MANIFEST_NAME as MANIFEST_NAME  # JSON, not *.json: `explain DIR/*.json` takes traces
+from moe_fsm.trace.manifest import RUN_MANIFEST_SCHEMA as MANIFEST_SCHEMA
+from moe_fsm.trace.manifest import trace_groups
 
 
 def write_manifest(
@@ -36,7 +40,8 @@ def write_manifest(
     results: Iterable,
     trace_files: Sequence[Sequence[Path]],
 ) -> Path:
-    """Write ``trace_dir/run-manifest.json``; ``trace_files[i]`` are layer i's files (one per rank)."""
+    """Write ``trace_dir/run.manifest``; ``trace_files[i]`` are layer i's files (one per rank), shared by layers
+    that decided alike."""
     import json
 
     from moe_fsm.trace.document import write_atomic
@@ -67,6 +72,7 @@ def write_manifest(
             {**_finite(asdict(r)), "ok": r.ok, "trace_files": [Path(p).name for p in files]}
             for r, files in zip(results, trace_files)
         ],
+        "traces": trace_groups((r.name, Path(files[0]).name if files else None) for r, files in zip(results, trace_files)),
         "earlier_files": earlier,
     }
     return write_atomic(trace_dir / MANIFEST_NAME, json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n")

@@ -74,8 +74,8 @@ def render_results(results, engine, trace_dir: Path) -> str:
         )
     for key, count in sorted(by_backend.items()):
         lines.append(f"  {count:3d} x {key}")
-    lines.append(f"traces: {trace_dir}/ (one JSON per layer; `moe-fsm explain {trace_dir}/<file>` tells its story; "
-                 f"{MANIFEST_NAME} lists this run's files and results)")
+    lines.append(f"traces: {trace_dir}/ (one JSON per distinct decision; {MANIFEST_NAME} maps each layer to its file, "
+                 f"with this run's results: `moe-fsm explain {trace_dir}/{MANIFEST_NAME} --layer N` tells layer N's story)")
     return "\n".join(lines)
 
 

@@ -5,8 +5,9 @@ transformers 5 dispatches every experts module decorated with
 ``fn(module, hidden_states, top_k_index, top_k_weights)``. ``enable(model)``
 registers ``moe_fsm`` there, then prepares every such module *at enable time*:
 the layer spec comes from the module and its config, the per-layer
-``Engine`` decides it (once per distinct spec, one trace per module named by its
-qualified name) and builds the kernel. The forward only reads the module's own
+``Engine`` decides it (once per distinct spec: one trace per distinct decision, named
+after its first module, and ``model.manifest`` mapping every module to its trace) and
+builds the kernel. The forward only reads the module's own
 ``gate_up_proj`` / ``down_proj`` (views, never copies: they are moe-fsm's w1
 [E, 2N, K] and w2 [E, K, N], or their transposes), so a forward never decides
 again and weight updates are seen at once.
@@ -57,6 +58,7 @@ from moe_fsm.plan.decider import DEFAULT_TRACE_DIR
 from moe_fsm.plan.model_config import ACTIVATIONS
 from moe_fsm.profiles import ProfileChoice
 from moe_fsm.runtime import build
+from moe_fsm.trace.manifest import MODEL_MANIFEST_NAME, MODEL_MANIFEST_SCHEMA, write_layer_manifest
 
 IMPLEMENTATION = "moe_fsm"
 
@@ -203,6 +205,11 @@ def enable(
             name, layer, loaded, kernel, training_kernel, _weights(module)[0].device, substitute_reason,
         )
     model.set_experts_implementation(IMPLEMENTATION)
+    write_layer_manifest(
+        engine.trace_dir, MODEL_MANIFEST_NAME, MODEL_MANIFEST_SCHEMA,
+        {"model": type(model).__name__, "profile": engine.profile.to_json(), "platform": engine.platform.to_json()},
+        [{"index": i, "name": name, "trace": path.name} for i, (name, path) in enumerate(engine.layer_traces)],
+    )
     return EnabledModel(type(model).__name__, engine, prepared, training)
 
 

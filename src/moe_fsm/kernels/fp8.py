@@ -33,8 +33,16 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def dynamic_scale(amax: torch.Tensor) -> torch.Tensor:
-    """The scale that maps ``amax`` onto the fp8 maximum, floored so zero rows stay finite."""
-    return amax.clamp(min=DYNAMIC_SCALE_EPS) / FP8_MAX
+    """The scale that maps ``amax`` onto the fp8 maximum, floored so zero rows stay finite.
+
+    A true division on every device. ``tensor / 448.0`` on CUDA multiplies by the float32 reciprocal of the
+    Python number (PyTorch's CPU-scalar shortcut, "may lose one bit of precision"), and 1/448 is inexact: the
+    scale then differs from the CPU's by an ulp, which moves 16-bit inputs that sit exactly on an e4m3
+    midpoint (0.2-0.3% of the elements of random bf16 rows, since x * 448 / amax has few bits) off the tie,
+    so they stopped rounding to even on CUDA only. Dividing by a 0-d tensor on the same device takes the
+    division kernel everywhere.
+    """
+    return amax.clamp(min=DYNAMIC_SCALE_EPS) / amax.new_full((), FP8_MAX)
 
 
 def cast_to_fp8(x: torch.Tensor) -> torch.Tensor:

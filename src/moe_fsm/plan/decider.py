@@ -1,11 +1,14 @@
-"""Decide a model's MoE layers one after another: identical layers share one decision, every layer its own trace.
+"""Decide a model's MoE layers one after another: one decision and one trace per distinct input.
 
 This is the deciding half of an engine, with nothing to build: ``moe-fsm plan``
 uses it alone, and the runtime's ``Engine`` builds each distinct decision's
-kernel on top of it. Decisions are cached by ``DecisionInputs``; a layer whose
-inputs were decided before gets the cached decision with its own name, and its
-own trace file, written atomically. A layer whose selection fails writes its
-trace first and the error names the layer and the file.
+kernel on top of it. Decisions are cached by ``DecisionInputs``, and so are
+failed selections: a layer whose inputs were decided before gets the cached
+decision under its own name and shares the earlier layer's trace file, so a
+directory holds one trace per distinct decision (48 identical layers: one
+file); ``layer_traces`` maps every layer to its file, which the callers write
+to a manifest (``plan.manifest``, ``run.manifest``). A failed selection writes
+its trace first and the error names the layer and the file.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class DecidedLayer:
     inputs: DecisionInputs
     decision: Decision
     trace_path: Path
-    cached: bool  # the decision of an earlier layer with the same inputs
+    cached: bool  # the decision of an earlier layer with the same inputs (trace_path is that layer's file)
 
 
 def trace_file_name(index: int, spec: LayerSpec, rank: Optional[int] = None) -> str:
@@ -84,34 +87,55 @@ class LayerDecider:
         self.rank = rank
         self.registry = registry or default_registry(self.profile.name)
         self._decisions: dict[DecisionInputs, Decision] = {}
+        self._paths: dict[DecisionInputs, Path] = {}  # where each distinct decision's trace was written
+        self._failures: dict[DecisionInputs, SelectionError] = {}
+        self.layer_traces: list[tuple[str, Path]] = []  # every layer asked for, in order, with its trace file
 
     def inputs_for(self, layer: MoELayer) -> DecisionInputs:
         """The cache key of a layer under this decider's parallel config, request, env and platform."""
         return DecisionInputs(layer, self.parallel, self.request, self.env, self.platform, self.profile)
 
     def decide_layer(self, index: int, spec: LayerSpec) -> DecidedLayer:
-        """Decide (or reuse the decision of an identical layer) and write the layer's trace (file number ``index``)."""
+        """Decide (or reuse the decision of an identical layer) for one more layer.
+
+        A new decision writes its trace (file number ``index``); a layer with the inputs of an earlier one gets
+        that decision, renamed, and that layer's trace file: nothing is written. A selection that failed for
+        the same inputs before fails again, naming this layer and the earlier trace.
+        """
         inputs = self.inputs_for(spec.layer)
+        failed = self._failures.get(inputs)
+        if failed is not None:
+            self.layer_traces.append((spec.name, Path(failed.trace_path)))
+            raise self._named(failed, index, spec) from failed
+        if inputs in self._decisions:
+            path = self._paths[inputs]
+            decision = self._decisions[inputs]
+            decision = replace(decision, trace={**decision.trace, "layer_name": spec.name})
+            self.layer_traces.append((spec.name, path))
+            return DecidedLayer(inputs, decision, path, True)
         path = self.trace_dir / trace_file_name(index, spec, self.rank)
-        cached = inputs in self._decisions
-        if not cached:
-            try:
-                self._decisions[inputs] = decide(inputs, registry=self.registry, layer_name=spec.name, trace_path=path)
-            except TraceWriteError as err:
-                raise TraceWriteError(f"layer {index} ({spec.name}): {err}") from None
-            except SelectionError as err:
-                named = type(err)(f"layer {index} ({spec.name}): {err.message} [trace: {err.trace_path}]", trace=err.trace)
-                named.trace_path = err.trace_path
-                raise named from err
-        decision = self._decisions[inputs]
-        if cached:
-            document = {**decision.trace, "layer_name": spec.name}
-            try:
-                trace_doc.write_atomic(path, trace_doc.dumps(document))
-            except TraceWriteError as err:
-                raise TraceWriteError(f"layer {index} ({spec.name}): the decision trace was not written: {err}") from None
-            decision = replace(decision, trace=document)
-        return DecidedLayer(inputs, decision, path, cached)
+        try:
+            self._decisions[inputs] = decide(inputs, registry=self.registry, layer_name=spec.name, trace_path=path)
+        except TraceWriteError as err:
+            raise TraceWriteError(f"layer {index} ({spec.name}): {err}") from None
+        except SelectionError as err:
+            if err.trace_path:
+                self._failures[inputs] = err
+                self.layer_traces.append((spec.name, Path(err.trace_path)))
+            raise self._named(err, index, spec) from err
+        self._paths[inputs] = path
+        self.layer_traces.append((spec.name, path))
+        return DecidedLayer(inputs, self._decisions[inputs], path, False)
+
+    @staticmethod
+    def _named(err: SelectionError, index: int, spec: LayerSpec) -> SelectionError:
+        named = type(err)(f"layer {index} ({spec.name}): {err.message} [trace: {err.trace_path}]", trace=err.trace)
+        named.trace_path = err.trace_path
+        return named
+
+    @property
+    def distinct_traces(self) -> int:
+        return len(self._paths) + len(self._failures)
 
     @property
     def distinct_decisions(self) -> int:

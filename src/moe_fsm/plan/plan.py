@@ -1,7 +1,8 @@
 """Plan a deployment from a checkpoint's config.json: every MoE layer's spec and decision, before any weight loads.
 
 The core's per-layer decider (``decider.py``) decides: nothing is built, no
-torch; identical layers share one decision and every layer still writes its own trace.
+torch; identical layers share one decision and one trace file, and ``plan.manifest``
+in the trace directory maps every layer to its file.
 A layer whose quantization moe-fsm cannot map, or whose selection fails, is a
 row of the plan with its reason, never a missing one.
 """
@@ -21,8 +22,9 @@ from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.plan.decider import DEFAULT_TRACE_DIR, LayerDecider, LayerSpec
 from moe_fsm.plan.model_config import ModelConfig, read_model_config
-from moe_fsm.plan.quant_config import LayerQuant, Mapped, layer_quant
+from moe_fsm.plan.quant_config import LayerQuant, Mapped, QuantReader
 from moe_fsm.profiles import ProfileChoice
+from moe_fsm.trace.manifest import write_plan_manifest
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ class PlannedLayer:
         if self.error is not None:
             return f"FAILED {self.error}"
         return f"NOT MAPPED: {self.quant.reason}"
+
+    @property
+    def status(self) -> str:
+        return self.decision.status if self.decision is not None else ("failed" if self.error is not None else "not_mapped")
 
     @property
     def group(self) -> tuple[str, str]:
@@ -82,20 +88,30 @@ def plan_model(
     trace_dir: Union[str, Path] = DEFAULT_TRACE_DIR,
     policy: Union[str, ProfileChoice, None] = None,
 ) -> Plan:
-    """Read the config, derive each MoE layer's MoELayer, decide it; one row (and trace) per layer."""
+    """Read the config, derive each MoE layer's MoELayer, decide it; one row per layer, one trace per distinct
+    decision, and ``plan.manifest`` (layer -> trace) in ``trace_dir`` when any trace was written."""
     model = read_model_config(config_path)
+    try:  # a malformed quantization_config is refused before any layer is decided
+        reader = QuantReader(model.quantization)
+    except InputError as err:
+        raise InputError(f"model config {model.path}: {err}") from None
     decider = LayerDecider(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir,
                            policy=policy)
-    rows: list[PlannedLayer] = []
-    for index in model.moe_layers:
-        decided = sum(row.decision is not None for row in rows)  # trace files are numbered by decided layers
-        rows.append(_plan_layer(decider, model, index, decided))
-    return Plan(model, rows, decider)
+    rows = [_plan_layer(decider, model, reader, index, index) for index in model.moe_layers]  # files: layerNNN = decoder layer
+    plan = Plan(model, rows, decider)
+    if any(row.trace_path is not None for row in rows):
+        write_plan_manifest(
+            decider.trace_dir, config=str(model.path), profile=decider.profile.to_json(),
+            platform=decider.platform.to_json(), parallel=decider.parallel.to_json(), request=decider.request.to_json(),
+            layers=[{"index": r.index, "name": r.name, "status": r.status, "backend": r.decision.backend if r.decision else None,
+                     "trace": r.trace_path.name if r.trace_path else None} for r in rows],
+        )
+    return plan
 
 
-def _plan_layer(decider: LayerDecider, model: ModelConfig, index: int, trace_number: int) -> PlannedLayer:
+def _plan_layer(decider: LayerDecider, model: ModelConfig, reader: QuantReader, index: int, trace_number: int) -> PlannedLayer:
     name = model.experts_module(index)
-    quant = layer_quant(model.quantization, name)
+    quant = reader.layer(name)
     if not isinstance(quant, Mapped):
         return PlannedLayer(index, name, quant)
     g = model.geometry

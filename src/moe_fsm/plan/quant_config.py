@@ -18,7 +18,11 @@ for a fused-MoE layer (``vllm/model_executor/layers/quantization/``):
 - ``mxfp4`` (gpt-oss): its family is a table entry below.
 
 A format or family moe-fsm has no scheme for becomes an ``Unmapped`` layer with
-the reason, never a skipped one. Adding a scheme is one entry in ``ALGO_SCHEMES``
+the reason, never a skipped one. A field of the wrong type (a block size that is
+not a list, a group that is not an object) is an ``InputError`` naming it. The
+module-name lists (exclusions, ``quantized_layers``, ``targets``) are indexed once
+per config (:class:`QuantReader`), so a plan's cost does not grow with layers x
+list length, and lists of wildcard or regex patterns are capped (``MAX_PATTERNS``). Adding a scheme is one entry in ``ALGO_SCHEMES``
 or ``FAMILY_SCHEMES``.
 """
 
@@ -26,9 +30,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from fnmatch import fnmatch
+from fnmatch import fnmatch, translate
 from typing import Callable, Optional, Union
 
+from moe_fsm.errors import InputError
 from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily, QuantScheme
 
 
@@ -63,6 +68,155 @@ ALGO_SCHEMES: dict[str, Callable[[], QuantScheme]] = {
     "W4A16_NVFP4": lambda: QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None),
 }
 
+# Wildcard and regex patterns are tried one by one against each layer's name, so a list holds at most this many
+# (published checkpoints list tens: one per excluded attention block); plain names are looked up, any number of them.
+MAX_PATTERNS = 4096
+MAX_GROUPS = 256  # compressed-tensors config_groups, each tried for every layer's three projections
+INDEX_DEPTH = 16  # quantized_layers keys are indexed by their first 16 dotted prefixes (module names have ~6)
+
+
+# -- typed reads ------------------------------------------------------------------------------------------------
+
+
+def _bad(where: str, wanted: str, value) -> InputError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return InputError(f"quantization_config: {where} must be {wanted}, got {shown}")
+
+
+def _obj(value, where: str, default: Optional[dict] = None) -> dict:
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, dict):
+        raise _bad(where, "an object", value)
+    return value
+
+
+def _names(value, where: str) -> list[str]:
+    """A list of module names or patterns (None or absent: empty)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _bad(where, "a list of module names (strings)", value)
+    return value
+
+
+def _wild(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def _capped(patterns: list, where: str, kind: str) -> list:
+    if len(patterns) > MAX_PATTERNS:
+        raise InputError(f"quantization_config: {where} holds {len(patterns)} {kind} patterns; moe-fsm takes at most "
+                         f"{MAX_PATTERNS} (each is tried against every layer; list plain module names instead)")
+    return patterns
+
+
+def _substrings(name: str):
+    return (name[i:j] for i in range(len(name)) for j in range(i + 1, len(name) + 1))
+
+
+class _SubstringOrGlob:
+    """The first pattern (in list order) that is a substring of a name, or (``glob``) matches it as a wildcard.
+
+    ``glob``: ModelOpt's ``exclude_modules`` rule (fnmatch, or the pattern inside the name, or ``prefix*`` covering
+    the module's children). Without it: FP8's ``modules_to_not_convert`` (a name or a part of it).
+    """
+
+    def __init__(self, patterns: list[str], where: str, glob: bool) -> None:
+        self.plain: dict[str, int] = {}
+        wild = []
+        for order, pattern in enumerate(patterns):
+            if not pattern:
+                continue
+            if glob and _wild(pattern):
+                wild.append((order, pattern, re.compile(translate(pattern)).match))
+            else:
+                self.plain.setdefault(pattern, order)
+        self.wild = _capped(wild, where, "wildcard")
+        self.patterns = patterns
+
+    def first(self, name: str) -> Optional[str]:
+        hits = [self.plain[s] for s in _substrings(name) if s in self.plain]
+        for order, pattern, match in self.wild:
+            if hits and order > min(hits):
+                break
+            if match(name) or pattern in name or pattern.endswith("*") and match(name + "."):
+                hits.append(order)
+                break
+        return self.patterns[min(hits)] if hits else None
+
+
+class _ModuleGlob:
+    """mxfp4's ``modules_to_not_convert``: the module itself or a parent of it, names or wildcards (fnmatch)."""
+
+    def __init__(self, patterns: list[str], where: str) -> None:
+        self.plain = {p: order for order, p in reversed(list(enumerate(patterns))) if not _wild(p)}
+        self.wild = _capped([(o, p, re.compile(translate(p)).match, re.compile(translate(p + ".*")).match)
+                             for o, p in enumerate(patterns) if _wild(p)], where, "wildcard")
+        self.patterns = patterns
+
+    def first(self, name: str) -> Optional[str]:
+        parts = name.split(".")
+        hits = [self.plain[q] for q in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if q in self.plain]
+        for order, _, whole, child in self.wild:
+            if hits and order > min(hits):
+                break
+            if whole(name) or child(name):
+                hits.append(order)
+                break
+        return self.patterns[min(hits)] if hits else None
+
+
+class _CtTargets:
+    """compressed-tensors names: exact module names, ``re:`` regexes (matched from the start), and the class ``Linear``."""
+
+    def __init__(self, patterns: list[str], where: str) -> None:
+        self.exact = {p: order for order, p in reversed(list(enumerate(patterns))) if not p.startswith("re:")}
+        regexes = []
+        for order, p in enumerate(patterns):
+            if p.startswith("re:"):
+                try:
+                    regexes.append((order, p, re.compile(p[3:]).match))
+                except (re.error, RecursionError, OverflowError) as err:
+                    raise InputError(f"quantization_config: {where} pattern {p!r} is not a regular expression: {err}") from None
+        self.regexes = _capped(regexes, where, "regex")
+        self.patterns = patterns
+        self.linear = "Linear" in self.exact
+
+    def first(self, name: str, linear: bool = True) -> Optional[str]:
+        """The first pattern matching ``name`` (``linear``: the class target "Linear" counts)."""
+        hits = [self.exact[name]] if name in self.exact else []
+        if linear and self.linear:
+            hits.append(self.exact["Linear"])
+        for order, pattern, match in self.regexes:
+            if hits and order > min(hits):
+                break
+            if match(name) is not None:
+                hits.append(order)
+                break
+        return self.patterns[min(hits)] if hits else None
+
+
+class _PrefixIndex:
+    """The first key (in order) that starts with a dotted prefix: ``quantized_layers`` looked up per layer."""
+
+    def __init__(self, keys) -> None:
+        self.keys = list(keys)
+        self.index: dict[str, str] = {}
+        for key in self.keys:
+            end = -1
+            for _ in range(INDEX_DEPTH):
+                end = key.find(".", end + 1)
+                if end < 0:
+                    break
+                self.index.setdefault(key[:end + 1], key)
+
+    def first(self, prefix: str) -> Optional[str]:
+        if prefix.endswith(".") and prefix.count(".") <= INDEX_DEPTH:
+            return self.index.get(prefix)
+        return next((k for k in self.keys if k.startswith(prefix)), None)
+
 
 def _family(name: str, where: str) -> LayerQuant:
     make = FAMILY_SCHEMES.get(name)
@@ -78,83 +232,119 @@ def _unquantized(why: str) -> Mapped:
 # -- fp8 (DeepSeek-V3) ---------------------------------------------------------------
 
 
-def _fp8(config: dict, experts: str) -> LayerQuant:
-    skipped = list(config.get("modules_to_not_convert") or []) + list(config.get("ignored_layers") or [])
-    hit = next((m for m in skipped if m and (experts.startswith(m) or m in experts)), None)
-    if hit:
-        return _unquantized(f"fp8: not converted ({hit!r})")
-    block = config.get("weight_block_size")
-    dynamic = config.get("activation_scheme", "dynamic") == "dynamic"
-    if block is None:
-        return Mapped(QuantScheme.fp8("tensor", "tensor", static_activation=not dynamic),
-                      f"fp8 per-tensor, {'dynamic' if dynamic else 'static'} activations")
-    if list(block) != [128, 128]:
-        return Unmapped(f"fp8 weight_block_size {list(block)}: moe-fsm's FP8 schemes take 128x128 blocks only")
-    if not dynamic:
-        return Unmapped("fp8 with 128x128 weight blocks and static activation scales: no such scheme in vLLM's oracles")
-    return Mapped(QuantScheme.fp8("block", "group"), "fp8 block 128x128, dynamic 1x128 activations")
+class _Fp8:
+    def __init__(self, config: dict) -> None:
+        skipped = _names(config.get("modules_to_not_convert"), "modules_to_not_convert") + _names(
+            config.get("ignored_layers"), "ignored_layers")
+        self.skipped = _SubstringOrGlob(skipped, "modules_to_not_convert / ignored_layers", glob=False)
+        block = config.get("weight_block_size")
+        if block is not None and (not isinstance(block, list) or not all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) for b in block)):
+            raise _bad("weight_block_size", "a list of numbers such as [128, 128]", block)
+        self.block = block
+        scheme = config.get("activation_scheme", "dynamic")
+        if not isinstance(scheme, str):
+            raise _bad("activation_scheme", "'dynamic' or 'static'", scheme)
+        self.dynamic = scheme == "dynamic"
+
+    def layer(self, experts: str) -> LayerQuant:
+        hit = self.skipped.first(experts)
+        if hit:
+            return _unquantized(f"fp8: not converted ({hit!r})")
+        block, dynamic = self.block, self.dynamic
+        if block is None:
+            return Mapped(QuantScheme.fp8("tensor", "tensor", static_activation=not dynamic),
+                          f"fp8 per-tensor, {'dynamic' if dynamic else 'static'} activations")
+        if block != [128, 128]:
+            return Unmapped(f"fp8 weight_block_size {_short(block)}: moe-fsm's FP8 schemes take 128x128 blocks only")
+        if not dynamic:
+            return Unmapped("fp8 with 128x128 weight blocks and static activation scales: no such scheme in vLLM's oracles")
+        return Mapped(QuantScheme.fp8("block", "group"), "fp8 block 128x128, dynamic 1x128 activations")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _text(value) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # -- modelopt ----------------------------------------------------------------------------
 
 
-def _modelopt_excluded(experts: str, patterns: list[str]) -> Optional[str]:
-    for pattern in patterns:
-        if fnmatch(experts, pattern) or (pattern != experts and pattern and pattern in experts):
-            return pattern
-        if pattern.endswith("*") and fnmatch(experts + ".", pattern):
-            return pattern
-    return None
+def _algo(value, where: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _bad(where, "a quant_algo name (a string)", value)
+    return value.upper()
 
 
-def _modelopt(config: dict, experts: str) -> LayerQuant:
-    body = config.get("quantization") if isinstance(config.get("quantization"), dict) else config
-    algo = str(body.get("quant_algo") or "").upper()
-    excluded = _modelopt_excluded(experts, list(body.get("exclude_modules") or body.get("ignore") or config.get("ignore") or []))
-    if excluded:
-        return _unquantized(f"modelopt: excluded by {excluded!r}")
-    if algo == "MIXED_PRECISION":
-        layers = body.get("quantized_layers") or {}
-        parent = experts.rsplit(".experts", 1)[0] + "."
-        key = next((k for k in layers if k.startswith(experts + ".")), None) or next(
-            (k for k in layers if k.startswith(parent)), None)
-        if key is None:
-            return _unquantized("modelopt MIXED_PRECISION: not in quantized_layers")
-        algo = str(layers[key].get("quant_algo", "")).upper()
-        where = f"modelopt MIXED_PRECISION: {algo} ({key})"
-    else:
-        where = f"modelopt {algo}"
-    if algo in ALGO_SCHEMES:
-        return Mapped(ALGO_SCHEMES[algo](), where)
-    if algo.lower() in FAMILY_SCHEMES:
-        return _family(algo.lower(), where)
-    return Unmapped(f"{where}: quant_algo {algo or '(none)'} is not one of {sorted(ALGO_SCHEMES)}")
+class _ModelOpt:
+    def __init__(self, config: dict) -> None:
+        body = config.get("quantization") if isinstance(config.get("quantization"), dict) else config
+        self.algo = _algo(body.get("quant_algo"), "quant_algo")
+        for key, source in (("exclude_modules", body), ("ignore", body), ("ignore", config)):
+            if source.get(key):
+                excluded = _names(source.get(key), key)
+                break
+        else:
+            excluded = []
+        self.excluded = _SubstringOrGlob(excluded, "exclude_modules", glob=True)
+        self.layers = _obj(body.get("quantized_layers"), "quantized_layers", {}) if self.algo == "MIXED_PRECISION" else {}
+        for key, entry in self.layers.items():  # every entry checked up front: no layer is decided from a malformed config
+            _algo(_obj(entry, f"quantized_layers[{key!r}]").get("quant_algo"), f"quantized_layers[{key!r}].quant_algo")
+        self.index = _PrefixIndex(self.layers)
+
+    def layer(self, experts: str) -> LayerQuant:
+        excluded = self.excluded.first(experts)
+        if excluded:
+            return _unquantized(f"modelopt: excluded by {excluded!r}")
+        algo = self.algo
+        if algo == "MIXED_PRECISION":
+            parent = experts.rsplit(".experts", 1)[0] + "."
+            key = self.index.first(experts + ".") or self.index.first(parent)
+            if key is None:
+                return _unquantized("modelopt MIXED_PRECISION: not in quantized_layers")
+            entry = _obj(self.layers[key], f"quantized_layers[{key!r}]")
+            algo = _algo(entry.get("quant_algo", ""), f"quantized_layers[{key!r}].quant_algo")
+            where = f"modelopt MIXED_PRECISION: {algo} ({key})"
+        else:
+            where = f"modelopt {algo}"
+        if algo in ALGO_SCHEMES:
+            return Mapped(ALGO_SCHEMES[algo](), where)
+        if algo.lower() in FAMILY_SCHEMES:
+            return _family(algo.lower(), where)
+        return Unmapped(f"{where}: quant_algo {_short(algo) if algo else '(none)'} is not one of {sorted(ALGO_SCHEMES)}")
 
 
 # -- compressed-tensors ---------------------------------------------------------------
 
 
-def _ct_matches(name: str, pattern: str) -> bool:
-    if pattern.startswith("re:"):
-        return re.match(pattern[3:], name) is not None
-    return pattern == name or pattern == "Linear"
+def _args(group: dict, key: str, name: str) -> Optional[dict]:
+    value = group.get(key)
+    return None if value is None else _obj(value, f"config_groups[{name!r}].{key}")
 
 
-def _ct_scheme(group: dict) -> tuple[Optional[Mapped], str]:
+def _ct_scheme(group: dict, name: str = "group") -> tuple[Optional[Mapped], str]:
     """A compressed-tensors group's (weights, input_activations) as an experts scheme, or why not."""
-    w, a = group.get("weights") or {}, group.get("input_activations")
-    kind = f"{w.get('type')} W{w.get('num_bits')}" + (f"A{a.get('num_bits')}" if a else "A16")
+    w, a = _args(group, "weights", name) or {}, _args(group, "input_activations", name)
+    kind = f"{_text(w.get('type'))} W{_text(w.get('num_bits'))}" + (f"A{_text(a.get('num_bits'))}" if a else "A16")
     if w.get("type") == "float" and w.get("num_bits") == 8 and a and a.get("type") == "float" and a.get("num_bits") == 8:
         strategy, act, dynamic = w.get("strategy"), a.get("strategy"), bool(a.get("dynamic"))
-        weight_scale = {"tensor": "tensor", "channel": "channel", "block": "block"}.get(strategy)
-        act_scale = {"tensor": "tensor", "token": "token", "group": "group"}.get(act)
-        if strategy == "block" and list(w.get("block_structure") or [128, 128]) != [128, 128]:
-            return None, f"FP8 block {w.get('block_structure')}: moe-fsm takes 128x128 blocks only"
+        weight_scale = {"tensor": "tensor", "channel": "channel", "block": "block"}.get(strategy) if isinstance(strategy, str) else None
+        act_scale = {"tensor": "tensor", "token": "token", "group": "group"}.get(act) if isinstance(act, str) else None
+        structure = w.get("block_structure") or [128, 128]
+        if strategy == "block" and structure != [128, 128]:
+            return None, f"FP8 block {_short(structure)}: moe-fsm takes 128x128 blocks only"
         if weight_scale and act_scale:
             scheme = QuantScheme.fp8(weight_scale, act_scale, static_activation=not dynamic)
             return Mapped(scheme, f"compressed-tensors FP8 {strategy} weights, {act} {'dynamic' if dynamic else 'static'} activations",
                           allow_vllm_cutlass=True), ""
-        return None, f"FP8 weights by {strategy}, activations by {act}: no such FP8 scheme"
+        return None, f"FP8 weights by {_text(strategy)}, activations by {_text(act)}: no such FP8 scheme"
     if w.get("type") == "float" and w.get("num_bits") == 4 and w.get("strategy") == "tensor_group" and w.get("group_size") == 16:
         if a is None:
             return Mapped(QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None), "compressed-tensors NVFP4 W4A16"), ""
@@ -163,57 +353,97 @@ def _ct_scheme(group: dict) -> tuple[Optional[Mapped], str]:
     if w.get("type") == "float" and w.get("num_bits") == 4 and w.get("group_size") == 32:
         mapped = _family("mxfp4", "compressed-tensors MXFP4")
         return (mapped, "") if isinstance(mapped, Mapped) else (None, mapped.reason)
-    return None, f"{kind} ({w.get('strategy')}) is not mapped yet"
+    return None, f"{kind} ({_text(w.get('strategy'))}) is not mapped yet"
 
 
-def _compressed_tensors(config: dict, experts: str) -> LayerQuant:
-    names = [f"{experts}.0.{proj}" for proj in ("gate_proj", "up_proj", "down_proj")]
-    ignore = list(config.get("ignore") or [])
-    ignored = [next((p for p in ignore if _ct_matches(n, p) and p != "Linear"), None) for n in names]
-    if all(ignored):
-        return _unquantized(f"compressed-tensors: ignored ({ignored[0]!r})")
-    if any(ignored):
-        return Unmapped("compressed-tensors: the ignore list covers only some of the experts' projections")
-    groups = config.get("config_groups") or {}
-    chosen = []
-    for name in names:
-        # exact names and patterns win over the class target "Linear", as in compressed-tensors
-        match = sorted((g for g in groups.values() if any(_ct_matches(name, t) for t in g.get("targets") or ())),
-                       key=lambda g: "Linear" in (g.get("targets") or ()))
-        chosen.append(match[0] if match else None)
-    if any(c is None for c in chosen):
-        return _unquantized("compressed-tensors: no config group targets the experts")
-    if any(c is not chosen[0] for c in chosen):
-        return Unmapped("compressed-tensors: the experts' projections fall in different config groups (vLLM refuses this)")
-    mapped, why = _ct_scheme(chosen[0])
-    return mapped if mapped is not None else Unmapped(f"compressed-tensors: {why}")
+class _CompressedTensors:
+    def __init__(self, config: dict) -> None:
+        self.ignore = _CtTargets(_names(config.get("ignore"), "ignore"), "ignore")
+        groups = _obj(config.get("config_groups"), "config_groups", {})
+        if len(groups) > MAX_GROUPS:
+            raise InputError(f"quantization_config: config_groups holds {len(groups)} groups; moe-fsm takes at most "
+                             f"{MAX_GROUPS} (published checkpoints have one to three)")
+        self.groups = []
+        for name, group in groups.items():
+            group = _obj(group, f"config_groups[{name!r}]")
+            _args(group, "weights", name), _args(group, "input_activations", name)  # checked up front
+            targets = _CtTargets(_names(group.get("targets"), f"config_groups[{name!r}].targets"),
+                                 f"config_groups[{name!r}].targets")
+            self.groups.append((name, group, targets))
+        _capped([r for _, _, t in self.groups for r in t.regexes] + self.ignore.regexes, "config_groups and ignore", "regex")
+
+    def layer(self, experts: str) -> LayerQuant:
+        names = [f"{experts}.0.{proj}" for proj in ("gate_proj", "up_proj", "down_proj")]
+        ignored = [self.ignore.first(n, linear=False) for n in names]
+        if all(ignored):
+            return _unquantized(f"compressed-tensors: ignored ({ignored[0]!r})")
+        if any(ignored):
+            return Unmapped("compressed-tensors: the ignore list covers only some of the experts' projections")
+        chosen = []
+        for module in names:
+            # exact names and patterns win over the class target "Linear", as in compressed-tensors
+            match = sorted((g for g in self.groups if g[2].first(module)), key=lambda g: g[2].linear)
+            chosen.append(match[0] if match else None)
+        if any(c is None for c in chosen):
+            return _unquantized("compressed-tensors: no config group targets the experts")
+        if any(c is not chosen[0] for c in chosen):
+            return Unmapped("compressed-tensors: the experts' projections fall in different config groups (vLLM refuses this)")
+        name, group, _ = chosen[0]
+        mapped, why = _ct_scheme(group, name)
+        return mapped if mapped is not None else Unmapped(f"compressed-tensors: {why}")
 
 
 # -- mxfp4 (gpt-oss) ------------------------------------------------------------------
 
 
-def _mxfp4(config: dict, experts: str) -> LayerQuant:
-    skipped = list(config.get("modules_to_not_convert") or [])
-    hit = next((m for m in skipped if fnmatch(experts, m) or fnmatch(experts, m + ".*")), None)
-    if hit:
-        return _unquantized(f"mxfp4: not converted ({hit!r})")
-    return _family("mxfp4", "mxfp4 (gpt-oss)")
+class _Mxfp4:
+    def __init__(self, config: dict) -> None:
+        self.skipped = _ModuleGlob(_names(config.get("modules_to_not_convert"), "modules_to_not_convert"),
+                                   "modules_to_not_convert")
+
+    def layer(self, experts: str) -> LayerQuant:
+        hit = self.skipped.first(experts)
+        if hit:
+            return _unquantized(f"mxfp4: not converted ({hit!r})")
+        return _family("mxfp4", "mxfp4 (gpt-oss)")
 
 
-QUANT_METHODS: dict[str, Callable[[dict, str], LayerQuant]] = {
-    "fp8": _fp8,
-    "modelopt": _modelopt,
-    "compressed-tensors": _compressed_tensors,
-    "mxfp4": _mxfp4,
+QUANT_METHODS: dict[str, Callable[[dict], object]] = {
+    "fp8": _Fp8,
+    "modelopt": _ModelOpt,
+    "compressed-tensors": _CompressedTensors,
+    "mxfp4": _Mxfp4,
 }
+
+
+class QuantReader:
+    """A checkpoint's quantization_config, read (and its name lists indexed) once; ``layer(experts)`` per layer.
+
+    InputError (naming the field) when a field the reader needs has the wrong type; an unknown
+    ``quant_method`` maps every layer to ``Unmapped`` with the reason.
+    """
+
+    def __init__(self, quantization: Optional[dict]) -> None:
+        self.reader, self.unmapped = None, None
+        if not quantization:
+            return
+        quantization = _obj(quantization, "quantization_config")
+        method = quantization.get("quant_method", "")
+        method = method.lower() if isinstance(method, str) else _short(method)
+        make = QUANT_METHODS.get(method)
+        if make is None:
+            self.unmapped = Unmapped(f"quant_method {method or '(none)'!r} is not mapped (moe-fsm reads {sorted(QUANT_METHODS)})")
+        else:
+            self.reader = make(quantization)
+
+    def layer(self, experts: str) -> LayerQuant:
+        if self.unmapped is not None:
+            return self.unmapped
+        if self.reader is None:
+            return _unquantized("unquantized")
+        return self.reader.layer(experts)
 
 
 def layer_quant(quantization: Optional[dict], experts: str) -> LayerQuant:
     """The scheme of the experts module ``experts`` under a checkpoint's quantization_config."""
-    if not quantization:
-        return _unquantized("unquantized")
-    method = str(quantization.get("quant_method", "")).lower()
-    reader = QUANT_METHODS.get(method)
-    if reader is None:
-        return Unmapped(f"quant_method {method or '(none)'!r} is not mapped (moe-fsm reads {sorted(QUANT_METHODS)})")
-    return reader(quantization, experts)
+    return QuantReader(quantization).layer(experts)

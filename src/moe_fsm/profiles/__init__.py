@@ -5,7 +5,10 @@ Every subpackage here that defines ``PROFILE`` is a profile, found by name
 (see docs/profiles.md). :func:`resolve_default` picks the profile of the vLLM
 installed beside moe-fsm (read from its distribution metadata, never imported),
 the nearest older one when there is no exact profile, else ``seeds``, and says
-why; the choice and its reason are recorded in every trace.
+why; the choice and its reason are recorded in every trace. A name the user
+gives (``policy=``, ``--policy``) must name a profile: an unknown one is refused
+with the list, never replaced by a neighbour; ``nearest:vllm-X.Y`` asks for the
+nearest-profile resolution explicitly.
 """
 
 from __future__ import annotations
@@ -64,13 +67,19 @@ def names() -> list[str]:
     return sorted(profiles())
 
 
+NEAREST = "nearest:"
+
+
 def get(name: str) -> Profile:
     if not isinstance(name, str):
         raise InputError(f"a policy profile is named by a string, got {name!r}; known: {names()}")
     try:
         return profiles()[name]
     except KeyError:
-        raise InputError(f"unknown policy profile {name!r}; known: {names()}") from None
+        hint = ""
+        if re.fullmatch(r"(vllm-)?\d+(\.\d+)*\w*", name):
+            hint = f" (or 'nearest:{name}' for the nearest older profile, which may decide differently from that vLLM)"
+        raise InputError(f"unknown policy profile {name!r}; known: {names()}{hint}") from None
 
 
 def register(profile: Profile) -> Profile:
@@ -125,28 +134,42 @@ def installed_vllm() -> str | None:
         return None
 
 
-def choose_for_vllm(version: str | None) -> ProfileChoice:
-    """The profile for a vLLM version: exact, else the nearest older release profile, else seeds."""
+def choose_for_vllm(version: str | None, why: str | None = None) -> ProfileChoice:
+    """The profile for a vLLM version: exact, else the nearest older release profile, else seeds.
+
+    ``why`` says where the version comes from (default: the vLLM installed beside moe-fsm).
+    """
     if version is None:
         return ProfileChoice(SEEDS, "no vLLM distribution is installed beside moe-fsm: the seed snapshot moe-fsm is specified from")
+    why = why or f"vLLM {version} is installed beside moe-fsm"
     wanted = version_tuple(version)
     releases = sorted((p for p in profiles().values() if p.vllm_version is not None), key=_age)
     for profile in releases:
         if wanted[:len(profile.vllm_version)] == profile.vllm_version:
-            return ProfileChoice(profile.name, f"vLLM {version} is installed beside moe-fsm")
+            return ProfileChoice(profile.name, why)
     older = [p for p in releases if p.vllm_version < wanted]
     if older:
         nearest = older[-1]
         return ProfileChoice(
             nearest.name,
-            f"vLLM {version} is installed beside moe-fsm and moe-fsm has no profile for it; "
+            f"{why} and moe-fsm has no profile for it; "
             f"note: {nearest.name} is the nearest older profile, decisions may differ from vLLM {version}",
         )
     return ProfileChoice(
         SEEDS,
-        f"vLLM {version} is installed beside moe-fsm, older than every release profile "
+        f"{why}, older than every release profile "
         f"({', '.join(p.name for p in releases) or 'none'}); note: the seed snapshot is used",
     )
+
+
+def choose_nearest(text: str) -> ProfileChoice:
+    """``nearest:vllm-0.34`` (or ``nearest:0.34``): the profile of that vLLM version, else the nearest older one."""
+    wanted = text[len(NEAREST):].strip()
+    version = wanted[len("vllm-"):] if wanted.startswith("vllm-") else wanted
+    if not version_tuple(version):
+        raise InputError(f"{text!r}: 'nearest:' takes a vLLM version, e.g. 'nearest:vllm-0.34' or 'nearest:0.34'; "
+                         f"profiles: {names()}")
+    return choose_for_vllm(version, f"the profile nearest to vLLM {version} was asked for ({text})")
 
 
 @lru_cache(maxsize=1)
@@ -156,7 +179,12 @@ def resolve_default() -> ProfileChoice:
 
 
 def choose(policy: str | ProfileChoice | None) -> ProfileChoice:
-    """An explicit ``policy=`` / ``--policy`` (a profile name), or the default."""
+    """An explicit ``policy=`` / ``--policy``, or the default.
+
+    A profile name must be one (an unknown name is an InputError listing them, never the nearest profile);
+    ``"default"`` is the installed vLLM's profile (nearest older with a note, else seeds); ``"nearest:vllm-X.Y"``
+    asks for that same resolution for a version the caller names.
+    """
     if policy is None:
         return resolve_default()
     if isinstance(policy, ProfileChoice):
@@ -164,5 +192,7 @@ def choose(policy: str | ProfileChoice | None) -> ProfileChoice:
         return policy
     if policy == "default":
         return resolve_default()
+    if isinstance(policy, str) and policy.startswith(NEAREST):
+        return choose_nearest(policy)
     get(policy)
     return ProfileChoice(policy, "asked for explicitly (policy=)")

@@ -184,6 +184,9 @@ def read_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_FILE_BYTE
         raise InputError(f"cannot read {what} {path}: {err.strerror or err}") from None
     if len(data) > max_bytes:
         raise InputError(f"{what} {path} is larger than {max_bytes >> 20} MiB, the most moe-fsm reads")
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise InputError(f"{what} {path} is UTF-16 text (it starts with a UTF-16 byte-order mark); moe-fsm reads UTF-8: "
+                         f"convert it, e.g. iconv -f UTF-16 -t UTF-8")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -18,7 +18,10 @@ Four kernels make one MoE layer:
   the tensor-core instruction's N slot, where Hopper's wgmma accepts small sizes,
   and the weight tile in its M slot, which must be 64 rows.
 * ``topk_sum_kernel``: the top-k reduction, skipping slots another rank owns.
-* ``group_quant_kernel`` / ``row_quant_kernel``: FP8 activation quantization.
+* ``group_quant_kernel`` / ``row_quant_kernel``: FP8 activation quantization. Scales and scaled values are
+  correctly rounded divisions (``tl.div_rn``): Triton's ``/`` on float32 is an approximate division, which on
+  16-bit inputs sitting exactly on an e4m3 midpoint decides the rounding by the ulp it misses, so these kernels
+  and ``moe_fsm.kernels.fp8`` (CPU or CUDA) quantize bit for bit alike.
 
 Pointer offsets that can pass 2**31 elements (an expert's offset in a 256-expert
 weight tensor, say) are computed in int64. Counts that vary with the batch (rows,
@@ -306,14 +309,14 @@ def moe_gemm_kernel(
     elif OUT_MODE == 0:
         tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=out_mask)
     elif OUT_MODE == 1:
-        q = tl.clamp(y / tl.load(out_static_scale_ptr), -448.0, 448.0)
+        q = tl.clamp(tl.div_rn(y, tl.load(out_static_scale_ptr)), -448.0, 448.0)
         tl.store(out_ptrs, q.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         GROUPS: tl.constexpr = BLOCK_N // 128
         y = tl.where(col_ok[None, :], y, 0.0)
         y3 = tl.reshape(y, (BLOCK_M, GROUPS, 128))
-        scale = tl.maximum(tl.max(tl.abs(y3), axis=2), 1e-10) / 448.0
-        q = tl.reshape(tl.clamp(y3 / scale[:, :, None], -448.0, 448.0), (BLOCK_M, BLOCK_N))
+        scale = tl.div_rn(tl.maximum(tl.max(tl.abs(y3), axis=2), 1e-10), 448.0)
+        q = tl.reshape(tl.clamp(tl.div_rn(y3, scale[:, :, None]), -448.0, 448.0), (BLOCK_M, BLOCK_N))
         tl.store(out_ptrs, q.to(out_ptr.dtype.element_ty), mask=out_mask)
         groups = pid_n * GROUPS + tl.arange(0, GROUPS)
         scale_ptrs = os_base + rows[:, None] * stride_osm + groups[None, :] * stride_osn
@@ -345,8 +348,8 @@ def group_quant_kernel(
     cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     mask = cols < K
     x = tl.load(x_ptr + m * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10) / 448.0
-    q = tl.clamp(x / scale[:, None], -448.0, 448.0)
+    scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10), 448.0)
+    q = tl.clamp(tl.div_rn(x, scale[:, None]), -448.0, 448.0)
     tl.store(q_ptr + m * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + m * stride_sm + groups, scale, mask=groups < num_groups)
 
@@ -359,9 +362,9 @@ def row_quant_kernel(x_ptr, q_ptr, s_ptr, static_scale_ptr, K, stride_xm, stride
     mask = cols < K
     x = tl.load(x_ptr + m * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
     if PER_ROW:
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10) / 448.0
+        scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10), 448.0)
         tl.store(s_ptr + m, scale)
     else:
         scale = tl.load(static_scale_ptr)
-    q = tl.clamp(x / scale, -448.0, 448.0)
+    q = tl.clamp(tl.div_rn(x, scale), -448.0, 448.0)
     tl.store(q_ptr + m * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)

@@ -5,7 +5,8 @@ DeepSeek-V3 layout that pairs with 128x128 weight blocks. ``token``: one scale
 per row ([.., 1], so row-wise scales travel with their rows as in
 ``moe_fsm.kernels.fp8``). ``tensor``: one scale ([1]), given (static) or taken from the
 tensor's absolute maximum (dynamic). Scales are ``max(amax, 1e-10) / 448`` and
-values are clamped to +-448 before the cast, as vLLM's quantizers do.
+values are clamped to +-448 before the cast, as vLLM's quantizers do; both divisions are
+correctly rounded, so the result equals ``moe_fsm.kernels.fp8``'s bit for bit.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def quantize_activation(
         scale = static_scale.to(torch.float32).reshape(1)
     else:
         amax = rows.abs().amax() if rows.numel() else torch.zeros((), device=x.device)
-        scale = (amax.to(torch.float32) / FP8_MAX).clamp(min=1e-10).reshape(1)
+        amax = amax.to(torch.float32)  # divided by a 0-d tensor: `/ 448.0` would multiply by fl32(1/448) on CUDA
+        scale = (amax / amax.new_full((), FP8_MAX)).clamp(min=1e-10).reshape(1)
     if num_rows:
         launch(
             k.row_quant_kernel, (num_rows,), (rows, q, scale, scale, k_dim, rows.stride(0), q.stride(0)),

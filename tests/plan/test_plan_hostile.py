@@ -1,0 +1,241 @@
+"""`moe-fsm plan` on hostile or broken config.json files (issue 24): one clear line, exit 2, nothing written.
+
+Bytes that are not UTF-8, sizes no real model has (``num_hidden_layers: 1000000`` once wrote 176,904
+traces in a minute), wrong types anywhere plan reads, and name lists long enough to make a per-layer
+scan quadratic.
+"""
+
+from __future__ import annotations
+
+import json
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+from moe_fsm.cli.main import main
+from moe_fsm.errors import InputError
+from moe_fsm.plan import quant_config
+from moe_fsm.plan.model_config import LIMITS, read_model_config
+from moe_fsm.plan.quant_config import QuantReader, layer_quant
+
+CONFIGS = Path(__file__).parent.parent / "data" / "configs"
+QWEN = json.loads((CONFIGS / "qwen3-30b-a3b" / "config.json").read_text())
+
+
+def _plan(tmp_path, config, capsys, raw: bytes | None = None) -> tuple[int, str]:
+    path = tmp_path / "config.json"
+    if raw is not None:
+        path.write_bytes(raw)
+    else:
+        path.write_text(json.dumps(config))
+    code = main(["plan", str(path), "--platform", "sm90", "--no-env", "--policy", "seeds",
+                 "--trace-dir", str(tmp_path / "traces")])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    return code, captured.err
+
+
+@pytest.mark.parametrize("raw, says", [
+    (b"\xff\xfe{\x00}\x00", "UTF-16 text"),
+    (b"\xfe\xff\x00{\x00}", "UTF-16 text"),
+    (b'{"num_experts": 8, "name": "\x80\x81"}', "is not UTF-8 text (byte 28)"),
+    (b"\x00\x01\x02binary", "is not valid JSON"),
+])
+def test_a_config_that_is_not_utf8_json_is_one_line(tmp_path, capsys, raw, says):
+    code, err = _plan(tmp_path, None, capsys, raw)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "traces").exists()
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
+    (tmp_path / "config.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(QWEN).encode())
+    assert read_model_config(tmp_path).geometry.num_experts == 128
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("num_hidden_layers", 1_000_000, "num_hidden_layers must be an integer in 1..1024"),
+    ("num_hidden_layers", 0, "num_hidden_layers must be an integer in 1..1024"),
+    ("num_hidden_layers", "48", "num_hidden_layers must be an integer in 1..1024"),
+    ("num_hidden_layers", True, "num_hidden_layers must be an integer"),
+    ("num_hidden_layers", 48.0, "num_hidden_layers must be an integer"),
+    ("num_experts", 1_000_000_000_000, "num_experts must be an integer in 1..4096"),
+    ("num_experts", -8, "num_experts must be an integer in 1..4096"),
+    ("num_experts_per_tok", 129, "num_experts_per_tok must be an integer in 1..128"),
+    ("num_experts_per_tok", 200 - 64, "num_experts_per_tok must be an integer in 1..128"),
+    ("hidden_size", 10**9, "hidden_size must be an integer in 1..262144"),
+    ("moe_intermediate_size", [768], "moe_intermediate_size must be an integer in 1..262144"),
+    ("decoder_sparse_step", "1", "decoder_sparse_step must be an integer in 1..48"),
+    ("mlp_only_layers", "0,1", "mlp_only_layers must be a list of layer indices"),
+    ("hidden_act", ["silu"], "hidden_act must be one of"),
+    ("hidden_act", "relu", "hidden_act 'relu' is not one of"),
+    ("torch_dtype", "float8_e4m3fn", "torch_dtype must be one of"),
+    ("architectures", "Qwen3MoeForCausalLM", "architectures must be a list of architecture names"),
+    ("architectures", [{"a": 1}], "architectures must be a list of architecture names"),
+    ("text_config", [], "text_config must be an object"),
+    ("quantization_config", ["fp8"], "quantization_config must be an object"),
+    ("swiglu_limit", float("inf"), "swiglu_limit must be a positive finite number"),
+    ("n_shared_experts", 10**6, "n_shared_experts must be an integer in 0..64"),
+])
+def test_implausible_sizes_and_wrong_types_name_the_field_and_what_is_accepted(tmp_path, capsys, key, value, says):
+    code, err = _plan(tmp_path, {**QWEN, key: value}, capsys)
+    assert code == 2, err
+    assert says in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "traces").exists()  # refused before any layer was decided
+
+
+def test_top_k_above_the_expert_count_names_both(tmp_path, capsys):
+    code, err = _plan(tmp_path, {**QWEN, "num_experts": 4, "num_experts_per_tok": 8}, capsys)
+    assert code == 2 and "top-k 8 exceeds the expert count 4" in err
+
+
+def test_the_largest_accepted_sizes_are_read():
+    high = {key: LIMITS[key][1] for key in LIMITS}
+    assert high["layers"] >= 8 * 126 and high["experts"] >= 8 * 512  # Llama-3.1-405B's depth, Qwen3-Next's experts
+
+
+def test_the_range_boundaries(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**QWEN, "num_hidden_layers": 1024, "num_experts": 4096, "num_experts_per_tok": 128,
+                                "mlp_only_layers": [], "decoder_sparse_step": 1}))
+    model = read_model_config(path)
+    assert (model.num_layers, len(model.moe_layers), model.geometry.num_experts) == (1024, 1024, 4096)
+    path.write_text(json.dumps({**QWEN, "num_hidden_layers": 1025}))
+    with pytest.raises(InputError, match=r"1\.\.1024"):
+        read_model_config(path)
+
+
+@pytest.mark.parametrize("quantization, says", [
+    ({"quant_method": "fp8", "weight_block_size": "128x128"}, "weight_block_size must be a list of numbers"),
+    ({"quant_method": "fp8", "modules_to_not_convert": "lm_head"}, "modules_to_not_convert must be a list of module names"),
+    ({"quant_method": "fp8", "activation_scheme": 1}, "activation_scheme must be 'dynamic' or 'static'"),
+    ({"quant_method": "modelopt", "quant_algo": ["NVFP4"]}, "quant_algo must be a quant_algo name"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": [1, 2]}, "exclude_modules must be a list"),
+    ({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": []}, "quantized_layers must be an object"),
+    ({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+      "quantized_layers": {"model.layers.0.mlp.experts.0.up_proj": "NVFP4"}}, "quantized_layers['model.layers.0.mlp.experts.0.up_proj'] must be an object"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": ["Linear"]}}, "config_groups['g'] must be an object"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": "Linear"}}}, "config_groups['g'].targets must be a list"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": 8}}}, "config_groups['g'].weights must be an object"),
+    ({"quant_method": "compressed-tensors", "ignore": ["re:(unclosed"]}, "is not a regular expression"),
+    ({"quant_method": "mxfp4", "modules_to_not_convert": {"a": 1}}, "modules_to_not_convert must be a list"),
+])
+def test_wrongly_typed_quantization_fields_are_named(tmp_path, capsys, quantization, says):
+    code, err = _plan(tmp_path, {**QWEN, "num_hidden_layers": 4, "quantization_config": quantization}, capsys)
+    assert code == 2 and "quantization_config: " in err and says in err, err
+
+
+def test_pattern_lists_are_capped_and_plain_names_are_not():
+    plain = [f"model.layers.{i}.self_attn.o_proj" for i in range(50_000)]
+    reader = QuantReader({"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": plain + ["lm_head"]})
+    assert reader.layer("model.layers.3.mlp.experts").scheme.family.value == "nvfp4"
+    wild = [f"model.layers.{i}.self_attn*" for i in range(quant_config.MAX_PATTERNS + 1)]
+    with pytest.raises(InputError, match="wildcard patterns; moe-fsm takes at most 4096"):
+        QuantReader({"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": wild})
+    with pytest.raises(InputError, match="groups; moe-fsm takes at most 256"):
+        QuantReader({"quant_method": "compressed-tensors",
+                     "config_groups": {str(i): {"targets": ["Linear"]} for i in range(257)}})
+
+
+def _naive_modelopt_exclusion(experts, patterns):
+    """The rule as a plain scan, to compare the indexed reader with."""
+    for pattern in patterns:
+        if fnmatch(experts, pattern) or (pattern != experts and pattern and pattern in experts):
+            return pattern
+        if pattern.endswith("*") and fnmatch(experts + ".", pattern):
+            return pattern
+    return None
+
+
+def test_indexed_name_lists_answer_as_a_scan_would():
+    patterns = ["", "lm_head", "model.layers.1*", "layers.2.mlp", "model.layers.3.mlp.experts", "*.5.mlp.*",
+                "model.layers.?.mlp", "model.layers.1", "experts", "model.layers.[7].mlp.experts"]
+    for order in (patterns, patterns[::-1]):
+        reader = QuantReader({"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": order})
+        for i in range(12):
+            experts = f"model.layers.{i}.mlp.experts"
+            got = reader.layer(experts)
+            want = _naive_modelopt_exclusion(experts, order)
+            assert (got.source == f"modelopt: excluded by {want!r}") if want else got.source == "modelopt NVFP4"
+    mixed = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": {
+        "model.layers.1.self_attn.q_proj": {"quant_algo": "FP8"},
+        "model.layers.1.mlp.experts.0.up_proj": {"quant_algo": "NVFP4"},
+        "model.layers.2.mlp.gate_proj": {"quant_algo": "FP8"},
+        "model.layers.10.mlp.experts.3.down_proj": {"quant_algo": "FP8"},
+    }}
+    got = {i: QuantReader(mixed).layer(f"model.layers.{i}.mlp.experts") for i in (1, 2, 3, 10)}
+    assert "NVFP4 (model.layers.1.mlp.experts.0.up_proj)" in got[1].source
+    assert "FP8 (model.layers.2.mlp.gate_proj)" in got[2].source
+    assert got[3].source == "modelopt MIXED_PRECISION: not in quantized_layers"
+    assert "FP8 (model.layers.10.mlp.experts.3.down_proj)" in got[10].source
+    # mxfp4's modules_to_not_convert: the module or a parent, by name or wildcard
+    for patterns, hit in ((["model.layers.4.mlp"], True), (["model.layers.4.ml"], False), (["*.4.mlp"], True),
+                          (["model.layers.4.mlp.experts"], True), (["model.layers.4.mlp.experts.0"], False)):
+        source = layer_quant({"quant_method": "mxfp4", "modules_to_not_convert": patterns}, "model.layers.4.mlp.experts")
+        assert (getattr(source, "source", "") or "").startswith("mxfp4: not converted") == hit, patterns
+
+
+def test_a_malformed_entry_of_a_late_layer_is_refused_before_any_trace_is_written(tmp_path, capsys):
+    """Found by the plan fuzz driver: the last layer's quantized_layers entry was checked only when its turn came."""
+    config = json.loads((CONFIGS / "synthetic-mixed-nvfp4-fp8" / "config.json").read_text())
+    config["quantization_config"]["quantized_layers"]["model.layers.47.mlp.experts.0.gate_proj"] = "FP8"
+    code, err = _plan(tmp_path, config, capsys)
+    assert code == 2 and "quantized_layers['model.layers.47.mlp.experts.0.gate_proj'] must be an object" in err
+    assert not (tmp_path / "traces").exists()
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {
+        "g": {"targets": ["Linear"], "weights": {"type": "float", "num_bits": 8}}, "h": {"targets": ["x"], "weights": []}}}
+    code, err = _plan(tmp_path, config, capsys)
+    assert code == 2 and "config_groups['h'].weights must be an object" in err
+    assert not (tmp_path / "traces").exists()
+
+
+# -- issue 24 item 4: one trace per distinct decision, and a manifest that explain and replay read ----------------------
+
+
+def test_plan_writes_one_trace_per_distinct_decision_and_explain_reads_the_manifest(tmp_path, capsys):
+    config = CONFIGS / "synthetic-mixed-nvfp4-fp8"
+    argv = ["plan", str(config), "--platform", "sm121", "--no-env", "--policy", "seeds", "--backend", "flashinfer_b12x",
+            "--trace-dir", str(tmp_path)]
+    assert main(argv) == 1  # the FP8 and bf16 layers fail under b12x
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "layer000-model.layers.0.mlp.experts.json", "layer001-model.layers.1.mlp.experts.json",
+        "layer003-model.layers.3.mlp.experts.json", "plan.manifest"]
+    manifest = tmp_path / "plan.manifest"
+    assert main(["explain", str(manifest), "--layer", "47"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Decision for a fp8 MoE layer (model.layers.47.mlp.experts)")
+    assert "layer003-model.layers.3.mlp.experts.json, shared by 12 layer(s): 3, 7, 11" in out
+    assert main(["explain", str(manifest)]) == 0
+    assert capsys.readouterr().out.count("Decision for a ") == 3
+    assert main(["replay", str(manifest)]) == 0
+    assert capsys.readouterr().out.count("byte-identical") == 3
+    # the trace file itself still explains and replays on its own
+    assert main(["replay", str(tmp_path / "layer001-model.layers.1.mlp.experts.json")]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m.update(layers="x"), "has no list of layers"),
+    (lambda m: m["layers"][0].update(trace="../../etc/passwd"), "not a file beside the manifest"),
+    (lambda m: m["layers"][0].update(index="0"), "needs an integer index and a name"),
+    (lambda m: m["layers"][5].update(trace="nowhere.json"), "does not exist"),
+])
+def test_a_broken_manifest_is_one_line(tmp_path, capsys, edit, says):
+    assert main(["plan", str(CONFIGS / "qwen3-30b-a3b"), "--platform", "sm90", "--no-env", "--policy", "seeds",
+                 "--trace-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    manifest = json.loads((tmp_path / "plan.manifest").read_text())
+    edit(manifest)
+    (tmp_path / "plan.manifest").write_text(json.dumps(manifest))
+    assert main(["explain", str(tmp_path / "plan.manifest"), "--layer", "5"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_layer_needs_a_manifest(tmp_path, capsys):
+    assert main(["plan", str(CONFIGS / "qwen3-30b-a3b"), "--platform", "sm90", "--no-env", "--trace-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    trace = next(tmp_path.glob("*.json"))
+    assert main(["explain", str(trace), "--layer", "3"]) == 2
+    assert "--layer picks a layer of a plan.manifest or run.manifest" in capsys.readouterr().err
