@@ -116,7 +116,8 @@ def test_seeds_matrix_covers_every_platform_preset():
 # CPU_W8A8 needs AMX-FP8, a fact moe-fsm's platform facts lack; HUMMING / B12X ask packages not installable here.
 UNREACHABLE = {"vllm-0.33": {"fp8": {"CPU_W8A8", "HUMMING"}, "nvfp4": {"HUMMING", "B12X"}},
                # 0.32's AiterMxfp8Experts takes only the uninterleaved SwiGLU-OAI activation, which moe-fsm's layers lack
-               "vllm-0.32": {"fp8": {"CPU_W8A8", "HUMMING"}, "nvfp4": {"HUMMING", "B12X"}, "mxfp8": {"AITER_MXFP8"}}}
+               "vllm-0.32": {"fp8": {"CPU_W8A8", "HUMMING"}, "nvfp4": {"HUMMING", "B12X"}, "mxfp8": {"AITER_MXFP8"}},
+               "vllm-0.31": {"fp8": {"CPU_W8A8", "HUMMING"}, "nvfp4": {"HUMMING", "B12X"}, "mxfp8": {"AITER_MXFP8"}}}
 
 
 @pytest.mark.parametrize("profile", PROFILES)

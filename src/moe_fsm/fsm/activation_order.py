@@ -22,8 +22,11 @@ class ActivationOrder:
 
     With a requested key: the backends whose activation key equals it (and those
     that take the layer's own key), then the 16-bit ones; without one: the 16-bit
-    ones if there are any, else the list unchanged.
+    ones if there are any, else the list unchanged. ``sixteen_bit_fallback=False``
+    (vLLM 0.31): with a requested key, only the matching backends (no 16-bit ones after them).
     """
+
+    sixteen_bit_fallback: bool = True
 
     def apply(self, run, backends: list[str]) -> list[str]:
         wanted = run.ctx.layer.quant.activation
@@ -32,12 +35,13 @@ class ActivationOrder:
         sixteen_bit = [b for b in backends if keys[b] is None or keys[b] is LAYER_ACTIVATION]
         if wanted is not None:
             matching = [b for b in backends if keys[b] == wanted or keys[b] is LAYER_ACTIVATION]
-            ordered = matching + [b for b in sixteen_bit if b not in matching]
+            ordered = matching + ([b for b in sixteen_bit if b not in matching] if self.sixteen_bit_fallback else [])
         else:
             ordered = sixteen_bit or list(backends)
         if ordered != list(backends) and run.rec.enabled:
             dropped = [b for b in backends if b not in ordered]
             text = (f"activations {activation_key_text(wanted)} requested: " if wanted is not None else "no activation quantization "
-                    "requested: ") + ("matching variants first, then 16-bit ones" if wanted is not None else "16-bit variants only")
+                    "requested: ") + (("matching variants first, then 16-bit ones" if self.sixteen_bit_fallback else "matching variants only")
+                                                                     if wanted is not None else "16-bit variants only")
             run.rec.emit("note", text=text + (f"; left out: {', '.join(dropped)}" if dropped else ""))
         return ordered
