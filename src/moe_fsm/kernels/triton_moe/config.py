@@ -45,7 +45,12 @@ FP8_GROUP = 128  # DeepSeek-V3 block size: 128x128 weight blocks, 1x128 activati
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Launch parameters of one grouped GEMM (``block_n`` is the output tile width)."""
+    """Launch parameters of one grouped GEMM (``block_n`` is the output tile width).
+
+    The Hopper kernels (``MoEConfig.hopper``) take three more: ``persistent`` (one program per SM walking
+    the tiles), ``warp_specialize`` (Triton's producer/consumer warps on the K loop) and, for w1 only,
+    ``paired`` (gate and up tiles fetched as one box and multiplied as one wgmma twice as wide).
+    """
 
     block_n: int
     block_k: int
@@ -53,33 +58,55 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     swap_ab: bool = False
+    persistent: bool = False
+    warp_specialize: bool = False
+    paired: bool = False
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        # the Hopper-only fields stay out of a table until set, so older tables read back unchanged
+        for name in ("persistent", "warp_specialize", "paired"):
+            if not data[name]:
+                del data[name]
+        return data
 
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """Both GEMMs' configs and the row block they share."""
+    """Both GEMMs' configs and the row block they share.
+
+    ``hopper`` runs both GEMMs through the tensor-descriptor kernels (``hopper.py``) where the call allows,
+    with the intermediate in sorted-row order; ``gather_input`` then also copies the w1 GEMM's input rows
+    into sorted order first, so the copy engine loads them as well.
+    """
 
     block_m: int
     w1: GemmConfig
     w2: GemmConfig
     fold_topk: bool = False
+    hopper: bool = False
+    gather_input: bool = False
 
     def to_json(self) -> dict:
-        return {"block_m": self.block_m, "w1": self.w1.to_json(), "w2": self.w2.to_json(), "fold_topk": self.fold_topk}
+        data = {"block_m": self.block_m, "w1": self.w1.to_json(), "w2": self.w2.to_json(), "fold_topk": self.fold_topk}
+        # the Hopper-only fields stay out of a table until set, so older tables read back unchanged
+        for name in ("hopper", "gather_input"):
+            if getattr(self, name):
+                data[name] = True
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "MoEConfig":
         try:
             return cls(
-                int(data["block_m"]), GemmConfig(**data["w1"]), GemmConfig(**data["w2"]), bool(data.get("fold_topk", False))
+                int(data["block_m"]), GemmConfig(**data["w1"]), GemmConfig(**data["w2"]), bool(data.get("fold_topk", False)),
+                bool(data.get("hopper", False)), bool(data.get("gather_input", False)),
             )
         except (KeyError, TypeError) as exc:
             raise KernelInputError(
                 f"a Triton MoE config needs block_m plus w1/w2 objects with block_n, block_k, "
-                f"group_m, num_warps, num_stages (optional swap_ab), optional fold_topk; got {data!r} ({exc})"
+                f"group_m, num_warps, num_stages (optional swap_ab, persistent, warp_specialize, paired), optional fold_topk "
+                f"hopper and gather_input; got {data!r} ({exc})"
             ) from None
 
 
@@ -115,6 +142,20 @@ def validate_config(config: MoEConfig, *, block_fp8: bool) -> None:
             raise KernelInputError(
                 f"{name}.block_k={g.block_k}: block FP8 needs block_k dividing {FP8_GROUP} "
                 "(one weight-scale block per K step)"
+            )
+        if (g.persistent or g.warp_specialize or g.paired) and not config.hopper:
+            raise KernelInputError(f"{name}: persistent, warp_specialize and paired are Hopper-kernel options; set hopper too")
+    if config.w2.paired:
+        raise KernelInputError("w2.paired: only the w1 GEMM has gate and up tiles to load as a pair")
+    if config.gather_input and not config.hopper:
+        raise KernelInputError("gather_input is a Hopper-kernel option; set hopper too")
+    if config.hopper:
+        # wgmma takes 64-row tiles per warpgroup; the copy engine takes boxes of at most 256 per dimension
+        tiles = (config.block_m, config.w1.block_n, config.w1.block_k, config.w2.block_n, config.w2.block_k)
+        if config.block_m < 64 or max(tiles) > 256 or config.w1.swap_ab or config.w2.swap_ab:
+            raise KernelInputError(
+                f"hopper configs need block_m >= 64, tiles of at most 256 and no swap_ab; got block_m={config.block_m}, "
+                f"w1={config.w1}, w2={config.w2}"
             )
 
 

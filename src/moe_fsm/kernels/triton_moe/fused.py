@@ -24,6 +24,7 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, launch, require_device
 from moe_fsm.kernels.triton_moe.align import AlignedRouting, PairBlocks, align_tokens, pair_blocks
 from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, get_config, validate_config
+from moe_fsm.kernels.triton_moe.hopper import hopper_usable, hopper_w1, hopper_w2
 from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE, quantize_activation
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
@@ -241,29 +242,38 @@ def w1_gemm(
     batched = isinstance(rows, BatchedRows)
     lead = (a.shape[0], a.shape[1]) if batched else (rows.num_pairs,)
     w_info = _weight_scale(spec, w1_scale, num_experts, two_n, k_dim, "w1_scale")
-    out_scale = out_static = None
-    if spec is None:
-        out_mode, inter_dtype = 0, out_dtype
-    elif spec.block and config.block_n % FP8_GROUP:
-        # a tile narrower than a 1x128 group cannot take the group's amax: quantize after
-        out_mode, inter_dtype = 0, out_dtype
-    elif spec.block:
-        out_mode, inter_dtype = 2, FP8_DTYPE
-        out_scale = torch.empty(*lead, -(-n // FP8_GROUP), dtype=torch.float32, device=a.device)
-    elif a2_scale is not None and a2_scale.numel() == 1:
-        out_mode, inter_dtype = 1, FP8_DTYPE
-        out_static = a2_scale.to(torch.float32).reshape(1)
-    else:
-        out_mode, inter_dtype = 0, out_dtype
-    # a dynamic per-tensor scale reads every row, so rows no program writes (slots of other
-    # ranks, batched rows past an expert's count) must hold zeros rather than stale memory
-    alloc = torch.zeros if spec is not None and out_mode == 0 and spec.activation == "tensor" else torch.empty
-    inter = alloc(*lead, n, dtype=inter_dtype, device=a.device)
+    out_mode, inter_dtype, out_static, zero_fill = _intermediate_layout(spec, config, a2_scale, out_dtype)
+    out_scale = torch.empty(*lead, -(-n // FP8_GROUP), dtype=torch.float32, device=a.device) if out_mode == 2 else None
+    inter = (torch.zeros if zero_fill else torch.empty)(*lead, n, dtype=inter_dtype, device=a.device)
     _launch(
         a, a_scale, w1, w_info, inter, out_scale, out_static, out_mode, rows, row_weights,
         spec=spec, n_out=n, k_in=k_dim, gated=True, activation=activation, swiglu_limit=swiglu_limit,
         a_row_div=1 if batched else rows.top_k, config=config,
     )
+    return _finish_intermediate(inter, out_scale, out_static, out_mode, spec)
+
+
+def _intermediate_layout(
+    spec: Optional[Fp8Spec], config: GemmConfig, a2_scale: Optional[torch.Tensor], out_dtype: torch.dtype
+) -> tuple[int, torch.dtype, Optional[torch.Tensor], bool]:
+    """How the w1 GEMM writes the intermediate: (out mode, dtype, static FP8 scale, zero-filled?)."""
+    if spec is None:
+        return 0, out_dtype, None, False
+    if spec.block and config.block_n % FP8_GROUP == 0:
+        return 2, FP8_DTYPE, None, False
+    if not spec.block and a2_scale is not None and a2_scale.numel() == 1:
+        return 1, FP8_DTYPE, a2_scale.to(torch.float32).reshape(1), False
+    # quantized after the GEMM (a block layer whose tile is narrower than a 1x128 group cannot take the
+    # group's amax); a dynamic per-tensor scale reads every row, so rows no program writes (slots of other
+    # ranks, batched rows past an expert's count, pads) must hold zeros rather than stale memory
+    return 0, out_dtype, None, spec.activation == "tensor"
+
+
+def _finish_intermediate(
+    inter: torch.Tensor, out_scale: Optional[torch.Tensor], out_static: Optional[torch.Tensor], out_mode: int,
+    spec: Optional[Fp8Spec],
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The intermediate as the w2 GEMM reads it: quantized now where the w1 epilogue did not."""
     if spec is None or out_mode != 0:
         return inter, out_scale if out_mode == 2 else out_static
     return quantize_activation(inter, spec.activation)
@@ -426,6 +436,12 @@ def fused_experts(
     align = pair_blocks if num_tokens == 1 else align_tokens
     routing = align(topk_ids, num_experts, config.block_m)
     flat_weights = topk_weights.reshape(-1)
+    if hopper_usable(config, routing, a, w1, w2):
+        return _hopper_layer(
+            a, a_scale, w1, w2, w1_scale, w2_scale, a2_scale, routing, flat_weights, topk_ids, out,
+            spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
+            apply_router_weight_on_input=apply_router_weight_on_input, config=config, result_dtype=result_dtype,
+        )
     inter, inter_scale = w1_gemm(
         a, a_scale, w1, w1_scale, routing, spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
         row_weights=flat_weights if apply_router_weight_on_input else None, a2_scale=a2_scale,
@@ -443,6 +459,51 @@ def fused_experts(
         inter, inter_scale, w2, w2_scale, routing, spec=fp8, row_weights=row_weights,
         config=config.w2, out_dtype=result_dtype,
     )
+    return topk_sum(y, topk_ids, num_experts, out)
+
+
+def _hopper_layer(
+    a: torch.Tensor,
+    a_scale: Optional[torch.Tensor],
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w1_scale: Optional[torch.Tensor],
+    w2_scale: Optional[torch.Tensor],
+    a2_scale: Optional[torch.Tensor],
+    routing: AlignedRouting,
+    flat_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    spec: Optional[Fp8Spec],
+    activation: str,
+    swiglu_limit: Optional[float],
+    apply_router_weight_on_input: bool,
+    config: MoEConfig,
+    result_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``fused_experts`` through the Hopper TMA kernels, the intermediate in sorted-row order (``hopper.py``)."""
+    num_experts, two_n, k_dim = w1.shape
+    num_tokens, top_k = topk_ids.shape
+    out_mode, inter_dtype, out_static, zero_fill = _intermediate_layout(spec, config.w1, a2_scale, result_dtype)
+    inter, out_scale = hopper_w1(
+        a, a_scale, _activation_scale_mode(spec, a_scale), w1,
+        _weight_scale(spec, w1_scale, num_experts, two_n, k_dim, "w1_scale"), routing,
+        out_mode=out_mode, inter_dtype=inter_dtype, out_static_scale=out_static, zero_fill=zero_fill,
+        activation=activation, swiglu_limit=swiglu_limit,
+        row_weights=flat_weights if apply_router_weight_on_input else None, config=config.w1,
+        gather_input=config.gather_input,
+    )
+    inter, inter_scale = _finish_intermediate(inter, out_scale, out_static, out_mode, spec)
+    w2_info = _weight_scale(spec, w2_scale, num_experts, k_dim, two_n // 2, "w2_scale")
+    row_weights = None if apply_router_weight_on_input else flat_weights
+    inter_mode = _activation_scale_mode(spec, inter_scale)
+    if config.fold_topk and top_k > 1:
+        acc = torch.zeros(num_tokens, k_dim, dtype=torch.float32, device=a.device)
+        hopper_w2(inter, inter_scale, inter_mode, w2, w2_info, routing, acc, 3, row_weights=row_weights, config=config.w2)
+        return out.copy_(acc)
+    y = torch.empty(routing.num_pairs, k_dim, dtype=result_dtype, device=a.device)
+    hopper_w2(inter, inter_scale, inter_mode, w2, w2_info, routing, y, 0, row_weights=row_weights, config=config.w2)
     return topk_sum(y, topk_ids, num_experts, out)
 
 

@@ -1,0 +1,150 @@
+"""The Hopper TMA kernels (``MoEConfig.hopper``) against the pointer-load kernels at prefill sizes, on one GPU.
+
+For each layer shape and token count it times the whole layer (``tuning.time_graph``: CUDA-graph replays
+on fresh routings, L2 flushed) with the shipped config, the same tiles through the TMA kernels (plain and
+persistent), and a sweep of TMA tiles; prints µs, TFLOP/s (6 * pairs * N * K flops) and the relative
+difference from the shipped config's output, then one call's kernels in order (torch profiler) for the
+fastest TMA variant, so the time of each GEMM shows. Writes everything as JSON.
+
+    python bench/bench_hopper.py [--shapes ...] [--tokens 2048 8192] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig  # noqa: E402
+from moe_fsm.kernels.triton_moe.tuning import (  # noqa: E402
+    NAMED_SHAPES,
+    layer_fn,
+    make_weights,
+    precompile,
+    routings,
+    shipped_config,
+    time_graph,
+)
+
+
+def tma(config: MoEConfig, persistent: bool, ws: bool = False) -> MoEConfig:
+    return replace(
+        config, hopper=True, w1=replace(config.w1, swap_ab=False, persistent=persistent, warp_specialize=ws),
+        w2=replace(config.w2, swap_ab=False, persistent=persistent, warp_specialize=ws),
+    )
+
+
+COMBOS = ((True, True, False), (True, True, True), (False, False, False), (False, False, True), (True, False, True),
+          (False, True, True))  # (persistent, gather_input, paired)
+
+
+def sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
+    """TMA tiles around what Hopper GEMMs run at, each under a few (persistent, gather_input, paired) choices."""
+    bk = 128 if fp8 else 64
+    out = []
+    tiles = [(128, 128, 256, 8, 4, 8), (128, 128, 256, 8, 3, 8)]
+    if fp8 in ("tensor", "channel"):
+        tiles = [(128, 128, 256, 8, 4, 16), (128, 128, 256, 8, 3, 16)]
+    if fp8 == "block":
+        tiles = [(64, 128, 256, 8, 3, 16), (64, 64, 128, 4, 4, 8), (64, 128, 128, 8, 3, 8)]
+    for bm, n1, n2, warps, stages, group_m in tiles:
+        for persistent, gather, paired in COMBOS:
+            c = MoEConfig(bm, GemmConfig(n1, bk, group_m, warps, stages, persistent=persistent, paired=paired),
+                          GemmConfig(n2, bk, group_m, warps, stages, persistent=persistent), False, True, gather)
+            flags = "".join(f for f, on in (("-pers", persistent), ("-gather", gather), ("-paired", paired)) if on)
+            out.append((f"tma{flags} bm{bm} w1 {n1} w2 {n2} k{bk} g{group_m} w{warps}s{stages}", c))
+    return out
+
+
+def kernel_times(fn, args) -> list[tuple[str, float]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(*args)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(*args)
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    return [(e.name[:40], round(e.device_time_total, 1)) for e in events]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="*", default=["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3-fp8-block",
+                                                     "mixtral-8x7b-fp8-tensor", "qwen3-30b-a3b-fp8-channel"])
+    ap.add_argument("--tokens", nargs="*", type=int, default=[2048, 8192])
+    ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--rep-ms", type=float, default=40.0)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args()
+
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    plans = {}
+    for name in args.shapes:
+        shape = NAMED_SHAPES[name]
+        for t in args.tokens:
+            base = shipped_config(shape, t)
+            variants = [("shipped", base), ("shipped+tma", tma(base, False)), ("shipped+tma-pers", tma(base, True))]
+            if not args.no_sweep:
+                variants += sweep(shape.fp8)
+            plans[(name, t)] = variants
+    t0 = time.time()
+    failures = precompile([(NAMED_SHAPES[n], t, c) for (n, t), vs in plans.items() for _, c in vs], args.workers)
+    print(f"precompiled in {time.time() - t0:.0f} s; {len(failures)} failures", flush=True)
+    for f in failures:
+        print("  cannot build:", f[:300], flush=True)
+
+    results = []
+    for name in args.shapes:
+        shape = NAMED_SHAPES[name]
+        weights = make_weights(shape)
+        for t in args.tokens:
+            pairs = t * shape.top_k
+            flops = 6.0 * pairs * shape.intermediate * shape.hidden
+            routes = routings(t, shape.num_experts, shape.top_k, 2, seed=t)
+            gen = torch.Generator(device="cuda").manual_seed(t)
+            inputs = [(torch.randn(t, shape.hidden, device="cuda", dtype=torch.bfloat16, generator=gen), g, ids)
+                      for g, ids in routes]
+            expected = None
+            best = None
+            for label, config in plans[(name, t)]:
+                fn = layer_fn(shape, weights, config)
+                try:
+                    out = fn(*inputs[0]).float()
+                    if expected is None:
+                        expected = out
+                    diff = float((out - expected).norm() / expected.norm())
+                    us = time_graph(fn, inputs, args.rep_ms)
+                except Exception as exc:
+                    torch.cuda.synchronize()
+                    print(f"{name} T={t} {label}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                tflops = flops / us / 1e6
+                row = dict(shape=name, tokens=t, label=label, us=round(us, 1), tflops=round(tflops, 1),
+                           rel_diff=diff, config=config.to_json())
+                results.append(row)
+                print(f"{name:24s} T={t:5d} {label:48s} {us:9.1f} us {tflops:7.1f} TF/s diff {diff:.1e}", flush=True)
+                if config.hopper and diff < 2e-2 and (best is None or us < best[0]):
+                    best = (us, label, config)
+            if best is not None:
+                times = kernel_times(layer_fn(shape, weights, best[2]), inputs[0])
+                print(f"  kernels of {best[1]}: {times}", flush=True)
+                results.append(dict(shape=name, tokens=t, label="kernels:" + best[1], kernels=times))
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
+        del weights
+        torch.cuda.empty_cache()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

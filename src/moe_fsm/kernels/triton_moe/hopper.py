@@ -1,0 +1,244 @@
+"""Host side of the Hopper grouped GEMMs (``_hopper_kernels.py``): where they apply, their descriptors, launches.
+
+A config asks for them with ``MoEConfig.hopper``; ``hopper_usable`` then checks what the kernels need of
+the call (a Hopper-or-later GPU, Triton's host tensor descriptors, sorted row blocks, 16-byte aligned rows
+for the copy engine) and the layer falls back to the pointer-load kernel where any is missing, so a
+tuned table written on an H100 still runs anywhere.
+
+Descriptors are built on the host per call: a few Python objects, which Triton packs into the launch
+(``CUtensorMap`` by value), so a CUDA graph captures them like any other argument.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+from moe_fsm.kernels.triton_moe.align import AlignedRouting
+from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig
+
+ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
+
+
+@functools.lru_cache(maxsize=None)
+def _has_tensor_descriptors() -> bool:
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _is_hopper_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def hopper_usable(config: MoEConfig, routing: object, a: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether this call can take the TMA kernels: else the pointer-load kernel runs the same config's tiles."""
+    if not config.hopper or not isinstance(routing, AlignedRouting) or a.device.type != "cuda":
+        return False
+    if not _has_tensor_descriptors() or not _is_hopper_or_later(a.device.index or 0):
+        return False
+    n, k_dim = w2.shape[2], w1.shape[2]
+    # the copy engine needs 16-byte aligned row strides: weights' K and N, the intermediate's N (bf16 or fp8),
+    # and a 16-byte aligned base for the input when it is loaded through a descriptor after the gather
+    return (
+        w1.is_contiguous() and w2.is_contiguous()
+        and (k_dim * w1.element_size()) % 16 == 0 and (n * w2.element_size()) % 16 == 0 and n % 8 == 0
+    )
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block)
+
+
+def _launch(
+    a: torch.Tensor,
+    a_desc,
+    a_scale: Optional[torch.Tensor],
+    a_mode: int,
+    w: torch.Tensor,
+    w_scale_info: tuple[int, Optional[torch.Tensor], tuple[int, int, int]],
+    out: torch.Tensor,
+    out_desc,
+    out_scale: Optional[torch.Tensor],
+    out_static_scale: Optional[torch.Tensor],
+    out_mode: int,
+    routing: AlignedRouting,
+    row_weights: Optional[torch.Tensor],
+    *,
+    n_out: int,
+    k_in: int,
+    gated: bool,
+    activation: str,
+    swiglu_limit: Optional[float],
+    a_row_div: int,
+    out_row_div: int,
+    config: GemmConfig,
+) -> None:
+    from moe_fsm.kernels.triton_moe._hopper_kernels import moe_gemm_tma_kernel
+
+    num_experts, w_rows, w_cols = w.shape
+    paired = gated and config.paired
+    if paired:
+        w_desc = _descriptor(w.view(num_experts * 2, w_rows // 2, w_cols), [2, config.block_n, config.block_k])
+    else:
+        w_desc = _descriptor(w.view(num_experts * w_rows, w_cols), [config.block_n, config.block_k])
+    w_mode, w_scale, (sws_e, sws_n, sws_k) = w_scale_info
+    dummy = out
+    max_tiles = routing.num_row_blocks * -(-n_out // config.block_n)
+    programs = min(max_tiles, _sm_count(a.device.index or 0)) if config.persistent else max_tiles
+    if a_mode == 3:
+        as_m, as_k = a_scale.stride(0), a_scale.stride(1)
+    elif a_mode == 2:
+        as_m, as_k = a_scale.stride(0), 0
+    else:
+        as_m = as_k = 0
+    os_m, os_n = (out_scale.stride(0), out_scale.stride(1)) if out_mode == 2 else (0, 0)
+    moe_gemm_tma_kernel[(max(programs, 1),)](
+        a,
+        a_desc if a_desc is not None else w_desc,
+        dummy if a_scale is None else a_scale,
+        w_desc,
+        dummy if w_scale is None else w_scale,
+        out,
+        out_desc if out_desc is not None else w_desc,
+        dummy if out_scale is None else out_scale,
+        dummy if out_static_scale is None else out_static_scale,
+        dummy if row_weights is None else row_weights,
+        routing.sorted_ids,
+        routing.block_expert,
+        routing.num_padded,
+        n_out,
+        k_in,
+        w_rows,
+        routing.num_pairs,
+        num_experts,
+        float(swiglu_limit) if swiglu_limit is not None else 0.0,
+        a.stride(0),
+        out.stride(0),
+        as_m,
+        as_k,
+        sws_e,
+        sws_n,
+        sws_k,
+        os_m,
+        os_n,
+        A_ROW_DIV=a_row_div,
+        A_SORTED=a_desc is not None,
+        OUT_ROW_DIV=out_row_div,
+        GATED=gated,
+        PAIRED=paired,
+        ACTIVATION=ACTIVATIONS[activation],
+        HAS_LIMIT=swiglu_limit is not None,
+        WEIGHT_ROWS=row_weights is not None,
+        A_SCALE=a_mode,
+        W_SCALE=w_mode,
+        OUT_MODE=out_mode,
+        BLOCK_M=routing.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        PERSISTENT=config.persistent,
+        NUM_PROGRAMS=max(programs, 1),
+        WARP_SPECIALIZE=config.warp_specialize,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+def hopper_w1(
+    a: torch.Tensor,
+    a_scale: Optional[torch.Tensor],
+    a_mode: int,
+    w1: torch.Tensor,
+    w_scale_info: tuple,
+    routing: AlignedRouting,
+    *,
+    out_mode: int,
+    inter_dtype: torch.dtype,
+    out_static_scale: Optional[torch.Tensor],
+    zero_fill: bool,
+    activation: str,
+    swiglu_limit: Optional[float],
+    row_weights: Optional[torch.Tensor],
+    config: GemmConfig,
+    gather_input: bool,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """act(a @ w1[e]^T) into the sorted-order intermediate [padded rows, N] (and its 1x128 group scales)."""
+    num_experts, two_n, k_dim = w1.shape
+    n = two_n // 2
+    rows = routing.sorted_ids.numel()
+    alloc = torch.zeros if zero_fill else torch.empty
+    inter = alloc(rows, n, dtype=inter_dtype, device=a.device)
+    out_scale = torch.empty(rows, -(-n // FP8_GROUP), dtype=torch.float32, device=a.device) if out_mode == 2 else None
+    a_desc = None
+    if gather_input:
+        a, a_scale = _gather_sorted(a, a_scale, a_mode, routing)
+        a_desc = _descriptor(a, [routing.block_m, config.block_k])
+    _launch(
+        a, a_desc, a_scale, a_mode, w1, w_scale_info, inter, _descriptor(inter, [routing.block_m, config.block_n]),
+        out_scale, out_static_scale, out_mode, routing, row_weights, n_out=n, k_in=k_dim, gated=True,
+        activation=activation, swiglu_limit=swiglu_limit, a_row_div=routing.top_k, out_row_div=1, config=config,
+    )
+    return inter, out_scale
+
+
+def _gather_sorted(
+    a: torch.Tensor, a_scale: Optional[torch.Tensor], a_mode: int, routing: AlignedRouting
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The w1 GEMM's A rows (and per-row or per-group scales) copied into sorted-slot order, pads zeroed."""
+    from moe_fsm.kernels.triton_moe._hopper_kernels import gather_rows_kernel
+
+    rows, k_dim = routing.sorted_ids.numel(), a.shape[1]
+    sorted_a = torch.empty(rows, k_dim, dtype=a.dtype, device=a.device)
+    has_scale = a_mode in (2, 3)
+    sorted_scale = (
+        torch.empty(rows, a_scale.shape[1], dtype=a_scale.dtype, device=a.device) if has_scale else a_scale
+    )
+    groups = a_scale.shape[1] if has_scale else 1
+    gather_rows_kernel[(rows,)](
+        a, a_scale if has_scale else a, sorted_a, sorted_scale if has_scale else sorted_a, routing.sorted_ids,
+        routing.num_padded, routing.num_pairs, k_dim, groups, a.stride(0), sorted_a.stride(0),
+        a_scale.stride(0) if has_scale else 0, sorted_scale.stride(0) if has_scale else 0,
+        ROW_DIV=routing.top_k, HAS_SCALE=has_scale, BLOCK=min(2048, triton_next_pow2(k_dim)),
+        GROUPS_POW2=triton_next_pow2(groups), num_warps=4,
+    )
+    return sorted_a, sorted_scale
+
+
+def triton_next_pow2(x: int) -> int:
+    return 1 << max(x - 1, 0).bit_length()
+
+
+def hopper_w2(
+    inter: torch.Tensor,
+    inter_scale: Optional[torch.Tensor],
+    a_mode: int,
+    w2: torch.Tensor,
+    w_scale_info: tuple,
+    routing: AlignedRouting,
+    out: torch.Tensor,
+    out_mode: int,
+    *,
+    row_weights: Optional[torch.Tensor],
+    config: GemmConfig,
+) -> torch.Tensor:
+    """inter[slot] @ w2[e]^T (times the top-k weight) to each pair's row of ``out``, or summed per token (mode 3)."""
+    num_experts, k_out, n = w2.shape
+    _launch(
+        inter, _descriptor(inter, [routing.block_m, config.block_k]), inter_scale, a_mode, w2, w_scale_info, out,
+        None, None, None, out_mode, routing, row_weights, n_out=k_out, k_in=n, gated=False, activation="silu",
+        swiglu_limit=None, a_row_div=1, out_row_div=routing.top_k if out_mode == 3 else 1, config=config,
+    )
+    return out
