@@ -136,7 +136,7 @@ def bench(args) -> dict:
         routed = experts_inputs(model, tokens, device, dtype)
         reference = experts_reference = None
         row = {"tokens": tokens}
-        for impl in IMPLEMENTATIONS:
+        for impl in args.impls:
             model.set_experts_implementation(impl)
             gathered = batched_gather_gb(model, tokens)
             if impl == "batched_mm" and gathered > args.max_gather_gb:
@@ -302,8 +302,11 @@ def host_cost(args) -> dict:
                "device_name": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "transformers": transformers.__version__, "cpu_threads": torch.get_num_threads(),
                "moe_fsm": f"{decision.backend} ({decision.kernel})", "calls": args.host_calls, "rows": {}}
-    for impl in ("moe_fsm", "grouped_mm", "batched_mm", "eager"):
-        model.set_experts_implementation(impl)
+    rows = ("moe_fsm", "moe_fsm (no graphs)", "grouped_mm", "batched_mm", "eager")
+    for impl in rows:
+        model.set_experts_implementation(impl.split()[0])
+        for prepared in enabled.modules.values():  # eager CUDA-graph replay on, except in the "no graphs" row
+            prepared.eager_graphs = impl == "moe_fsm" and getattr(prepared.kernel, "capturable", False)
         call = lambda: module(hidden, ids, weights)  # noqa: E731
         with torch.no_grad():
             for _ in range(20):
@@ -330,9 +333,12 @@ def host_cost(args) -> dict:
             row["kernels_per_call"] = len(kernels) / len(calls)
             row["device_us"] = sum(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
                                    for e in kernels) / len(calls)
-            launches = [e for e in events if e.device_type.name == "CPU" and "LaunchKernel" in e.name]
+            # kernel launches and graph launches (an eager moe_fsm call replays a captured graph)
+            launches = [e for e in events if e.device_type.name == "CPU"
+                        and ("LaunchKernel" in e.name or "GraphLaunch" in e.name)]
             row["launch_us"] = sum(e.cpu_time_total for e in launches) / len(calls)
             row["host_above_device_us"] = host - row["device_us"]
+            row["host_above_launch_us"] = host - row["launch_us"]
         results["rows"][impl] = row
     return results
 
@@ -345,14 +351,15 @@ def host_cost_table(results: dict) -> str:
         f"{results['moe_fsm']}; medians over {results['calls']} profiled calls, µs per call",
         "",
         "| implementation | wall (no profiler) | host (profiled) | its operators | host above operators |"
-        + (" kernels (device) | host above kernels | launch calls |" if cuda else ""),
-        "|---|---:|---:|---:|---:|" + ("---:|---:|---:|" if cuda else ""),
+        + (" kernels (device) | host above kernels | launch calls | host above launch calls |" if cuda else ""),
+        "|---|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if cuda else ""),
     ]
     for impl, r in results["rows"].items():
         line = (f"| {impl} | {r['wall_us']:.1f} | {r['host_us']:.1f} | {r['ops_us']:.1f} ({r['ops_per_call']:.0f}) | "
                 f"{r['above_ops_us']:.1f} |")
         if cuda:
-            line += f" {r['device_us']:.1f} ({r['kernels_per_call']:.0f}) | {r['host_above_device_us']:.1f} | {r['launch_us']:.1f} |"
+            line += (f" {r['device_us']:.1f} ({r['kernels_per_call']:.0f}) | {r['host_above_device_us']:.1f} | "
+                     f"{r['launch_us']:.1f} | {r['host_above_launch_us']:.1f} |")
         lines.append(line)
     return "\n".join(lines)
 
@@ -426,6 +433,8 @@ def main() -> None:
     parser.add_argument("--compile", nargs="+", default=["none"], metavar="MODE",
                         help="also time the forward under torch.compile(fullgraph=True, mode=MODE): default, "
                              "reduce-overhead, max-autotune, ... (none: eager only)")
+    parser.add_argument("--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS,
+                        help="implementations of the forward and experts timings (the first one is the logits reference)")
     parser.add_argument("--generate", action="store_true", help="time generate() instead (see the module docstring)")
     parser.add_argument("--generate-shapes", nargs="+", default=["qwen3-30b-a3b", "gpt-oss-20b"], choices=sorted(SHAPES))
     parser.add_argument("--generate-impls", nargs="+", default=list(GENERATE_IMPLEMENTATIONS), choices=IMPLEMENTATIONS)

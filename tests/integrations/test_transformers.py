@@ -96,9 +96,16 @@ def rel_error(a, b) -> float:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_logits_match_eager_and_traces_are_written(name, dtype, tmp_path, monkeypatch):
+    """fp32: the whole model's logits match eager. bf16: every experts module matches eager on the inputs it got in
+    eager's forward; whole-model bf16 logits are no fair check, since a tiny random router has near-ties that flip
+    under any rounding difference (seen with transformers 5.24: 0.63 on one Qwen3-MoE token, each module within 6e-3)."""
     model = build(name, dtype)
     ids = tokens()
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append((mod, args, out))) for _, m in experts_modules(model)]
     reference = eager_logits(model, ids)
+    for hook in hooks:
+        hook.remove()
     decisions = []
     real_decide = decider_module.decide
     monkeypatch.setattr(decider_module, "decide", lambda *a, **k: decisions.append(k.get("layer_name")) or real_decide(*a, **k))
@@ -127,7 +134,12 @@ def test_logits_match_eager_and_traces_are_written(name, dtype, tmp_path, monkey
         second = model(tokens(3, 5)).logits
     assert second.shape == (3, 5, COMMON["vocab_size"])
     assert decisions == [names[0]], "a forward decided again"
-    assert rel_error(first, reference) < TOLERANCE[dtype]
+    if dtype is torch.float32:
+        assert rel_error(first, reference) < TOLERANCE[dtype]
+    assert len(seen) == len(names)
+    for module, args, expected in seen:
+        with torch.no_grad():
+            assert rel_error(module(*args), expected) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -320,3 +332,10 @@ def test_readme_transformers_example_runs_as_shown(tmp_path, monkeypatch, capsys
     assert out[1] == "    4 x CPU (TorchExperts + LocalPrepareFinalize, float32): model.layers.0.mlp.experts ..."
     assert len(list((tmp_path / "moe-fsm-traces" / "qwen3").glob("*.json"))) == 1  # one per distinct decision
     assert (tmp_path / "moe-fsm-traces" / "qwen3" / "model.manifest").is_file()
+
+
+def test_cpu_models_do_not_replay_cuda_graphs(tmp_path):
+    """Eager CUDA-graph replay is for capturable kernels on a GPU; the CPU's torch experts read routing on the host."""
+    model = build("qwen3_moe", torch.float32)
+    enabled = enable(model, env={}, trace_dir=tmp_path, eager_graphs=True)
+    assert not any(p.eager_graphs for p in enabled.modules.values())

@@ -84,6 +84,8 @@ def _static_activation_scales(layer: MoELayer, scales: Optional[ExpertScales]) -
 
 
 class _TritonExpertsBase(Experts):
+    host_sync_free = True  # fused.py: shapes are checked on the host, ids and counts are only read by the kernels
+
     def __init__(self, layer: MoELayer) -> None:
         supported, reason = triton_scheme_supported(layer)
         if not supported:

@@ -53,6 +53,7 @@ from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts, Vendor
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.modular import ops
+from moe_fsm.modular.eager_graphs import enabled_by_env
 from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.plan.decider import DEFAULT_TRACE_DIR
 from moe_fsm.plan.model_config import ACTIVATIONS
@@ -85,6 +86,7 @@ class PreparedExperts:
     handle: int = -1  # moe_fsm::experts handle of ``kernel`` (with ``training_kernel`` for its backward)
     training_handle: int = -1  # the handle of ``training_kernel``, for calls that need gradients
     inference_only: bool = False
+    eager_graphs: bool = False  # eager CUDA calls replay a CUDA graph per signature (modular/eager_graphs.py)
 
     def __post_init__(self) -> None:
         self.dtype = getattr(torch, self.layer.dtype)
@@ -158,12 +160,16 @@ def enable(
     platform: Optional[PlatformFacts] = None,
     parallel: Optional[ParallelConfig] = None,
     training: str = "torch",
+    eager_graphs: Optional[bool] = None,
 ) -> EnabledModel:
     """Register ``moe_fsm`` with transformers, decide and build every experts module, switch the model to it.
 
     ``policy`` names the profile whose rules decide ("seeds", "vllm-0.33", ...; None:
     the installed vLLM's, else seeds). ``platform`` defaults to the probed machine for modules on a GPU and to the
     CPU for modules on the CPU (the kernel must run where the weights are).
+    ``eager_graphs`` (default: on unless ``MOE_FSM_EAGER_GRAPHS=0``): eager forwards on a GPU replay each
+    capturable layer's call from a CUDA graph captured on the second call of each token count
+    (``moe_fsm/modular/eager_graphs.py``): the same kernels, without their launch work on the host.
     Raises ``InputError`` naming the model class and feature for a layout
     moe-fsm cannot run, and the first layer's selection error (trace written).
     """
@@ -184,6 +190,7 @@ def enable(
             "for one platform, so move the model to one device type before enable()"
         )
     specs = [(name, module, layer_spec(module, model_class=type(model).__name__, name=name)) for name, module in found]
+    graphs = enabled_by_env() if eager_graphs is None else bool(eager_graphs)
     ExpertsInterface.register(IMPLEMENTATION, experts_forward)
     engine = Engine(
         parallel=parallel, request=backend, env=env, policy=policy, build=False,
@@ -204,6 +211,7 @@ def enable(
         prepared[name] = module._moe_fsm = PreparedExperts(
             name, layer, loaded, kernel, training_kernel, _weights(module)[0].device, substitute_reason,
         )
+        prepared[name].eager_graphs = graphs and getattr(kernel, "capturable", False)
     model.set_experts_implementation(IMPLEMENTATION)
     write_layer_manifest(
         engine.trace_dir, MODEL_MANIFEST_NAME, MODEL_MANIFEST_SCHEMA,
@@ -339,7 +347,8 @@ def experts_forward(module, hidden_states: torch.Tensor, top_k_index: torch.Tens
     if getattr(module, "_is_expert_parallel", False):
         ids, expert_map = moe_fsm_ids(top_k_index, prepared.layer.num_experts)
     x = hidden_states if hidden_states.dtype == w1.dtype else hidden_states.to(w1.dtype)
-    out = ops.call(handle, kernel, x, w1, w2, top_k_weights, ids, expert_map)
+    out = ops.call(handle, kernel, x, w1, w2, top_k_weights, ids, expert_map,
+                   graphs=prepared.eager_graphs and handle == prepared.handle)
     return out if out.dtype == hidden_states.dtype else out.to(hidden_states.dtype)
 
 

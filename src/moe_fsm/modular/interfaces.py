@@ -106,9 +106,14 @@ class PreparedTokens:
 
 
 class PrepareFinalize(ABC):
-    """Moves tokens to the experts and back."""
+    """Moves tokens to the experts and back.
+
+    ``host_sync_free``: prepare and finalize only launch device work and never read a device value on
+    the host, so a call can be captured in a CUDA graph (``eager_graphs.py``). False unless a class says so.
+    """
 
     name: str = "PrepareFinalize"
+    host_sync_free: bool = False
 
     @property
     @abstractmethod
@@ -143,9 +148,14 @@ class PrepareFinalize(ABC):
 
 
 class Experts(ABC):
-    """Computes w2 . act(w1 . x) for the tokens routed to each local expert."""
+    """Computes w2 . act(w1 . x) for the tokens routed to each local expert.
+
+    ``host_sync_free``: ``apply`` only launches device work and never reads a device value on the host
+    (no ``.tolist()``, no value-dependent shapes), so a call can be captured in a CUDA graph.
+    """
 
     name: str = "Experts"
+    host_sync_free: bool = False
 
     @property
     @abstractmethod

@@ -60,6 +60,11 @@ class ModularKernel:
     def name(self) -> str:
         return f"{self.prepare_finalize.name}+{self.experts.name}"
 
+    @property
+    def capturable(self) -> bool:
+        """Whether a call only launches device work (no host read of a device value): CUDA-graph capturable."""
+        return self.prepare_finalize.host_sync_free and self.experts.host_sync_free
+
     def __call__(
         self,
         hidden_states: torch.Tensor,

@@ -43,6 +43,7 @@ from typing import Optional
 import torch
 
 from moe_fsm.errors import MoeFsmError
+from moe_fsm.modular.eager_graphs import EagerGraphs
 from moe_fsm.modular.validation import validate_call
 
 
@@ -198,6 +199,17 @@ def _scales():
     return ExpertScales()
 
 
+_eager_graphs: Optional[EagerGraphs] = None
+
+
+def eager_graphs() -> EagerGraphs:
+    """The process's captured eager calls (``eager_graphs.py``), made on first use."""
+    global _eager_graphs
+    if _eager_graphs is None:
+        _eager_graphs = EagerGraphs()
+    return _eager_graphs
+
+
 def call(
     handle: int,
     kernel,
@@ -207,8 +219,18 @@ def call(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     expert_map: Optional[torch.Tensor] = None,
+    *,
+    graphs: bool = False,
 ) -> torch.Tensor:
-    """One experts call: through ``moe_fsm::experts`` while dynamo traces, straight to ``kernel`` in eager."""
+    """One experts call: through ``moe_fsm::experts`` while dynamo traces, straight to ``kernel`` in eager.
+
+    ``graphs`` (eager CUDA calls of a capturable kernel): replay the call from a CUDA graph captured per
+    signature (``eager_graphs.py``), the same kernels with a fraction of the host work.
+    """
     if torch.compiler.is_compiling():
         return torch.ops.moe_fsm.experts(hidden, w1, w2, topk_weights, topk_ids, expert_map, handle)
+    if graphs and hidden.is_cuda:
+        out = eager_graphs().call(handle, kernel, hidden, w1, w2, topk_weights, topk_ids, expert_map)
+        if out is not None:
+            return out
     return kernel(hidden, w1, w2, topk_weights, topk_ids, expert_map=expert_map, check_values=False)

@@ -40,6 +40,7 @@ class LocalPrepareFinalize(PrepareFinalize):
     """Standard format, tokens stay where they are."""
 
     name = "LocalPrepareFinalize"
+    host_sync_free = True  # the expert-map lookup and finalize's copy or sum are device operations
 
     @property
     def activation_format(self) -> ActivationFormat:
