@@ -61,7 +61,15 @@ SHAPES = {
                  num_attention_heads=4, num_key_value_heads=2, head_dim=64),
 }
 IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm", "moe_fsm")
-GENERATE_IMPLEMENTATIONS = IMPLEMENTATIONS
+# experts that cost nothing (the input handed back): the bound on what any experts implementation can reach
+FREE_EXPERTS = "free_experts"
+GENERATE_IMPLEMENTATIONS = IMPLEMENTATIONS + (FREE_EXPERTS,)
+
+
+def register_free_experts() -> None:
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(FREE_EXPERTS, lambda module, hidden, index, weights: hidden)
 
 
 def build_model(shape: str, layers: int, dtype, device):
@@ -160,6 +168,12 @@ def bench(args) -> dict:
                         lambda: [m(h, i, w) for m, h, i, w in routed], device, repeats)
             except Exception as err:  # an implementation this torch/device cannot run: say so in the table
                 row[f"{impl}_error"] = f"{type(err).__name__}: {str(err)[:80]}"
+        if args.ceiling:
+            register_free_experts()
+            model.set_experts_implementation(FREE_EXPERTS)
+            with torch.no_grad():
+                row["ceiling_model_ms"] = timed(lambda: model(ids), device, args.repeats)
+            model.set_experts_implementation("moe_fsm")
         for mode in [m for m in args.compile if m != "none"]:
             for impl in IMPLEMENTATIONS:
                 if f"{impl}_model_ms" not in row:  # did not run eager (skipped, or failed): not compiled either
@@ -205,6 +219,7 @@ def bench_generate(args) -> dict:
                "torch": torch.__version__, "transformers": transformers.__version__, "dtype": args.dtype,
                "layers": args.layers, "new_tokens": args.new_tokens, "prompt": args.prompt, "mode": args.generate_mode,
                "cpu_threads": torch.get_num_threads(), "rows": []}
+    register_free_experts()
     for shape in args.generate_shapes:
         model = build_model(shape, args.layers, dtype, device)
         with tempfile.TemporaryDirectory() as traces:
@@ -269,7 +284,7 @@ def generate_table(results: dict) -> str:
     ]
     for row in results["rows"]:
         cells = [f"{row[f'{i}_tokens_per_s']:.1f}" if f"{i}_tokens_per_s" in row else "error" for i in impls]
-        peers = [row[f"{i}_tokens_per_s"] for i in impls if i != "moe_fsm" and f"{i}_tokens_per_s" in row]
+        peers = [row[f"{i}_tokens_per_s"] for i in impls if i not in ("moe_fsm", FREE_EXPERTS) and f"{i}_tokens_per_s" in row]
         mine = row.get("moe_fsm_tokens_per_s")
         ratio = f"{mine / max(peers):.2f}x" if peers and mine else "-"
         lines.append(f"| {row['shape']} | {row['batch']} | " + " | ".join(cells) + f" | {ratio} |")
@@ -386,6 +401,17 @@ def table(results: dict) -> str:
             ratio = f"{min(peers) / mine:.2f}x" if peers and mine else "-"
             lines.append(f"| {row['tokens']} | " + " | ".join(cells) + f" | {ratio} |")
         lines.append("")
+    ceilings = [r for r in results["rows"] if "ceiling_model_ms" in r]
+    if ceilings:
+        lines.append("model forward with experts that cost nothing (the bound on any experts implementation)")
+        lines.append("")
+        lines.append("| tokens | free experts ms | best transformers / free experts |")
+        lines.append("|---:|---:|---:|")
+        for row in ceilings:
+            peers = [row[f"{i}_model_ms"] for i in IMPLEMENTATIONS[:-1] if f"{i}_model_ms" in row]
+            ratio = f"{min(peers) / row['ceiling_model_ms']:.2f}x" if peers else "-"
+            lines.append(f"| {row['tokens']} | {row['ceiling_model_ms']:.3f} | {ratio} |")
+        lines.append("")
     for mode in [m for m in results.get("compile", []) if m != "none"]:
         lines.append(f"model forward, torch.compile(fullgraph=True, mode={mode!r}), median ms (compile s)")
         lines.append("")
@@ -435,9 +461,11 @@ def main() -> None:
                              "reduce-overhead, max-autotune, ... (none: eager only)")
     parser.add_argument("--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS,
                         help="implementations of the forward and experts timings (the first one is the logits reference)")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="also time the forward with experts that cost nothing: the bound on any implementation")
     parser.add_argument("--generate", action="store_true", help="time generate() instead (see the module docstring)")
     parser.add_argument("--generate-shapes", nargs="+", default=["qwen3-30b-a3b", "gpt-oss-20b"], choices=sorted(SHAPES))
-    parser.add_argument("--generate-impls", nargs="+", default=list(GENERATE_IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
+    parser.add_argument("--generate-impls", nargs="+", default=list(IMPLEMENTATIONS), choices=GENERATE_IMPLEMENTATIONS)
     parser.add_argument("--generate-mode", default="reduce-overhead", help="torch.compile mode of the decoding step")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--new-tokens", type=int, default=128)

@@ -3,8 +3,9 @@
 # CUDA-graph replay and the compiled paths, the host cost of an eager one-token layer call (graphs, no graphs,
 # transformers' implementations), a profile of whole eager forwards, and the eager forward at 1 / 32 / 2048 tokens
 # with and without replay. Each stage has its own time limit and writes as it goes, so a cut run still returns
-# what it measured. STAGES (default "tests host profile forward") picks stages; "generate" and "compiled" add the
-# compiled generate() and the compiled one-token forward.
+# what it measured. STAGES (default "tests host profile forward") picks stages; also "hostpath" (bench/host_cost.py:
+# the host time of each layer of the call path), "ceiling" (the forward with free experts beside the others),
+# "generate" (compiled generate(), free experts included) and "compiled" (the compiled one-token forward).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STAGES=${STAGES:-tests host profile forward}
@@ -27,12 +28,20 @@ if has forward; then
     MOE_FSM_EAGER_GRAPHS=0 timeout 60 $B --shape qwen3-30b-a3b --layers 4 --tokens 1 32 2048 --repeats 10 --impls grouped_mm moe_fsm \
         --json "$OUT/forward_no_graphs.json" 2>&1 | grep -v USDT | tail -12
 fi
+if has hostpath; then
+    timeout 90 python3 bench/host_cost.py --json "$OUT/host_path.json" 2>&1 | grep -v USDT | tail -40
+fi
+if has ceiling; then
+    timeout 150 $B --shape qwen3-30b-a3b --layers 4 --tokens 1 32 2048 --repeats 20 --impls batched_mm grouped_mm moe_fsm \
+        --ceiling --json "$OUT/forward_ceiling.json" 2>&1 | grep -v USDT | tail -24
+fi
 if has compiled; then
     timeout 200 $B --shape qwen3-30b-a3b --layers 4 --tokens 1 --repeats 20 --impls batched_mm grouped_mm moe_fsm \
         --compile reduce-overhead --json "$OUT/compiled_forward.json" 2>&1 | grep -v USDT | tail -30
 fi
 if has generate; then
-    timeout 300 $B --generate --layers 4 --generate-impls batched_mm grouped_mm moe_fsm --generate-repeats 2 \
+    timeout ${GENERATE_S:-300} $B --generate --layers 4 --generate-impls ${GENERATE_IMPLS:-batched_mm grouped_mm moe_fsm free_experts} \
+        --generate-shapes ${GENERATE_SHAPES:-qwen3-30b-a3b gpt-oss-20b} --generate-repeats 2 \
         --json "$OUT/generate.json" 2>&1 | grep -v USDT | tail -30
 fi
 echo done

@@ -110,6 +110,8 @@ class EagerGraphs:
         expert_map: Optional[torch.Tensor],
     ) -> Optional[torch.Tensor]:
         """The call's output from a graph replay, or None when the caller must run it eagerly."""
+        if torch.cuda.is_current_stream_capturing():  # the caller's graph takes the kernels themselves
+            return None
         tokens = hidden.shape[0]
         io_key = (hidden.device, tokens, hidden.shape[1], hidden.dtype, topk_ids.shape[1], topk_ids.dtype, topk_weights.dtype)
         key = (handle, io_key, w1.data_ptr(), w2.data_ptr(), None if expert_map is None else expert_map.data_ptr())
@@ -119,11 +121,7 @@ class EagerGraphs:
             torch._foreach_copy_(io.inputs, [hidden, topk_weights, topk_ids])
             graph.replay()
             return io.out.clone()
-        if (
-            handle in self._uncapturable
-            or not 0 < tokens <= self.max_tokens
-            or torch.cuda.is_current_stream_capturing()
-        ):
+        if handle in self._uncapturable or not 0 < tokens <= self.max_tokens:
             return None
         calls = self._calls.get(key, 0) + 1
         self._calls[key] = calls
