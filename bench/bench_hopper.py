@@ -4,9 +4,17 @@ For each layer shape and token count it times the whole layer (``tuning.time_gra
 on fresh routings, L2 flushed) with the shipped config, the same tiles through the TMA kernels (plain and
 persistent), and a sweep of TMA tiles; prints µs, TFLOP/s (6 * pairs * N * K flops) and the relative
 difference from the shipped config's output, then one call's kernels in order (torch profiler) for the
-fastest TMA variant, so the time of each GEMM shows. Writes everything as JSON.
+fastest TMA variant, so the time of each GEMM shows. Writes everything as JSON (after each shape and
+token count, so a run cut short keeps what it measured).
 
-    python bench/bench_hopper.py [--shapes ...] [--tokens 2048 8192] [--json out.json]
+Every config of the plan goes through ``validate_config`` first (a refused one is printed and left out),
+then all are compiled in ``--workers`` processes, for at most ``--compile-timeout-s``; ``--budget-s`` stops
+starting new measurements once that many seconds have passed since the start.
+
+    python bench/bench_hopper.py [--shapes ...] [--tokens 2048 8192] [--json out.json] [--no-sweep]
+                                 [--budget-s S] [--compile-timeout-s S] [--dry-run]
+
+``--dry-run`` prints the plan (and the refusals) without a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig  # noqa: E402
+from moe_fsm.errors import KernelInputError  # noqa: E402
+from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig, default_config, validate_config  # noqa: E402
 from moe_fsm.kernels.triton_moe.tuning import (  # noqa: E402
     NAMED_SHAPES,
     layer_fn,
@@ -43,24 +52,57 @@ def tma(config: MoEConfig, persistent: bool, ws: bool = False) -> MoEConfig:
 
 COMBOS = ((True, True, False), (True, True, True), (False, False, False), (False, False, True), (True, False, True),
           (False, True, True))  # (persistent, gather_input, paired)
+# warp specialization: 4-warp tiles only (Triton runs them as 12 warps), the gathered input only (the w1 GEMM's
+# pointer loads cannot be specialized) and no paired loads; validate_config refuses the rest
+WS_COMBOS = ((False, True, False), (True, True, False))
 
 
 def sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
-    """TMA tiles around what Hopper GEMMs run at, each under a few (persistent, gather_input, paired) choices."""
+    """TMA tiles around what Hopper GEMMs run at, each under a few (persistent, gather_input, paired) choices;
+    the 4-warp tiles also warp-specialized."""
     bk = 128 if fp8 else 64
     out = []
-    tiles = [(128, 128, 256, 8, 4, 8), (128, 128, 256, 8, 3, 8)]
+    tiles = [(128, 128, 256, 8, 4, 8), (128, 128, 256, 8, 3, 8), (128, 128, 128, 4, 3, 8)]
     if fp8 in ("tensor", "channel"):
-        tiles = [(128, 128, 256, 8, 4, 16), (128, 128, 256, 8, 3, 16)]
+        tiles = [(128, 128, 256, 8, 4, 16), (128, 128, 256, 8, 3, 16), (64, 128, 128, 4, 4, 8)]
     if fp8 == "block":
         tiles = [(64, 128, 256, 8, 3, 16), (64, 64, 128, 4, 4, 8), (64, 128, 128, 8, 3, 8)]
     for bm, n1, n2, warps, stages, group_m in tiles:
-        for persistent, gather, paired in COMBOS:
-            c = MoEConfig(bm, GemmConfig(n1, bk, group_m, warps, stages, persistent=persistent, paired=paired),
-                          GemmConfig(n2, bk, group_m, warps, stages, persistent=persistent), False, True, gather)
-            flags = "".join(f for f, on in (("-pers", persistent), ("-gather", gather), ("-paired", paired)) if on)
+        combos = [(p, g, pa, False) for p, g, pa in COMBOS]
+        if warps == 4:
+            combos += [(p, g, pa, True) for p, g, pa in WS_COMBOS]
+        for persistent, gather, paired, ws in combos:
+            c = MoEConfig(
+                bm, GemmConfig(n1, bk, group_m, warps, stages, persistent=persistent, paired=paired, warp_specialize=ws),
+                GemmConfig(n2, bk, group_m, warps, stages, persistent=persistent, warp_specialize=ws), False, True, gather,
+            )
+            flags = "".join(
+                f for f, on in (("-pers", persistent), ("-gather", gather), ("-paired", paired), ("-ws", ws)) if on
+            )
             out.append((f"tma{flags} bm{bm} w1 {n1} w2 {n2} k{bk} g{group_m} w{warps}s{stages}", c))
     return out
+
+
+def plan_for(name: str, num_tokens: int, no_sweep: bool) -> list[tuple[str, MoEConfig]]:
+    """(label, config) to time for one shape and token count: the shipped config first, refused configs left out."""
+    shape = NAMED_SHAPES[name]
+    block_fp8 = shape.fp8 == "block"
+    base = shipped_config(shape, num_tokens) or default_config(
+        shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens, block_fp8=block_fp8,
+        fp8=shape.fp8 is not None,
+    )
+    variants = [("shipped", base), ("shipped+tma", tma(base, False)), ("shipped+tma-pers", tma(base, True))]
+    if not no_sweep:
+        variants += sweep(shape.fp8)
+    kept = []
+    for label, config in variants:
+        try:
+            validate_config(config, block_fp8=block_fp8)
+        except KernelInputError as exc:
+            print(f"{name} T={num_tokens} {label}: refused, left out: {exc}", flush=True)
+            continue
+        kept.append((label, config))
+    return kept
 
 
 def kernel_times(fn, args) -> list[tuple[str, float]]:
@@ -84,20 +126,28 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=float, default=40.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new measurement after this many seconds from the start (the JSON keeps what ran)")
+    ap.add_argument("--compile-timeout-s", type=float, default=None,
+                    help="stop the parallel precompile after this long (what is left compiles on first use)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
     args = ap.parse_args()
+    start = time.time()
+    unknown = [n for n in args.shapes if n not in NAMED_SHAPES]
+    if unknown:
+        ap.error(f"unknown shapes {unknown}; known: {sorted(NAMED_SHAPES)}")
 
+    plans = {(name, t): plan_for(name, t, args.no_sweep) for name in args.shapes for t in args.tokens}
+    if args.dry_run:
+        for (name, t), variants in plans.items():
+            for label, config in variants:
+                print(f"{name} T={t} {label}: {config.to_json()}")
+        print(f"{sum(len(v) for v in plans.values())} variants")
+        return
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    plans = {}
-    for name in args.shapes:
-        shape = NAMED_SHAPES[name]
-        for t in args.tokens:
-            base = shipped_config(shape, t)
-            variants = [("shipped", base), ("shipped+tma", tma(base, False)), ("shipped+tma-pers", tma(base, True))]
-            if not args.no_sweep:
-                variants += sweep(shape.fp8)
-            plans[(name, t)] = variants
     t0 = time.time()
-    failures = precompile([(NAMED_SHAPES[n], t, c) for (n, t), vs in plans.items() for _, c in vs], args.workers)
+    failures = precompile([(NAMED_SHAPES[n], t, c) for (n, t), vs in plans.items() for _, c in vs], args.workers,
+                          timeout_s=args.compile_timeout_s)
     print(f"precompiled in {time.time() - t0:.0f} s; {len(failures)} failures", flush=True)
     for f in failures:
         print("  cannot build:", f[:300], flush=True)
@@ -105,6 +155,9 @@ def main() -> None:
     results = []
     for name in args.shapes:
         shape = NAMED_SHAPES[name]
+        if args.budget_s is not None and time.time() - start > args.budget_s:
+            print(f"{name}: skipped, past --budget-s {args.budget_s:.0f}", flush=True)
+            continue
         weights = make_weights(shape)
         for t in args.tokens:
             pairs = t * shape.top_k
@@ -116,6 +169,9 @@ def main() -> None:
             expected = None
             best = None
             for label, config in plans[(name, t)]:
+                if args.budget_s is not None and time.time() - start > args.budget_s:
+                    print(f"{name} T={t} {label}: skipped, past --budget-s {args.budget_s:.0f}", flush=True)
+                    continue
                 fn = layer_fn(shape, weights, config)
                 try:
                     out = fn(*inputs[0]).float()

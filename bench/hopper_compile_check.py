@@ -1,81 +1,252 @@
-"""Compile the Hopper TMA grouped GEMM's variants for sm_90a without a GPU and print the resource report.
+"""Compile the Hopper TMA grouped GEMMs for sm_90a exactly as ``hopper.py`` launches them, without a GPU.
 
-Needs only Triton (its bundled ptxas and cuobjdump): no CUDA device, no torch. For each variant (w1 or w2,
-bf16 / FP8 tensor / FP8 128-block, tile, persistent, warp-specialized) it compiles ``moe_gemm_tma_kernel`` as
-``hopper.py`` launches it and reports registers, spills (stack bytes), shared memory, and whether the
-tensor-core instructions are warpgroup ones (wgmma) fed by the copy engine (cp.async.bulk.tensor).
+Needs Triton (its bundled ptxas and cuobjdump) and a CPU build of torch; no CUDA device. Each case (a layer
+shape, an FP8 layout and a ``MoEConfig``) first goes through ``validate_config`` (a refusal is printed as
+such), then runs the host side of the Hopper layer (``fused._hopper_layer``) on CPU tensors with two experts,
+the kernels replaced by recorders: every launch it makes (gather, w1 GEMM, w2 GEMM) is bound by Triton's own
+binder, so a launch whose arguments do not match the kernel's parameters fails here as it would on the GPU,
+and then compiled for sm_90 with the same signature, constexprs, alignment attributes and options. Reported
+per GEMM: registers, spills (stack bytes), shared memory (flagged past the H100's 227 KiB), warps after
+warp specialization (Triton 3.6's Hopper pass turns a 4-warp loop into 12 warps: a producer and two consumer
+warpgroups), whether the tensor-core instructions are wgmma, and the copy-engine (TMA) and cp.async counts.
 
-    python bench/hopper_compile_check.py [--quick]
+    python bench/hopper_compile_check.py [--quick | --ws-grid] [--only SUBSTR ...] [--force] [--list]
 
-Compile errors, spills and a missing wgmma or TMA show here in seconds, before a GPU call.
+``--force`` compiles the cases ``validate_config`` refuses too (to see why they are refused); ``--ws-grid``
+maps the warp-specialized tile shapes instead (what ``config._check_warp_specialization`` refuses).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import contextlib
 import re
 import subprocess
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = ROOT / "src" / "moe_fsm" / "kernels" / "triton_moe" / "_hopper_kernels.py"
+sys.path.insert(0, str(ROOT / "src"))
+
+from moe_fsm.errors import KernelInputError  # noqa: E402
+from moe_fsm.kernels.triton_moe import _hopper_kernels, fused, hopper  # noqa: E402
+from moe_fsm.kernels.triton_moe.align import AlignedRouting, max_padded_rows  # noqa: E402
+from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, validate_config  # noqa: E402
+from moe_fsm.kernels.triton_moe.fused import Fp8Spec  # noqa: E402
+from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE  # noqa: E402
+
 TARGET = GPUTarget("cuda", 90, 32)
-PTR_ARGS = ("a_ptr", "a_scale_ptr", "w_scale_ptr", "out_ptr", "out_scale_ptr", "out_static_scale_ptr",
-            "row_weight_ptr", "sorted_ids_ptr", "block_expert_ptr", "num_padded_ptr")
+H100_SMEM = 232448  # bytes of shared memory one block may opt into on sm_90
+SM_COUNT = 132
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("hopper_kernels_standalone", KERNELS)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    n: int
+    k: int
+    top_k: int
+    fp8: Optional[str] = None  # None, "tensor", "channel", "block"
+    static: bool = False  # FP8 tensor: static input and intermediate scales (the intermediate's OUT_MODE 1)
+    activation: str = "silu"
+    swiglu_limit: Optional[float] = None
 
 
-def variant(gated: bool, dtype: str, block_m: int, block_n: int, block_k: int, warps: int, stages: int,
-            persistent: bool, ws: bool, n: int = 768, k: int = 2048):
-    """(signature, constexprs, options) of one launch as ``hopper._launch`` makes it."""
-    fp8 = dtype != "bf16"
-    el = "fp8e4nv" if fp8 else "bf16"
-    out_el = ("fp8e4nv" if dtype == "block" else "bf16") if gated else ("fp32" if False else "bf16")
-    sig = {"a_ptr": f"*{el}", "a_desc": f"tensordesc<{el}[{block_m}, {block_k}]>", "a_scale_ptr": "*fp32",
-           "w_desc": f"tensordesc<{el}[{block_n}, {block_k}]>", "w_scale_ptr": "*fp32", "out_ptr": f"*{out_el}",
-           "out_desc": f"tensordesc<{out_el}[{block_m}, {block_n}]>", "out_scale_ptr": "*fp32",
-           "out_static_scale_ptr": "*fp32", "row_weight_ptr": "*fp32", "sorted_ids_ptr": "*i32",
-           "block_expert_ptr": "*i32", "num_padded_ptr": "*i32"}
-    if not gated:
-        sig["a_desc"] = f"tensordesc<{el}[{block_m}, {block_k}]>"
-        sig["out_desc"] = sig["w_desc"]
-    else:
-        sig["a_desc"] = sig["w_desc"]
-    ints = ("N", "K", "w_rows_per_expert", "num_valid_rows", "num_experts", "stride_am", "stride_om", "stride_asm",
-            "stride_ask", "stride_wse", "stride_wsn", "stride_wsk", "stride_osm", "stride_osn")
-    for a in ints:
-        sig[a] = "i32"
-    sig["swiglu_limit"] = "fp32"
-    a_mode, w_mode = {"bf16": (0, 0), "tensor": (1, 1), "block": (3, 3)}[dtype]
-    out_mode = (2 if dtype == "block" else (1 if dtype == "tensor" else 0)) if gated else 0
-    const = dict(A_ROW_DIV=8 if gated else 1, A_SORTED=not gated, OUT_ROW_DIV=1, GATED=gated, PAIRED=False, ACTIVATION=0,
-                 HAS_LIMIT=False, WEIGHT_ROWS=not gated, A_SCALE=a_mode, W_SCALE=w_mode, OUT_MODE=out_mode,
-                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, PERSISTENT=persistent,
-                 NUM_PROGRAMS=132, WARP_SPECIALIZE=ws)
-    for c in const:
-        sig[c] = "constexpr"
-    divisible = ["N", "K", "w_rows_per_expert", "stride_am", "stride_om"]
-    return sig, const, {"num_warps": warps, "num_stages": stages}, divisible
+QWEN = Layer("qwen3", 768, 2048, 8)
+MIXTRAL = Layer("mixtral", 14336, 4096, 2)
+MIXTRAL_FP8 = Layer("mixtral-fp8t", 14336, 4096, 2, "tensor")
+MIXTRAL_FP8_STATIC = Layer("mixtral-fp8t-static", 14336, 4096, 2, "tensor", static=True)
+QWEN_FP8 = Layer("qwen3-fp8c", 768, 2048, 8, "channel")
+DSV3 = Layer("dsv3-fp8b", 2048, 7168, 8, "block")
 
 
-def compile_one(mod, sig, const, options, divisible):
-    fn = mod.moe_gemm_tma_kernel
-    names = fn.arg_names
-    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in PTR_ARGS + tuple(divisible)}
-    return triton.compile(ASTSource(fn, sig, const, attrs), target=TARGET, options=options)
+def cfg(bm, w1, w2, *, pers=False, gather=False, paired=False, ws=False, fold=False) -> MoEConfig:
+    """w1/w2: (block_n, block_k, group_m, warps, stages)."""
+    g1 = GemmConfig(*w1, persistent=pers, warp_specialize=ws, paired=paired)
+    g2 = GemmConfig(*w2, persistent=pers, warp_specialize=ws)
+    return MoEConfig(bm, g1, g2, fold, True, gather)
+
+
+# the H100 table's 2048/8192-token tiles of each shape (as bench_hopper.py's "shipped+tma"), the sweep's tiles,
+# and 4-warp tiles for warp specialization
+BF16_SHIPPED = (128, (128, 64, 8, 8, 4), (256, 64, 8, 8, 4))
+BF16_S3 = (128, (128, 64, 8, 8, 3), (256, 64, 8, 8, 3))
+BF16_W4 = (64, (64, 64, 8, 4, 4), (128, 64, 8, 4, 4))
+BF16_W4_BM128 = (128, (128, 64, 8, 4, 3), (128, 64, 8, 4, 3))
+FP8_SHIPPED = (128, (128, 128, 16, 8, 4), (256, 128, 16, 8, 4))
+FP8_W4 = (64, (64, 128, 8, 4, 4), (128, 128, 8, 4, 4))
+BLOCK_SHIPPED = (64, (128, 128, 8, 8, 4), (256, 128, 8, 8, 4))
+BLOCK_DEFAULT = (64, (64, 128, 32, 4, 3), (128, 128, 32, 4, 3))
+BLOCK_SWEEP = [(64, (128, 128, 16, 8, 3), (256, 128, 16, 8, 3)), (64, (64, 128, 8, 4, 4), (128, 128, 8, 4, 4)),
+               (64, (128, 128, 8, 8, 3), (128, 128, 8, 8, 3))]
+
+
+def ws_grid() -> list[tuple[str, Layer, MoEConfig]]:
+    """Every warp-specialized tile shape per dtype (4 warps, gathered input, persistent): plain, and with the
+    two options the warp-specialized loop cannot take (w1 paired, w2 folding the top-k sum); the map behind
+    ``config._check_warp_specialization``."""
+    out = []
+    for layer in (QWEN, MIXTRAL_FP8, QWEN_FP8, DSV3):
+        bk = 128 if layer.fp8 else 64
+        for bm in (64, 128, 256):
+            for bn in (32, 64, 128, 256):
+                for extra in (False, True):
+                    config = cfg(bm, (bn, bk, 8, 4, 3), (bn, bk, 8, 4, 3), pers=True, gather=True, paired=extra,
+                                 fold=extra, ws=True)
+                    out.append((f"ws-grid {layer.name} bm{bm} bn{bn} {'paired+fold' if extra else 'plain'}", layer,
+                                config))
+    return out
+
+
+def cases(quick: bool) -> list[tuple[str, Layer, MoEConfig]]:
+    out = []
+
+    def add(layer, tiles, label, **flags):
+        bm, w1, w2 = tiles
+        out.append((f"{layer.name} bm{bm} w1 {w1[0]}x{w1[1]} w{w1[3]}s{w1[4]} w2 {w2[0]} {label}", layer,
+                    cfg(bm, w1, w2, **flags)))
+
+    add(QWEN, BF16_SHIPPED, "plain")
+    add(QWEN, BF16_SHIPPED, "pers+gather+paired", pers=True, gather=True, paired=True)
+    add(DSV3, BLOCK_SHIPPED, "plain")
+    add(DSV3, BLOCK_DEFAULT, "gather+ws", gather=True, ws=True)
+    add(MIXTRAL_FP8, FP8_SHIPPED, "pers+fold", pers=True, fold=True)
+    add(QWEN, BF16_W4, "ws (no gather)", ws=True)
+    if quick:
+        return out
+    add(QWEN, BF16_SHIPPED, "pers", pers=True)
+    add(QWEN, BF16_SHIPPED, "gather", gather=True)
+    add(QWEN, BF16_SHIPPED, "paired", paired=True)
+    add(QWEN, BF16_SHIPPED, "pers+fold", pers=True, fold=True)
+    add(QWEN, BF16_S3, "pers+gather", pers=True, gather=True)
+    add(QWEN, BF16_W4, "plain")
+    add(QWEN, BF16_W4, "gather+ws", gather=True, ws=True)
+    add(QWEN, BF16_W4, "pers+gather+ws", pers=True, gather=True, ws=True)
+    add(QWEN, BF16_W4, "gather+paired+ws", gather=True, paired=True, ws=True)
+    add(QWEN, BF16_W4_BM128, "gather+ws", gather=True, ws=True)
+    add(QWEN, BF16_W4_BM128, "pers+gather+paired+ws (paired)", pers=True, gather=True, paired=True, ws=True)
+    add(QWEN, BF16_W4_BM128, "pers+gather+ws+fold (fold)", pers=True, gather=True, ws=True, fold=True)
+    add(QWEN, (64, (256, 64, 8, 4, 3), (128, 64, 8, 4, 3)), "gather+ws (bm64 bn256)", gather=True, ws=True)
+    add(QWEN, BF16_SHIPPED, "gather+ws (8 warps)", gather=True, ws=True)
+    add(MIXTRAL, BF16_SHIPPED, "pers", pers=True)
+    add(MIXTRAL, BF16_SHIPPED, "pers+gather+paired", pers=True, gather=True, paired=True)
+    add(MIXTRAL, BF16_W4, "pers+gather+ws", pers=True, gather=True, ws=True)
+    add(MIXTRAL_FP8, FP8_SHIPPED, "pers+gather+paired+fold", pers=True, gather=True, paired=True, fold=True)
+    add(MIXTRAL_FP8_STATIC, FP8_SHIPPED, "pers+gather", pers=True, gather=True)
+    add(MIXTRAL_FP8, FP8_W4, "gather+ws", gather=True, ws=True)
+    add(QWEN_FP8, FP8_SHIPPED, "pers", pers=True)
+    add(QWEN_FP8, FP8_SHIPPED, "gather+paired", gather=True, paired=True)
+    add(QWEN_FP8, FP8_W4, "gather+ws", gather=True, ws=True)
+    add(DSV3, BLOCK_SHIPPED, "pers", pers=True)
+    add(DSV3, BLOCK_SHIPPED, "gather", gather=True)
+    add(DSV3, BLOCK_SHIPPED, "paired", paired=True)
+    add(DSV3, BLOCK_SHIPPED, "pers+gather+paired", pers=True, gather=True, paired=True)
+    add(DSV3, BLOCK_DEFAULT, "plain")
+    add(DSV3, BLOCK_DEFAULT, "pers+gather+ws", pers=True, gather=True, ws=True)
+    add(DSV3, BLOCK_DEFAULT, "ws (no gather)", ws=True)
+    add(DSV3, (128, (128, 128, 8, 4, 3), (128, 128, 8, 4, 3)), "gather+ws (group quant by rows)", gather=True, ws=True)
+    add(DSV3, (64, (128, 128, 8, 4, 3), (128, 128, 8, 4, 3)), "pers+gather+ws", pers=True, gather=True, ws=True)
+    for tiles in BLOCK_SWEEP:
+        add(DSV3, tiles, "pers", pers=True)
+    return out
+
+
+class _Recorder:
+    """Stands in for a @triton.jit kernel: ``kernel[grid](*args, **kwargs)`` is recorded, not run."""
+
+    def __init__(self, fn, calls: list):
+        self.fn, self.calls = fn, calls
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.fn, grid, args, kwargs))
+
+
+@contextlib.contextmanager
+def recording(calls: list):
+    saved = {
+        (_hopper_kernels, "moe_gemm_tma_kernel"): _hopper_kernels.moe_gemm_tma_kernel,
+        (_hopper_kernels, "gather_rows_kernel"): _hopper_kernels.gather_rows_kernel,
+        (hopper, "_sm_count"): hopper._sm_count,
+        (fused, "quantize_activation"): fused.quantize_activation,
+        (fused, "topk_sum"): fused.topk_sum,
+    }
+
+    def fake_quantize(x, granularity, static=None):
+        scale_shape = {"group": (*x.shape[:-1], -(-x.shape[-1] // FP8_GROUP)), "token": (*x.shape[:-1], 1)}
+        return torch.empty(x.shape, dtype=FP8_DTYPE), torch.empty(scale_shape.get(granularity, (1,)))
+
+    _hopper_kernels.moe_gemm_tma_kernel = _Recorder(saved[(_hopper_kernels, "moe_gemm_tma_kernel")], calls)
+    _hopper_kernels.gather_rows_kernel = _Recorder(saved[(_hopper_kernels, "gather_rows_kernel")], calls)
+    hopper._sm_count = lambda index: SM_COUNT
+    fused.quantize_activation = fake_quantize
+    fused.topk_sum = lambda y, ids, num_experts, out: out
+    try:
+        yield
+    finally:
+        for (mod, name), value in saved.items():
+            setattr(mod, name, value)
+
+
+def host_launches(layer: Layer, config: MoEConfig, num_tokens: int = 256) -> list:
+    """Every kernel launch the Hopper layer makes for this layer and config, recorded on CPU tensors."""
+    e, n, k, top_k = 2, layer.n, layer.k, layer.top_k
+    wdt = FP8_DTYPE if layer.fp8 else torch.bfloat16
+    w1, w2 = torch.empty(e, 2 * n, k, dtype=wdt), torch.empty(e, k, n, dtype=wdt)
+    spec = {None: None, "tensor": Fp8Spec("tensor", "tensor"), "channel": Fp8Spec("channel", "token"),
+            "block": Fp8Spec("block", "group")}[layer.fp8]
+    s1 = s2 = a_scale = a2 = None
+    a = torch.empty(num_tokens, k, dtype=wdt)
+    if layer.fp8 == "tensor":
+        s1, s2, a_scale = torch.ones(e), torch.ones(e), torch.ones(1)
+        a2 = torch.ones(1) if layer.static else None
+    elif layer.fp8 == "channel":
+        s1, s2, a_scale = torch.ones(e, 2 * n), torch.ones(e, k), torch.ones(num_tokens, 1)
+    elif layer.fp8 == "block":
+        s1 = torch.ones(e, -(-2 * n // FP8_GROUP), -(-k // FP8_GROUP))
+        s2 = torch.ones(e, -(-k // FP8_GROUP), -(-n // FP8_GROUP))
+        a_scale = torch.ones(num_tokens, -(-k // FP8_GROUP))
+    pairs = num_tokens * top_k
+    rows = max(max_padded_rows(pairs, e, config.block_m), config.block_m)
+    blocks = -(-rows // config.block_m)
+    routing = AlignedRouting(
+        torch.zeros(blocks * config.block_m, dtype=torch.int32), torch.zeros(blocks, dtype=torch.int32),
+        torch.full((1,), blocks * config.block_m, dtype=torch.int32), config.block_m, pairs, top_k,
+    )
+    ids = torch.zeros(num_tokens, top_k, dtype=torch.int32)
+    out = torch.empty(num_tokens, k, dtype=torch.bfloat16)
+    calls: list = []
+    with recording(calls):
+        fused._hopper_layer(
+            a, a_scale, w1, w2, s1, s2, a2, routing, torch.ones(pairs), ids, out, spec=spec,
+            activation=layer.activation, swiglu_limit=layer.swiglu_limit, apply_router_weight_on_input=False,
+            config=config, result_dtype=torch.bfloat16,
+        )
+    return calls
+
+
+_BACKEND = None
+
+
+def compile_launch(fn, args, kwargs):
+    """Bind a recorded launch as Triton's JIT does, then compile that specialization for sm_90."""
+    global _BACKEND
+    if _BACKEND is None:
+        _BACKEND = make_backend(TARGET)
+    binder = create_function_from_signature(fn.signature, fn.params, _BACKEND)
+    kwargs = dict(kwargs, debug=False)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(_BACKEND, kwargs, bound, specialization, options)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
 
 
 def resources(kernel) -> dict:
@@ -88,44 +259,67 @@ def resources(kernel) -> dict:
     stack = re.search(r"STACK:(\d+)", res)
     ptx = kernel.asm["ptx"]
     return {"regs": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
-            "shared": kernel.metadata.shared, "wgmma": "wgmma.mma_async" in ptx,
+            "smem": kernel.metadata.shared, "warps": kernel.metadata.num_warps, "wgmma": "wgmma.mma_async" in ptx,
             "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)), "cp_async": len(re.findall(r"cp\.async\.cg", ptx))}
 
 
-def matrix(quick: bool):
-    tiles = {"bf16": [(128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4)],
-             "tensor": [(128, 128, 128, 8, 4), (128, 256, 128, 8, 3)],
-             "block": [(64, 128, 128, 4, 4), (128, 128, 128, 8, 3), (64, 128, 128, 8, 4)]}
-    out = []
-    for dtype, ts in tiles.items():
-        for tile in ts[:1] if quick else ts:
-            for gated in (True, False):
-                bn = tile[1] // 2 if gated and tile[1] == 256 else tile[1]
-                for persistent, ws in ((False, False), (True, False), (True, True)):
-                    out.append((gated, dtype, tile[0], bn, tile[2], tile[3], tile[4], persistent, ws))
-    return out
+def _last_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[-1] if text else type(exc).__name__)[:220]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="six cases: one per dtype plus the refused ones")
+    ap.add_argument("--only", nargs="*", default=[], help="cases whose label contains every one of these strings")
+    ap.add_argument("--force", action="store_true", help="compile what validate_config refuses as well")
+    ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    ap.add_argument("--ws-grid", action="store_true",
+                    help="instead: every warp-specialized tile shape per dtype (96 cases; with --force, 192 compiles)")
     args = ap.parse_args()
-    mod = _load()
-    failures = 0
-    for v in matrix(args.quick):
-        gated, dtype, bm, bn, bk, warps, stages, persistent, ws = v
-        name = f"{'w1' if gated else 'w2'} {dtype:6s} {bm}x{bn}x{bk} w{warps}s{stages}{' pers' if persistent else ''}{' ws' if ws else ''}"
-        t0 = time.time()
+    selected = [c for c in (ws_grid() if args.ws_grid else cases(args.quick)) if all(s in c[0] for s in args.only)]
+    if args.list:
+        for label, _, config in selected:
+            print(label, config.to_json())
+        return
+    failures = refused = flagged = 0
+    for label, layer, config in selected:
         try:
-            kernel = compile_one(mod, *variant(*v))
-        except Exception as exc:  # a compile failure is the report
+            validate_config(config, block_fp8=layer.fp8 == "block")
+        except KernelInputError as exc:
+            refused += 1
+            print(f"{label:62s} refused: {exc}", flush=True)
+            if not args.force:
+                continue
+        try:
+            launches = host_launches(layer, config)
+        except Exception as exc:  # the host side itself failed: that is the report
             failures += 1
-            print(f"{name:40s} FAILED: {str(exc).splitlines()[-1][:200] if str(exc) else type(exc).__name__}")
+            print(f"{label:62s} HOST FAILED: {type(exc).__name__}: {_last_line(exc)}", flush=True)
             continue
-        r = resources(kernel)
-        print(f"{name:40s} regs={r['regs']} stack={r['stack']} smem={r['shared']} wgmma={r['wgmma']} "
-              f"tma={r['tma']} cp.async={r['cp_async']} ({time.time() - t0:.1f}s)")
-    print(f"{failures} failed")
+        gemms = [c for c in launches if c[0].__name__ == "moe_gemm_tma_kernel"]
+        for fn, grid, a, kw in launches:
+            part = "gather" if fn.__name__ == "gather_rows_kernel" else ("w1" if kw.get("GATED") else "w2")
+            t0 = time.time()
+            try:
+                kernel = compile_launch(fn, a, kw)
+            except Exception as exc:  # a compile failure is the report
+                failures += 1
+                print(f"{label:62s} {part:6s} FAILED: {_last_line(exc)}", flush=True)
+                continue
+            if part == "gather":
+                continue
+            r = resources(kernel)
+            flags = [f for f, bad in (("SPILL", (r["stack"] or 0) > 0), ("SMEM>227K", r["smem"] > H100_SMEM),
+                                      ("NO-WGMMA", not r["wgmma"]), ("NO-TMA", r["tma"] == 0)) if bad]
+            flagged += bool(flags)
+            print(f"{label:62s} {part:6s} regs={r['regs']} stack={r['stack']} smem={r['smem']} warps={r['warps']} "
+                  f"wgmma={r['wgmma']} tma={r['tma']} cp.async={r['cp_async']} grid={grid[0]} "
+                  f"({time.time() - t0:.1f}s){' ' + ' '.join(flags) if flags else ''}", flush=True)
+        if len(gemms) != 2:
+            failures += 1
+            print(f"{label:62s} expected two GEMM launches, got {len(gemms)}", flush=True)
+    print(f"{len(selected)} cases: {failures} failed, {refused} refused by validate_config, {flagged} GEMMs flagged")
 
 
 if __name__ == "__main__":

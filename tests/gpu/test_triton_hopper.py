@@ -51,11 +51,11 @@ DEEPSEEK_V3_E16 = Shape("deepseek-v3-e16", 16, DEEPSEEK_V3.hidden, DEEPSEEK_V3.i
 
 
 def _config(block_m=128, bn1=128, bn2=256, bk=64, warps=8, stages=3, persistent=False, fold=False, gather=False,
-            paired=False):
+            paired=False, ws=False):
     return MoEConfig(
         block_m,
-        GemmConfig(bn1, bk, 8, warps, stages, persistent=persistent, paired=paired),
-        GemmConfig(bn2, bk, 8, warps, stages, persistent=persistent),
+        GemmConfig(bn1, bk, 8, warps, stages, persistent=persistent, paired=paired, warp_specialize=ws),
+        GemmConfig(bn2, bk, 8, warps, stages, persistent=persistent, warp_specialize=ws),
         fold,
         True,
         gather,
@@ -63,7 +63,7 @@ def _config(block_m=128, bn1=128, bn2=256, bk=64, warps=8, stages=3, persistent=
 
 
 def _pointer_twin(config: MoEConfig) -> MoEConfig:
-    plain = {"persistent": False, "paired": False}
+    plain = {"persistent": False, "paired": False, "warp_specialize": False}
     return MoEConfig(
         config.block_m,
         GemmConfig(**{**config.w1.__dict__, **plain}),
@@ -90,9 +90,14 @@ def _run(x, w1, w2, g, ids, config, **kw):
         (QWEN3_30B, 2000, _config(paired=True)),
         (MIXTRAL_8X7B, 700, _config(persistent=True)),
         (MIXTRAL_8X7B, 700, _config(persistent=True, gather=True, paired=True)),
+        # warp specialization (4 warps, run as 12): bm64, and bm128 whose rows Triton splits between two
+        # consumer warpgroups (the w1 tile is then stored through pointers)
+        (QWEN3_30B, 2000, _config(block_m=64, bn1=64, bn2=128, warps=4, gather=True, ws=True)),
+        (QWEN3_30B, 2000, _config(bn2=128, warps=4, persistent=True, gather=True, ws=True)),
     ],
     ids=["qwen-bm64", "qwen-bm128", "qwen-persistent", "qwen-persistent-fold", "qwen-gather", "qwen-paired",
-         "mixtral-persistent", "mixtral-persistent-gather-paired"],
+         "mixtral-persistent", "mixtral-persistent-gather-paired", "qwen-bm64-gather-ws",
+         "qwen-bm128-persistent-gather-ws"],
 )
 def test_bf16_matches_reference_and_pointer_kernel(shape, num_tokens, config):
     w1, w2 = float_weights(shape)
@@ -128,15 +133,17 @@ def test_router_weight_on_input():
 
 
 @pytest.mark.parametrize(
-    "persistent,gather,paired", [(False, False, False), (True, False, False), (True, True, False), (False, True, True)]
+    "persistent,gather,paired,ws",
+    [(False, False, False, False), (True, False, False, False), (True, True, False, False), (False, True, True, False),
+     (True, True, False, True)],
 )
-def test_block_fp8(persistent, gather, paired):
+def test_block_fp8(persistent, gather, paired, ws):
     shape, num_tokens = DEEPSEEK_V3_E16, 600
     w1q, w2q, s1, s2 = block_fp8_weights(shape)
     x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=13)
     g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=13)
-    config = _config(block_m=64, bn1=128, bn2=128, bk=128, warps=8, stages=3, persistent=persistent, gather=gather,
-                     paired=paired)
+    config = _config(block_m=64, bn1=64 if ws else 128, bn2=128, bk=128, warps=4 if ws else 8, stages=3,
+                     persistent=persistent, gather=gather, paired=paired, ws=ws)
     kw = dict(fp8=Fp8Spec("block", "group"), w1_scale=s1, w2_scale=s2)
     out = _run(x, w1q, w2q, g, ids, config, **kw)
     deq = dequantize_block(w1q, w2q, s1, s2)

@@ -52,6 +52,21 @@ def _activate(gate, up, swiglu_limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.co
 
 
 @triton.jit
+def _store_inter(out_ptr, out_desc, val, offs_r, offs_n, col_ok, row0, n0, stride_om, WARP_SPECIALIZE: tl.constexpr):
+    """One w1 output tile into the sorted-order intermediate (every row of a row block exists there).
+
+    A TMA store, except after a warp-specialized K loop: Triton 3.6 splits such a tile's rows between two
+    consumer warpgroups and then cannot lower a descriptor store of the whole [BLOCK_M, BLOCK_N] tile ("tensor
+    descriptor block and tensor types must match" with BLOCK_M 128), so those tiles go through pointers.
+    """
+    if WARP_SPECIALIZE:
+        ptrs = out_ptr + offs_r.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(ptrs, val.to(out_ptr.dtype.element_ty), mask=col_ok[None, :])
+    else:
+        out_desc.store([row0, n0], val.to(out_desc.dtype))
+
+
+@triton.jit
 def _moe_tile(
     tile,
     num_row_blocks,
@@ -195,17 +210,17 @@ def _moe_tile(
             y = _activate(acc, acc_up, swiglu_limit, ACTIVATION, HAS_LIMIT)
             # sorted-order output: one TMA store per tile (columns past N are clipped by the descriptor)
             if OUT_MODE == 0:
-                out_desc.store([row0, n0], y.to(out_desc.dtype))
+                _store_inter(out_ptr, out_desc, y, offs_r, offs_n, col_ok, row0, n0, stride_om, WARP_SPECIALIZE)
             elif OUT_MODE == 1:
                 q = tl.clamp(tl.div_rn(y, tl.load(out_static_scale_ptr)), -448.0, 448.0)
-                out_desc.store([row0, n0], q.to(out_desc.dtype))
+                _store_inter(out_ptr, out_desc, q, offs_r, offs_n, col_ok, row0, n0, stride_om, WARP_SPECIALIZE)
             else:
                 GROUPS: tl.constexpr = BLOCK_N // 128
                 y = tl.where(col_ok[None, :], y, 0.0)
                 y3 = tl.reshape(y, (BLOCK_M, GROUPS, 128))
                 scale = tl.div_rn(tl.maximum(tl.max(tl.abs(y3), axis=2), 1e-10), 448.0)
                 q = tl.reshape(tl.clamp(tl.div_rn(y3, scale[:, :, None]), -448.0, 448.0), (BLOCK_M, BLOCK_N))
-                out_desc.store([row0, n0], q.to(out_desc.dtype))
+                _store_inter(out_ptr, out_desc, q, offs_r, offs_n, col_ok, row0, n0, stride_om, WARP_SPECIALIZE)
                 groups = pid_n * GROUPS + tl.arange(0, GROUPS)
                 scale_ptrs = out_scale_ptr + offs_r[:, None] * stride_osm + groups[None, :] * stride_osn
                 tl.store(scale_ptrs, scale, mask=groups[None, :] * 128 < N)

@@ -48,7 +48,8 @@ class GemmConfig:
     """Launch parameters of one grouped GEMM (``block_n`` is the output tile width).
 
     The Hopper kernels (``MoEConfig.hopper``) take three more: ``persistent`` (one program per SM walking
-    the tiles), ``warp_specialize`` (Triton's producer/consumer warps on the K loop) and, for w1 only,
+    the tiles), ``warp_specialize`` (Triton's producer/consumer warps on the K loop: with ``num_warps=4``,
+    which Triton 3.6 runs as 12 warps, and for w1 only with ``MoEConfig.gather_input``) and, for w1 only,
     ``paired`` (gate and up tiles fetched as one box and multiplied as one wgmma twice as wide).
     """
 
@@ -149,6 +150,7 @@ def validate_config(config: MoEConfig, *, block_fp8: bool) -> None:
         raise KernelInputError("w2.paired: only the w1 GEMM has gate and up tiles to load as a pair")
     if config.gather_input and not config.hopper:
         raise KernelInputError("gather_input is a Hopper-kernel option; set hopper too")
+    _check_warp_specialization(config, block_fp8)
     if config.hopper:
         # wgmma takes 64-row tiles per warpgroup; the copy engine takes boxes of at most 256 per dimension
         tiles = (config.block_m, config.w1.block_n, config.w1.block_k, config.w2.block_n, config.w2.block_k)
@@ -157,6 +159,48 @@ def validate_config(config: MoEConfig, *, block_fp8: bool) -> None:
                 f"hopper configs need block_m >= 64, tiles of at most 256 and no swap_ab; got block_m={config.block_m}, "
                 f"w1={config.w1}, w2={config.w2}"
             )
+
+
+def _check_warp_specialization(config: MoEConfig, block_fp8: bool) -> None:
+    """Refuse the warp-specialized GEMMs Triton 3.6 cannot build (``bench/hopper_compile_check.py`` maps them).
+
+    Triton's Hopper pass (NVGPUWarpSpecialization) turns a 4-warp K loop into 12 warps: a producer warpgroup
+    issuing the loop's copy-engine loads and two consumer warpgroups, between which it splits the tile (its
+    rows from block_m 128 on, else its columns) and everything the tile feeds after the loop. What it cannot
+    split or feed aborts the compile; one combination compiles without wgmma.
+    """
+
+    def refuse(what: str, why: str, fix: str = "leave warp_specialize off there") -> None:
+        raise KernelInputError(f"{what}: {why}; {fix}")
+
+    for name, g in (("w1", config.w1), ("w2", config.w2)):
+        if not g.warp_specialize:
+            continue
+        if g.num_warps != 4:
+            refuse(f"{name}.warp_specialize with num_warps={g.num_warps}",
+                   "Triton's Hopper warp specialization takes num_warps=4 (it adds the producer and second consumer "
+                   "warpgroups itself: 12 warps run) and silently ignores the request at other widths")
+        if config.block_m == 64 and g.block_n == 256:
+            refuse(f"{name}.warp_specialize with block_m=64 and block_n=256",
+                   "the two consumer warpgroups' 64x128 halves fail wgmma lowering (Instruction shape is too large)")
+    if config.w1.warp_specialize:
+        if not config.gather_input:
+            refuse("w1.warp_specialize without gather_input",
+                   "the producer warpgroup takes only tensor-descriptor loads, and the w1 GEMM's gathered input rows "
+                   "are pointer loads (cp.async) unless gather_input copies them into sorted order first (the "
+                   "compiler aborts in WSLowerToken)", "set gather_input too, or leave warp_specialize off")
+        if config.w1.paired:
+            refuse("w1.warp_specialize with w1.paired",
+                   "the split of the paired gate/up tile (reshape, permute, split) cannot be partitioned between "
+                   "the consumer warpgroups")
+        if block_fp8 and config.w1.block_n % FP8_GROUP == 0 and config.block_m > 64:
+            refuse(f"w1.warp_specialize with block FP8, block_m={config.block_m}, w1.block_n={config.w1.block_n}",
+                   "the epilogue's 1x128 group quantization (a reshape and a reduction) cannot be split by rows "
+                   "between the consumer warpgroups")
+    if config.w2.warp_specialize and config.fold_topk:
+        refuse("w2.warp_specialize with fold_topk",
+               "the atomic adds of the folded top-k sum cannot be partitioned (block_m >= 128 aborts the compile; "
+               "block_m 64 compiles without wgmma)")
 
 
 def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int, *, block_fp8: bool, fp8: bool = False) -> MoEConfig:

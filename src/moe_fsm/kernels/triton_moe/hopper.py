@@ -48,10 +48,12 @@ def hopper_usable(config: MoEConfig, routing: object, a: torch.Tensor, w1: torch
     if not _has_tensor_descriptors() or not _is_hopper_or_later(a.device.index or 0):
         return False
     n, k_dim = w2.shape[2], w1.shape[2]
-    # the copy engine needs 16-byte aligned row strides: weights' K and N, the intermediate's N (bf16 or fp8),
-    # and a 16-byte aligned base for the input when it is loaded through a descriptor after the gather
+    # the copy engine needs 16-byte aligned bases and row strides: the weights' (a slice of a larger tensor may
+    # start anywhere), their K and N, and the intermediate's N (bf16 or fp8); the intermediate and the gathered
+    # input are fresh allocations. The input's K is read with unit stride (the w1 GEMM's loads, the gather).
     return (
-        w1.is_contiguous() and w2.is_contiguous()
+        a.stride(-1) == 1
+        and w1.is_contiguous() and w2.is_contiguous() and w1.data_ptr() % 16 == 0 and w2.data_ptr() % 16 == 0
         and (k_dim * w1.element_size()) % 16 == 0 and (n * w2.element_size()) % 16 == 0 and n % 8 == 0
     )
 
@@ -97,7 +99,10 @@ def _launch(
     w_mode, w_scale, (sws_e, sws_n, sws_k) = w_scale_info
     dummy = out
     max_tiles = routing.num_row_blocks * -(-n_out // config.block_n)
-    programs = min(max_tiles, _sm_count(a.device.index or 0)) if config.persistent else max_tiles
+    # persistent: one program per SM whatever the shape (programs past the tile count exit at once), so
+    # NUM_PROGRAMS, a constexpr, is one value per device and not one compile per token count
+    num_programs = _sm_count(a.device.index or 0) if config.persistent else 1
+    grid = num_programs if config.persistent else max(max_tiles, 1)
     if a_mode == 3:
         as_m, as_k = a_scale.stride(0), a_scale.stride(1)
     elif a_mode == 2:
@@ -105,7 +110,7 @@ def _launch(
     else:
         as_m = as_k = 0
     os_m, os_n = (out_scale.stride(0), out_scale.stride(1)) if out_mode == 2 else (0, 0)
-    moe_gemm_tma_kernel[(max(programs, 1),)](
+    moe_gemm_tma_kernel[(grid,)](
         a,
         a_desc if a_desc is not None else w_desc,
         dummy if a_scale is None else a_scale,
@@ -150,7 +155,7 @@ def _launch(
         BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
         PERSISTENT=config.persistent,
-        NUM_PROGRAMS=max(programs, 1),
+        NUM_PROGRAMS=num_programs,
         WARP_SPECIALIZE=config.warp_specialize,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -203,6 +208,12 @@ def _gather_sorted(
     rows, k_dim = routing.sorted_ids.numel(), a.shape[1]
     sorted_a = torch.empty(rows, k_dim, dtype=a.dtype, device=a.device)
     has_scale = a_mode in (2, 3)
+    if has_scale:
+        # per-token scales may come as [M] as well as [M, 1], group scales column-major (as DeepGEMM takes
+        # them): the gather reads [M, groups] rows with unit stride
+        a_scale = a_scale.reshape(a.shape[0], -1)
+        if a_scale.stride(-1) != 1:
+            a_scale = a_scale.contiguous()
     sorted_scale = (
         torch.empty(rows, a_scale.shape[1], dtype=a_scale.dtype, device=a.device) if has_scale else a_scale
     )

@@ -215,8 +215,14 @@ def _compile_jobs(jobs: list[tuple]) -> list[str]:
     return failures
 
 
-def precompile(jobs: list[tuple[LayerShape, int, MoEConfig]], workers: int) -> list[str]:
-    """Compile every (shape, tokens, config) in ``workers`` processes; returns the failures."""
+def precompile(
+    jobs: list[tuple[LayerShape, int, MoEConfig]], workers: int, timeout_s: Optional[float] = None
+) -> list[str]:
+    """Compile every (shape, tokens, config) in ``workers`` processes; returns the failures.
+
+    With ``timeout_s`` the workers are stopped after that long and the unfinished part is reported as one
+    failure line (what they did compile stays in Triton's cache; the rest compiles on first use).
+    """
     from dataclasses import astuple
 
     unique = dict.fromkeys((astuple(s), t, json.dumps(c.to_json(), sort_keys=True)) for s, t, c in jobs)
@@ -225,7 +231,12 @@ def precompile(jobs: list[tuple[LayerShape, int, MoEConfig]], workers: int) -> l
         return []
     chunks = [c for c in (payload[i::workers] for i in range(workers)) if c]
     with mp.get_context("spawn").Pool(len(chunks)) as pool:
-        return list(itertools.chain.from_iterable(pool.map(_compile_jobs, chunks)))
+        pending = pool.map_async(_compile_jobs, chunks)
+        try:
+            return list(itertools.chain.from_iterable(pending.get(timeout_s)))
+        except mp.TimeoutError:
+            pool.terminate()
+            return [f"precompile stopped after {timeout_s:.0f} s ({len(payload)} jobs in {len(chunks)} workers)"]
 
 
 def tune_shape(

@@ -1,0 +1,206 @@
+"""The Hopper TMA kernels' host side (``hopper.py``, ``MoEConfig.hopper``) on CPU: no GPU needed.
+
+Which configs ``validate_config`` takes (the combinations Triton 3.6 cannot compile are refused with the
+reason), and that every launch the Hopper layer makes binds to the kernel's parameters as Triton's own JIT
+binds it: the launches are recorded on CPU tensors and bound for an sm_90 target, so a renamed, missing or
+extra argument fails here and not at the first launch on a GPU. ``bench/hopper_compile_check.py`` goes on
+to compile them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_fsm.errors import KernelInputError
+from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig, validate_config
+
+
+def _cfg(bm=64, warps=4, *, pers=False, gather=False, paired=False, ws=False, fold=False, bn1=64, bn2=128, bk=128):
+    return MoEConfig(
+        bm,
+        GemmConfig(bn1, bk, 8, warps, 3, persistent=pers, warp_specialize=ws, paired=paired),
+        GemmConfig(bn2, bk, 8, warps, 3, persistent=pers, warp_specialize=ws),
+        fold,
+        True,
+        gather,
+    )
+
+
+def test_w1_warp_specialization_needs_the_gathered_input():
+    with pytest.raises(KernelInputError, match="w1.warp_specialize without gather_input"):
+        validate_config(_cfg(ws=True), block_fp8=True)
+    validate_config(_cfg(ws=True, gather=True), block_fp8=True)
+    validate_config(_cfg(ws=True, gather=True, pers=True), block_fp8=False)
+
+
+@pytest.mark.parametrize(
+    "config,block_fp8,match",
+    [
+        (_cfg(ws=True, gather=True, paired=True), False, "w1.warp_specialize with w1.paired"),
+        (_cfg(ws=True, gather=True, fold=True), False, "w2.warp_specialize with fold_topk"),
+        (_cfg(ws=True, gather=True, bn1=256), False, "w1.warp_specialize with block_m=64 and block_n=256"),
+        (_cfg(ws=True, gather=True, bn2=256), False, "w2.warp_specialize with block_m=64 and block_n=256"),
+        (_cfg(128, ws=True, gather=True, bn1=128), True, "block FP8, block_m=128, w1.block_n=128"),
+    ],
+)
+def test_warp_specialization_refuses_what_triton_cannot_partition(config, block_fp8, match):
+    with pytest.raises(KernelInputError, match=match):
+        validate_config(config, block_fp8=block_fp8)
+
+
+def test_warp_specialization_takes_what_compiles():
+    for config, block_fp8 in (
+        (_cfg(128, ws=True, gather=True, bn1=128, bn2=256, bk=64), False),  # bf16 bm128, the w1 tile stored by pointers
+        (_cfg(128, ws=True, gather=True, bn1=64), True),  # block FP8 quantized after the GEMM
+        (_cfg(64, ws=True, gather=True, bn1=128), True),  # block FP8, 1x128 groups in the epilogue at 64 rows
+        (MoEConfig(64, GemmConfig(64, 128, 8, 4, 3, warp_specialize=True), GemmConfig(128, 128, 8, 8, 3), True, True,
+                   True), True),  # fold_topk with only w1 specialized
+    ):
+        validate_config(config, block_fp8=block_fp8)
+
+
+def test_warp_specialization_takes_four_warps():
+    with pytest.raises(KernelInputError, match="w1.warp_specialize with num_warps=8"):
+        validate_config(_cfg(128, 8, ws=True, gather=True), block_fp8=False)
+    w2_only = MoEConfig(64, GemmConfig(64, 64, 8, 4), GemmConfig(128, 64, 8, 8, warp_specialize=True), False, True)
+    with pytest.raises(KernelInputError, match="w2.warp_specialize with num_warps=8"):
+        validate_config(w2_only, block_fp8=False)
+
+
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        (MoEConfig(64, GemmConfig(64, 64, persistent=True), GemmConfig(64, 64)), "set hopper too"),
+        (MoEConfig(64, GemmConfig(64, 64), GemmConfig(64, 64), gather_input=True), "set hopper too"),
+        (MoEConfig(64, GemmConfig(64, 64), GemmConfig(64, 64, paired=True), False, True), "w2.paired"),
+        (MoEConfig(32, GemmConfig(64, 64), GemmConfig(64, 64), False, True), "block_m >= 64"),
+        (MoEConfig(64, GemmConfig(64, 64, swap_ab=True), GemmConfig(64, 64), False, True), "no swap_ab"),
+        (MoEConfig(64, GemmConfig(512, 64), GemmConfig(64, 64), False, True), "powers of two|at most 256"),
+    ],
+)
+def test_other_hopper_refusals(config, match):
+    with pytest.raises(KernelInputError, match=match):
+        validate_config(config, block_fp8=False)
+
+
+def test_hopper_fields_survive_a_table():
+    config = _cfg(pers=True, gather=True, paired=True, ws=True, fold=True)
+    assert MoEConfig.from_json(config.to_json()) == config
+    assert "warp_specialize" not in MoEConfig(64, GemmConfig(64, 64), GemmConfig(64, 64)).to_json()["w1"]
+
+
+# ---- the launches, bound as Triton binds them (needs Triton, not a GPU) ----
+
+
+class _Recorder:
+    def __init__(self, fn, calls):
+        self.fn, self.calls = fn, calls
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.fn, grid, args, kwargs))
+
+
+def _record(monkeypatch, fp8, config, num_tokens=64, n=256, k=512, top_k=4, experts=2):
+    """The Hopper layer's kernel launches for one call, on CPU tensors."""
+    from moe_fsm.kernels.triton_moe import _hopper_kernels, fused, hopper
+    from moe_fsm.kernels.triton_moe.align import AlignedRouting, max_padded_rows
+    from moe_fsm.kernels.triton_moe.fused import Fp8Spec
+    from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE
+
+    calls = []
+    for name in ("moe_gemm_tma_kernel", "gather_rows_kernel"):
+        kernel = getattr(_hopper_kernels, name)
+        kernel = kernel.fn if isinstance(kernel, _Recorder) else kernel
+        monkeypatch.setattr(_hopper_kernels, name, _Recorder(kernel, calls))
+    monkeypatch.setattr(hopper, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(
+        fused, "quantize_activation",
+        lambda x, g, s=None: (torch.empty(x.shape, dtype=FP8_DTYPE),
+                              torch.empty(x.shape[0], -(-x.shape[1] // 128) if g == "group" else 1)),
+    )
+    monkeypatch.setattr(fused, "topk_sum", lambda y, ids, e, out: out)
+    dt = FP8_DTYPE if fp8 else torch.bfloat16
+    w1, w2 = torch.empty(experts, 2 * n, k, dtype=dt), torch.empty(experts, k, n, dtype=dt)
+    a = torch.empty(num_tokens, k, dtype=dt)
+    spec = s1 = s2 = a_scale = None
+    if fp8 == "block":
+        spec = Fp8Spec("block", "group")
+        s1, s2 = torch.ones(experts, 2 * n // 128, k // 128), torch.ones(experts, k // 128, n // 128)
+        a_scale = torch.ones(num_tokens, k // 128)
+    elif fp8 == "channel":
+        spec = Fp8Spec("channel", "token")
+        s1, s2, a_scale = torch.ones(experts, 2 * n), torch.ones(experts, k), torch.ones(num_tokens)
+    elif fp8 == "tensor":
+        spec = Fp8Spec("tensor", "tensor")
+        s1, s2, a_scale = torch.ones(experts), torch.ones(experts), torch.ones(1)
+    pairs = num_tokens * top_k
+    blocks = -(-max_padded_rows(pairs, experts, config.block_m) // config.block_m)
+    routing = AlignedRouting(
+        torch.zeros(blocks * config.block_m, dtype=torch.int32), torch.zeros(blocks, dtype=torch.int32),
+        torch.full((1,), blocks * config.block_m, dtype=torch.int32), config.block_m, pairs, top_k,
+    )
+    fused._hopper_layer(
+        a, a_scale, w1, w2, s1, s2, None, routing, torch.ones(pairs), torch.zeros(num_tokens, top_k, dtype=torch.int32),
+        torch.empty(num_tokens, k, dtype=torch.bfloat16), spec=spec, activation="silu", swiglu_limit=None,
+        apply_router_weight_on_input=False, config=config, result_dtype=torch.bfloat16,
+    )
+    return calls
+
+
+def _bind(fn, args, kwargs):
+    """(signature, constexprs) of a launch, bound by Triton's JIT binder for sm_90; raises on a mismatch."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    assert list(bound) == fn.arg_names, "every kernel parameter is bound, in order"
+    _, signature, constexprs, _ = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return signature, constexprs
+
+
+LAUNCH_CASES = [
+    (None, _cfg(128, 8, bn1=128, bn2=256, bk=64)),
+    (None, _cfg(pers=True, gather=True, ws=True, bk=64)),
+    (None, _cfg(pers=True, gather=True, paired=True, bk=64)),
+    ("tensor", _cfg(128, 8, pers=True, fold=True, bn1=128, bn2=256)),
+    ("channel", _cfg(gather=True, ws=True)),
+    ("block", _cfg(64, 8, bn1=128, bn2=256, pers=True, gather=True, paired=True)),
+    ("block", _cfg(bn1=64)),
+]
+
+
+@pytest.mark.parametrize("fp8,config", LAUNCH_CASES, ids=[f"{f}-{i}" for i, (f, _) in enumerate(LAUNCH_CASES)])
+def test_every_hopper_launch_binds_to_its_kernel(monkeypatch, fp8, config):
+    pytest.importorskip("triton")
+    validate_config(config, block_fp8=fp8 == "block")
+    calls = _record(monkeypatch, fp8, config)
+    names = [fn.__name__ for fn, *_ in calls]
+    assert names.count("moe_gemm_tma_kernel") == 2
+    assert names.count("gather_rows_kernel") == int(config.gather_input)
+    for fn, grid, args, kwargs in calls:
+        signature, _ = _bind(fn, args, kwargs)
+        if fn.__name__ == "moe_gemm_tma_kernel":
+            gated = kwargs["GATED"]
+            assert signature["w_desc"].startswith("tensordesc<")
+            if gated and config.w1.paired:
+                assert signature["w_desc"].endswith(f"[2, {config.w1.block_n}, {config.w1.block_k}]>")
+            assert kwargs["WARP_SPECIALIZE"] == (config.w1 if gated else config.w2).warp_specialize
+            # persistent: one program per SM, and NUM_PROGRAMS (a constexpr) one value per device
+            assert kwargs["NUM_PROGRAMS"] == (132 if config.w1.persistent else 1)
+            if config.w1.persistent:
+                assert grid == (132,)
+
+
+def test_launches_do_not_recompile_per_token_count(monkeypatch):
+    """The constexprs (the compile cache's key) are the same at 64 and 4096 tokens, persistent or not."""
+    pytest.importorskip("triton")
+    for config in (_cfg(128, 8, bn1=128, bn2=256, bk=64), _cfg(128, 8, pers=True, bn1=128, bn2=256, bk=64)):
+        keys = []
+        for tokens in (64, 4096):
+            calls = _record(monkeypatch, None, config, num_tokens=tokens)
+            keys.append([tuple(sorted(_bind(fn, a, kw)[1].items())) for fn, _, a, kw in calls])
+        assert keys[0] == keys[1]
