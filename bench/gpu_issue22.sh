@@ -32,11 +32,11 @@ if has hostpath; then
     timeout 90 python3 bench/host_cost.py --json "$OUT/host_path.json" 2>&1 | grep -v USDT | tail -40
 fi
 if has ceiling; then
-    timeout 150 $B --shape qwen3-30b-a3b --layers 4 --tokens 1 32 2048 --repeats 20 --impls batched_mm grouped_mm moe_fsm \
+    timeout 130 $B --shape qwen3-30b-a3b --layers 4 --tokens 1 32 2048 --repeats 10 --impls batched_mm grouped_mm moe_fsm \
         --ceiling --json "$OUT/forward_ceiling.json" 2>&1 | grep -v USDT | tail -24
 fi
 if has compiled; then
-    timeout 200 $B --shape qwen3-30b-a3b --layers 4 --tokens 1 --repeats 20 --impls batched_mm grouped_mm moe_fsm \
+    timeout 200 $B --shape qwen3-30b-a3b --layers 4 --tokens 1 --repeats 10 --impls batched_mm grouped_mm moe_fsm \
         --compile reduce-overhead --json "$OUT/compiled_forward.json" 2>&1 | grep -v USDT | tail -30
 fi
 if has generate; then
