@@ -174,6 +174,8 @@ def bench(args) -> dict:
             with torch.no_grad():
                 row["ceiling_model_ms"] = timed(lambda: model(ids), device, args.repeats)
             model.set_experts_implementation("moe_fsm")
+        if args.rounds:
+            interleaved_forward(model, ids, device, args, row)
         for mode in [m for m in args.compile if m != "none"]:
             for impl in IMPLEMENTATIONS:
                 if f"{impl}_model_ms" not in row:  # did not run eager (skipped, or failed): not compiled either
@@ -182,6 +184,28 @@ def bench(args) -> dict:
         results["rows"].append(row)
         print(f"  {tokens} tokens done", file=sys.stderr)
     return results
+
+
+def interleaved_forward(model, ids, device, args, row: dict) -> None:
+    """The model forward of every implementation that ran (and the free experts with --ceiling), interleaved.
+
+    An eager forward is bound by the host, whose speed drifts over seconds (other processes, clocks): timing one
+    implementation after another lets the drift decide a 10% ratio. Here each of ``--rounds`` rounds times
+    ``--repeats`` forwards of every implementation in turn; the figure is the median of the rounds' medians
+    (``{impl}_model_rounds_ms``, the rounds in ``{impl}_model_round_ms``).
+    """
+    impls = [i for i in args.impls if f"{i}_model_ms" in row] + ([FREE_EXPERTS] if args.ceiling else [])
+    rounds = {impl: [] for impl in impls}
+    with torch.no_grad():
+        for _ in range(args.rounds):
+            for impl in impls:
+                model.set_experts_implementation(impl)
+                rounds[impl].append(timed(lambda: model(ids), device, args.repeats, warmup=1))
+    model.set_experts_implementation("moe_fsm")
+    for impl, samples in rounds.items():
+        key = "ceiling" if impl == FREE_EXPERTS else impl
+        row[f"{key}_model_round_ms"] = samples
+        row[f"{key}_model_rounds_ms"] = statistics.median(samples)
 
 
 def compiled_forward(model, impl: str, mode: str, ids, reference, device, repeats: int, row: dict) -> None:
@@ -401,6 +425,27 @@ def table(results: dict) -> str:
             ratio = f"{min(peers) / mine:.2f}x" if peers and mine else "-"
             lines.append(f"| {row['tokens']} | " + " | ".join(cells) + f" | {ratio} |")
         lines.append("")
+    interleaved = [r for r in results["rows"] if "moe_fsm_model_rounds_ms" in r]
+    if interleaved:
+        names = [i for i in IMPLEMENTATIONS if any(f"{i}_model_rounds_ms" in r for r in interleaved)]
+        free = any("ceiling_model_rounds_ms" in r for r in interleaved)
+        lines.append("model forward, interleaved rounds: median of the rounds' medians, ms")
+        lines.append("")
+        lines.append("| tokens | " + " | ".join(names) + (" | free experts" if free else "") + " | best/moe_fsm |"
+                     + (" best/free experts |" if free else ""))
+        lines.append("|---:|" + "---:|" * (len(names) + 1 + 2 * free))
+        for row in interleaved:
+            cells = [f"{row[f'{i}_model_rounds_ms']:.3f}" if f"{i}_model_rounds_ms" in row else "-" for i in names]
+            peers = [row[f"{i}_model_rounds_ms"] for i in names if i != "moe_fsm" and f"{i}_model_rounds_ms" in row]
+            best = min(peers) if peers else None
+            line = f"| {row['tokens']} | " + " | ".join(cells)
+            if free:
+                line += f" | {row['ceiling_model_rounds_ms']:.3f}"
+            line += f" | {best / row['moe_fsm_model_rounds_ms']:.2f}x |" if best else " | - |"
+            if free:
+                line += f" {best / row['ceiling_model_rounds_ms']:.2f}x |" if best else " - |"
+            lines.append(line)
+        lines.append("")
     ceilings = [r for r in results["rows"] if "ceiling_model_ms" in r]
     if ceilings:
         lines.append("model forward with experts that cost nothing (the bound on any experts implementation)")
@@ -461,6 +506,8 @@ def main() -> None:
                              "reduce-overhead, max-autotune, ... (none: eager only)")
     parser.add_argument("--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS,
                         help="implementations of the forward and experts timings (the first one is the logits reference)")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="also time the model forwards interleaved, this many rounds (see interleaved_forward)")
     parser.add_argument("--ceiling", action="store_true",
                         help="also time the forward with experts that cost nothing: the bound on any implementation")
     parser.add_argument("--generate", action="store_true", help="time generate() instead (see the module docstring)")

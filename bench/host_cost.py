@@ -91,6 +91,8 @@ def main() -> None:
 
         row("floor: _foreach_copy_ + replay + clone on a bare graph", floor)
         row("floor: replay alone", graph.replay)
+        row("copy in: torch._foreach_copy_ of the three inputs", lambda: torch._foreach_copy_(static, [x, weights, ids]))
+        row("copy in: three Tensor.copy_", lambda: [s.copy_(t) for s, t in zip(static, (x, weights, ids))])
         row("one torch op for scale: x.clone()", x.clone)
         row("torch.cuda.is_current_stream_capturing()", torch.cuda.is_current_stream_capturing)
         prepared.eager_graphs = False

@@ -19,6 +19,7 @@ pytestmark = [
 pytest.importorskip("triton")
 
 from moe_fsm.kernels.triton_moe import Fp8Spec, GemmConfig, MoEConfig, align_tokens, fused_experts  # noqa: E402
+from moe_fsm.kernels.triton_moe.config import WARP_SPECIALIZE_ENV  # noqa: E402
 from moe_fsm.kernels.triton_moe.hopper import hopper_usable  # noqa: E402
 
 from .moe_gpu_cases import (  # noqa: E402
@@ -44,6 +45,17 @@ SAME_TILES_TOL = 2e-3
 
 if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9:
     pytest.skip("the TMA kernels need a Hopper (sm_90) or later GPU", allow_module_level=True)
+
+
+# Warp specialization is refused by validate_config (wrong results measured on the H100): these tests opt in to
+# run it, and the cases measured wrong are strict xfails, so a Triton that fixes them makes the suite say so.
+WS_WRONG = pytest.mark.xfail(strict=True, reason="Triton 3.6 warp-specialized K loop: wrong layer on the H100 "
+                             "(NaN rows in bf16 bm64 gather; 3.7e-2 off the emulation in block FP8), 2026-11-25")
+
+
+@pytest.fixture(autouse=True)
+def _warp_specialization_opted_in(monkeypatch):
+    monkeypatch.setenv(WARP_SPECIALIZE_ENV, "1")
 
 
 # DeepSeek-V3's layer dimensions with 16 experts: the float64 checks dequantize every expert a batch hits
@@ -92,7 +104,8 @@ def _run(x, w1, w2, g, ids, config, **kw):
         (MIXTRAL_8X7B, 700, _config(persistent=True, gather=True, paired=True)),
         # warp specialization (4 warps, run as 12): bm64, and bm128 whose rows Triton splits between two
         # consumer warpgroups (the w1 tile is then stored through pointers)
-        (QWEN3_30B, 2000, _config(block_m=64, bn1=64, bn2=128, warps=4, gather=True, ws=True)),
+        pytest.param(QWEN3_30B, 2000, _config(block_m=64, bn1=64, bn2=128, warps=4, gather=True, ws=True),
+                     marks=WS_WRONG),
         (QWEN3_30B, 2000, _config(bn2=128, warps=4, persistent=True, gather=True, ws=True)),
     ],
     ids=["qwen-bm64", "qwen-bm128", "qwen-persistent", "qwen-persistent-fold", "qwen-gather", "qwen-paired",
@@ -135,7 +148,7 @@ def test_router_weight_on_input():
 @pytest.mark.parametrize(
     "persistent,gather,paired,ws",
     [(False, False, False, False), (True, False, False, False), (True, True, False, False), (False, True, True, False),
-     (True, True, False, True)],
+     pytest.param(True, True, False, True, marks=WS_WRONG)],
 )
 def test_block_fp8(persistent, gather, paired, ws):
     shape, num_tokens = DEEPSEEK_V3_E16, 600

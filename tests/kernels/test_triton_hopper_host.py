@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from moe_fsm.errors import KernelInputError
-from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig, validate_config
+from moe_fsm.kernels.triton_moe.config import WARP_SPECIALIZE_ENV, GemmConfig, MoEConfig, validate_config
 
 
 def _cfg(bm=64, warps=4, *, pers=False, gather=False, paired=False, ws=False, fold=False, bn1=64, bn2=128, bk=128):
@@ -25,6 +25,19 @@ def _cfg(bm=64, warps=4, *, pers=False, gather=False, paired=False, ws=False, fo
         True,
         gather,
     )
+
+
+@pytest.fixture(autouse=True)
+def _warp_specialization_opted_in(monkeypatch):
+    """These tests check what Triton 3.6 compiles; running it needs the developer opt-in (wrong results on the H100)."""
+    monkeypatch.setenv(WARP_SPECIALIZE_ENV, "1")
+
+
+def test_warp_specialization_is_refused_without_the_opt_in(monkeypatch):
+    monkeypatch.delenv(WARP_SPECIALIZE_ENV)
+    with pytest.raises(KernelInputError, match=f"computed wrong layers on an H100.*{WARP_SPECIALIZE_ENV}=1"):
+        validate_config(_cfg(ws=True, gather=True), block_fp8=True)
+    validate_config(_cfg(gather=True, pers=True), block_fp8=True)
 
 
 def test_w1_warp_specialization_needs_the_gathered_input():

@@ -151,6 +151,13 @@ def validate_config(config: MoEConfig, *, block_fp8: bool) -> None:
     if config.gather_input and not config.hopper:
         raise KernelInputError("gather_input is a Hopper-kernel option; set hopper too")
     _check_warp_specialization(config, block_fp8)
+    if (config.w1.warp_specialize or config.w2.warp_specialize) and not warp_specialization_opted_in():
+        raise KernelInputError(
+            "warp_specialize: Triton 3.6's warp-specialized K loop computed wrong layers on an H100 (2026-11-25, "
+            "tests/gpu/test_triton_hopper.py: NaN rows in bf16 at block_m 64 with gather_input, 3.7e-2 off the "
+            "float64 emulation in block FP8; one bf16 block_m 128 case was right), so it is refused; "
+            f"{WARP_SPECIALIZE_ENV}=1 lets a kernel developer run it anyway (docs/perf/hopper.md)"
+        )
     if config.hopper:
         # wgmma takes 64-row tiles per warpgroup; the copy engine takes boxes of at most 256 per dimension
         tiles = (config.block_m, config.w1.block_n, config.w1.block_k, config.w2.block_n, config.w2.block_k)
@@ -159,6 +166,14 @@ def validate_config(config: MoEConfig, *, block_fp8: bool) -> None:
                 f"hopper configs need block_m >= 64, tiles of at most 256 and no swap_ab; got block_m={config.block_m}, "
                 f"w1={config.w1}, w2={config.w2}"
             )
+
+
+WARP_SPECIALIZE_ENV = "MOE_FSM_TRITON_WARP_SPECIALIZE"
+
+
+def warp_specialization_opted_in() -> bool:
+    """Whether a kernel developer asked to run warp-specialized GEMMs despite their measured wrong results."""
+    return os.environ.get(WARP_SPECIALIZE_ENV, "") not in ("", "0")
 
 
 def _check_warp_specialization(config: MoEConfig, block_fp8: bool) -> None:
