@@ -4,8 +4,8 @@ The device work of a one-token call is tens of µs; whatever the host spends abo
 forward waits for. Prints the host µs per call (median of ``--rounds`` loops of ``--calls`` calls with no
 synchronization inside, few enough that the launch queue never fills, so the figure is host time and not
 device time) of each layer of the call path, outermost first: transformers' experts module call, moe-fsm's
-``experts_forward``, ``ops.call``, ``EagerGraphs.call``; then the floor of a graph replay (the three torch
-operations it is made of, on a bare captured graph) and one torch operation for scale; then the path without
+``experts_forward``, ``ops.call``, ``EagerGraphs.call`` (pinned and copying graphs); then the floor of a copying
+replay (the three torch operations it is made of, on a bare captured graph) and one torch operation for scale; then the path without
 graph replay and transformers' ``batched_mm``. Ends with a cProfile of the module call. ``--json`` writes the rows.
 
     python bench/host_cost.py [--calls 100] [--rounds 7] [--json host_path.json]
@@ -32,6 +32,7 @@ from bench_transformers import build_model, experts_inputs  # noqa: E402
 from moe_fsm.integrations.transformers import enable, experts_forward  # noqa: E402
 from moe_fsm.kernels.triton_moe import fused_experts  # noqa: E402
 from moe_fsm.modular import ops  # noqa: E402
+from moe_fsm.modular.eager_graphs import EagerGraphs  # noqa: E402
 
 
 def host_us(fn, calls: int, rounds: int) -> float:
@@ -72,7 +73,11 @@ def main() -> None:
         row("transformers experts module call (moe_fsm, graph replay)", lambda: module(x, ids, weights))
         row("moe_fsm experts_forward", lambda: experts_forward(module, x, ids, weights))
         row("ops.call(graphs=True)", lambda: ops.call(prepared.handle, prepared.kernel, x, w1, w2, weights, ids, None, graphs=True))
-        row("EagerGraphs.call", lambda: graphs.call(prepared.handle, prepared.kernel, x, w1, w2, weights, ids, None))
+        row("EagerGraphs.call (pinned graph: inputs where they are)",
+            lambda: graphs.call(prepared.handle, prepared.kernel, x, w1, w2, weights, ids, None))
+        copying = EagerGraphs(pinned_max_tokens=0)
+        row("EagerGraphs.call (copying graph: inputs copied in, output copied out)",
+            lambda: copying.call(prepared.handle, prepared.kernel, x, w1, w2, weights, ids, None))
         static = [x.clone(), weights.clone(), ids.clone()]
         out = torch.empty_like(x)
         graph = torch.cuda.CUDAGraph()

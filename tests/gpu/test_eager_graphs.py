@@ -186,3 +186,75 @@ def test_transformers_model_forward_replays_and_matches_without_graphs(tmp_path)
     assert ops.eager_graphs().num_graphs == before + 3  # one per layer, captured on the second forward
     for logits in outs:  # bf16: the top-k sum's atomics may round the last bit either way
         assert float((logits - plain).abs().max() / plain.abs().max()) < 1e-2
+
+
+def _settle(graphs, handle, kernel, x, w1, w2, g, ids, calls=5):
+    """Call with the same input tensors until a pinned graph serves them (eager, copying capture, sighting, pin),
+    dropping each output at once as a forward does; the last call's output comes from the pinned graph."""
+    for _ in range(calls):
+        graphs.call(handle, kernel, x, w1, w2, g, ids, None)
+    out = graphs.call(handle, kernel, x, w1, w2, g, ids, None)
+    assert out.data_ptr() in {p.out.data_ptr() for p in graphs._pinned.values()}, "not served by a pinned graph"
+    return out
+
+
+def _refill(x, g, ids, seed):
+    new_x, new_g, new_ids = _inputs(x.shape[0], seed)
+    x.copy_(new_x)
+    g.copy_(new_g)
+    ids.copy_(new_ids)
+
+
+def test_pinned_graphs_read_the_inputs_where_they_are():
+    graphs = EagerGraphs()
+    kernel = _kernel()
+    handle = ops.register(kernel)
+    w1, w2 = float_weights(QWEN3_30B)
+    x, g, ids = _inputs(2, 0)
+    _settle(graphs, handle, kernel, x, w1, w2, g, ids)
+    assert graphs.num_pinned == 1 and graphs.num_graphs == 1
+    for seed in (1, 2, 3):
+        _refill(x, g, ids, seed)  # new values at the same addresses
+        out = graphs.call(handle, kernel, x, w1, w2, g, ids, None)
+        assert rel_err(out, kernel(x, w1, w2, g, ids, check_values=False)) < SAME_KERNEL_TOL
+        assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+    assert graphs.num_pinned == 1
+
+
+@pytest.mark.parametrize("hold", ["tensor", "view", "detached"])
+def test_a_held_pinned_output_is_never_overwritten(hold):
+    graphs = EagerGraphs()
+    kernel = _kernel()
+    handle = ops.register(kernel)
+    w1, w2 = float_weights(QWEN3_30B)
+    x, g, ids = _inputs(3, 0)
+    first = _settle(graphs, handle, kernel, x, w1, w2, g, ids)
+    assert graphs.num_pinned == 1
+    expected = reference(x, w1, w2, g, ids)
+    held = {"tensor": first, "view": first.view(-1), "detached": first.detach()}[hold]
+    snapshot = held.clone()
+    del first
+    _refill(x, g, ids, 7)
+    second = graphs.call(handle, kernel, x, w1, w2, g, ids, None)
+    torch.cuda.synchronize()
+    assert torch.equal(held, snapshot), "a replay overwrote an output the caller still holds"
+    assert rel_err(held.view(3, -1), expected) < BF16_TOL
+    assert rel_err(second, reference(x, w1, w2, g, ids)) < BF16_TOL
+    del held, second
+    _refill(x, g, ids, 8)
+    third = graphs.call(handle, kernel, x, w1, w2, g, ids, None)  # nothing held: the pinned graph serves again
+    assert rel_err(third, reference(x, w1, w2, g, ids)) < BF16_TOL
+
+
+def test_pinned_graphs_per_layer_are_bounded():
+    graphs = EagerGraphs(pinned_per_signature=2)
+    kernel = _kernel()
+    handle = ops.register(kernel)
+    w1, w2 = float_weights(QWEN3_30B)
+    sets = [_inputs(2, seed) for seed in range(4)]
+    for _ in range(6):
+        for x, g, ids in sets:
+            out = graphs.call(handle, kernel, x, w1, w2, g, ids, None)
+            if out is not None:
+                assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+    assert graphs.num_pinned == 2 and graphs.num_graphs == 1

@@ -6,7 +6,10 @@ work (``docs/perf/transformers.md``): an eager model forward then waits on the h
 model that enables moe-fsm decodes slower than transformers' one-GEMM ``batched_mm``. Here a
 call signature seen twice is captured once into a CUDA graph per layer; later calls copy their
 three inputs into static buffers, replay the graph and return a copy of its output: three
-host operations whatever the kernel launches inside.
+host operations whatever the kernel launches inside. Small calls whose inputs keep coming at the
+same addresses (a decode loop: the caching allocator hands each layer the same blocks) get a
+graph of their own that reads the inputs where they are and hands out its output: one host
+operation (``EagerGraphs`` says when).
 
 What a captured call shares and what it owns:
 
@@ -15,10 +18,11 @@ What a captured call shares and what it owns:
   layer B's inputs are copied in only after layer A's replay and the copy of its output were
   queued. Calls of one device are assumed to come from one stream at a time (as a model's
   forward does); two threads calling layers concurrently on two streams must turn this off.
-* The graphs of one device allocate their intermediates from one private memory pool. No
-  graph keeps a pool allocation alive after its capture (its output is copied into the
-  static buffer inside the graph), so every graph may reuse every other graph's scratch:
-  replays are ordered by the stream, and no data passes between graphs through scratch.
+* The graphs of one device allocate their intermediates from one private memory pool. A copying
+  graph keeps no pool allocation alive after its capture (its output is copied into the static
+  buffer inside the graph) and a pinned graph keeps only its output, so every graph may reuse
+  every other graph's scratch: replays are ordered by the stream, and no data passes between
+  graphs through scratch.
 * The graph of a layer holds its weights by address: the key includes both weights' data
   pointers, so a replaced weight tensor is captured again, and in-place updates are seen.
 
@@ -47,6 +51,9 @@ ENV = "MOE_FSM_EAGER_GRAPHS"
 MAX_TOKENS_ENV = "MOE_FSM_EAGER_GRAPH_MAX_TOKENS"
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_MAX_SIGNATURES = 64
+DEFAULT_PINNED_MAX_TOKENS = 256  # above this the kernels' device time hides a copy's host time
+DEFAULT_PINNED_PER_SIGNATURE = 4
+MAX_SIGHTINGS = 4096  # input-address combinations counted towards a pinned capture
 CAPTURE_ON_CALL = 2  # a signature is captured on its second call
 
 
@@ -69,7 +76,7 @@ def max_tokens_from_env() -> int:
 
 @dataclass
 class _StaticIO:
-    """The buffers every graph of one signature reads its inputs from and writes its output to."""
+    """The buffers every copying graph of one signature reads its inputs from and writes its output to."""
 
     hidden: torch.Tensor
     topk_weights: torch.Tensor
@@ -81,14 +88,52 @@ class _StaticIO:
         return [self.hidden, self.topk_weights, self.topk_ids]
 
 
-class EagerGraphs:
-    """The captured graphs of eager experts calls, by (kernel handle, call signature)."""
+@dataclass
+class _PinnedGraph:
+    """A graph that reads the caller's own input tensors (by address) and owns the output it returns."""
 
-    def __init__(self, max_tokens: Optional[int] = None, max_signatures: int = DEFAULT_MAX_SIGNATURES) -> None:
+    graph: torch.cuda.CUDAGraph
+    out: torch.Tensor  # never handed out itself: callers get a detached alias, which the use count sees
+    storage: int  # the output storage's address for its use count
+    unshared_count: int  # its use count while only this object holds the output
+
+    def output_unshared(self) -> bool:
+        """Whether no returned alias of the output is alive (nor a view or alias made from one: they all share
+        its storage), so a replay may overwrite it."""
+        return torch._C._storage_Use_Count(self.storage) == self.unshared_count
+
+
+class EagerGraphs:
+    """The captured graphs of eager experts calls, by (kernel handle, call signature).
+
+    Two kinds, tried in this order:
+
+    * pinned (token counts up to ``pinned_max_tokens``): captured on the second call whose three inputs sit
+      at the same addresses with the same strides, reading them where they are; it owns its output and
+      returns it as it is. A replay is one host operation. In a forward loop the caching allocator hands
+      each layer the same blocks step after step, so decoding settles on pinned replays. A pinned output
+      that something still holds (the tensor, a view or a detached alias of it) is never overwritten: the
+      call takes the copying graph instead. At most ``pinned_per_signature`` per layer and signature.
+    * copying: one per layer and signature; the inputs are copied into the signature's static buffers and
+      the output copied out, three host operations.
+    """
+
+    def __init__(
+        self,
+        max_tokens: Optional[int] = None,
+        max_signatures: int = DEFAULT_MAX_SIGNATURES,
+        pinned_max_tokens: int = DEFAULT_PINNED_MAX_TOKENS,
+        pinned_per_signature: int = DEFAULT_PINNED_PER_SIGNATURE,
+    ) -> None:
         self.max_tokens = max_tokens_from_env() if max_tokens is None else max_tokens
         self.max_signatures = max_signatures
+        self.pinned_max_tokens = min(pinned_max_tokens, self.max_tokens)
+        self.pinned_per_signature = pinned_per_signature
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._pinned: dict[tuple, _PinnedGraph] = {}
+        self._pinned_per_key: dict[tuple, int] = {}
         self._calls: dict[tuple, int] = {}
+        self._sightings: dict[tuple, int] = {}
         self._io: dict[tuple, _StaticIO] = {}
         self._pools: dict[int, tuple] = {}
         self._streams: dict[int, torch.cuda.Stream] = {}
@@ -96,7 +141,12 @@ class EagerGraphs:
 
     @property
     def num_graphs(self) -> int:
+        """Copying graphs (one per layer and signature)."""
         return len(self._graphs)
+
+    @property
+    def num_pinned(self) -> int:
+        return len(self._pinned)
 
     def call(
         self,
@@ -115,21 +165,41 @@ class EagerGraphs:
         tokens = hidden.shape[0]
         io_key = (hidden.device, tokens, hidden.shape[1], hidden.dtype, topk_ids.shape[1], topk_ids.dtype, topk_weights.dtype)
         key = (handle, io_key, w1.data_ptr(), w2.data_ptr(), None if expert_map is None else expert_map.data_ptr())
+        pin_key = None
+        if tokens <= self.pinned_max_tokens:
+            pin_key = (key, hidden.data_ptr(), hidden.stride(), topk_weights.data_ptr(), topk_weights.stride(),
+                       topk_ids.data_ptr(), topk_ids.stride())
+            pinned = self._pinned.get(pin_key)
+            if pinned is not None and pinned.output_unshared():
+                pinned.graph.replay()
+                return pinned.out.detach()  # an alias of its own, so the storage's use count says who holds it
         graph = self._graphs.get(key)
-        if graph is not None:
+        if graph is not None and (pin_key is None or pin_key in self._pinned or not self._pin_due(key, pin_key)):
             io = self._io[io_key]
             torch._foreach_copy_(io.inputs, [hidden, topk_weights, topk_ids])
             graph.replay()
             return io.out.clone()
         if handle in self._uncapturable or not 0 < tokens <= self.max_tokens:
             return None
+        if graph is not None:  # a pinned graph is due for these addresses
+            return self._capture_pinned(handle, kernel, key, pin_key, hidden, w1, w2, topk_weights, topk_ids, expert_map)
         calls = self._calls.get(key, 0) + 1
         self._calls[key] = calls
         if calls < CAPTURE_ON_CALL or (io_key not in self._io and len(self._io) >= self.max_signatures):
             return None
-        return self._capture(handle, kernel, key, io_key, hidden, w1, w2, topk_weights, topk_ids, expert_map)
+        return self._capture_copying(handle, kernel, key, io_key, hidden, w1, w2, topk_weights, topk_ids, expert_map)
 
-    def _capture(self, handle, kernel, key, io_key, hidden, w1, w2, topk_weights, topk_ids, expert_map):
+    def _pin_due(self, key: tuple, pin_key: tuple) -> bool:
+        """Count a sighting of these input addresses; True on the second while the layer has room for a pinned graph."""
+        if self._pinned_per_key.get(key, 0) >= self.pinned_per_signature:
+            return False
+        if len(self._sightings) >= MAX_SIGHTINGS:  # addresses that never settle: forget them, keep memory bounded
+            self._sightings.clear()
+        seen = self._sightings.get(pin_key, 0) + 1
+        self._sightings[pin_key] = seen
+        return seen >= CAPTURE_ON_CALL
+
+    def _capture_copying(self, handle, kernel, key, io_key, hidden, w1, w2, topk_weights, topk_ids, expert_map):
         io = self._io.get(io_key)
         if io is None:
             io = self._io[io_key] = _StaticIO(
@@ -139,22 +209,50 @@ class EagerGraphs:
                 torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device),
             )
         torch._foreach_copy_(io.inputs, [hidden, topk_weights, topk_ids])
+
+        def body():
+            io.out.copy_(kernel(io.hidden, w1, w2, io.topk_weights, io.topk_ids, expert_map=expert_map, check_values=False))
+
+        graph = self._capture(handle, kernel, hidden.device, body)
+        if graph is None:
+            return None
+        self._graphs[key] = graph
+        graph.replay()
+        return io.out.clone()
+
+    def _capture_pinned(self, handle, kernel, key, pin_key, hidden, w1, w2, topk_weights, topk_ids, expert_map):
+        outputs = []
+
+        def body():
+            outputs.append(kernel(hidden, w1, w2, topk_weights, topk_ids, expert_map=expert_map, check_values=False))
+
+        graph = self._capture(handle, kernel, hidden.device, body)
+        if graph is None:
+            return None
+        out = outputs.pop()
+        storage = out.untyped_storage()._cdata
+        self._pinned[pin_key] = _PinnedGraph(graph, out, storage, torch._C._storage_Use_Count(storage))
+        self._pinned_per_key[key] = self._pinned_per_key.get(key, 0) + 1
+        self._sightings.pop(pin_key, None)
+        graph.replay()
+        return out.detach()
+
+    def _capture(self, handle, kernel, device: torch.device, body) -> Optional[torch.cuda.CUDAGraph]:
+        """``body`` captured on a side stream into the device's pool, after one uncaptured run; None if capture fails."""
         graph = torch.cuda.CUDAGraph()
-        caller = torch.cuda.current_stream(hidden.device)
-        side = self._side_stream(hidden.device)
+        caller = torch.cuda.current_stream(device)
+        side = self._side_stream(device)
         side.wait_stream(caller)
         try:
             # capture_begin/end rather than torch.cuda.graph: that context synchronizes the device, collects
             # garbage and empties the allocator's cache on every capture, tens of ms for each layer of a model
             with torch.cuda.stream(side):
-                # one uncaptured run on the static buffers first: whatever compiles or initializes lazily for
-                # their addresses (a Triton specialization on 16-byte alignment) does it outside the capture
-                kernel(io.hidden, w1, w2, io.topk_weights, io.topk_ids, expert_map=expert_map, check_values=False)
-                graph.capture_begin(pool=self._pool(hidden.device))
+                # one uncaptured run first: whatever compiles or initializes lazily for these addresses (a
+                # Triton specialization on 16-byte alignment) does it outside the capture
+                body()
+                graph.capture_begin(pool=self._pool(device))
                 try:
-                    result = kernel(io.hidden, w1, w2, io.topk_weights, io.topk_ids, expert_map=expert_map, check_values=False)
-                    io.out.copy_(result)
-                    del result
+                    body()
                 finally:
                     graph.capture_end()
         except Exception as err:  # a kernel that reads the device on the host, or anything capture refuses
@@ -164,13 +262,11 @@ class EagerGraphs:
                 f"moe_fsm: {getattr(kernel, 'name', kernel)} could not be captured in a CUDA graph "
                 f"({type(err).__name__}: {err}); its eager calls launch their kernels directly from now on",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
             return None
         caller.wait_stream(side)
-        self._graphs[key] = graph
-        graph.replay()
-        return io.out.clone()
+        return graph
 
     def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -189,7 +285,10 @@ class EagerGraphs:
     def clear(self) -> None:
         """Drop every graph and buffer (their memory returns to the allocator's cache)."""
         self._graphs.clear()
+        self._pinned.clear()
+        self._pinned_per_key.clear()
         self._calls.clear()
+        self._sightings.clear()
         self._io.clear()
         self._pools.clear()
         self._streams.clear()
