@@ -18,11 +18,12 @@ What a captured call shares and what it owns:
   layer B's inputs are copied in only after layer A's replay and the copy of its output were
   queued. Calls of one device are assumed to come from one stream at a time (as a model's
   forward does); two threads calling layers concurrently on two streams must turn this off.
-* The graphs of one device allocate their intermediates from one private memory pool. A copying
-  graph keeps no pool allocation alive after its capture (its output is copied into the static
-  buffer inside the graph) and a pinned graph keeps only its output, so every graph may reuse
-  every other graph's scratch: replays are ordered by the stream, and no data passes between
-  graphs through scratch.
+* The graphs of one device allocate their intermediates from one private memory pool. No graph
+  keeps a pool allocation alive after its capture (each copies its result, inside the graph, into
+  an output allocated outside the pool), so every graph may reuse every other graph's scratch:
+  replays are ordered by the stream, and no data passes between graphs through scratch. An output
+  kept in the pool would be scratch to a graph captured before it, and that graph's replay would
+  overwrite it.
 * The graph of a layer holds its weights by address: the key includes both weights' data
   pointers, so a replaced weight tensor is captured again, and in-place updates are seen.
 
@@ -221,15 +222,16 @@ class EagerGraphs:
         return io.out.clone()
 
     def _capture_pinned(self, handle, kernel, key, pin_key, hidden, w1, w2, topk_weights, topk_ids, expert_map):
-        outputs = []
+        # the output lives outside the shared pool: a graph captured earlier may use the same pool memory as
+        # scratch, and its replay would overwrite an output kept there (the H100 suite caught exactly that)
+        out = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
 
         def body():
-            outputs.append(kernel(hidden, w1, w2, topk_weights, topk_ids, expert_map=expert_map, check_values=False))
+            out.copy_(kernel(hidden, w1, w2, topk_weights, topk_ids, expert_map=expert_map, check_values=False))
 
         graph = self._capture(handle, kernel, hidden.device, body)
         if graph is None:
             return None
-        out = outputs.pop()
         storage = out.untyped_storage()._cdata
         self._pinned[pin_key] = _PinnedGraph(graph, out, storage, torch._C._storage_Use_Count(storage))
         self._pinned_per_key[key] = self._pinned_per_key.get(key, 0) + 1
