@@ -205,8 +205,11 @@ def _refill(x, g, ids, seed):
     ids.copy_(new_ids)
 
 
+PINNED = 256  # pinned graphs are opt-in (eager_graphs.py); these tests turn them on
+
+
 def test_pinned_graphs_read_the_inputs_where_they_are():
-    graphs = EagerGraphs()
+    graphs = EagerGraphs(pinned_max_tokens=PINNED)
     kernel = _kernel()
     handle = ops.register(kernel)
     w1, w2 = float_weights(QWEN3_30B)
@@ -223,7 +226,7 @@ def test_pinned_graphs_read_the_inputs_where_they_are():
 
 @pytest.mark.parametrize("hold", ["tensor", "view", "detached"])
 def test_a_held_pinned_output_is_never_overwritten(hold):
-    graphs = EagerGraphs()
+    graphs = EagerGraphs(pinned_max_tokens=PINNED)
     kernel = _kernel()
     handle = ops.register(kernel)
     w1, w2 = float_weights(QWEN3_30B)
@@ -247,7 +250,7 @@ def test_a_held_pinned_output_is_never_overwritten(hold):
 
 
 def test_pinned_graphs_per_layer_are_bounded():
-    graphs = EagerGraphs(pinned_per_signature=2)
+    graphs = EagerGraphs(pinned_max_tokens=PINNED, pinned_per_signature=2)
     kernel = _kernel()
     handle = ops.register(kernel)
     w1, w2 = float_weights(QWEN3_30B)

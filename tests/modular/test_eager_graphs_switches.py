@@ -58,3 +58,14 @@ def test_cpu_calls_never_touch_the_graphs():
         out = ops.call(handle, kernel, x, w1, w2, weights, ids, graphs=True)
     assert torch.equal(out, kernel(x, w1, w2, weights, ids))
     assert ops.eager_graphs().num_graphs == before
+
+
+def test_pinned_graphs_are_opt_in(monkeypatch):
+    monkeypatch.delenv(eager_graphs.PINNED_MAX_TOKENS_ENV, raising=False)
+    assert eager_graphs.EagerGraphs().pinned_max_tokens == 0
+    monkeypatch.setenv(eager_graphs.PINNED_MAX_TOKENS_ENV, "256")
+    assert eager_graphs.EagerGraphs().pinned_max_tokens == 256
+    assert eager_graphs.EagerGraphs(max_tokens=16).pinned_max_tokens == 16  # never above the capture limit
+    monkeypatch.setenv(eager_graphs.PINNED_MAX_TOKENS_ENV, "lots")
+    with pytest.raises(ValueError, match=f"{eager_graphs.PINNED_MAX_TOKENS_ENV}='lots' is not an integer"):
+        eager_graphs.EagerGraphs()
