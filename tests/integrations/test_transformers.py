@@ -339,3 +339,15 @@ def test_cpu_models_do_not_replay_cuda_graphs(tmp_path):
     model = build("qwen3_moe", torch.float32)
     enabled = enable(model, env={}, trace_dir=tmp_path, eager_graphs=True)
     assert not any(p.eager_graphs for p in enabled.modules.values())
+
+
+def test_a_bad_graph_token_limit_fails_enable_naming_the_variable(tmp_path, monkeypatch):
+    from moe_fsm.modular import eager_graphs, ops
+
+    monkeypatch.setattr(ops, "_eager_graphs", None)
+    monkeypatch.setenv(eager_graphs.MAX_TOKENS_ENV, "all")
+    with pytest.raises(ValueError, match=f"{eager_graphs.MAX_TOKENS_ENV}='all' is not an integer; accepted"):
+        enable(build("qwen3_moe", torch.float32), env={}, trace_dir=tmp_path)
+    monkeypatch.delenv(eager_graphs.MAX_TOKENS_ENV)
+    monkeypatch.setattr(ops, "_eager_graphs", None)
+    enable(build("qwen3_moe", torch.float32), env={}, trace_dir=tmp_path, eager_graphs=True)

@@ -191,6 +191,8 @@ def enable(
         )
     specs = [(name, module, layer_spec(module, model_class=type(model).__name__, name=name)) for name, module in found]
     graphs = enabled_by_env() if eager_graphs is None else bool(eager_graphs)
+    if graphs:
+        ops.eager_graphs()  # reads its token limits from the environment now: a bad value fails enable(), not a forward
     ExpertsInterface.register(IMPLEMENTATION, experts_forward)
     engine = Engine(
         parallel=parallel, request=backend, env=env, policy=policy, build=False,

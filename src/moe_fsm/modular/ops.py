@@ -27,8 +27,9 @@ maps unquantized experts only; the operator has no scale arguments).
 Eager callers need not go through the dispatcher: a Python custom operator costs
 15-25 µs of host time per call on a CPU, more than the target for a whole one-token
 layer, so :func:`call` takes the operator only while dynamo traces
-(``torch.compiler.is_compiling()``) and calls the kernel directly otherwise. Both run
-the same kernel object on the same arguments. Neither reads routing values to check
+(``torch.compiler.is_compiling()``) and calls the kernel directly otherwise, or, for an
+eager CUDA call of a capturable kernel with ``graphs=True``, replays it from a CUDA graph
+(``eager_graphs.py``). All run the same kernel object on the same arguments. Neither reads routing values to check
 them (``check_values=False``: the ids come from a router's top-k, in range by
 construction; an id out of range contributes nothing): shapes, dtypes and devices are
 checked once per call signature.
