@@ -233,7 +233,12 @@ def compiled_forward(model, impl: str, mode: str, ids, reference, device, repeat
 
 
 def bench_generate(args) -> dict:
-    """End-to-end greedy ``generate()`` with a static cache and transformers' compiled decoding, per implementation."""
+    """End-to-end greedy ``generate()`` with a static cache and transformers' compiled decoding, per implementation.
+
+    With ``--generate-rounds R`` every implementation gets its own copy of the model (same weights), all are
+    compiled first, then timed one call each, in turn, R times: a decoding step of a small model is bound by
+    generate()'s own host work, whose speed drifts over a run by more than the gaps between implementations.
+    """
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import CompileConfig
 
@@ -242,52 +247,81 @@ def bench_generate(args) -> dict:
     results = {"kind": "generate", "device_name": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
                "torch": torch.__version__, "transformers": transformers.__version__, "dtype": args.dtype,
                "layers": args.layers, "new_tokens": args.new_tokens, "prompt": args.prompt, "mode": args.generate_mode,
-               "cpu_threads": torch.get_num_threads(), "rows": []}
+               "rounds": args.generate_rounds, "cpu_threads": torch.get_num_threads(), "rows": []}
     register_free_experts()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    compile_config = CompileConfig(fullgraph=True, mode=args.generate_mode)
+    compile_config._compile_all_devices = True  # transformers compiles only on accelerators unless told
     for shape in args.generate_shapes:
-        model = build_model(shape, args.layers, dtype, device)
-        with tempfile.TemporaryDirectory() as traces:
-            enabled = enable(model, env={}, trace_dir=traces)
+        copies = args.generate_impls if args.generate_rounds else args.generate_impls[:1]
+        models = {}
+        for impl in copies:
+            models[impl] = build_model(shape, args.layers, dtype, device)
+            with tempfile.TemporaryDirectory() as traces:
+                enabled = enable(models[impl], env={}, trace_dir=traces)
         decision = next(iter(enabled.modules.values())).loaded.decision
-        compile_config = CompileConfig(fullgraph=True, mode=args.generate_mode)
-        compile_config._compile_all_devices = True  # transformers compiles only on accelerators unless told
+        model_of = (lambda impl: models[impl]) if args.generate_rounds else (lambda impl: models[copies[0]])
         for batch in args.batch:
-            prompt = torch.randint(0, model.config.vocab_size, (batch, args.prompt),
+            prompt = torch.randint(0, models[copies[0]].config.vocab_size, (batch, args.prompt),
                                    generator=torch.Generator().manual_seed(batch)).to(device)
             config = GenerationConfig(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
                                       cache_implementation="static", compile_config=compile_config,
                                       pad_token_id=0, eos_token_id=None, bos_token_id=None)
-            row, reference = {"shape": shape, "batch": batch, "moe_fsm": f"{decision.backend} ({decision.kernel})"}, None
+            row, reference, ready = {"shape": shape, "batch": batch, "moe_fsm": f"{decision.backend} ({decision.kernel})"}, None, []
+
+            def run(impl):
+                with torch.no_grad():
+                    return model_of(impl).generate(prompt, generation_config=config)
+
+            def timed_call(impl) -> float:
+                sync()
+                start = time.perf_counter()
+                run(impl)
+                sync()
+                return (time.perf_counter() - start) * 1e3
+
             for impl in args.generate_impls:
+                model = model_of(impl)
                 model.set_experts_implementation(impl)
-                torch._dynamo.reset()
+                if not args.generate_rounds:
+                    torch._dynamo.reset()
                 for attr in ("_compiled_call", "_last_compile_config"):
                     if hasattr(model, attr):
                         delattr(model, attr)
                 try:
-                    with torch.no_grad():
-                        start = time.perf_counter()
-                        out = model.generate(prompt, generation_config=config)
-                        row[f"{impl}_first_s"] = time.perf_counter() - start  # compiles the decoding step
-                        generated = out[:, args.prompt:]
-                        if generated.shape[1] != args.new_tokens:
-                            raise RuntimeError(f"generated {generated.shape[1]} tokens, asked for {args.new_tokens}")
-                        if reference is None:
-                            reference = generated
-                        row[f"{impl}_agree"] = float((generated == reference).float().mean())
-                        ms = timed(lambda: model.generate(prompt, generation_config=config), device, args.generate_repeats,
-                                   warmup=1)
-                    row[f"{impl}_ms"] = ms
-                    row[f"{impl}_tokens_per_s"] = batch * args.new_tokens / (ms / 1e3)
+                    start = time.perf_counter()
+                    out = run(impl)
+                    row[f"{impl}_first_s"] = time.perf_counter() - start  # compiles the decoding step
+                    generated = out[:, args.prompt:]
+                    if generated.shape[1] != args.new_tokens:
+                        raise RuntimeError(f"generated {generated.shape[1]} tokens, asked for {args.new_tokens}")
+                    if reference is None:
+                        reference = generated
+                    row[f"{impl}_agree"] = float((generated == reference).float().mean())
+                    run(impl)  # records the CUDA graphs
+                    if not args.generate_rounds:
+                        row[f"{impl}_ms"] = statistics.median(timed_call(impl) for _ in range(args.generate_repeats))
+                    ready.append(impl)
                 except Exception as err:
                     row[f"{impl}_error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
+            if args.generate_rounds:
+                samples = {impl: [] for impl in ready}
+                for _ in range(args.generate_rounds):
+                    for impl in ready:
+                        samples[impl].append(timed_call(impl))
+                for impl in ready:
+                    row[f"{impl}_ms"] = statistics.median(samples[impl])
+                    row[f"{impl}_samples_ms"] = samples[impl]
+            for impl in args.generate_impls:
+                if f"{impl}_ms" in row:
+                    row[f"{impl}_tokens_per_s"] = batch * args.new_tokens / (row[f"{impl}_ms"] / 1e3)
                 print(f"  generate {shape} batch {batch} {impl}: "
                       f"{row.get(f'{impl}_tokens_per_s', row.get(f'{impl}_error'))}", file=sys.stderr)
             results["rows"].append(row)
             if args.json:  # what is measured so far survives a run cut short
                 with open(args.json, "w") as f:
                     json.dump(results, f, indent=2)
-        del model
+        del models
         torch._dynamo.reset()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -518,6 +552,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=16, help="prompt tokens per sequence")
     parser.add_argument("--generate-repeats", type=int, default=3)
+    parser.add_argument("--generate-rounds", type=int, default=0,
+                        help="interleave: a model copy per implementation, timed in turn this many rounds (0: one after another)")
     parser.add_argument("--host-cost", action="store_true", help="profile one eager experts call instead")
     parser.add_argument("--host-calls", type=int, default=50,
                         help="profiled calls per implementation (the profiler's event tree grows with them)")

@@ -60,12 +60,12 @@ def test_cpu_calls_never_touch_the_graphs():
     assert ops.eager_graphs().num_graphs == before
 
 
-def test_pinned_graphs_are_opt_in(monkeypatch):
+def test_pinned_graphs_serve_up_to_256_tokens_unless_set(monkeypatch):
     monkeypatch.delenv(eager_graphs.PINNED_MAX_TOKENS_ENV, raising=False)
-    assert eager_graphs.EagerGraphs().pinned_max_tokens == 0
-    monkeypatch.setenv(eager_graphs.PINNED_MAX_TOKENS_ENV, "256")
     assert eager_graphs.EagerGraphs().pinned_max_tokens == 256
     assert eager_graphs.EagerGraphs(max_tokens=16).pinned_max_tokens == 16  # never above the capture limit
+    monkeypatch.setenv(eager_graphs.PINNED_MAX_TOKENS_ENV, "0")
+    assert eager_graphs.EagerGraphs().pinned_max_tokens == 0
     monkeypatch.setenv(eager_graphs.PINNED_MAX_TOKENS_ENV, "lots")
     with pytest.raises(ValueError, match=f"{eager_graphs.PINNED_MAX_TOKENS_ENV}='lots' is not an integer"):
         eager_graphs.EagerGraphs()

@@ -52,6 +52,8 @@ from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts, Vendor
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.integrations.block_graphs import BlockGraphs
+from moe_fsm.integrations.block_graphs import uninstall as uninstall_block
 from moe_fsm.modular import ops
 from moe_fsm.modular.eager_graphs import enabled_by_env
 from moe_fsm.modular.kernel import ModularKernel
@@ -116,6 +118,7 @@ class EnabledModel:
     engine: Engine
     modules: dict[str, PreparedExperts]
     training: str
+    blocks: Optional[BlockGraphs] = None  # the MoE blocks whose eager forwards replay from CUDA graphs
 
     @property
     def trace_dir(self) -> Path:
@@ -147,6 +150,8 @@ class EnabledModel:
             if inference_only:
                 note += "; training: torch experts" if self.training == "torch" else "; training: refused"
             lines.append(f"  {len(names):3d} x {backend} ({kernel}, {dtype}{note}): {names[0]}" + (" ..." if len(names) > 1 else ""))
+        if self.blocks is not None:
+            lines.append(f"  {len(self.blocks.replays)} MoE block(s) replay router and experts from CUDA graphs in eager no-grad forwards")
         return "\n".join(lines)
 
 
@@ -169,7 +174,9 @@ def enable(
     CPU for modules on the CPU (the kernel must run where the weights are).
     ``eager_graphs`` (default: on unless ``MOE_FSM_EAGER_GRAPHS=0``): eager forwards on a GPU replay each
     capturable layer's call from a CUDA graph captured on the second call of each token count
-    (``moe_fsm/modular/eager_graphs.py``): the same kernels, without their launch work on the host.
+    (``moe_fsm/modular/eager_graphs.py``): the same kernels, without their launch work on the host; and
+    under ``torch.no_grad()`` the MoE block around such a layer (its router and experts) replays as one
+    graph (``block_graphs.py``).
     Raises ``InputError`` naming the model class and feature for a layout
     moe-fsm cannot run, and the first layer's selection error (trace written).
     """
@@ -214,13 +221,40 @@ def enable(
             name, layer, loaded, kernel, training_kernel, _weights(module)[0].device, substitute_reason,
         )
         prepared[name].eager_graphs = graphs and getattr(kernel, "capturable", False)
+    blocks = install_block_graphs(model, prepared) if graphs else uninstall_block_graphs(model, prepared)
     model.set_experts_implementation(IMPLEMENTATION)
     write_layer_manifest(
         engine.trace_dir, MODEL_MANIFEST_NAME, MODEL_MANIFEST_SCHEMA,
         {"model": type(model).__name__, "profile": engine.profile.to_json(), "platform": engine.platform.to_json()},
         [{"index": i, "name": name, "trace": path.name} for i, (name, path) in enumerate(engine.layer_traces)],
     )
-    return EnabledModel(type(model).__name__, engine, prepared, training)
+    return EnabledModel(type(model).__name__, engine, prepared, training, blocks)
+
+
+def _blocks(model, prepared: Mapping[str, PreparedExperts]):
+    """(name, MoE block, experts module name) for each prepared experts module: the block is the module's
+    parent, which calls its router and it."""
+    for name in prepared:
+        parent = name.rpartition(".")[0]
+        if parent:
+            yield parent, model.get_submodule(parent), name
+
+
+def install_block_graphs(model, prepared: Mapping[str, PreparedExperts]) -> Optional[BlockGraphs]:
+    """Replay from CUDA graphs the eager forward of every block whose experts kernel is capturable."""
+    blocks = BlockGraphs(ops.eager_graphs())
+    for name, block, experts_name in _blocks(model, prepared):
+        if prepared[experts_name].eager_graphs:
+            config = model.get_submodule(experts_name).config
+            blocks.install(block, name, lambda config=config: config._experts_implementation == IMPLEMENTATION)
+        else:
+            uninstall_block(block)
+    return blocks if blocks.replays else None
+
+
+def uninstall_block_graphs(model, prepared: Mapping[str, PreparedExperts]) -> None:
+    for _, block, _ in _blocks(model, prepared):
+        uninstall_block(block)
 
 
 def experts_modules(model) -> list[tuple[str, torch.nn.Module]]:

@@ -36,9 +36,11 @@ fails marks that kernel uncapturable for the process and the call runs eagerly: 
 is a speed-up, never a new way to fail.
 
 Switches: ``MOE_FSM_EAGER_GRAPHS=0`` turns replay off for the process; the transformers
-integration's ``enable(model, eager_graphs=False)`` for one model. Pinned graphs are off until
-``MOE_FSM_EAGER_GRAPH_PINNED_MAX_TOKENS`` (say 256) turns them on: the version measured on the H100
-overwrote an output held across calls, and its fix has not run on a GPU yet.
+integration's ``enable(model, eager_graphs=False)`` for one model. Pinned graphs serve calls of up
+to ``MOE_FSM_EAGER_GRAPH_PINNED_MAX_TOKENS`` tokens (default 256; 0 turns them off).
+
+``capture`` is the capture step itself, shared with whoever replays larger units from graphs in the
+same pool (the transformers integration's MoE blocks: ``integrations/block_graphs.py``).
 """
 
 from __future__ import annotations
@@ -55,10 +57,8 @@ MAX_TOKENS_ENV = "MOE_FSM_EAGER_GRAPH_MAX_TOKENS"
 DEFAULT_MAX_TOKENS = 8192
 DEFAULT_MAX_SIGNATURES = 64
 PINNED_MAX_TOKENS_ENV = "MOE_FSM_EAGER_GRAPH_PINNED_MAX_TOKENS"
-# Pinned graphs are off by default: their last fix (the output moved out of the shared pool) has not run on a
-# GPU yet (docs/perf/transformers.md). 256 is the figure to opt in with: above it the kernels' device time
-# hides a copy's host time.
-DEFAULT_PINNED_MAX_TOKENS = 0
+# above 256 tokens the kernels' device time hides a copy's host time
+DEFAULT_PINNED_MAX_TOKENS = 256
 DEFAULT_PINNED_PER_SIGNATURE = 4
 MAX_SIGHTINGS = 4096  # input-address combinations counted towards a pinned capture
 CAPTURE_ON_CALL = 2  # a signature is captured on its second call
@@ -222,7 +222,7 @@ class EagerGraphs:
         def body():
             io.out.copy_(kernel(io.hidden, w1, w2, io.topk_weights, io.topk_ids, expert_map=expert_map, check_values=False))
 
-        graph = self._capture(handle, kernel, hidden.device, body)
+        graph = self._capture_kernel(handle, kernel, hidden.device, body)
         if graph is None:
             return None
         self._graphs[key] = graph
@@ -237,7 +237,7 @@ class EagerGraphs:
         def body():
             out.copy_(kernel(hidden, w1, w2, topk_weights, topk_ids, expert_map=expert_map, check_values=False))
 
-        graph = self._capture(handle, kernel, hidden.device, body)
+        graph = self._capture_kernel(handle, kernel, hidden.device, body)
         if graph is None:
             return None
         storage = out.untyped_storage()._cdata
@@ -247,8 +247,19 @@ class EagerGraphs:
         graph.replay()
         return out.detach()
 
-    def _capture(self, handle, kernel, device: torch.device, body) -> Optional[torch.cuda.CUDAGraph]:
-        """``body`` captured on a side stream into the device's pool, after one uncaptured run; None if capture fails."""
+    def _capture_kernel(self, handle, kernel, device: torch.device, body) -> Optional[torch.cuda.CUDAGraph]:
+        graph = self.capture(device, body, getattr(kernel, "name", kernel), "its eager calls launch their kernels directly from now on")
+        if graph is None:
+            self._uncapturable.add(handle)
+        return graph
+
+    def capture(self, device: torch.device, body, what, instead: str) -> Optional[torch.cuda.CUDAGraph]:
+        """``body`` captured on a side stream into the device's pool, after one uncaptured run.
+
+        None if the capture fails, with a warning that names ``what`` failed and what happens ``instead``.
+        ``body`` must copy whatever its graph hands out into memory allocated outside the pool (see the
+        module docstring).
+        """
         graph = torch.cuda.CUDAGraph()
         caller = torch.cuda.current_stream(device)
         side = self._side_stream(device)
@@ -266,13 +277,11 @@ class EagerGraphs:
                 finally:
                     graph.capture_end()
         except Exception as err:  # a kernel that reads the device on the host, or anything capture refuses
-            self._uncapturable.add(handle)
             caller.wait_stream(side)
             warnings.warn(
-                f"moe_fsm: {getattr(kernel, 'name', kernel)} could not be captured in a CUDA graph "
-                f"({type(err).__name__}: {err}); its eager calls launch their kernels directly from now on",
+                f"moe_fsm: {what} could not be captured in a CUDA graph ({type(err).__name__}: {err}); {instead}",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
             return None
         caller.wait_stream(side)
