@@ -65,3 +65,35 @@ def test_compile_traces_through_an_installed_replay(tmp_path):
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(ids).logits
     assert explained.graph_break_count == 0
     assert float((compiled - expected).abs().max()) < 1e-5
+
+
+def test_a_block_is_eligible_only_where_a_replay_gives_its_forward(tmp_path):
+    model, _ = _model(tmp_path)
+    blocks = BlockGraphs(ops.eager_graphs())
+    active = [True]
+    replay = blocks.install(model.model.layers[0].mlp, "model.layers.0.mlp", active=lambda: active[0])
+    x = torch.randn(1, 3, 64)
+    with torch.no_grad():
+        assert replay.eligible(x)
+        active[0] = False  # the model switched to another experts implementation
+        assert not replay.eligible(x)
+        active[0] = True
+        handle = model.model.layers[0].mlp.gate.register_forward_hook(lambda *_: None)
+        assert not replay.eligible(x), "a user's hook would not run on a replay"
+        handle.remove()
+        assert replay.eligible(x)
+        model.train()
+        assert not replay.eligible(x)
+        model.eval()
+        assert not replay.eligible(torch.randn(1, 9000, 64)), "over the token limit"
+    assert not replay.eligible(x), "grad mode records autograd history"
+    seen = []
+    own = replay.forward
+    replay.forward = lambda h: (seen.append(replay.eligible(h)), own(h))[1]
+    ids = torch.randint(0, 64, (1, 4))
+    with torch.no_grad():
+        model(ids)
+        out = model(ids, output_router_logits=True)  # installs transformers' recorder hooks and collects
+        model(ids)
+    assert len(out.router_logits) == 2
+    assert seen == [True, False, True], "eligible unless the recorder collects; its idle hooks do not count"

@@ -16,9 +16,9 @@ A block is replayed only where that gives what its eager forward gives:
 * grad mode is off (``torch.no_grad()``, ``inference_mode``, ``generate()``): a graph records no
   autograd history;
 * the block is in eval mode (a router's training-time jitter stays eager);
-* no forward hook was added to the block or its modules since ``enable`` (a hook would not run on a
-  replay), no global module hook is set, and transformers' output recorder is not collecting
-  (``output_router_logits=True`` reads the router's hooks);
+* no forward hook is set on the block or its modules (a hook would not run on a replay) but
+  transformers' output recorder's, no global module hook is set, and that recorder collects nothing
+  in this forward (``output_router_logits=True`` and the like read the router's hooks);
 * the caller is neither compiling (dynamo traces the original forward) nor capturing a graph of
   its own (its graph takes the kernels);
 * the token count is at most the experts' ``max_tokens`` and the same signature (input shape,
@@ -41,20 +41,30 @@ from torch.nn.modules import module as nn_module
 
 from moe_fsm.modular.eager_graphs import CAPTURE_ON_CALL, DEFAULT_MAX_SIGNATURES, EagerGraphs
 
-try:  # transformers 5's output recorder: its hooks on the router collect only while a collector is set
+try:  # transformers 5's output recorder: a forward sets a collector, with a key for each output asked for
     from transformers.utils.output_capturing import _active_collector
-except ImportError:  # pragma: no cover - another transformers: its recorder hooks count as hooks added
+except ImportError:  # pragma: no cover - another transformers: nothing to ask
     _active_collector = None
 
 REPLAY_ATTRIBUTE = "_moe_fsm_block_replay"  # on the installed forward: the BlockReplay behind it
+# the name of the hook transformers' recorder installs (on first use) on the modules whose outputs it can collect;
+# it collects only while the collector asks for its key
+RECORDER_HOOK = "output_capturing_hook"
 
 
 def _collecting() -> bool:
-    return _active_collector is not None and _active_collector.get() is not None
+    """Whether transformers' recorder collects outputs in this forward (router logits, hidden states, ...)."""
+    return _active_collector is not None and bool(_active_collector.get())
 
 
 def _hook_count(modules: tuple[torch.nn.Module, ...]) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
+
+
+def _foreign_hooks(modules: tuple[torch.nn.Module, ...]) -> bool:
+    """Whether a hook other than transformers' recorder's is set on any of ``modules``."""
+    return any(getattr(hook, "__name__", None) != RECORDER_HOOK
+               for m in modules for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()))
 
 
 def _global_hooks() -> bool:
@@ -120,7 +130,8 @@ class BlockReplay:
         self.forward = forward  # the block's own forward (bound), what every graph captures
         self.name = name
         self.modules = tuple(block.modules())
-        self.hooks = _hook_count(self.modules)
+        self._hooks_seen = _hook_count(self.modules)
+        self._foreign = _foreign_hooks(self.modules)
         self.parameters = tuple((m, n) for m in self.modules for n, p in m._parameters.items() if p is not None)
         self.replayable = True
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, _BlockIO]] = {}
@@ -148,20 +159,30 @@ class BlockReplay:
         return self._capture(key, x)
 
     def _may_replay(self, x) -> bool:
+        return (isinstance(x, torch.Tensor) and x.is_cuda and self.eligible(x)
+                and not torch.cuda.is_current_stream_capturing())
+
+    def eligible(self, x: torch.Tensor) -> bool:
+        """Whether a graph gives what the block's forward gives for ``x`` (on any device; the replay needs CUDA)."""
         return (
             self.replayable
             and self.active()
-            and isinstance(x, torch.Tensor)
-            and x.is_cuda
             and x.dim() > 0
             and not torch.is_grad_enabled()
             and not self.block.training
             and 0 < x.numel() // max(x.shape[-1], 1) <= self.owner.graphs.max_tokens
-            and not torch.cuda.is_current_stream_capturing()
             and not _collecting()
             and not _global_hooks()
-            and _hook_count(self.modules) == self.hooks
+            and not self._hooked()
         )
+
+    def _hooked(self) -> bool:
+        """Whether a hook that a replay would skip is set in the block (rechecked when the hooks change)."""
+        count = _hook_count(self.modules)
+        if count != self._hooks_seen:
+            self._hooks_seen = count
+            self._foreign = _foreign_hooks(self.modules)
+        return self._foreign
 
     def _capture(self, key: tuple, x: torch.Tensor):
         out = self.forward(x)
