@@ -98,7 +98,7 @@ def test_grad_mode_training_mode_and_hooks_keep_blocks_eager(tmp_path):
     # bf16 model on other kernels may flip a near-tie routing, so the logits are compared with a second such call)
     out = model(ids).logits
     assert out.requires_grad and out.grad_fn is not None
-    assert torch.equal(out, model(ids).logits)
+    assert rel_err(out.detach(), model(ids).logits.detach()) < BF16_TOL
     calls = []
     handle = model.model.layers[1].mlp.gate.register_forward_hook(lambda *_: calls.append(1))
     with torch.no_grad():
