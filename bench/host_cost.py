@@ -6,7 +6,9 @@ synchronization inside, few enough that the launch queue never fills, so the fig
 device time) of each layer of the call path, outermost first: transformers' experts module call, moe-fsm's
 ``experts_forward``, ``ops.call``, ``EagerGraphs.call`` (pinned and copying graphs); then the floor of a copying
 replay (the three torch operations it is made of, on a bare captured graph) and one torch operation for scale; then the path without
-graph replay and transformers' ``batched_mm``. Ends with a cProfile of the module call. ``--json`` writes the rows.
+graph replay and transformers' ``batched_mm``; then the whole MoE block (router and experts): replayed from one graph
+(``integrations/block_graphs.py``), its own forward (transformers' router, then the experts call above), and under
+``batched_mm``. Ends with a cProfile of the module call. ``--json`` writes the rows.
 
     python bench/host_cost.py [--calls 100] [--rounds 7] [--json host_path.json]
 """
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_transformers import build_model, experts_inputs  # noqa: E402
+from moe_fsm.integrations.block_graphs import installed  # noqa: E402
 from moe_fsm.integrations.transformers import enable, experts_forward  # noqa: E402
 from moe_fsm.kernels.triton_moe import fused_experts  # noqa: E402
 from moe_fsm.modular import ops  # noqa: E402
@@ -73,7 +76,7 @@ def main() -> None:
         row("moe_fsm experts_forward", lambda: experts_forward(module, x, ids, weights))
         row("ops.call(graphs=True)", lambda: ops.call(prepared.handle, prepared.kernel, x, w1, w2, weights, ids, None, graphs=True))
         pinned = EagerGraphs(pinned_max_tokens=256)
-        row("EagerGraphs.call (pinned graph: inputs where they are; opt-in)",
+        row("EagerGraphs.call (pinned graph: inputs where they are; up to 256 tokens)",
             lambda: pinned.call(prepared.handle, prepared.kernel, x, w1, w2, weights, ids, None))
         copying = EagerGraphs(pinned_max_tokens=0)
         row("EagerGraphs.call (copying graph: inputs copied in, output copied out)",
@@ -106,6 +109,14 @@ def main() -> None:
         row("fused_experts (kernels launched, no modular kernel)", lambda: fused_experts(x, w1, w2, weights, ids))
         model.set_experts_implementation("batched_mm")
         row("transformers experts module call (batched_mm)", lambda: module(x, ids, weights))
+        model.set_experts_implementation("moe_fsm")
+        block = model.model.layers[0].mlp
+        block_input = x.view(1, 1, -1)
+        row("MoE block call, replayed from one graph (router and experts)", lambda: block(block_input))
+        row("MoE block call, its own forward (transformers' router, moe_fsm experts graph)",
+            lambda: installed(block).forward(block_input))
+        model.set_experts_implementation("batched_mm")
+        row("MoE block call (transformers' router, batched_mm)", lambda: block(block_input))
         model.set_experts_implementation("moe_fsm")
         profile = cProfile.Profile()
         profile.enable()
