@@ -22,8 +22,12 @@ A block is replayed only where that gives what its eager forward gives:
 * the caller is neither compiling (dynamo traces the original forward) nor capturing a graph of
   its own (its graph takes the kernels);
 * the token count is at most the experts' ``max_tokens`` and the same signature (input shape,
-  strides, dtype, device, every parameter's address: a replaced weight is captured again) was
-  seen once before.
+  strides, dtype, device, every parameter's and buffer's address: a replaced weight or router bias
+  is captured again; in-place updates are read by the replay) was seen once before.
+
+A replay reruns the block's device work only: a block whose forward changed Python state from call
+to call would not see it change. transformers' MoE blocks compute from their input, parameters and
+buffers alone (the one exception known, Mixtral's router jitter, runs only in training mode).
 
 Otherwise the block's own forward runs, whose experts call may still replay the experts' graph.
 A capture that fails (a block whose code reads the device on the host) warns once and leaves that
@@ -132,7 +136,9 @@ class BlockReplay:
         self.modules = tuple(block.modules())
         self._hooks_seen = _hook_count(self.modules)
         self._foreign = _foreign_hooks(self.modules)
-        self.parameters = tuple((m, n) for m in self.modules for n, p in m._parameters.items() if p is not None)
+        # (module, name) of every parameter and buffer, read afresh each call: a replaced tensor is a new signature
+        self.tensors = tuple((m, n) for m in self.modules for table in (m._parameters, m._buffers)
+                             for n, t in table.items() if t is not None)
         self.replayable = True
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, _BlockIO]] = {}
         self._calls: dict[tuple, int] = {}
@@ -145,7 +151,7 @@ class BlockReplay:
         if kwargs or len(args) != 1 or not self._may_replay(args[0]):
             return self.forward(*args, **kwargs)
         x = args[0]
-        key = (x.shape, x.stride(), x.dtype, x.device, tuple(getattr(m, n).data_ptr() for m, n in self.parameters))
+        key = (x.shape, x.stride(), x.dtype, x.device, tuple(getattr(m, n).data_ptr() for m, n in self.tensors))
         entry = self._graphs.get(key)
         if entry is not None:
             graph, io = entry
