@@ -43,6 +43,9 @@ ACTIVATIONS = {
     "swigluoai": swigluoai_and_mul,
 }
 
+# the ACTIVATION constexpr every Triton experts kernel branches on (triton_moe, its Hopper kernels, triton_wq)
+TRITON_ACTIVATION_CODES = {"silu": 0, "gelu": 1, "swigluoai": 2}
+
 
 def apply_activation(name: str, h: torch.Tensor, limit: float | None = None) -> torch.Tensor:
     try:

@@ -21,13 +21,13 @@ from typing import Optional, Union
 import torch
 
 from moe_fsm.errors import KernelInputError
+from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, launch, require_device
 from moe_fsm.kernels.triton_moe.align import AlignedRouting, PairBlocks, align_tokens, pair_blocks
 from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, get_config, validate_config
 from moe_fsm.kernels.triton_moe.hopper import hopper_usable, hopper_w1, hopper_w2
 from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE, quantize_activation
 
-ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
 WEIGHT_GRANULARITIES = ("tensor", "channel", "block")
 ACTIVATION_GRANULARITIES = ("tensor", "token", "group")

@@ -16,10 +16,10 @@ from typing import Optional
 
 import torch
 
+from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe.align import AlignedRouting
 from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig
 
-ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
 
 
 @functools.lru_cache(maxsize=None)

@@ -25,9 +25,9 @@ import torch
 
 from moe_fsm.errors import KernelInputError
 from moe_fsm.inputs.quant import MX_FP4, QuantFamily, QuantScheme
+from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe._runtime import require_device
 
-ACTIVATIONS = {"silu": 0, "gelu": 1, "swigluoai": 2}
 KINDS = {"mxfp4": 0, "int4": 1, "int8": 2}
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
 MX_GROUP = 32
