@@ -97,3 +97,18 @@ def test_a_block_is_eligible_only_where_a_replay_gives_its_forward(tmp_path):
         model(ids)
     assert len(out.router_logits) == 2
     assert seen == [True, False, True], "eligible unless the recorder collects; its idle hooks do not count"
+
+
+def test_a_replaced_router_is_surveyed_again(tmp_path):
+    model, _ = _model(tmp_path)
+    block = model.model.layers[1].mlp
+    replay = BlockGraphs(ops.eager_graphs()).install(block, "model.layers.1.mlp", active=lambda: True)
+    x = torch.randn(1, 2, 64)
+    old = {id(m) for m, _ in replay.tensors}
+    block.gate = type(block.gate)(model.config)
+    with torch.no_grad():
+        assert replay.eligible(x)
+    assert id(block.gate) in {id(m) for m, _ in replay.tensors} and id(block.gate) not in old
+    block.gate.register_forward_hook(lambda *_: None)
+    with torch.no_grad():
+        assert not replay.eligible(x), "the new router's hook is seen"

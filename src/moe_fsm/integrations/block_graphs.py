@@ -22,8 +22,8 @@ A block is replayed only where that gives what its eager forward gives:
 * the caller is neither compiling (dynamo traces the original forward) nor capturing a graph of
   its own (its graph takes the kernels);
 * the token count is at most the experts' ``max_tokens`` and the same signature (input shape,
-  strides, dtype, device, every parameter's and buffer's address: a replaced weight or router bias
-  is captured again; in-place updates are read by the replay) was seen once before.
+  strides, dtype, device, every parameter's and buffer's address: a replaced weight, router bias
+  or direct submodule is captured again; in-place updates are read by the replay) was seen once before.
 
 A replay reruns the block's device work only: a block whose forward changed Python state from call
 to call would not see it change. transformers' MoE blocks compute from their input, parameters and
@@ -133,15 +133,20 @@ class BlockReplay:
         self.block = block
         self.forward = forward  # the block's own forward (bound), what every graph captures
         self.name = name
-        self.modules = tuple(block.modules())
+        self._survey()
+        self.replayable = True
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, _BlockIO]] = {}
+        self._calls: dict[tuple, int] = {}
+
+    def _survey(self) -> None:
+        """What the signature and the hook check read: the block's modules, parameters, buffers and hooks."""
+        self.children = tuple(self.block._modules.items())
+        self.modules = tuple(self.block.modules())
         self._hooks_seen = _hook_count(self.modules)
         self._foreign = _foreign_hooks(self.modules)
         # (module, name) of every parameter and buffer, read afresh each call: a replaced tensor is a new signature
         self.tensors = tuple((m, n) for m in self.modules for table in (m._parameters, m._buffers)
                              for n, t in table.items() if t is not None)
-        self.replayable = True
-        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, _BlockIO]] = {}
-        self._calls: dict[tuple, int] = {}
 
     @property
     def num_graphs(self) -> int:
@@ -182,8 +187,15 @@ class BlockReplay:
             and not self._hooked()
         )
 
+    def _resurvey_if_replaced(self) -> None:
+        """A submodule replaced since (a router swapped for another) brings its own tensors and hooks."""
+        modules = self.block._modules
+        if len(modules) != len(self.children) or any(modules.get(n) is not m for n, m in self.children):
+            self._survey()
+
     def _hooked(self) -> bool:
         """Whether a hook that a replay would skip is set in the block (rechecked when the hooks change)."""
+        self._resurvey_if_replaced()
         count = _hook_count(self.modules)
         if count != self._hooks_seen:
             self._hooks_seen = count
