@@ -205,7 +205,7 @@ def _refill(x, g, ids, seed):
     ids.copy_(new_ids)
 
 
-PINNED = 256  # pinned graphs are opt-in (eager_graphs.py); these tests turn them on
+PINNED = 256  # the default pinned limit (eager_graphs.py), passed explicitly so an environment override cannot turn these off
 
 
 def test_pinned_graphs_read_the_inputs_where_they_are():
