@@ -406,6 +406,7 @@ def main_run(args) -> None:
     import triton
 
     from bench_gpu import measure_ceilings, versions
+    from read_floor import read_floor
     from moe_fsm.kernels.triton_moe import get_config
     from moe_fsm.kernels.triton_moe._runtime import device_name
     from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, layer_fn, make_weights, replays_per_graph, routings, time_graph
@@ -510,6 +511,10 @@ def main_run(args) -> None:
             if "ours_us" in row and "ours_TFLOPs" not in row:
                 row["ours_TFLOPs"] = flops / row["ours_us"] / 1e6
                 row["ours_x_roofline"] = row["ours_us"] / roofline_us
+            if t <= 32 and "ours_us" in row:
+                floor = read_floor(int(hit * expert_bytes(shape)), 2 * t * shape.hidden * 2, len(inputs))
+                row.update(floor_one_kernel_us=floor["one_kernel_us"], floor_two_kernels_us=floor["two_kernels_us"],
+                           ours_x_floor=row["ours_us"] / floor["two_kernels_us"])
             if t == 1:
                 for name, fn in [f for f in fns if f[0] in ("vllm", "ours")]:
                     fn(*inputs[0])
@@ -519,6 +524,7 @@ def main_run(args) -> None:
             nan = float("nan")
             print(f"{series:28s} T={t:5d} vllm {row.get('vllm_us', nan):9.1f} ({source[:3]})  ours {row.get('ours_us', nan):9.1f}  "
                   f"x{row.get('speedup', nan):5.2f}  roof x{row.get('ours_x_roofline', nan):5.2f}  "
+                  f"floor {row.get('floor_two_kernels_us', nan):7.1f} (x{row.get('ours_x_floor', nan):5.2f})  "
                   f"diff {row.get('rel_diff', nan):.1e}  flashinfer {row.get('fi_us', nan):9.1f} "
                   f"(ours/fi x{row.get('fi_speedup_over_ours', nan):5.2f}, diff {row.get('fi_rel_diff', nan):.1e})"
                   + (f"  {row['fi_error'][:120]}" if "fi_error" in row else ""), flush=True)
@@ -569,6 +575,10 @@ def summarize(report: dict) -> dict:
     ours_rows = [r for r in report["results"] if "ours_TFLOPs" in r]
     prefill = {f"{r['series']}/{r['tokens']}": round(r["ours_TFLOPs"], 1) for r in ours_rows if r["tokens"] >= 2048}
     decode = {f"{r['series']}/{r['tokens']}": round(r["ours_x_roofline"], 3) for r in ours_rows if r["tokens"] <= 32}
+    floors = {f"{r['series']}/{r['tokens']}": {"one_kernel_x_roofline": round(r["floor_one_kernel_us"] / r["roofline_us"], 3),
+                                               "two_kernels_x_roofline": round(r["floor_two_kernels_us"] / r["roofline_us"], 3),
+                                               "ours_x_two_kernels": round(r["ours_x_floor"], 3)}
+              for r in ours_rows if "ours_x_floor" in r}
     eager = {r["series"]: {"ours_graph_us": round(r["ours_us"], 1), "ours_eager_us": round(r["ours_eager_us"], 1),
                            "ours_host_us": round(r["ours_eager_us"] - r["ours_us"], 1),
                            "vllm_host_us": round(r["vllm_eager_us"] - r["vllm_us"], 1)}
@@ -593,6 +603,7 @@ def summarize(report: dict) -> dict:
         "max_rel_diff": max((r["rel_diff"] for r in rows), default=float("nan")),
         "prefill_TFLOPs": prefill,
         "decode_x_roofline": decode,
+        "decode_read_floors": floors,
         "eager_1_token": eager,
         "engine_eager_1_token": report.get("engine_eager"),
     }
@@ -679,7 +690,9 @@ def write_markdown(path: Path, report: dict) -> None:
                 cells.append(_cfg(r["vllm_config"]) if "vllm_config" in r else "-")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["## Headlines", "", f"- prefill TFLOP/s (ours): {s['prefill_TFLOPs']}", f"- decode, ours / memory roofline: {s['decode_x_roofline']}"]
+    lines += ["## Headlines", "", f"- prefill TFLOP/s (ours): {s['prefill_TFLOPs']}", f"- decode, ours / memory roofline: {s['decode_x_roofline']}",
+              f"- decode, read-only kernels over the same bytes (bench/read_floor.py) / roofline, and ours / the two-kernel floor: "
+              f"{s.get('decode_read_floors', {})}"]
     if has_fi:
         lines.append(f"- prefill TFLOP/s (FlashInfer): {s['flashinfer']['prefill_TFLOPs']}")
     if has_vllm:

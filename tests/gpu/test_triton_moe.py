@@ -65,23 +65,30 @@ def _nan_out(num_tokens: int, k: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.full((num_tokens, k), float("nan"), dtype=dtype, device="cuda")
 
 
-@pytest.mark.parametrize("num_tokens", [1, 37, 300, 4096])
+@pytest.mark.parametrize(
+    "num_tokens,num_experts", [(1, 128), (8, 128), (37, 128), (64, 128), (65, 128), (300, 128), (4096, 128),
+                               (32, 256), (32, 8)],
+)
 @pytest.mark.parametrize("block_m", [16, 64])
-def test_alignment_sorts_pads_and_maps_blocks(num_tokens, block_m):
-    num_experts, top_k = 128, 8
+def test_alignment_sorts_pads_and_maps_blocks(num_tokens, num_experts, block_m):
+    """Up to 64 tokens at top-8 (align.SMALL_PAIRS) one program aligns the batch, past it three launches do."""
+    top_k = 8
     _, ids = routing(num_tokens, num_experts, top_k, seed=num_tokens + block_m)
     ids = ids.clone()
     ids[::5, 1] = -1  # slots another rank owns
+    ids[::7, 3] = num_experts + 2  # out of range: not placed either
+    poison_allocator()  # every slot the alignment hands out must have been written
     r = align_tokens(ids, num_experts, block_m)
     sorted_ids, block_expert = r.sorted_ids.cpu(), r.block_expert.cpu()
     num_padded = int(r.num_padded.item())
     flat = ids.reshape(-1).cpu().long()
-    counts = torch.bincount(flat[flat >= 0], minlength=num_experts)
+    local = (flat >= 0) & (flat < num_experts)
+    counts = torch.bincount(flat[local], minlength=num_experts)
     assert num_padded == int(((counts + block_m - 1) // block_m * block_m).sum())
     assert num_padded <= sorted_ids.numel()
     used = sorted_ids[:num_padded]
     real = used[used < flat.numel()]
-    assert sorted(real.tolist()) == (flat >= 0).nonzero().flatten().tolist()
+    assert sorted(real.tolist()) == local.nonzero().flatten().tolist()
     assert (used[used >= flat.numel()] == flat.numel()).all()
     for b in range(num_padded // block_m):
         rows = used[b * block_m : (b + 1) * block_m]
@@ -290,4 +297,34 @@ def test_triton_fp8_quantizers_match_the_torch_ones_bit_for_bit(granularity):
     want_q, want_scale = {"group": fp8.quantize_per_group, "token": fp8.quantize_per_token,
                           "tensor": fp8.quantize_per_tensor}[granularity](x)
     assert torch.equal(scale, want_scale.to(scale.dtype).reshape(scale.shape))
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+
+
+@pytest.mark.parametrize(
+    "rows,cols,kind",
+    [(1, 4096, "randn"), (2, 14336, "randn"), (3, 14336, "randn"), (8, 4096, "randn"), (9, 4096, "randn"),
+     (64, 14336, "randn"), (0, 4096, "randn"), (5, 300, "zeros"), (48, 2048, "strided"), (6, 2000, "strided")],
+)
+def test_dynamic_per_tensor_quantizer_paths_match_torch(rows, cols, kind):
+    """Dynamic per-tensor FP8 runs in one program up to quant.SMALL_TENSOR elements, rows and columns padded to
+    powers of two (8 x 4096 and 2 x 14336 are exactly it), and as an atomic row max plus quantization past it;
+    both give torch's scale and bytes, the tensor's maximum sitting in a later row than the first."""
+    from moe_fsm.kernels import fp8
+    from moe_fsm.kernels.triton_moe import quantize_activation
+
+    gen = torch.Generator().manual_seed(rows * 7 + cols)
+    if kind == "zeros":
+        x = torch.zeros(rows, cols, dtype=torch.bfloat16)
+    else:
+        x = torch.randn(rows, cols + (44 if kind == "strided" else 0), generator=gen).mul(3).to(torch.bfloat16)
+        if rows > 1:
+            x[rows - 1, cols // 2] = 97.0
+    x = x.cuda()[:, :cols]
+    q, scale = quantize_activation(x, "tensor")
+    want_q, want_scale = fp8.quantize_per_tensor(x)
+    assert torch.equal(scale, want_scale.to(scale.dtype).reshape(scale.shape))
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    static = torch.tensor([0.011], device="cuda")  # saturates the 97.0 and everything past 4.9
+    q, scale = quantize_activation(x, "tensor", static)
+    want_q, _ = fp8.quantize_per_tensor(x, static)
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))

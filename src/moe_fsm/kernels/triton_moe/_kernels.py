@@ -18,7 +18,8 @@ Four kernels make one MoE layer:
   the tensor-core instruction's N slot, where Hopper's wgmma accepts small sizes,
   and the weight tile in its M slot, which must be 64 rows.
 * ``topk_sum_kernel``: the top-k reduction, skipping slots another rank owns.
-* ``group_quant_kernel`` / ``row_quant_kernel``: FP8 activation quantization. Scales and scaled values are
+* ``group_quant_kernel`` / ``row_quant_kernel`` (with ``tensor_amax_kernel``, or ``small_tensor_quant_kernel``
+  for a decode call's small tensors): FP8 activation quantization. Scales and scaled values are
   correctly rounded divisions (``tl.div_rn``): Triton's ``/`` on float32 is an approximate division, which on
   16-bit inputs sitting exactly on an e4m3 midpoint decides the rounding by the ulp it misses, so these kernels
   and ``moe_fsm.kernels.fp8`` (CPU or CUDA) quantize bit for bit alike.
@@ -106,6 +107,54 @@ def align_scatter_kernel(
     owner = tl.sum((ends[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
     owner = tl.where(owner < num_experts, owner, -1)
     tl.store(block_expert_ptr + blocks, owner, mask=blocks < num_row_blocks)
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_experts", "max_padded", "num_row_blocks"])
+def align_small_kernel(
+    topk_ids_ptr,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    num_padded_ptr,
+    num_pairs,
+    num_experts,
+    max_padded,
+    num_row_blocks,
+    BLOCK_M: tl.constexpr,
+    P_POW2: tl.constexpr,
+    E_POW2: tl.constexpr,
+    FILL: tl.constexpr,
+    BLOCKS: tl.constexpr,
+):
+    """The whole alignment of a decode batch (a few hundred pairs) in one program and one launch.
+
+    The general path takes three launches (zeroed counters, atomic ranks, scatter), which at 8-32 tokens cost
+    more than the sorting itself. Here the pairs are sorted in registers by (expert, pair): the i-th of them
+    goes to its expert's padded start plus i less the pairs of lower experts (pairs of one expert in pair
+    order). The pad sentinel is stored over every slot first; a block-wide barrier orders those stores before
+    the pairs' own.
+    """
+    pairs = tl.arange(0, P_POW2)
+    expert = tl.load(topk_ids_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
+    local = (pairs < num_pairs) & (expert >= 0) & (expert < num_experts)
+    counts = tl.histogram(tl.where(local, expert, 0), E_POW2, mask=local)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    # per expert: padded start less the pairs of lower experts, so slot = that + the pair's sorted position
+    offset = ends - padded - (tl.cumsum(counts, 0) - counts)
+    key = tl.sort(tl.where(local, expert * P_POW2 + pairs, E_POW2 * P_POW2))
+    placed = key < E_POW2 * P_POW2
+    slot = tl.gather(offset, tl.where(placed, key // P_POW2, 0), 0) + pairs
+    for s0 in range(0, max_padded, FILL):
+        slots = s0 + tl.arange(0, FILL)
+        tl.store(sorted_ids_ptr + slots, tl.zeros((FILL,), tl.int32) + num_pairs, mask=slots < max_padded)
+    tl.debug_barrier()
+    tl.store(sorted_ids_ptr + slot, key % P_POW2, mask=placed)
+    tl.store(num_padded_ptr, tl.sum(padded, 0))
+    for b0 in range(0, num_row_blocks, BLOCKS):
+        blocks = b0 + tl.arange(0, BLOCKS)
+        # the owner of a block is the number of experts whose padded range ends at or before it
+        owner = tl.sum((ends[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + blocks, tl.where(owner < num_experts, owner, -1), mask=blocks < num_row_blocks)
 
 
 @triton.jit(do_not_specialize=["num_valid_rows", "num_row_blocks", "num_experts"])
@@ -355,16 +404,60 @@ def group_quant_kernel(
 
 
 @triton.jit
-def row_quant_kernel(x_ptr, q_ptr, s_ptr, static_scale_ptr, K, stride_xm, stride_qm, PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
-    """FP8 rows: dynamic per-row scale (PER_ROW), or one given scale for the tensor."""
+def row_quant_kernel(
+    x_ptr, q_ptr, s_ptr, scale_in_ptr, K, stride_xm, stride_qm, SCALE_FROM: tl.constexpr, BLOCK: tl.constexpr
+):
+    """FP8 rows with a dynamic per-row scale (SCALE_FROM 0: one program per whole row), one given scale (1), or
+    the scale of the tensor's absolute maximum found before in ``scale_in_ptr`` (2; program (0, 0) stores the
+    scale in ``s_ptr``). Given and found scales split a row over a second grid axis of BLOCK-column pieces:
+    the correctly rounded divisions, not the bytes, bound a small tensor's quantization."""
     m = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < K
     x = tl.load(x_ptr + m * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    if PER_ROW:
+    if SCALE_FROM == 0:
         scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10), 448.0)
         tl.store(s_ptr + m, scale)
+    elif SCALE_FROM == 1:
+        scale = tl.load(scale_in_ptr)
     else:
-        scale = tl.load(static_scale_ptr)
+        scale = tl.div_rn(tl.maximum(tl.load(scale_in_ptr), 1e-10), 448.0)
+        if (m == 0) & (tl.program_id(1) == 0):
+            tl.store(s_ptr, scale)
     q = tl.clamp(tl.div_rn(x, scale), -448.0, 448.0)
     tl.store(q_ptr + m * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def tensor_amax_kernel(x_ptr, amax_ptr, K, stride_xm, BLOCK: tl.constexpr):
+    """One row's absolute maximum, folded into ``amax_ptr[0]`` (zeroed before) by an atomic max: max is exact,
+    so the order the rows arrive in changes nothing."""
+    m = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        cols = k0 + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + m * stride_xm + cols, mask=cols < K, other=0.0).to(tl.float32)
+        acc = tl.maximum(acc, tl.abs(x))
+    tl.atomic_max(amax_ptr, tl.max(acc, axis=0), sem="relaxed")
+
+
+@triton.jit
+def small_tensor_quant_kernel(
+    x_ptr, q_ptr, s_ptr, amax_ptr, num_rows, K, stride_xm, stride_qm,
+    QUANTIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """A small tensor (a decode call's input or intermediate) in one program and one load, the whole [ROWS,
+    BLOCK] tile in registers: its absolute maximum into ``amax_ptr``, and with QUANTIZE the scale and the FP8
+    values too, in one launch where the general path takes three."""
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = (rows < num_rows)[:, None] & (cols < K)[None, :]
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    if QUANTIZE:
+        scale = tl.div_rn(tl.maximum(amax, 1e-10), 448.0)
+        tl.store(s_ptr, scale)
+        q = tl.clamp(tl.div_rn(x, scale), -448.0, 448.0)
+        tl.store(q_ptr + rows.to(tl.int64)[:, None] * stride_qm + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(amax_ptr, amax)

@@ -7,11 +7,12 @@ mask out. Everything happens on the device and every buffer is sized from the
 shapes alone (at most ``P + min(E, P) * (BLOCK_M - 1)`` rows for P pairs, since
 at most min(E, P) experts are non-empty and each wastes fewer than BLOCK_M rows),
 so nothing waits for the device and the step can be captured in a CUDA graph.
+A decode batch (``SMALL_PAIRS``) is aligned by one program, in one launch.
 
 Slots whose id is -1 (owned by another rank) or outside [0, E) are not placed:
-no GEMM row computes them. Pairs of one expert appear in atomic-counter order,
-which varies run to run; each row is computed independently of its position in
-the block, so results do not.
+no GEMM row computes them. Pairs of one expert appear in atomic-counter order
+(in pair order for a decode batch), which varies run to run; each row is computed
+independently of its position in the block, so results do not.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.triton_moe._runtime import kernels, launch, require_device
 
 _PAIRS_PER_PROGRAM = 1024
+# a batch of at most this many pairs over at most this many experts (rounded up to a power of two) is aligned
+# by one program in one launch (``align_small_kernel``): decode batches, up to 64 tokens at top-8
+SMALL_PAIRS = 512
+SMALL_EXPERTS = 256
 
 
 @dataclass(frozen=True)
@@ -99,18 +104,26 @@ def align_tokens(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alig
     num_row_blocks = -(-max_padded // block_m)
     device = ids.device
 
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
-    rank = torch.empty(max(num_pairs, 1), dtype=torch.int32, device=device)
     sorted_ids = torch.empty(num_row_blocks * block_m, dtype=torch.int32, device=device)
     block_expert = torch.empty(num_row_blocks, dtype=torch.int32, device=device)
     num_padded = torch.empty(1, dtype=torch.int32, device=device)
 
     k = kernels()
+    e_pow2 = max(16, 1 << (num_experts - 1).bit_length())
+    if 0 < num_pairs <= SMALL_PAIRS and e_pow2 <= SMALL_EXPERTS:
+        launch(
+            k.align_small_kernel, (1,),
+            (ids, sorted_ids, block_expert, num_padded, num_pairs, num_experts, sorted_ids.numel(), num_row_blocks),
+            dict(BLOCK_M=block_m, P_POW2=max(16, 1 << (num_pairs - 1).bit_length()), E_POW2=e_pow2, FILL=1024,
+                 BLOCKS=64),
+        )
+        return AlignedRouting(sorted_ids, block_expert, num_padded, block_m, num_pairs, top_k)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+    rank = torch.empty(max(num_pairs, 1), dtype=torch.int32, device=device)
     launch(
         k.align_count_kernel, (-(-sorted_ids.numel() // _PAIRS_PER_PROGRAM),),
         (ids, counts, rank, sorted_ids, num_pairs, sorted_ids.numel(), num_experts), dict(BLOCK=_PAIRS_PER_PROGRAM),
     )
-    e_pow2 = max(16, 1 << (num_experts - 1).bit_length())
     blocks_per_program = max(16, min(128, 16384 // e_pow2))
     grid = max(-(-num_pairs // _PAIRS_PER_PROGRAM), -(-num_row_blocks // blocks_per_program), 1)
     launch(

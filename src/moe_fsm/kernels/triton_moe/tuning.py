@@ -89,6 +89,7 @@ def candidate_configs(shape: LayerShape, num_tokens: int) -> list[MoEConfig]:
         thin = block_m <= 32
         if thin:
             tiles = [(32, 64, 128, 4, 4), (64, 64, 128, 4, 3), (32, 128, 128, 4, 3), (64, 128, 256 if not shape.fp8 else 128, 4, 3)]
+            tiles += _decode_tiles(shape)
         else:
             tiles = [(64, 128, bk, 4, 3), (64, 128, bk, 8, 3), (64, 128, 128, 8, 4), (128, 128, bk, 8, 3), (64, 256, bk, 8, 3), (128, 256, bk, 8, 4)]
         group_m = 1 if thin else (16 if block_m >= 128 else 8)
@@ -112,6 +113,20 @@ def candidate_configs(shape: LayerShape, num_tokens: int) -> list[MoEConfig]:
             continue
         valid.append(c)
     return valid
+
+
+def _decode_tiles(shape: LayerShape) -> list[tuple[int, int, int, int, int]]:
+    """Thin-row-block tiles (w1 block_n, w2 block_n, block_k, warps, stages) for weight-streaming decode calls.
+
+    A decode call is a stream of weights: what counts is enough programs for every SM (w1 columns 16 wide
+    give a narrow layer, such as a TP4 shard's 192 columns, twice the programs of 32) and enough bytes in
+    flight per program (deeper pipelines; for 1-byte FP8 weights, 256-wide K steps move what a 128-wide bf16
+    step moves). Block-FP8 K steps stay at one 128-wide scale block (``validate_config``).
+    """
+    tiles = [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (32, 64, 128, 4, 6)]
+    if shape.fp8 in ("tensor", "channel"):
+        tiles += [(16, 64, 256, 4, 4), (32, 64, 256, 4, 4), (32, 128, 256, 4, 4), (64, 64, 256, 4, 3)]
+    return tiles
 
 
 def shipped_config(shape: LayerShape, num_tokens: int) -> Optional[MoEConfig]:
