@@ -52,6 +52,9 @@ def tma(config: MoEConfig, persistent: bool, ws: bool = False) -> MoEConfig:
 
 COMBOS = ((True, True, False), (True, True, True), (False, False, False), (False, False, True), (True, False, True),
           (False, True, True))  # (persistent, gather_input, paired)
+# the top-k sum folded into the w2 GEMM (fp32 atomics into the token's row instead of a [pairs, K] output that
+# topk_sum then reads again): on the first tile of each dtype only
+FOLD_COMBOS = ((True, False, True), (True, True, True), (False, False, True))
 # warp specialization: 4-warp tiles only (Triton runs them as 12 warps), the gathered input only (the w1 GEMM's
 # pointer loads cannot be specialized) and no paired loads; validate_config refuses the rest
 WS_COMBOS = ((False, True, False), (True, True, False))
@@ -67,17 +70,20 @@ def sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
         tiles = [(128, 128, 256, 8, 4, 16), (128, 128, 256, 8, 3, 16), (64, 128, 128, 4, 4, 8)]
     if fp8 == "block":
         tiles = [(64, 128, 256, 8, 3, 16), (64, 64, 128, 4, 4, 8), (64, 128, 128, 8, 3, 8)]
-    for bm, n1, n2, warps, stages, group_m in tiles:
-        combos = [(p, g, pa, False) for p, g, pa in COMBOS]
+    for index, (bm, n1, n2, warps, stages, group_m) in enumerate(tiles):
+        combos = [(p, g, pa, False, False) for p, g, pa in COMBOS]
         if warps == 4:
-            combos += [(p, g, pa, True) for p, g, pa in WS_COMBOS]
-        for persistent, gather, paired, ws in combos:
+            combos += [(p, g, pa, True, False) for p, g, pa in WS_COMBOS]
+        if index == 0:
+            combos += [(p, g, pa, False, True) for p, g, pa in FOLD_COMBOS]
+        for persistent, gather, paired, ws, fold in combos:
             c = MoEConfig(
                 bm, GemmConfig(n1, bk, group_m, warps, stages, persistent=persistent, paired=paired, warp_specialize=ws),
-                GemmConfig(n2, bk, group_m, warps, stages, persistent=persistent, warp_specialize=ws), False, True, gather,
+                GemmConfig(n2, bk, group_m, warps, stages, persistent=persistent, warp_specialize=ws), fold, True, gather,
             )
             flags = "".join(
-                f for f, on in (("-pers", persistent), ("-gather", gather), ("-paired", paired), ("-ws", ws)) if on
+                f for f, on in (("-pers", persistent), ("-gather", gather), ("-paired", paired), ("-ws", ws),
+                                ("-fold", fold)) if on
             )
             out.append((f"tma{flags} bm{bm} w1 {n1} w2 {n2} k{bk} g{group_m} w{warps}s{stages}", c))
     return out
@@ -91,7 +97,8 @@ def plan_for(name: str, num_tokens: int, no_sweep: bool) -> list[tuple[str, MoEC
         shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens, block_fp8=block_fp8,
         fp8=shape.fp8 is not None,
     )
-    variants = [("shipped", base), ("shipped+tma", tma(base, False)), ("shipped+tma-pers", tma(base, True))]
+    variants = [("shipped", base), ("shipped+fold", replace(base, fold_topk=True)), ("shipped+tma", tma(base, False)),
+                ("shipped+tma-pers", tma(base, True))]
     if not no_sweep:
         variants += sweep(shape.fp8)
     kept = []
