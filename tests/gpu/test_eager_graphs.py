@@ -261,3 +261,48 @@ def test_pinned_graphs_per_layer_are_bounded():
             if out is not None:
                 assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
     assert graphs.num_pinned == 2 and graphs.num_graphs == 1
+
+
+def test_a_graph_the_collector_frees_during_a_capture_does_not_invalidate_it():
+    """An old graph kept alive only by a reference cycle that becomes garbage just before a capture, and a
+    captured body that allocates enough Python objects for a collection: that collection would destroy the old
+    graph, which CUDA refuses while a stream captures (the H100 suite once lost every capture of a worker that
+    way). Captures hold the collector off, so the capture succeeds and replays."""
+    import gc
+
+    device = torch.device("cuda")
+    gc.collect()  # what follows is young: a collection of the youngest generations frees it
+    old = torch.cuda.CUDAGraph()
+    scratch = torch.zeros(4, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        old.capture_begin()
+        scratch.add_(1)
+        old.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    cycle = [old]
+    cycle.append(cycle)
+    keep = [cycle]  # the only way to the cycle from outside it, dropped at the end of the uncaptured run
+    del old, cycle
+    x = torch.randn(64, device=device)
+    out = torch.empty(64, device=device)
+    calls = []
+
+    def body():
+        calls.append(1)
+        if len(calls) == 2:  # the captured run: allocations enough for collections of the younger generations
+            junk = [[i] for i in range(100 * gc.get_threshold()[0])]
+            del junk
+        out.copy_(x * 2)
+        if len(calls) == 1:  # end of the uncaptured run: the cycle becomes garbage
+            keep.clear()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failed capture warns: fail instead
+        graph = EagerGraphs().capture(device, body, "a test body", "the test fails")
+    gc.collect()
+    assert graph is not None
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.testing.assert_close(out, x * 2)

@@ -69,3 +69,24 @@ def test_pinned_graphs_serve_up_to_256_tokens_unless_set(monkeypatch):
     monkeypatch.setenv(eager_graphs.PINNED_MAX_TOKENS_ENV, "lots")
     with pytest.raises(ValueError, match=f"{eager_graphs.PINNED_MAX_TOKENS_ENV}='lots' is not an integer"):
         eager_graphs.EagerGraphs()
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_captures_hold_off_garbage_collection_and_restore_it(enabled_before):
+    """A cyclic collection during a capture can free an old CUDA graph, which invalidates the capture; the
+    collector is off while capturing and back as it was afterwards, also when the captured body raises."""
+    import gc
+
+    from moe_fsm.modular.eager_graphs import _no_garbage_collection
+
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled_before else gc.disable)()
+        with _no_garbage_collection():
+            assert not gc.isenabled()
+        assert gc.isenabled() == enabled_before
+        with pytest.raises(RuntimeError, match="body failed"), _no_garbage_collection():
+            raise RuntimeError("body failed")
+        assert gc.isenabled() == enabled_before
+    finally:
+        (gc.enable if was else gc.disable)()

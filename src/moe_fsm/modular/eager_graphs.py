@@ -45,6 +45,8 @@ same pool (the transformers integration's MoE blocks: ``integrations/block_graph
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import warnings
 from dataclasses import dataclass
@@ -271,11 +273,12 @@ class EagerGraphs:
                 # one uncaptured run first: whatever compiles or initializes lazily for these addresses (a
                 # Triton specialization on 16-byte alignment) does it outside the capture
                 body()
-                graph.capture_begin(pool=self._pool(device))
-                try:
-                    body()
-                finally:
-                    graph.capture_end()
+                with _no_garbage_collection():
+                    graph.capture_begin(pool=self._pool(device))
+                    try:
+                        body()
+                    finally:
+                        graph.capture_end()
         except Exception as err:  # a kernel that reads the device on the host, or anything capture refuses
             caller.wait_stream(side)
             warnings.warn(
@@ -312,3 +315,23 @@ class EagerGraphs:
         self._pools.clear()
         self._streams.clear()
         self._uncapturable.clear()
+
+
+@contextlib.contextmanager
+def _no_garbage_collection():
+    """Python's cyclic collector held off for the length of a capture.
+
+    A collection that frees a CUDA graph kept alive only by a reference cycle (a model a test or a caller
+    dropped) destroys the graph's executable, which CUDA refuses while a stream captures in the global mode
+    torch uses: the capture is invalidated ("operation not permitted when stream is capturing", then
+    cudaErrorStreamCaptureInvalidated), the allocator's pool is left recording and every later capture in the
+    process fails. The H100 suite met exactly that once, depending on which tests a worker had run before.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
