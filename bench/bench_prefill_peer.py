@@ -33,6 +33,7 @@ class MatmulOgsBf16:
 
     def __init__(self, w1, w2, top_k: int):
         import torch
+        import triton_kernels.matmul_ogs as ogs
         from triton_kernels.matmul_ogs import FnSpecs, FusedActivation, PrecisionConfig, matmul_ogs
         from triton_kernels.routing import routing
         from triton_kernels.swiglu import swiglu_fn
@@ -45,6 +46,18 @@ class MatmulOgsBf16:
         self.n, self.k = w2.shape[2], w2.shape[1]
         self.pc = PrecisionConfig()
         self.act = FusedActivation(FnSpecs("swiglu", swiglu_fn, ("alpha", "limit")), (ALPHA, LIMIT), 2)
+        # the tiles matmul_ogs picks per GEMM (its opt_flags), recorded for the report
+        self.flags: list[dict] = []
+        choose = ogs.make_opt_flags
+
+        def recording(*args, **kwargs):
+            flags = choose(*args, **kwargs)
+            self.flags.append({f: getattr(flags, f) for f in ("block_m", "block_n", "block_k", "num_warps", "num_stages",
+                                                              "group_m", "split_k", "is_persistent", "fused_scatter",
+                                                              "epilogue_subtile")})
+            return flags
+
+        ogs.make_opt_flags = recording
 
     def route(self, logits):
         return self.routing_fn(logits, self.top_k)
@@ -105,6 +118,9 @@ def main() -> None:
             if peer is not None:
                 try:
                     routed = [peer.route(lg) for lg in logits]
+                    peer.flags.clear()
+                    peer(x, *routed[0])
+                    row["peer_opt_flags"] = {"w1": peer.flags[0], "w2": peer.flags[1]}
                     row["peer_us"] = time_graph(lambda rd, gi, si: peer(x, rd, gi, si), routed, args.rep_ms)
                     row["peer_TFLOPs"] = flops / row["peer_us"] / 1e6
                     a, b = ours(*routes[0]).double(), peer(x, *routed[0]).double()
@@ -118,6 +134,8 @@ def main() -> None:
                   f"matmul_ogs {row.get('peer_us', nan):9.1f} us {row.get('peer_TFLOPs', nan):6.1f} TF/s  "
                   f"ours/peer speed x{row.get('peer_us', nan) / row['ours_us']:.3f}  diff {row.get('diff', nan):.1e}"
                   + (f"  {row['peer_error']}" if "peer_error" in row else ""), flush=True)
+            if "peer_opt_flags" in row:
+                print(f"  matmul_ogs tiles: {row['peer_opt_flags']}", flush=True)
         del w1, w2, peer
         torch.cuda.empty_cache()
     if args.json:
