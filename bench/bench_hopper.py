@@ -52,6 +52,9 @@ def tma(config: MoEConfig, persistent: bool, ws: bool = False) -> MoEConfig:
 
 COMBOS = ((True, True, False), (True, True, True), (False, False, False), (False, False, True), (True, False, True),
           (False, True, True))  # (persistent, gather_input, paired)
+# the persistent tile loop flattened into the K loop (GemmConfig.flatten): on the first tile of each dtype only,
+# (persistent, gather_input, paired)
+FLAT_COMBOS = ((True, False, True), (True, True, True), (True, False, False))
 # the top-k sum folded into the w2 GEMM (fp32 atomics into the token's row instead of a [pairs, K] output that
 # topk_sum then reads again): on the first tile of each dtype only
 FOLD_COMBOS = ((True, False, True), (True, True, True), (False, False, True))
@@ -71,19 +74,22 @@ def sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
     if fp8 == "block":
         tiles = [(64, 128, 256, 8, 3, 16), (64, 64, 128, 4, 4, 8), (64, 128, 128, 8, 3, 8)]
     for index, (bm, n1, n2, warps, stages, group_m) in enumerate(tiles):
-        combos = [(p, g, pa, False, False) for p, g, pa in COMBOS]
+        combos = [(p, g, pa, False, False, False) for p, g, pa in COMBOS]
         if warps == 4:
-            combos += [(p, g, pa, True, False) for p, g, pa in WS_COMBOS]
+            combos += [(p, g, pa, True, False, False) for p, g, pa in WS_COMBOS]
         if index == 0:
-            combos += [(p, g, pa, False, True) for p, g, pa in FOLD_COMBOS]
-        for persistent, gather, paired, ws, fold in combos:
+            combos += [(p, g, pa, False, True, False) for p, g, pa in FOLD_COMBOS]
+            combos += [(p, g, pa, False, False, True) for p, g, pa in FLAT_COMBOS]
+        for persistent, gather, paired, ws, fold, flat in combos:
             c = MoEConfig(
-                bm, GemmConfig(n1, bk, group_m, warps, stages, persistent=persistent, paired=paired, warp_specialize=ws),
-                GemmConfig(n2, bk, group_m, warps, stages, persistent=persistent, warp_specialize=ws), fold, True, gather,
+                bm, GemmConfig(n1, bk, group_m, warps, stages, persistent=persistent, paired=paired, warp_specialize=ws,
+                               flatten=flat),
+                GemmConfig(n2, bk, group_m, warps, stages, persistent=persistent, warp_specialize=ws, flatten=flat),
+                fold, True, gather,
             )
             flags = "".join(
-                f for f, on in (("-pers", persistent), ("-gather", gather), ("-paired", paired), ("-ws", ws),
-                                ("-fold", fold)) if on
+                f for f, on in (("-pers", persistent), ("-flat", flat), ("-gather", gather), ("-paired", paired),
+                                ("-ws", ws), ("-fold", fold)) if on
             )
             out.append((f"tma{flags} bm{bm} w1 {n1} w2 {n2} k{bk} g{group_m} w{warps}s{stages}", c))
     return out

@@ -73,11 +73,11 @@ DEEPSEEK_V3_E16 = Shape("deepseek-v3-e16", 16, DEEPSEEK_V3.hidden, DEEPSEEK_V3.i
 
 
 def _config(block_m=128, bn1=128, bn2=256, bk=64, warps=8, stages=3, persistent=False, fold=False, gather=False,
-            paired=False, ws=False):
+            paired=False, ws=False, flat=False):
     return MoEConfig(
         block_m,
-        GemmConfig(bn1, bk, 8, warps, stages, persistent=persistent, paired=paired, warp_specialize=ws),
-        GemmConfig(bn2, bk, 8, warps, stages, persistent=persistent, warp_specialize=ws),
+        GemmConfig(bn1, bk, 8, warps, stages, persistent=persistent, paired=paired, warp_specialize=ws, flatten=flat),
+        GemmConfig(bn2, bk, 8, warps, stages, persistent=persistent, warp_specialize=ws, flatten=flat),
         fold,
         True,
         gather,
@@ -85,7 +85,7 @@ def _config(block_m=128, bn1=128, bn2=256, bk=64, warps=8, stages=3, persistent=
 
 
 def _pointer_twin(config: MoEConfig) -> MoEConfig:
-    plain = {"persistent": False, "paired": False, "warp_specialize": False}
+    plain = {"persistent": False, "paired": False, "warp_specialize": False, "flatten": False}
     return MoEConfig(
         config.block_m,
         GemmConfig(**{**config.w1.__dict__, **plain}),
@@ -112,6 +112,11 @@ def _run(x, w1, w2, g, ids, config, **kw):
         (QWEN3_30B, 2000, _config(paired=True)),
         (MIXTRAL_8X7B, 700, _config(persistent=True)),
         (MIXTRAL_8X7B, 700, _config(persistent=True, gather=True, paired=True)),
+        # the tile loop flattened into the K loop (the shipped Qwen3 8192-token entry's flags), and over the
+        # gathered input (a folded top-k sum with a flattened w2 is refused: shared memory)
+        (QWEN3_30B, 2000, _config(stages=4, persistent=True, paired=True, flat=True)),
+        (QWEN3_30B, 2000, _config(persistent=True, gather=True, flat=True)),
+        (MIXTRAL_8X7B, 700, _config(stages=4, persistent=True, gather=True, paired=True, flat=True)),
         # warp specialization (4 warps, run as 12): bm64, and bm128 whose rows Triton splits between two
         # consumer warpgroups (the w1 tile is then stored through pointers)
         pytest.param(QWEN3_30B, 2000, _config(block_m=64, bn1=64, bn2=128, warps=4, gather=True, ws=True),
@@ -120,7 +125,8 @@ def _run(x, w1, w2, g, ids, config, **kw):
                      marks=WS_PERSISTENT_GATHER_HANGS),
     ],
     ids=["qwen-bm64", "qwen-bm128", "qwen-persistent", "qwen-persistent-fold", "qwen-gather", "qwen-paired",
-         "mixtral-persistent", "mixtral-persistent-gather-paired", "qwen-bm64-gather-ws",
+         "mixtral-persistent", "mixtral-persistent-gather-paired", "qwen-persistent-paired-flat",
+         "qwen-persistent-gather-flat", "mixtral-persistent-gather-paired-flat", "qwen-bm64-gather-ws",
          "qwen-bm128-persistent-gather-ws"],
 )
 def test_bf16_matches_reference_and_pointer_kernel(shape, num_tokens, config):
@@ -196,10 +202,11 @@ def test_rowwise_fp8(weight, activation, static, gather):
     assert rel_err(out, emulated) < FP8_VS_EMULATION_TOL
 
 
-def test_cuda_graph_capture_replays_new_routing():
+@pytest.mark.parametrize("flat", [False, True])
+def test_cuda_graph_capture_replays_new_routing(flat):
     shape, num_tokens = QWEN3_30B, 1024
     w1, w2 = float_weights(shape)
-    config = _config(persistent=True, gather=True)
+    config = _config(persistent=True, gather=True, flat=flat)
     x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=15)
     g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=15)
     out = torch.empty(num_tokens, shape.hidden, dtype=torch.bfloat16, device="cuda")

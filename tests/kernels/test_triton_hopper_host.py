@@ -85,6 +85,10 @@ def test_warp_specialization_takes_four_warps():
     "config,match",
     [
         (MoEConfig(64, GemmConfig(64, 64, persistent=True), GemmConfig(64, 64)), "set hopper too"),
+        (MoEConfig(64, GemmConfig(64, 64, persistent=True, flatten=True), GemmConfig(64, 64)), "set hopper too"),
+        (MoEConfig(64, GemmConfig(64, 64), GemmConfig(64, 64, flatten=True), False, True), "w2.flatten .* set persistent"),
+        (MoEConfig(64, GemmConfig(64, 64), GemmConfig(64, 64, persistent=True, flatten=True), True, True),
+         "w2.flatten with fold_topk"),
         (MoEConfig(64, GemmConfig(64, 64), GemmConfig(64, 64), gather_input=True), "set hopper too"),
         (MoEConfig(64, GemmConfig(64, 64), GemmConfig(64, 64, paired=True), False, True), "w2.paired"),
         (MoEConfig(32, GemmConfig(64, 64), GemmConfig(64, 64), False, True), "block_m >= 64"),
@@ -101,6 +105,10 @@ def test_hopper_fields_survive_a_table():
     config = _cfg(pers=True, gather=True, paired=True, ws=True, fold=True)
     assert MoEConfig.from_json(config.to_json()) == config
     assert "warp_specialize" not in MoEConfig(64, GemmConfig(64, 64), GemmConfig(64, 64)).to_json()["w1"]
+    flat = MoEConfig(128, GemmConfig(128, 64, 8, 8, 4, persistent=True, paired=True, flatten=True),
+                     GemmConfig(256, 64, 8, 8, 4, persistent=True, flatten=True), False, True)
+    assert MoEConfig.from_json(flat.to_json()) == flat
+    assert "flatten" not in config.to_json()["w1"]
 
 
 # ---- the launches, bound as Triton binds them (needs Triton, not a GPU) ----
@@ -179,6 +187,8 @@ LAUNCH_CASES = [
     (None, _cfg(128, 8, bn1=128, bn2=256, bk=64)),
     (None, _cfg(pers=True, gather=True, ws=True, bk=64)),
     (None, _cfg(pers=True, gather=True, paired=True, bk=64)),
+    (None, MoEConfig(128, GemmConfig(128, 64, 8, 8, 4, persistent=True, paired=True, flatten=True),
+                     GemmConfig(256, 64, 8, 8, 4, persistent=True, flatten=True), False, True)),
     ("tensor", _cfg(128, 8, pers=True, fold=True, bn1=128, bn2=256)),
     ("channel", _cfg(gather=True, ws=True)),
     ("block", _cfg(64, 8, bn1=128, bn2=256, pers=True, gather=True, paired=True)),
@@ -202,6 +212,7 @@ def test_every_hopper_launch_binds_to_its_kernel(monkeypatch, fp8, config):
             if gated and config.w1.paired:
                 assert signature["w_desc"].endswith(f"[2, {config.w1.block_n}, {config.w1.block_k}]>")
             assert kwargs["WARP_SPECIALIZE"] == (config.w1 if gated else config.w2).warp_specialize
+            assert kwargs["FLATTEN"] == (config.w1 if gated else config.w2).flatten
             # persistent: one program per SM, and NUM_PROGRAMS (a constexpr) one value per device
             assert kwargs["NUM_PROGRAMS"] == (132 if config.w1.persistent else 1)
             if config.w1.persistent:

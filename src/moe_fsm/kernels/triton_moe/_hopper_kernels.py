@@ -13,8 +13,9 @@ Same math as ``moe_gemm_kernel`` (``_kernels.py``) on sorted row blocks, built t
   do: they are either pointer loads (``cp.async``) or, with ``MoEConfig.gather_input``, first copied into
   sorted order by ``gather_rows_kernel`` and then loaded through a descriptor like the rest.
 * ``PERSISTENT``: one program per SM walks the tiles (row block, N block) in grouped order; the tile count
-  comes from the device (``num_padded``), so no program starts for the worst case's padding and the next
-  tile's prologue overlaps the last one's epilogue inside one program.
+  comes from the device (``num_padded``), so no program starts for the worst case's padding. With ``FLATTEN``
+  Triton fuses the tile loop and the K loop into one software-pipelined loop, so the next tile's first
+  loads overlap the last one's epilogue.
 
 Pad rows of a block (sentinel ``num_valid_rows``) read zeros in the w1 GEMM and so leave zeros (or FP8
 zeros with the smallest scale) in the intermediate, which the w2 GEMM then reads and masks out on store.
@@ -86,7 +87,6 @@ def _moe_tile(
     K,
     w_rows_per_expert,
     num_valid_rows,
-    num_experts,
     swiglu_limit,
     stride_am,
     stride_om,
@@ -115,126 +115,128 @@ def _moe_tile(
     WARP_SPECIALIZE: tl.constexpr,
 ):
     pid_m, pid_n = _grouped_tile(tile, num_row_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
+    # no check of the owner: a tile below num_padded always belongs to a real expert (align_tokens places only
+    # valid ids), and a branch around the K loop would keep Triton from flattening a FLATTEN tile loop into one
+    # pipelined loop (its loop-nest fusion does not look through scf.if)
     block_owner = tl.load(block_expert_ptr + pid_m)
-    if (block_owner >= 0) & (block_owner < num_experts):
-        expert = block_owner.to(tl.int64)
-        row0 = pid_m * BLOCK_M
-        offs_r = row0 + tl.arange(0, BLOCK_M)
-        rows = tl.load(sorted_ids_ptr + offs_r).to(tl.int64)
-        row_ok = rows < num_valid_rows
-        if A_SORTED:
-            a_rows = offs_r.to(tl.int64)
-        else:
-            a_rows = rows // A_ROW_DIV
-        n0 = pid_n * BLOCK_N
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < N
-        w_row0 = (expert * w_rows_per_expert).to(tl.int32)
-        offs_k = tl.arange(0, BLOCK_K)
-        a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+    expert = block_owner.to(tl.int64)
+    row0 = pid_m * BLOCK_M
+    offs_r = row0 + tl.arange(0, BLOCK_M)
+    rows = tl.load(sorted_ids_ptr + offs_r).to(tl.int64)
+    row_ok = rows < num_valid_rows
+    if A_SORTED:
+        a_rows = offs_r.to(tl.int64)
+    else:
+        a_rows = rows // A_ROW_DIV
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    col_ok = offs_n < N
+    w_row0 = (expert * w_rows_per_expert).to(tl.int32)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+    if W_SCALE == 3:
+        as_ptrs = a_scale_ptr + a_rows * stride_asm
+        ws_base = w_scale_ptr + expert * stride_wse
+        wsg_ptrs = ws_base + (tl.where(col_ok, offs_n, 0) // 128) * stride_wsn
+        wsu_ptrs = ws_base + ((N + tl.where(col_ok, offs_n, 0)) // 128) * stride_wsn
+
+    if PAIRED:
+        # gate and up tiles in one [2, BLOCK_N, BLOCK_K] box of the [E * 2, N, K] view: one wgmma twice as wide
+        j = tl.arange(0, 2 * BLOCK_N)
+        pair_cols_ok = (n0 + j % BLOCK_N) < N
+        pair_rows = tl.where(pair_cols_ok, (j // BLOCK_N) * N + n0 + j % BLOCK_N, 0)
         if W_SCALE == 3:
-            as_ptrs = a_scale_ptr + a_rows * stride_asm
-            ws_base = w_scale_ptr + expert * stride_wse
-            wsg_ptrs = ws_base + (tl.where(col_ok, offs_n, 0) // 128) * stride_wsn
-            wsu_ptrs = ws_base + ((N + tl.where(col_ok, offs_n, 0)) // 128) * stride_wsn
-
-        if PAIRED:
-            # gate and up tiles in one [2, BLOCK_N, BLOCK_K] box of the [E * 2, N, K] view: one wgmma twice as wide
-            j = tl.arange(0, 2 * BLOCK_N)
-            pair_cols_ok = (n0 + j % BLOCK_N) < N
-            pair_rows = tl.where(pair_cols_ok, (j // BLOCK_N) * N + n0 + j % BLOCK_N, 0)
+            ws2_ptrs = w_scale_ptr + expert * stride_wse + (pair_rows // 128) * stride_wsn
+        acc2 = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for ki in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
+            k0 = ki * BLOCK_K
+            if A_SORTED:
+                a = a_desc.load([row0, k0])
+            else:
+                a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & (offs_k[None, :] < K - k0), other=0.0)
+            b2 = tl.reshape(w_desc.load([(2 * expert).to(tl.int32), n0, k0]), (2 * BLOCK_N, BLOCK_K)).T
             if W_SCALE == 3:
-                ws2_ptrs = w_scale_ptr + expert * stride_wse + (pair_rows // 128) * stride_wsn
-            acc2 = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
-            for ki in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
-                k0 = ki * BLOCK_K
-                if A_SORTED:
-                    a = a_desc.load([row0, k0])
-                else:
-                    a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & (offs_k[None, :] < K - k0), other=0.0)
-                b2 = tl.reshape(w_desc.load([(2 * expert).to(tl.int32), n0, k0]), (2 * BLOCK_N, BLOCK_K)).T
-                if W_SCALE == 3:
-                    a_s = tl.load(as_ptrs + (k0 // 128) * stride_ask, mask=row_ok, other=0.0)
-                    w_s2 = tl.load(ws2_ptrs + (k0 // 128) * stride_wsk)
-                    acc2 += tl.dot(a, b2) * a_s[:, None] * w_s2[None, :]
-                else:
-                    acc2 = tl.dot(a, b2, acc2)
-            acc, acc_up = tl.split(tl.permute(tl.reshape(acc2, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ki in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
-                k0 = ki * BLOCK_K
-                if A_SORTED:
-                    a = a_desc.load([row0, k0])
-                else:
-                    a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & (offs_k[None, :] < K - k0), other=0.0)
-                b = w_desc.load([w_row0 + n0, k0]).T
-                if W_SCALE == 3:
-                    a_s = tl.load(as_ptrs + (k0 // 128) * stride_ask, mask=row_ok, other=0.0)
-                    w_s = tl.load(wsg_ptrs + (k0 // 128) * stride_wsk)
-                    acc += tl.dot(a, b) * a_s[:, None] * w_s[None, :]
-                    if GATED:
-                        bu = w_desc.load([w_row0 + N + n0, k0]).T
-                        w_su = tl.load(wsu_ptrs + (k0 // 128) * stride_wsk)
-                        acc_up += tl.dot(a, bu) * a_s[:, None] * w_su[None, :]
-                else:
-                    acc = tl.dot(a, b, acc)
-                    if GATED:
-                        bu = w_desc.load([w_row0 + N + n0, k0]).T
-                        acc_up = tl.dot(a, bu, acc_up)
+                a_s = tl.load(as_ptrs + (k0 // 128) * stride_ask, mask=row_ok, other=0.0)
+                w_s2 = tl.load(ws2_ptrs + (k0 // 128) * stride_wsk)
+                acc2 += tl.dot(a, b2) * a_s[:, None] * w_s2[None, :]
+            else:
+                acc2 = tl.dot(a, b2, acc2)
+        acc, acc_up = tl.split(tl.permute(tl.reshape(acc2, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
+            k0 = ki * BLOCK_K
+            if A_SORTED:
+                a = a_desc.load([row0, k0])
+            else:
+                a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & (offs_k[None, :] < K - k0), other=0.0)
+            b = w_desc.load([w_row0 + n0, k0]).T
+            if W_SCALE == 3:
+                a_s = tl.load(as_ptrs + (k0 // 128) * stride_ask, mask=row_ok, other=0.0)
+                w_s = tl.load(wsg_ptrs + (k0 // 128) * stride_wsk)
+                acc += tl.dot(a, b) * a_s[:, None] * w_s[None, :]
+                if GATED:
+                    bu = w_desc.load([w_row0 + N + n0, k0]).T
+                    w_su = tl.load(wsu_ptrs + (k0 // 128) * stride_wsk)
+                    acc_up += tl.dot(a, bu) * a_s[:, None] * w_su[None, :]
+            else:
+                acc = tl.dot(a, b, acc)
+                if GATED:
+                    bu = w_desc.load([w_row0 + N + n0, k0]).T
+                    acc_up = tl.dot(a, bu, acc_up)
 
-        if A_SCALE == 1:
-            a_t = tl.load(a_scale_ptr)
-            acc = acc * a_t
-            acc_up = acc_up * a_t
-        elif A_SCALE == 2:
-            a_tok = tl.load(a_scale_ptr + a_rows * stride_asm, mask=row_ok, other=0.0)[:, None]
-            acc = acc * a_tok
-            acc_up = acc_up * a_tok
-        if W_SCALE == 1:
-            w_t = tl.load(w_scale_ptr + expert * stride_wse)
-            acc = acc * w_t
-            acc_up = acc_up * w_t
-        elif W_SCALE == 2:
-            ws_base = w_scale_ptr + expert * stride_wse
-            acc = acc * tl.load(ws_base + offs_n * stride_wsn, mask=col_ok, other=0.0)[None, :]
-            if GATED:
-                acc_up = acc_up * tl.load(ws_base + (N + offs_n) * stride_wsn, mask=col_ok, other=0.0)[None, :]
-        if WEIGHT_ROWS:
-            g = tl.load(row_weight_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
-            acc = acc * g
-            acc_up = acc_up * g
-
+    if A_SCALE == 1:
+        a_t = tl.load(a_scale_ptr)
+        acc = acc * a_t
+        acc_up = acc_up * a_t
+    elif A_SCALE == 2:
+        a_tok = tl.load(a_scale_ptr + a_rows * stride_asm, mask=row_ok, other=0.0)[:, None]
+        acc = acc * a_tok
+        acc_up = acc_up * a_tok
+    if W_SCALE == 1:
+        w_t = tl.load(w_scale_ptr + expert * stride_wse)
+        acc = acc * w_t
+        acc_up = acc_up * w_t
+    elif W_SCALE == 2:
+        ws_base = w_scale_ptr + expert * stride_wse
+        acc = acc * tl.load(ws_base + offs_n * stride_wsn, mask=col_ok, other=0.0)[None, :]
         if GATED:
-            y = _activate(acc, acc_up, swiglu_limit, ACTIVATION, HAS_LIMIT)
-            # sorted-order output: one TMA store per tile (columns past N are clipped by the descriptor)
-            if OUT_MODE == 0:
-                _store_inter(out_ptr, out_desc, y, offs_r, offs_n, col_ok, row0, n0, stride_om, WARP_SPECIALIZE)
-            elif OUT_MODE == 1:
-                q = tl.clamp(tl.div_rn(y, tl.load(out_static_scale_ptr)), -448.0, 448.0)
-                _store_inter(out_ptr, out_desc, q, offs_r, offs_n, col_ok, row0, n0, stride_om, WARP_SPECIALIZE)
-            else:
-                GROUPS: tl.constexpr = BLOCK_N // 128
-                y = tl.where(col_ok[None, :], y, 0.0)
-                y3 = tl.reshape(y, (BLOCK_M, GROUPS, 128))
-                scale = tl.div_rn(tl.maximum(tl.max(tl.abs(y3), axis=2), 1e-10), 448.0)
-                q = tl.reshape(tl.clamp(tl.div_rn(y3, scale[:, :, None]), -448.0, 448.0), (BLOCK_M, BLOCK_N))
-                _store_inter(out_ptr, out_desc, q, offs_r, offs_n, col_ok, row0, n0, stride_om, WARP_SPECIALIZE)
-                groups = pid_n * GROUPS + tl.arange(0, GROUPS)
-                scale_ptrs = out_scale_ptr + offs_r[:, None] * stride_osm + groups[None, :] * stride_osn
-                tl.store(scale_ptrs, scale, mask=groups[None, :] * 128 < N)
+            acc_up = acc_up * tl.load(ws_base + (N + offs_n) * stride_wsn, mask=col_ok, other=0.0)[None, :]
+    if WEIGHT_ROWS:
+        g = tl.load(row_weight_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+        acc = acc * g
+        acc_up = acc_up * g
+
+    if GATED:
+        y = _activate(acc, acc_up, swiglu_limit, ACTIVATION, HAS_LIMIT)
+        # sorted-order output: one TMA store per tile (columns past N are clipped by the descriptor)
+        if OUT_MODE == 0:
+            _store_inter(out_ptr, out_desc, y, offs_r, offs_n, col_ok, row0, n0, stride_om, WARP_SPECIALIZE)
+        elif OUT_MODE == 1:
+            q = tl.clamp(tl.div_rn(y, tl.load(out_static_scale_ptr)), -448.0, 448.0)
+            _store_inter(out_ptr, out_desc, q, offs_r, offs_n, col_ok, row0, n0, stride_om, WARP_SPECIALIZE)
         else:
-            # w2: rows go back to their (token, slot) pair, or are summed into the token's row
-            out_ptrs = out_ptr + (rows // OUT_ROW_DIV)[:, None] * stride_om + offs_n[None, :]
-            out_mask = row_ok[:, None] & col_ok[None, :]
-            if OUT_MODE == 3:
-                tl.atomic_add(out_ptrs, acc, mask=out_mask, sem="relaxed")
-            else:
-                tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+            GROUPS: tl.constexpr = BLOCK_N // 128
+            y = tl.where(col_ok[None, :], y, 0.0)
+            y3 = tl.reshape(y, (BLOCK_M, GROUPS, 128))
+            scale = tl.div_rn(tl.maximum(tl.max(tl.abs(y3), axis=2), 1e-10), 448.0)
+            q = tl.reshape(tl.clamp(tl.div_rn(y3, scale[:, :, None]), -448.0, 448.0), (BLOCK_M, BLOCK_N))
+            _store_inter(out_ptr, out_desc, q, offs_r, offs_n, col_ok, row0, n0, stride_om, WARP_SPECIALIZE)
+            groups = pid_n * GROUPS + tl.arange(0, GROUPS)
+            scale_ptrs = out_scale_ptr + offs_r[:, None] * stride_osm + groups[None, :] * stride_osn
+            tl.store(scale_ptrs, scale, mask=groups[None, :] * 128 < N)
+    else:
+        # w2: rows go back to their (token, slot) pair, or are summed into the token's row
+        out_ptrs = out_ptr + (rows // OUT_ROW_DIV)[:, None] * stride_om + offs_n[None, :]
+        out_mask = row_ok[:, None] & col_ok[None, :]
+        if OUT_MODE == 3:
+            tl.atomic_add(out_ptrs, acc, mask=out_mask, sem="relaxed")
+        else:
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit(do_not_specialize=["num_valid_rows", "num_experts"])
+@triton.jit(do_not_specialize=["num_valid_rows"])
 def moe_gemm_tma_kernel(
     a_ptr,
     a_desc,
@@ -253,7 +255,6 @@ def moe_gemm_tma_kernel(
     K,
     w_rows_per_expert,
     num_valid_rows,
-    num_experts,
     swiglu_limit,
     stride_am,
     stride_om,
@@ -280,6 +281,7 @@ def moe_gemm_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
+    FLATTEN: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
 ):
@@ -297,11 +299,11 @@ def moe_gemm_tma_kernel(
     else:
         first = tl.program_id(0)
         step = tl.num_programs(0)
-    for tile in tl.range(first, num_tiles, step, flatten=PERSISTENT):
+    for tile in tl.range(first, num_tiles, step, flatten=FLATTEN):
         _moe_tile(
             tile, num_row_blocks, a_ptr, a_desc, a_scale_ptr, w_desc, w_scale_ptr, out_ptr, out_desc, out_scale_ptr,
             out_static_scale_ptr, row_weight_ptr, sorted_ids_ptr, block_expert_ptr, N, K, w_rows_per_expert,
-            num_valid_rows, num_experts, swiglu_limit, stride_am, stride_om, stride_asm, stride_ask, stride_wse,
+            num_valid_rows, swiglu_limit, stride_am, stride_om, stride_asm, stride_ask, stride_wse,
             stride_wsn, stride_wsk, stride_osm, stride_osn, A_ROW_DIV, A_SORTED, OUT_ROW_DIV, GATED, PAIRED, ACTIVATION,
             HAS_LIMIT, WEIGHT_ROWS, A_SCALE, W_SCALE, OUT_MODE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE,
         )

@@ -47,10 +47,12 @@ FP8_GROUP = 128  # DeepSeek-V3 block size: 128x128 weight blocks, 1x128 activati
 class GemmConfig:
     """Launch parameters of one grouped GEMM (``block_n`` is the output tile width).
 
-    The Hopper kernels (``MoEConfig.hopper``) take three more: ``persistent`` (one program per SM walking
-    the tiles), ``warp_specialize`` (Triton's producer/consumer warps on the K loop: with ``num_warps=4``,
-    which Triton 3.6 runs as 12 warps, and for w1 only with ``MoEConfig.gather_input``) and, for w1 only,
-    ``paired`` (gate and up tiles fetched as one box and multiplied as one wgmma twice as wide).
+    The Hopper kernels (``MoEConfig.hopper``) take four more: ``persistent`` (one program per SM walking
+    the tiles), ``flatten`` (with ``persistent``: the tile loop and the K loop fused into one software-pipelined
+    loop, so a tile's first loads overlap the last one's epilogue; it also multi-buffers more, which some
+    tiles cannot afford in shared memory), ``warp_specialize`` (Triton's producer/consumer warps on the K loop:
+    with ``num_warps=4``, which Triton 3.6 runs as 12 warps, and for w1 only with ``MoEConfig.gather_input``)
+    and, for w1 only, ``paired`` (gate and up tiles fetched as one box and multiplied as one wgmma twice as wide).
     """
 
     block_n: int
@@ -62,11 +64,12 @@ class GemmConfig:
     persistent: bool = False
     warp_specialize: bool = False
     paired: bool = False
+    flatten: bool = False
 
     def to_json(self) -> dict:
         data = asdict(self)
         # the Hopper-only fields stay out of a table until set, so older tables read back unchanged
-        for name in ("persistent", "warp_specialize", "paired"):
+        for name in ("persistent", "warp_specialize", "paired", "flatten"):
             if not data[name]:
                 del data[name]
         return data
@@ -106,7 +109,7 @@ class MoEConfig:
         except (KeyError, TypeError) as exc:
             raise KernelInputError(
                 f"a Triton MoE config needs block_m plus w1/w2 objects with block_n, block_k, "
-                f"group_m, num_warps, num_stages (optional swap_ab, persistent, warp_specialize, paired), optional fold_topk "
+                f"group_m, num_warps, num_stages (optional swap_ab, persistent, warp_specialize, paired, flatten), optional fold_topk "
                 f"hopper and gather_input; got {data!r} ({exc})"
             ) from None
 
@@ -144,8 +147,18 @@ def validate_config(config: MoEConfig, *, block_fp8: bool) -> None:
                 f"{name}.block_k={g.block_k}: block FP8 needs block_k dividing {FP8_GROUP} "
                 "(one weight-scale block per K step)"
             )
-        if (g.persistent or g.warp_specialize or g.paired) and not config.hopper:
-            raise KernelInputError(f"{name}: persistent, warp_specialize and paired are Hopper-kernel options; set hopper too")
+        if (g.persistent or g.warp_specialize or g.paired or g.flatten) and not config.hopper:
+            raise KernelInputError(
+                f"{name}: persistent, flatten, warp_specialize and paired are Hopper-kernel options; set hopper too"
+            )
+        if g.flatten and not g.persistent:
+            raise KernelInputError(f"{name}.flatten fuses the persistent tile loop with the K loop; set persistent too")
+    if config.w2.flatten and config.fold_topk:
+        raise KernelInputError(
+            "w2.flatten with fold_topk: the flattened loop with the atomic top-k epilogue needs more shared memory than "
+            "Hopper has (278,552 bytes compiled for sm_90 at the smallest bf16 tile tried, against 232,448); fold the "
+            "top-k sum or flatten w2, not both"
+        )
     if config.w2.paired:
         raise KernelInputError("w2.paired: only the w1 GEMM has gate and up tiles to load as a pair")
     if config.gather_input and not config.hopper:
