@@ -31,11 +31,17 @@ SHIPPED = ROOT / "src" / "moe_fsm" / "kernels" / "triton_moe" / "configs"
 
 
 def merge_into_shipped(tuned: Path, shipped_dir: Path = SHIPPED) -> Path:
-    """Merge a tuned table's shapes into the shipped table of the same device; returns its path."""
+    """Merge a tuned table's entries into the shipped table of the same device; returns its path.
+
+    Per shape and token count: a run that tuned some token counts of a shape keeps the shipped entries of the
+    others.
+    """
     new = json.loads(tuned.read_text())
     path = shipped_dir / tuned.name
     table = json.loads(path.read_text()) if path.is_file() else {"configs": {}}
-    table["configs"].update(new["configs"])
+    for key, entries in new["configs"].items():
+        merged = {**table["configs"].get(key, {}), **entries}
+        table["configs"][key] = dict(sorted(merged.items(), key=lambda item: int(item[0])))
     table.pop("best_us", None)
     table.update({k: v for k, v in new.items() if k != "configs"})
     table["generated_by"] = "bench/tune_triton.py (moe_fsm.kernels.triton_moe.tuning)"

@@ -26,13 +26,21 @@ from moe_fsm.experts.triton_experts import BatchedTritonExperts, TritonExperts  
 from moe_fsm.inputs.layer import MoELayer  # noqa: E402
 from moe_fsm.inputs.quant import QuantScheme  # noqa: E402
 from moe_fsm.kernels.activations import apply_activation  # noqa: E402
-from moe_fsm.kernels.triton_moe import Fp8Spec, align_tokens, fused_experts, fused_experts_batched  # noqa: E402
+from moe_fsm.kernels.triton_moe import (  # noqa: E402
+    Fp8Spec,
+    GemmConfig,
+    MoEConfig,
+    align_tokens,
+    fused_experts,
+    fused_experts_batched,
+)
 from moe_fsm.modular.interfaces import ExpertScales  # noqa: E402
 
 from .moe_gpu_cases import (  # noqa: E402
     DEEPSEEK_V3,
     MIXTRAL_8X7B,
     QWEN3_30B,
+    Shape,
     block_fp8_weights,
     dequantize_block,
     emulate_fp8,
@@ -190,6 +198,38 @@ def test_fp8_block(shape, num_tokens):
     )
     deq = dequantize_block(w1q, w2q, s1, s2)
     assert rel_err(out, reference(x, w1q, w2q, g, ids, dequantize=deq)) < FP8_VS_FLOAT_TOL
+    assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
+
+
+# Block-FP8 tiles against the 128-row weight-scale groups (config.weight_scale_span): inside one group (one scalar
+# per K step), across two (w2 256 wide), and, with N = 320, a w1 up half that starts off the group grid
+ODD_BLOCK = Shape("odd-block", 8, 512, 320, 2)
+ALIGNED_BLOCK = Shape("aligned-block", 8, 512, 256, 2)
+BLOCK_SCALE_CONFIGS = {
+    "w1-128-w2-256": MoEConfig(64, GemmConfig(128, 128, 8, 8, 3), GemmConfig(256, 128, 8, 8, 3)),
+    "w1-64-w2-128": MoEConfig(64, GemmConfig(64, 128, 8, 4, 3), GemmConfig(128, 128, 8, 4, 3)),
+    "swap-w1-32-w2-64": MoEConfig(16, GemmConfig(32, 128, 1, 4, 3, True), GemmConfig(64, 128, 1, 4, 3, True)),
+    "tma-w1-128-w2-256": MoEConfig(64, GemmConfig(128, 128, 8, 8, 3), GemmConfig(256, 128, 8, 8, 3), False, True),
+    "tma-paired-gather-w1-64": MoEConfig(
+        64, GemmConfig(64, 128, 8, 4, 3, persistent=True, paired=True), GemmConfig(128, 128, 8, 4, 3, persistent=True),
+        False, True, True,
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", [ODD_BLOCK, ALIGNED_BLOCK], ids=lambda s: s.name)
+@pytest.mark.parametrize("config", BLOCK_SCALE_CONFIGS.values(), ids=BLOCK_SCALE_CONFIGS.keys())
+def test_fp8_block_tiles_across_scale_groups(shape, config):
+    num_tokens = 200
+    w1q, w2q, s1, s2 = block_fp8_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=21)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=21)
+    poison_allocator()
+    out = fused_experts(
+        x, w1q, w2q, g, ids, fp8=Fp8Spec("block", "group"), w1_scale=s1, w2_scale=s2, config=config,
+        out=_nan_out(num_tokens, shape.hidden, torch.bfloat16),
+    )
+    deq = dequantize_block(w1q, w2q, s1, s2)
     assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
 
 

@@ -82,3 +82,27 @@ def test_default_takes_vllms_tile_rules(tokens, fp8):
     assert 2 * c.w1.block_n == c.w2.block_n
     assert c.w1.swap_ab == c.w2.swap_ab == (c.block_m < 64)
     assert c.fold_topk == (tokens * 8 >= 16384)
+
+
+def test_merging_a_partial_tuning_into_the_shipped_table_keeps_the_other_token_counts(tmp_path):
+    """bench/tune_triton.py run for a few token counts replaces those entries of a shape and keeps the rest."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "tune_triton.py"
+    spec = importlib.util.spec_from_file_location("tune_triton", script)
+    tune_triton = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune_triton)
+    key, other = cfg.shape_key(8, 64, 32, "bf16"), cfg.shape_key(8, 128, 32, "bf16")
+    shipped_dir, tuned_dir = tmp_path / "shipped", tmp_path / "tuned"
+    shipped_dir.mkdir()
+    name = cfg.config_file_name(DEVICE)
+    (shipped_dir / name).write_text(json.dumps({"configs": {
+        key: {"1": tuned(16).to_json(), "8192": tuned(64).to_json()}, other: {"1": tuned(16).to_json()}}}))
+    tuned_path = cfg.write_user_table(DEVICE, key, {8192: tuned(128), 2048: tuned(64, True)}, {"generated_by": "test"},
+                                      tuned_dir)
+    merged = json.loads(tune_triton.merge_into_shipped(tuned_path, shipped_dir).read_text())["configs"]
+    assert list(merged[key]) == ["1", "2048", "8192"]
+    assert MoEConfig.from_json(merged[key]["8192"]) == tuned(128)
+    assert MoEConfig.from_json(merged[key]["1"]) == tuned(16)
+    assert merged[other] == {"1": tuned(16).to_json()}

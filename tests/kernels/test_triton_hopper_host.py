@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from moe_fsm.errors import KernelInputError
-from moe_fsm.kernels.triton_moe.config import WARP_SPECIALIZE_ENV, GemmConfig, MoEConfig, validate_config
+from moe_fsm.kernels.triton_moe.config import (
+    WARP_SPECIALIZE_ENV,
+    GemmConfig,
+    MoEConfig,
+    validate_config,
+    weight_scale_span,
+)
 
 
 def _cfg(bm=64, warps=4, *, pers=False, gather=False, paired=False, ws=False, fold=False, bn1=64, bn2=128, bk=128):
@@ -213,6 +219,8 @@ def test_every_hopper_launch_binds_to_its_kernel(monkeypatch, fp8, config):
                 assert signature["w_desc"].endswith(f"[2, {config.w1.block_n}, {config.w1.block_k}]>")
             assert kwargs["WARP_SPECIALIZE"] == (config.w1 if gated else config.w2).warp_specialize
             assert kwargs["FLATTEN"] == (config.w1 if gated else config.w2).flatten
+            block_n = (config.w1 if gated else config.w2).block_n
+            assert kwargs["W_SCALE_SPAN"] == weight_scale_span(block_n, args[fn.arg_names.index("N")], gated)
             # persistent: one program per SM, and NUM_PROGRAMS (a constexpr) one value per device
             assert kwargs["NUM_PROGRAMS"] == (132 if config.w1.persistent else 1)
             if config.w1.persistent:
@@ -228,3 +236,37 @@ def test_launches_do_not_recompile_per_token_count(monkeypatch):
             calls = _record(monkeypatch, None, config, num_tokens=tokens)
             keys.append([tuple(sorted(_bind(fn, a, kw)[1].items())) for fn, _, a, kw in calls])
         assert keys[0] == keys[1]
+
+
+@pytest.mark.parametrize(
+    "block_n,n,gated,span",
+    [
+        (128, 2048, True, 1),  # DeepSeek-V3 w1: each half of a tile inside one 128-row scale group
+        (64, 2048, True, 1),
+        (256, 7168, False, 2),  # w2 256 wide: two groups
+        (128, 320, True, 2),  # the up half starts at row 320, off the group grid
+        (64, 320, True, 2),
+        (64, 320, False, 1),  # w2 tiles start at multiples of block_n: on the grid whatever N is
+        (256, 320, True, 3),
+    ],
+)
+def test_weight_scale_span(block_n, n, gated, span):
+    assert weight_scale_span(block_n, n, gated) == span
+
+
+def test_the_tuner_offers_tma_variants_only_on_a_tma_device_and_at_prefill():
+    from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, candidate_configs
+
+    shape = NAMED_SHAPES["deepseek-v3-fp8-block"]
+    plain = candidate_configs(shape, 8192)
+    with_tma = candidate_configs(shape, 8192, hopper=True)
+    assert not any(c.hopper for c in plain)
+    tma = [c for c in with_tma if c.hopper]
+    assert tma and with_tma[: len(plain)] == plain
+    assert {c.block_m for c in tma} == {64, 128}
+    assert any(c.w1.paired for c in tma) and any(c.gather_input for c in tma) and any(c.w1.flatten for c in tma)
+    for config in tma:
+        validate_config(config, block_fp8=True)
+        assert config.w1.block_k == config.w2.block_k == 128
+    # decode sizes take thin row blocks, which the TMA kernels cannot run
+    assert not any(c.hopper for c in candidate_configs(shape, 8, hopper=True))

@@ -26,6 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from moe_fsm.kernels.triton_moe._kernels import _block_scaled, _group_scales
+
 
 @triton.jit
 def _grouped_tile(tile, num_row_blocks, num_pid_n, GROUP_M: tl.constexpr):
@@ -107,6 +109,7 @@ def _moe_tile(
     WEIGHT_ROWS: tl.constexpr,
     A_SCALE: tl.constexpr,
     W_SCALE: tl.constexpr,
+    W_SCALE_SPAN: tl.constexpr,
     OUT_MODE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -137,16 +140,11 @@ def _moe_tile(
     if W_SCALE == 3:
         as_ptrs = a_scale_ptr + a_rows * stride_asm
         ws_base = w_scale_ptr + expert * stride_wse
-        wsg_ptrs = ws_base + (tl.where(col_ok, offs_n, 0) // 128) * stride_wsn
-        wsu_ptrs = ws_base + ((N + tl.where(col_ok, offs_n, 0)) // 128) * stride_wsn
+        last_group = ((2 * N if GATED else N) - 1) // 128
 
     if PAIRED:
         # gate and up tiles in one [2, BLOCK_N, BLOCK_K] box of the [E * 2, N, K] view: one wgmma twice as wide
         j = tl.arange(0, 2 * BLOCK_N)
-        pair_cols_ok = (n0 + j % BLOCK_N) < N
-        pair_rows = tl.where(pair_cols_ok, (j // BLOCK_N) * N + n0 + j % BLOCK_N, 0)
-        if W_SCALE == 3:
-            ws2_ptrs = w_scale_ptr + expert * stride_wse + (pair_rows // 128) * stride_wsn
         acc2 = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
         for ki in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
             k0 = ki * BLOCK_K
@@ -157,8 +155,13 @@ def _moe_tile(
             b2 = tl.reshape(w_desc.load([(2 * expert).to(tl.int32), n0, k0]), (2 * BLOCK_N, BLOCK_K)).T
             if W_SCALE == 3:
                 a_s = tl.load(as_ptrs + (k0 // 128) * stride_ask, mask=row_ok, other=0.0)
-                w_s2 = tl.load(ws2_ptrs + (k0 // 128) * stride_wsk)
-                acc2 += tl.dot(a, b2) * a_s[:, None] * w_s2[None, :]
+                ws_k = ws_base + (k0 // 128) * stride_wsk
+                w_s2 = tl.where(
+                    j < BLOCK_N,
+                    _group_scales(ws_k, n0, j % BLOCK_N, last_group, stride_wsn, W_SCALE_SPAN),
+                    _group_scales(ws_k, N + n0, j % BLOCK_N, last_group, stride_wsn, W_SCALE_SPAN),
+                )
+                acc2 += _block_scaled(tl.dot(a, b2), a_s, w_s2, False, False)
             else:
                 acc2 = tl.dot(a, b2, acc2)
         acc, acc_up = tl.split(tl.permute(tl.reshape(acc2, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
@@ -174,12 +177,13 @@ def _moe_tile(
             b = w_desc.load([w_row0 + n0, k0]).T
             if W_SCALE == 3:
                 a_s = tl.load(as_ptrs + (k0 // 128) * stride_ask, mask=row_ok, other=0.0)
-                w_s = tl.load(wsg_ptrs + (k0 // 128) * stride_wsk)
-                acc += tl.dot(a, b) * a_s[:, None] * w_s[None, :]
+                ws_k = ws_base + (k0 // 128) * stride_wsk
+                w_s = _group_scales(ws_k, n0, tl.arange(0, BLOCK_N), last_group, stride_wsn, W_SCALE_SPAN)
+                acc += _block_scaled(tl.dot(a, b), a_s, w_s, W_SCALE_SPAN == 1, False)
                 if GATED:
                     bu = w_desc.load([w_row0 + N + n0, k0]).T
-                    w_su = tl.load(wsu_ptrs + (k0 // 128) * stride_wsk)
-                    acc_up += tl.dot(a, bu) * a_s[:, None] * w_su[None, :]
+                    w_su = _group_scales(ws_k, N + n0, tl.arange(0, BLOCK_N), last_group, stride_wsn, W_SCALE_SPAN)
+                    acc_up += _block_scaled(tl.dot(a, bu), a_s, w_su, W_SCALE_SPAN == 1, False)
             else:
                 acc = tl.dot(a, b, acc)
                 if GATED:
@@ -275,6 +279,7 @@ def moe_gemm_tma_kernel(
     WEIGHT_ROWS: tl.constexpr,
     A_SCALE: tl.constexpr,
     W_SCALE: tl.constexpr,
+    W_SCALE_SPAN: tl.constexpr,
     OUT_MODE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -305,7 +310,7 @@ def moe_gemm_tma_kernel(
             out_static_scale_ptr, row_weight_ptr, sorted_ids_ptr, block_expert_ptr, N, K, w_rows_per_expert,
             num_valid_rows, swiglu_limit, stride_am, stride_om, stride_asm, stride_ask, stride_wse,
             stride_wsn, stride_wsk, stride_osm, stride_osn, A_ROW_DIV, A_SORTED, OUT_ROW_DIV, GATED, PAIRED, ACTIVATION,
-            HAS_LIMIT, WEIGHT_ROWS, A_SCALE, W_SCALE, OUT_MODE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE,
+            HAS_LIMIT, WEIGHT_ROWS, A_SCALE, W_SCALE, W_SCALE_SPAN, OUT_MODE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE,
         )
 
 

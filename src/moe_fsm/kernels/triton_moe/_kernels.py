@@ -49,6 +49,39 @@ W_SCALE_NONE, W_SCALE_TENSOR, W_SCALE_CHANNEL, W_SCALE_BLOCK = 0, 1, 2, 3
 OUT_PLAIN, OUT_FP8_TENSOR, OUT_FP8_GROUP, OUT_ATOMIC_SUM = 0, 1, 2, 3
 
 
+@triton.jit
+def _group_scales(ws_k_ptr, c0, local_cols, last_group, stride_wsn, SPAN: tl.constexpr):
+    """Block-FP8 weight scales of the columns ``c0 + local_cols`` at one K step: one uniform load per 128-row
+    scale group the tile touches (``SPAN`` of them, ``config.weight_scale_span``), a scalar when it is one.
+
+    A load per column would put the scales in a layout of their own, which Triton converts to the
+    accumulator's through shared memory with block-wide barriers at every K step; uniform loads and a select
+    on the column index (an ``arange``, rebuilt in any layout for free) need neither.
+    """
+    g0 = c0 // 128
+    rel = (c0 % 128 + local_cols) // 128
+    s = tl.load(ws_k_ptr + g0 * stride_wsn)
+    for i in tl.static_range(1, SPAN):
+        s = tl.where(rel >= i, tl.load(ws_k_ptr + tl.minimum(g0 + i, last_group) * stride_wsn), s)
+    return s
+
+
+@triton.jit
+def _block_scaled(product, a_s, w_s, W_SCALAR: tl.constexpr, SWAP_AB: tl.constexpr):
+    """One K step's product times its row scales ``a_s`` and weight scales ``w_s`` (per column, or one scalar
+    for the tile: then one multiply per element instead of two)."""
+    if W_SCALAR:
+        if SWAP_AB:
+            return product * (a_s * w_s)[None, :]
+        else:
+            return product * (a_s * w_s)[:, None]
+    else:
+        if SWAP_AB:
+            return product * w_s[:, None] * a_s[None, :]
+        else:
+            return product * a_s[:, None] * w_s[None, :]
+
+
 @triton.jit(do_not_specialize=["num_pairs", "max_padded", "num_experts"])
 def align_count_kernel(
     topk_ids_ptr, counts_ptr, rank_ptr, sorted_ids_ptr, num_pairs, max_padded, num_experts, BLOCK: tl.constexpr
@@ -208,6 +241,7 @@ def moe_gemm_kernel(
     EVEN_K: tl.constexpr,
     SWAP_AB: tl.constexpr,
     OUT_ROW_DIV: tl.constexpr,
+    W_SCALE_SPAN: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -281,7 +315,9 @@ def moe_gemm_kernel(
         w_ptrs = w_base + w_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
     if W_SCALE == 3:
         as_ptrs = as_base + a_rows * stride_asm
-        ws_ptrs = w_scale_ptr + expert * stride_wse + (w_rows // 128) * stride_wsn
+        ws_base = w_scale_ptr + expert * stride_wse
+        n0 = pid_n * BLOCK_N
+        last_group = ((2 * N if GATED else N) - 1) // 128
 
     if GATED:
         W_COLS: tl.constexpr = 2 * BLOCK_N
@@ -311,11 +347,24 @@ def moe_gemm_kernel(
         if W_SCALE == 3:
             k_group = (ki * BLOCK_K) // 128
             a_s = tl.load(as_ptrs + k_group * stride_ask, mask=row_ok, other=0.0)
-            w_s = tl.load(ws_ptrs + k_group * stride_wsk)
-            if SWAP_AB:
-                acc += tl.dot(b, a) * w_s[:, None] * a_s[None, :]
+            ws_k = ws_base + k_group * stride_wsk
+            if GATED:
+                # gate columns, then up columns: one scale vector over the 2 * BLOCK_N weight rows
+                w_s = tl.where(
+                    j < BLOCK_N,
+                    _group_scales(ws_k, n0, j % BLOCK_N, last_group, stride_wsn, W_SCALE_SPAN),
+                    _group_scales(ws_k, N + n0, j % BLOCK_N, last_group, stride_wsn, W_SCALE_SPAN),
+                )
+                if SWAP_AB:
+                    acc += _block_scaled(tl.dot(b, a), a_s, w_s, False, True)
+                else:
+                    acc += _block_scaled(tl.dot(a, b), a_s, w_s, False, False)
             else:
-                acc += tl.dot(a, b) * a_s[:, None] * w_s[None, :]
+                w_s = _group_scales(ws_k, n0, tl.arange(0, BLOCK_N), last_group, stride_wsn, W_SCALE_SPAN)
+                if SWAP_AB:
+                    acc += _block_scaled(tl.dot(b, a), a_s, w_s, W_SCALE_SPAN == 1, True)
+                else:
+                    acc += _block_scaled(tl.dot(a, b), a_s, w_s, W_SCALE_SPAN == 1, False)
         else:
             if SWAP_AB:
                 acc = tl.dot(b, a, acc)

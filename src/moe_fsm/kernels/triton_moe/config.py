@@ -43,6 +43,16 @@ from moe_fsm.errors import KernelInputError
 FP8_GROUP = 128  # DeepSeek-V3 block size: 128x128 weight blocks, 1x128 activation groups
 
 
+def weight_scale_span(block_n: int, n: int, gated: bool) -> int:
+    """How many 128-row weight-scale groups (block FP8) one output tile's columns can touch, per half of a w1
+    tile: one tile aligned to the groups touches ``ceil(block_n / 128)``; the up half of a w1 tile starts at row
+    ``n + n0``, off the group grid when ``n`` is not a multiple of 128, and can touch one more. The kernels load
+    that many scalars per K step (``_group_scales``), and with one group a row scale times a scalar replaces the
+    per-element product of two scale vectors."""
+    aligned = not gated or n % FP8_GROUP == 0
+    return (block_n - 1) // FP8_GROUP + (1 if aligned else 2)
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     """Launch parameters of one grouped GEMM (``block_n`` is the output tile width).

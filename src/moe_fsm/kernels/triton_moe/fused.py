@@ -24,7 +24,14 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, launch, require_device
 from moe_fsm.kernels.triton_moe.align import AlignedRouting, PairBlocks, align_tokens, pair_blocks
-from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, get_config, validate_config
+from moe_fsm.kernels.triton_moe.config import (
+    FP8_GROUP,
+    GemmConfig,
+    MoEConfig,
+    get_config,
+    validate_config,
+    weight_scale_span,
+)
 from moe_fsm.kernels.triton_moe.hopper import hopper_usable, hopper_w1, hopper_w2
 from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE, quantize_activation
 
@@ -208,6 +215,7 @@ def _launch(
         EVEN_K=k_in % config.block_k == 0,
         SWAP_AB=config.swap_ab,
         OUT_ROW_DIV=out_row_div,
+        W_SCALE_SPAN=weight_scale_span(config.block_n, n_out, gated),
         BLOCK_M=rows.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,

@@ -18,7 +18,7 @@ import torch
 
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe.align import AlignedRouting
-from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig
+from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, weight_scale_span
 
 
 
@@ -41,11 +41,16 @@ def _is_hopper_or_later(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
+def tma_kernels_available(device_index: int) -> bool:
+    """Whether this device and Triton can run the TMA kernels at all (what a tuner asks before offering them)."""
+    return _has_tensor_descriptors() and _is_hopper_or_later(device_index)
+
+
 def hopper_usable(config: MoEConfig, routing: object, a: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> bool:
     """Whether this call can take the TMA kernels: else the pointer-load kernel runs the same config's tiles."""
     if not config.hopper or not isinstance(routing, AlignedRouting) or a.device.type != "cuda":
         return False
-    if not _has_tensor_descriptors() or not _is_hopper_or_later(a.device.index or 0):
+    if not tma_kernels_available(a.device.index or 0):
         return False
     n, k_dim = w2.shape[2], w1.shape[2]
     # the copy engine needs 16-byte aligned bases and row strides: the weights' (a slice of a larger tensor may
@@ -148,6 +153,7 @@ def _launch(
         WEIGHT_ROWS=row_weights is not None,
         A_SCALE=a_mode,
         W_SCALE=w_mode,
+        W_SCALE_SPAN=weight_scale_span(config.block_n, n_out, gated),
         OUT_MODE=out_mode,
         BLOCK_M=routing.block_m,
         BLOCK_N=config.block_n,

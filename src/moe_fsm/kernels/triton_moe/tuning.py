@@ -64,8 +64,17 @@ NAMED_SHAPES: dict[str, LayerShape] = {
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 
 
-def candidate_configs(shape: LayerShape, num_tokens: int) -> list[MoEConfig]:
-    """The default config first, then row blocks around the mean rows per expert times a few tiles each."""
+# Hopper (TMA) variants offered at row blocks of 64 and up: (w1 block_n, w2 block_n, warps, stages) tiles, each
+# under (persistent, gather_input, paired, flatten) choices; the tiles and flags the 8192-token measurements of
+# docs/perf/hopper.md found fastest on one shape or another
+HOPPER_TILES = ((128, 256, 8, 4), (128, 256, 8, 3), (128, 128, 8, 3), (64, 128, 4, 4))
+HOPPER_FLAGS = ((False, False, False, False), (True, False, True, False), (False, True, True, False),
+                (True, True, True, False), (True, False, True, True))
+
+
+def candidate_configs(shape: LayerShape, num_tokens: int, *, hopper: bool = False) -> list[MoEConfig]:
+    """The default config first, then row blocks around the mean rows per expert times a few tiles each; with
+    ``hopper`` (the device runs the TMA kernels) also TMA variants of the row blocks of 64 rows and more."""
     block_fp8 = shape.fp8 == "block"
     default = default_config(
         shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens, block_fp8=block_fp8, fp8=shape.fp8 is not None
@@ -105,6 +114,8 @@ def candidate_configs(shape: LayerShape, num_tokens: int) -> list[MoEConfig]:
                     f,
                 )
             )
+    if hopper:
+        out += _hopper_candidates(block_ms, bk)
     valid = []
     for c in dict.fromkeys(out):
         try:
@@ -113,6 +124,25 @@ def candidate_configs(shape: LayerShape, num_tokens: int) -> list[MoEConfig]:
             continue
         valid.append(c)
     return valid
+
+
+def _hopper_candidates(block_ms: list[int], block_k: int) -> list[MoEConfig]:
+    """TMA variants (``MoEConfig.hopper``) of the prefill row blocks; the TMA kernels need block_m >= 64."""
+    out = []
+    for block_m in (m for m in block_ms if m >= 64):
+        group_m = 16 if block_m >= 128 else 8
+        for (n1, n2, warps, stages), (persistent, gather, paired, flatten) in itertools.product(HOPPER_TILES, HOPPER_FLAGS):
+            out.append(
+                MoEConfig(
+                    block_m,
+                    GemmConfig(n1, block_k, group_m, warps, stages, persistent=persistent, paired=paired, flatten=flatten),
+                    GemmConfig(n2, block_k, group_m, warps, stages, persistent=persistent, flatten=flatten),
+                    False,
+                    True,
+                    gather,
+                )
+            )
+    return out
 
 
 def _decode_tiles(shape: LayerShape) -> list[tuple[int, int, int, int, int]]:
@@ -142,6 +172,12 @@ def shipped_config(shape: LayerShape, num_tokens: int) -> Optional[MoEConfig]:
         return None
     target = math.log2(max(num_tokens, 1))
     return MoEConfig.from_json(entries[min(entries, key=lambda m: (abs(math.log2(int(m)) - target), int(m)))])
+
+
+def _tma_kernels_here() -> bool:
+    from moe_fsm.kernels.triton_moe.hopper import tma_kernels_available
+
+    return tma_kernels_available(torch.cuda.current_device())
 
 
 def make_weights(shape: LayerShape, device: str = "cuda", seed: int = 0, init: bool = True):
@@ -258,7 +294,8 @@ def tune_shape(
     shape: LayerShape, tokens: list[int], *, workers: int = 8, rep_ms: float = 30.0, log: Callable[[str], None] = print
 ) -> tuple[dict[int, MoEConfig], dict[int, float]]:
     """The fastest candidate per token count, and its time (µs per layer call)."""
-    plan = {t: candidate_configs(shape, t) for t in tokens}
+    hopper = _tma_kernels_here()
+    plan = {t: candidate_configs(shape, t, hopper=hopper) for t in tokens}
     failures = precompile([(shape, t, c) for t, cs in plan.items() for c in cs], workers) if workers > 0 else []
     for f in failures:
         log(f"  cannot build: {f}")
@@ -314,7 +351,8 @@ def tune_and_write(
 
     device = device_name(torch.device("cuda", torch.cuda.current_device()))
     if workers > 0:
-        jobs = [(s, t, c) for s in shapes for t in tokens for c in candidate_configs(s, t)]
+        hopper = _tma_kernels_here()
+        jobs = [(s, t, c) for s in shapes for t in tokens for c in candidate_configs(s, t, hopper=hopper)]
         for failure in precompile(jobs, workers):
             log(f"  cannot build: {failure}")
     path = None
