@@ -117,6 +117,7 @@ def _run(x, w1, w2, g, ids, config, **kw):
         (QWEN3_30B, 2000, _config(stages=4, persistent=True, paired=True, flat=True)),
         (QWEN3_30B, 2000, _config(persistent=True, gather=True, flat=True)),
         (MIXTRAL_8X7B, 700, _config(stages=4, persistent=True, gather=True, paired=True, flat=True)),
+        (QWEN3_30B, 2000, _config(block_m=64, stages=4, persistent=True, paired=True, flat=True)),
         # warp specialization (4 warps, run as 12): bm64, and bm128 whose rows Triton splits between two
         # consumer warpgroups (the w1 tile is then stored through pointers)
         pytest.param(QWEN3_30B, 2000, _config(block_m=64, bn1=64, bn2=128, warps=4, gather=True, ws=True),
@@ -126,7 +127,8 @@ def _run(x, w1, w2, g, ids, config, **kw):
     ],
     ids=["qwen-bm64", "qwen-bm128", "qwen-persistent", "qwen-persistent-fold", "qwen-gather", "qwen-paired",
          "mixtral-persistent", "mixtral-persistent-gather-paired", "qwen-persistent-paired-flat",
-         "qwen-persistent-gather-flat", "mixtral-persistent-gather-paired-flat", "qwen-bm64-gather-ws",
+         "qwen-persistent-gather-flat", "mixtral-persistent-gather-paired-flat", "qwen-bm64-persistent-paired-flat",
+         "qwen-bm64-gather-ws",
          "qwen-bm128-persistent-gather-ws"],
 )
 def test_bf16_matches_reference_and_pointer_kernel(shape, num_tokens, config):
@@ -183,11 +185,13 @@ def test_block_fp8(persistent, gather, paired, ws):
 
 
 @pytest.mark.parametrize(
-    "weight,activation,static,gather",
-    [("tensor", "tensor", False, False), ("tensor", "tensor", True, True), ("channel", "token", False, False),
-     ("channel", "token", False, True)],
+    "weight,activation,static,gather,flat",
+    [("tensor", "tensor", False, False, False), ("tensor", "tensor", True, True, False),
+     ("channel", "token", False, False, False), ("channel", "token", False, True, False),
+     # the flattened persistent loop with paired w1 loads (the tuned H100 FP8 prefill entries' flags)
+     ("tensor", "tensor", False, False, True), ("channel", "token", False, False, True)],
 )
-def test_rowwise_fp8(weight, activation, static, gather):
+def test_rowwise_fp8(weight, activation, static, gather, flat):
     shape, num_tokens = QWEN3_30B, 700
     w1, w2 = float_weights(shape)
     w1q, w2q, s1, s2, deq = quantize_rowwise(w1, w2, weight)
@@ -195,7 +199,7 @@ def test_rowwise_fp8(weight, activation, static, gather):
     g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=14)
     a1 = (x.abs().amax().float() / 448).reshape(1) if static else None
     a2 = torch.tensor([0.02], device="cuda") if static else None
-    config = _config(bk=128, persistent=True, gather=gather, paired=gather)
+    config = _config(bk=128, stages=4 if flat else 3, persistent=True, gather=gather, paired=gather or flat, flat=flat)
     out = _run(x, w1q, w2q, g, ids, config, fp8=Fp8Spec(weight, activation), w1_scale=s1, w2_scale=s2,
                a1_scale=a1, a2_scale=a2)
     emulated = emulate_fp8(x, w1q, w2q, g, ids, granularity=activation, a1_scale=a1, a2_scale=a2, dequantize=deq)

@@ -101,6 +101,10 @@ def candidate_configs(shape: LayerShape, num_tokens: int, *, hopper: bool = Fals
             tiles += _decode_tiles(shape)
         else:
             tiles = [(64, 128, bk, 4, 3), (64, 128, bk, 8, 3), (64, 128, 128, 8, 4), (128, 128, bk, 8, 3), (64, 256, bk, 8, 3), (128, 256, bk, 8, 4)]
+            if shape.fp8 in ("tensor", "channel") and block_m == 64:
+                # between decode and prefill a layer still streams its weights: 256-wide FP8 K steps move what a
+                # 128-wide bf16 step moves (vLLM's H100 table takes them for Mixtral FP8 at 128 tokens)
+                tiles += [(64, 128, 256, 4, 2), (64, 128, 256, 4, 3), (128, 128, 256, 8, 2)]
         group_m = 1 if thin else (16 if block_m >= 128 else 8)
         swaps = [True, False] if thin else [False]
         for (n1, n2, k_step, warps, stages), f, swap in itertools.product(tiles, fold, swaps):
