@@ -75,7 +75,7 @@ def sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
         # block_m 128 too: two 64-row warpgroups, each with a whole-width wgmma (block_m 64 at 8 warps splits the
         # columns between them)
         tiles = [(64, 128, 256, 8, 3, 16), (64, 64, 128, 4, 4, 8), (64, 128, 128, 8, 3, 8), (128, 128, 128, 8, 3, 8),
-                 (128, 64, 128, 8, 4, 8)]
+                 (128, 64, 128, 8, 4, 8), (64, 128, 128, 4, 3, 8), (64, 128, 128, 4, 2, 8)]
     for index, (bm, n1, n2, warps, stages, group_m) in enumerate(tiles):
         combos = [(p, g, pa, False, False, False) for p, g, pa in COMBOS]
         if warps == 4:

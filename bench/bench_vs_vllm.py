@@ -33,6 +33,9 @@ shape and token count once, before timing. On Hopper it needs the module ``moe-f
 build`` installs. A column whose kernel is missing here (no ``.vllm_extract``, no FlashInfer
 module) is left out with a line that says why.
 
+``run --untuned`` takes both sides off their tables: moe-fsm's ``default_config`` against vLLM's
+``get_default_config``, what each runs on a shape no table holds.
+
 Each point is timed as CUDA-graph replays of R calls on R different routings, divided
 by R, with L2 flushed before each replay (``triton.testing.do_bench``, median); at one
 token the eager (no graph) call is timed too, for the host cost. Writes JSON, Markdown
@@ -140,10 +143,11 @@ def prepare(cache: Path, dest: Path) -> None:
 class VllmTriton:
     """vLLM's kernel, default-config rule and tuned tables, loaded from the extracted files."""
 
-    def __init__(self, extract: Path, device_name: str, capability: tuple[int, int]):
+    def __init__(self, extract: Path, device_name: str, capability: tuple[int, int], use_tables: bool = True):
         import triton
 
         self.extract = extract
+        self.use_tables = use_tables
         module = types.ModuleType("vllm_fused_moe_kernel")
         path = extract / "vllm_fused_moe_kernel.py"
         module.__file__ = str(path)
@@ -178,8 +182,8 @@ class VllmTriton:
         return {int(k): v for k, v in data.items()}
 
     def config(self, m: int, e: int, n: int, k: int, top_k: int, fp8: Optional[str]) -> tuple[dict, str]:
-        """(config, where from) as try_get_optimal_moe_config picks it."""
-        table = self.table(e, n, fp8)
+        """(config, where from) as try_get_optimal_moe_config picks it (its default rule alone without tables)."""
+        table = self.table(e, n, fp8) if self.use_tables else None
         if table:
             return dict(table[min(table, key=lambda x: abs(x - m))]), "tuned"
         dtype = "fp8_w8a8" if fp8 else None
@@ -408,6 +412,7 @@ def main_run(args) -> None:
     from bench_gpu import measure_ceilings, versions
     from read_floor import read_floor
     from moe_fsm.kernels.triton_moe import get_config
+    from moe_fsm.kernels.triton_moe.config import default_config
     from moe_fsm.kernels.triton_moe._runtime import device_name
     from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, layer_fn, make_weights, replays_per_graph, routings, time_graph
 
@@ -418,13 +423,16 @@ def main_run(args) -> None:
     vllm = None
     if "vllm" in columns:
         if (args.extract / "fused_moe_kernel.py").exists() or any(args.extract.glob("*.py")):
-            vllm = VllmTriton(args.extract, dev_name, torch.cuda.get_device_capability())
+            vllm = VllmTriton(args.extract, dev_name, torch.cuda.get_device_capability(), use_tables=not args.untuned)
         else:
             print(f"no vLLM column: {args.extract} holds no extracted kernel (bench_vs_vllm.py prepare)", flush=True)
     series_list = args.series or list(NAMED_SHAPES)
     start = time.time()
 
     def ours_config(shape, t):
+        if args.untuned:
+            return default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, t,
+                                  block_fp8=shape.fp8 == "block", fp8=shape.fp8 is not None)
         return get_config(device_name(torch.device("cuda", 0)), shape.num_experts, shape.intermediate, shape.hidden,
                           shape.top_k, t, shape.dtype, shape.fp8)
 
@@ -447,7 +455,7 @@ def main_run(args) -> None:
     print(json.dumps(ceilings), flush=True)
     report = {"machine": versions(), "ceilings": ceilings, "vllm": VLLM_VERSION if vllm else None,
               "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c == "flashinfer"],
-              "results": [], "eager": [], "flashinfer_missing": {}}
+              "results": [], "eager": [], "flashinfer_missing": {}, "untuned": args.untuned}
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     for series in series_list:
@@ -476,14 +484,15 @@ def main_run(args) -> None:
                    "quant": shape.fp8 or "bf16", "tokens": t, "hit_experts": hit, "bytes": n_bytes, "flops": flops,
                    "roofline_us": roofline_us, "ours_config": ours_config(shape, t).to_json()}
             source = "-"
-            a = ours_fns(*inputs[0]).float()
+            ours_t = layer_fn(shape, weights, ours_config(shape, t)) if args.untuned else ours_fns
+            a = ours_t(*inputs[0]).float()
             if theirs is not None:
                 vcfg, source = theirs.config(t)
                 row.update(vllm_config=vcfg, vllm_config_source=source)
                 # correctness on the first input: both pipelines compute the same layer
                 b = theirs(*inputs[0]).float()
                 row["rel_diff"] = float((a - b).norm() / b.norm().clamp(min=1e-30))
-            fns = [("vllm", theirs), ("ours", ours_fns)] if theirs is not None else [("ours", ours_fns)]
+            fns = [("vllm", theirs), ("ours", ours_t)] if theirs is not None else [("ours", ours_t)]
             if fi is not None:
                 try:
                     fi.calibrate(inputs[0][0])
@@ -641,6 +650,9 @@ def write_markdown(path: Path, report: dict) -> None:
         "µs: median per layer call, CUDA-graph replays of R calls on R routings / R, L2 flushed per replay. "
         "All columns: same weights, routing and inputs (bench/bench_vs_vllm.py docstring).",
     ]
+    if report.get("untuned"):
+        lines += ["", "**Untuned** (`--untuned`): both sides on their default rules, as for a shape no table holds: "
+                  "moe-fsm's `default_config`, vLLM's `get_default_config`; neither side's tuned tables are read."]
     if has_vllm:
         lines += ["x = vLLM µs / ours (> 1: ours faster). vLLM cfg: `tuned` = vLLM's shipped table for this GPU, "
                   "`default` = get_default_config.", "",
@@ -749,6 +761,9 @@ def main() -> None:
     r.add_argument("--name", default=None)
     r.add_argument("--columns", default="ours,vllm,flashinfer",
                    help="which kernels to time beside moe-fsm's Triton (ours): vllm, flashinfer (default all three)")
+    r.add_argument("--untuned", action="store_true",
+                   help="both sides on their default rules (moe-fsm's default_config, vLLM's get_default_config), "
+                        "no table of either: the case of a shape no table holds")
     args = parser.parse_args()
     if args.step == "prepare":
         prepare(args.cache, args.extract)
@@ -758,6 +773,7 @@ def main() -> None:
 
         gpu = "h200" if "H200" in torch.cuda.get_device_name() else "h100"
         args.name = f"vs_vllm_{gpu}" if "vllm" in args.columns else f"flashinfer_vs_triton_{gpu}"
+        args.name += "_untuned" if args.untuned else ""
     main_run(args)
 
 
