@@ -65,23 +65,29 @@ def test_old_tables_without_the_new_fields_still_load():
     assert MoEConfig.from_json(c.to_json()) == c
 
 
-@pytest.mark.parametrize("tokens", [1, 8, 32, 64, 96, 128, 512, 2048, 8192])
+@pytest.mark.parametrize("tokens", [1, 8, 32, 64, 96, 128, 512, 513, 2048, 8192])
 @pytest.mark.parametrize("fp8", [None, "tensor", "block"])
-def test_default_takes_vllms_tile_rules(tokens, fp8):
-    """Same BLOCK_M/K, warps, stages as vLLM's get_default_config; w1 reads the same weight tile (half the width, gate+up)."""
+def test_default_takes_vllms_tile_rules_then_the_tuned_prefill_tile(tokens, fp8):
+    """Up to 512 tokens: vLLM's BLOCK_M/K, warps, stages (w1 reads the same weight tile: half the width, gate+up).
+    Past that (bf16 and row-wise FP8): the prefill tile the tuner keeps picking. Never a folded top-k sum."""
     c = cfg.default_config(128, 768, 2048, 8, tokens, block_fp8=fp8 == "block", fp8=fp8 is not None)
     cfg.validate_config(c, block_fp8=fp8 == "block")
     if fp8 == "block":
         assert c.block_m == (16 if tokens <= 64 else 64)
         assert c.w2.block_n == (64 if tokens <= 8 else 128) and c.w2.block_k == 128
+        assert 2 * c.w1.block_n == c.w2.block_n
+    elif tokens > 512:
+        assert c.block_m == 128 and not c.hopper
+        assert (c.w1.block_n, c.w2.block_n, c.w1.block_k) == (128, 256, 128 if fp8 else 64)
+        assert (c.w1.num_warps, c.w1.num_stages, c.w1.group_m) == (c.w2.num_warps, c.w2.num_stages, c.w2.group_m) == (8, 4, 16)
     else:
-        assert c.block_m == (16 if tokens <= 32 else 32 if tokens <= 96 else 64 if tokens <= 512 else 128)
+        assert c.block_m == (16 if tokens <= 32 else 32 if tokens <= 96 else 64)
         assert c.w2.block_n == (64 if tokens <= 64 else 128)
         assert c.w2.block_k == (128 if fp8 or tokens <= 64 else 64)
         assert c.w2.num_warps == (4 if tokens <= 128 else 8)
-    assert 2 * c.w1.block_n == c.w2.block_n
+        assert 2 * c.w1.block_n == c.w2.block_n
     assert c.w1.swap_ab == c.w2.swap_ab == (c.block_m < 64)
-    assert c.fold_topk == (tokens * 8 >= 16384)
+    assert not c.fold_topk
 
 
 def test_merging_a_partial_tuning_into_the_shipped_table_keeps_the_other_token_counts(tmp_path):

@@ -242,15 +242,21 @@ def _check_warp_specialization(config: MoEConfig, block_fp8: bool) -> None:
 
 
 def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int, *, block_fp8: bool, fp8: bool = False) -> MoEConfig:
-    """The config for a shape no table holds: vLLM's default tile rules, mapped onto our kernels.
+    """The config for a shape no table holds: vLLM's default tile rules, mapped onto our kernels, then the
+    prefill tile our tuning keeps choosing.
 
     vLLM picks its tile from the token count M alone (its w1 and w2 share one
     config). We take the same BLOCK_M, BLOCK_K, GROUP_M, warps and stages; our w1
     tile reads gate and up rows together, so its ``block_n`` is half vLLM's (the
     same weight tile), and swap-AB goes on where vLLM turns it on for Hopper FP8
     (row blocks under 64 with weight tiles of 64 or more), here for every dtype
-    since thin row blocks waste the 64-row wgmma the same way in bf16. From 16384
-    (token, slot) pairs on, w2 folds the top-k sum into its epilogue.
+    since thin row blocks waste the 64-row wgmma the same way in bf16.
+
+    From 512 tokens on (row blocks of 128) the bf16 and per-tensor/per-channel FP8 layers take w1 128 wide
+    (256 gate and up columns), w2 256, 8 warps, 4 stages, group 16: the tile ``moe-fsm tune`` picked for
+    every named shape there on the H100 and the H200, and faster than vLLM's rule in 13 of 14 prefill points
+    (``docs/perf/hopper.md``, "The default config"). The top-k sum is never folded into w2: folded, the
+    layer was slower in 12 of those 14 points.
     """
     m = num_tokens
     if block_fp8:
@@ -261,16 +267,18 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
         swap = block_m < 64
         w1 = GemmConfig(block_n // 2, FP8_GROUP, group_m, 4, stages, swap)
         w2 = GemmConfig(block_n, FP8_GROUP, group_m, 4, stages, swap)
-        return MoEConfig(block_m, w1, w2, m * top_k >= 16384)
-    block_m = 16 if m <= 32 else 32 if m <= 96 else 64 if m <= 512 else 128
-    block_n = 64 if m <= 64 else 128
+        return MoEConfig(block_m, w1, w2)
     block_k = 128 if fp8 or m <= 64 else 64
+    if m > 512:
+        return MoEConfig(128, GemmConfig(128, block_k, 16, 8, 4), GemmConfig(256, block_k, 16, 8, 4))
+    block_m = 16 if m <= 32 else 32 if m <= 96 else 64
+    block_n = 64 if m <= 64 else 128
     group_m = 16 if m // max(num_experts, 1) > 128 else 1
     warps = 4 if m <= 128 else 8
     stages = 4 if m <= 32 else 3
     w1 = GemmConfig(block_n // 2, block_k, group_m, warps, stages, block_m < 64 and block_n >= 64)
     w2 = GemmConfig(block_n, block_k, group_m, warps, stages, block_m < 64 and block_n >= 64)
-    return MoEConfig(block_m, w1, w2, m * top_k >= 16384)
+    return MoEConfig(block_m, w1, w2)
 
 
 def config_file_name(device_name: str) -> str:
