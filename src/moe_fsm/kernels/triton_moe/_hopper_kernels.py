@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from moe_fsm.kernels.triton_moe._kernels import _block_scaled, _group_scales
+from moe_fsm.kernels.triton_moe._kernels import _activate, _block_scaled, _group_scales
 
 
 @triton.jit
@@ -38,20 +38,6 @@ def _grouped_tile(tile, num_row_blocks, num_pid_n, GROUP_M: tl.constexpr):
     pid_m = first_m + (tile % num_in_group) % group_rows
     pid_n = (tile % num_in_group) // group_rows
     return pid_m, pid_n
-
-
-@triton.jit
-def _activate(gate, up, swiglu_limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr):
-    if HAS_LIMIT:
-        gate = tl.minimum(gate, swiglu_limit)
-        up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
-    if ACTIVATION == 0:
-        y = gate * tl.sigmoid(gate) * up
-    elif ACTIVATION == 1:
-        y = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up
-    else:
-        y = (up + 1.0) * (gate * tl.sigmoid(1.702 * gate))
-    return y
 
 
 @triton.jit

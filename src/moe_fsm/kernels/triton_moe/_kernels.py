@@ -50,6 +50,22 @@ OUT_PLAIN, OUT_FP8_TENSOR, OUT_FP8_GROUP, OUT_ATOMIC_SUM = 0, 1, 2, 3
 
 
 @triton.jit
+def _activate(gate, up, swiglu_limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr):
+    """The gated activation of the w1 epilogue (codes ``ACT_*``): silu, exact gelu, or gpt-oss's swigluoai with
+    its clamp (``HAS_LIMIT``)."""
+    if HAS_LIMIT:
+        gate = tl.minimum(gate, swiglu_limit)
+        up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
+    if ACTIVATION == 0:
+        y = gate * tl.sigmoid(gate) * up
+    elif ACTIVATION == 1:
+        y = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up
+    else:
+        y = (up + 1.0) * (gate * tl.sigmoid(1.702 * gate))
+    return y
+
+
+@triton.jit
 def _group_scales(ws_k_ptr, c0, local_cols, last_group, stride_wsn, SPAN: tl.constexpr):
     """Block-FP8 weight scales of the columns ``c0 + local_cols`` at one K step: one uniform load per 128-row
     scale group the tile touches (``SPAN`` of them, ``config.weight_scale_span``), a scalar when it is one.
@@ -388,15 +404,7 @@ def moe_gemm_kernel(
 
     if GATED:
         gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
-        if HAS_LIMIT:
-            gate = tl.minimum(gate, swiglu_limit)
-            up = tl.minimum(tl.maximum(up, -swiglu_limit), swiglu_limit)
-        if ACTIVATION == 0:
-            y = gate * tl.sigmoid(gate) * up
-        elif ACTIVATION == 1:
-            y = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up
-        else:
-            y = (up + 1.0) * (gate * tl.sigmoid(1.702 * gate))
+        y = _activate(gate, up, swiglu_limit, ACTIVATION, HAS_LIMIT)
     else:
         y = acc
 

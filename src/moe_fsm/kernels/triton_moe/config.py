@@ -252,11 +252,12 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     (row blocks under 64 with weight tiles of 64 or more), here for every dtype
     since thin row blocks waste the 64-row wgmma the same way in bf16.
 
-    From 512 tokens on (row blocks of 128) the bf16 and per-tensor/per-channel FP8 layers take w1 128 wide
-    (256 gate and up columns), w2 256, 8 warps, 4 stages, group 16: the tile ``moe-fsm tune`` picked for
-    every named shape there on the H100 and the H200, and faster than vLLM's rule in 13 of 14 prefill points
-    (``docs/perf/hopper.md``, "The default config"). The top-k sum is never folded into w2: folded, the
-    layer was slower in 12 of those 14 points.
+    Past 512 tokens (row blocks of 128) the bf16 and per-tensor/per-channel FP8 layers take w1 128 wide
+    (256 gate and up columns), w2 256, 8 warps, 4 stages, group 16: the tiles of 13 of the 14 bf16 and row-wise
+    FP8 2048- and 8192-token entries ``moe-fsm tune`` had written into the H100 table, faster on an H100 than
+    vLLM's rule at 11 of those 12 shapes and counts (2% slower at the Qwen3 TP4 shard's 8192). The top-k sum is never
+    folded into w2: folded, the layer was slower in 26 of 28 comparisons (``docs/perf/hopper.md``, "The
+    default config").
     """
     m = num_tokens
     if block_fp8:
