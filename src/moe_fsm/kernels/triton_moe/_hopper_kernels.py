@@ -296,7 +296,8 @@ def moe_gemm_tma_kernel(
             out_static_scale_ptr, row_weight_ptr, sorted_ids_ptr, block_expert_ptr, N, K, w_rows_per_expert,
             num_valid_rows, swiglu_limit, stride_am, stride_om, stride_asm, stride_ask, stride_wse,
             stride_wsn, stride_wsk, stride_osm, stride_osn, A_ROW_DIV, A_SORTED, OUT_ROW_DIV, GATED, PAIRED, ACTIVATION,
-            HAS_LIMIT, WEIGHT_ROWS, A_SCALE, W_SCALE, W_SCALE_SPAN, OUT_MODE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, WARP_SPECIALIZE,
+            HAS_LIMIT, WEIGHT_ROWS, A_SCALE, W_SCALE, W_SCALE_SPAN, OUT_MODE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+            WARP_SPECIALIZE,
         )
 
 
