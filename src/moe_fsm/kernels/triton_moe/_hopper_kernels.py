@@ -41,6 +41,17 @@ def _grouped_tile(tile, num_row_blocks, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _a_tile(a_desc, a_ptrs, row0, k0, row_ok, offs_k, K, A_SORTED: tl.constexpr):
+    """One [BLOCK_M, BLOCK_K] tile of A at column k0: a descriptor load of sorted rows, or the gathered rows'
+    pointer loads (``cp.async``), pad rows and columns past K read as zeros."""
+    if A_SORTED:
+        a = a_desc.load([row0, k0])
+    else:
+        a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & (offs_k[None, :] < K - k0), other=0.0)
+    return a
+
+
+@triton.jit
 def _store_inter(out_ptr, out_desc, val, offs_r, offs_n, col_ok, row0, n0, stride_om, WARP_SPECIALIZE: tl.constexpr):
     """One w1 output tile into the sorted-order intermediate (every row of a row block exists there).
 
@@ -134,10 +145,7 @@ def _moe_tile(
         acc2 = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
         for ki in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
             k0 = ki * BLOCK_K
-            if A_SORTED:
-                a = a_desc.load([row0, k0])
-            else:
-                a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & (offs_k[None, :] < K - k0), other=0.0)
+            a = _a_tile(a_desc, a_ptrs, row0, k0, row_ok, offs_k, K, A_SORTED)
             b2 = tl.reshape(w_desc.load([(2 * expert).to(tl.int32), n0, k0]), (2 * BLOCK_N, BLOCK_K)).T
             if W_SCALE == 3:
                 a_s = tl.load(as_ptrs + (k0 // 128) * stride_ask, mask=row_ok, other=0.0)
@@ -156,10 +164,7 @@ def _moe_tile(
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WARP_SPECIALIZE):
             k0 = ki * BLOCK_K
-            if A_SORTED:
-                a = a_desc.load([row0, k0])
-            else:
-                a = tl.load(a_ptrs + k0, mask=row_ok[:, None] & (offs_k[None, :] < K - k0), other=0.0)
+            a = _a_tile(a_desc, a_ptrs, row0, k0, row_ok, offs_k, K, A_SORTED)
             b = w_desc.load([w_row0 + n0, k0]).T
             if W_SCALE == 3:
                 a_s = tl.load(as_ptrs + (k0 // 128) * stride_ask, mask=row_ok, other=0.0)
