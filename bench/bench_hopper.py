@@ -11,7 +11,7 @@ Every config of the plan goes through ``validate_config`` first (a refused one i
 then all are compiled in ``--workers`` processes, for at most ``--compile-timeout-s``; ``--budget-s`` stops
 starting new measurements once that many seconds have passed since the start.
 
-    python bench/bench_hopper.py [--shapes ...] [--tokens 2048 8192] [--json out.json] [--no-sweep]
+    python bench/bench_hopper.py [--shapes ...] [--tokens 2048 8192] [--json out.json] [--no-sweep | --gluon]
                                  [--budget-s S] [--compile-timeout-s S] [--dry-run]
 
 ``--dry-run`` prints the plan (and the refusals) without a GPU.
@@ -98,7 +98,22 @@ def sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
     return out
 
 
-def plan_for(name: str, num_tokens: int, no_sweep: bool) -> list[tuple[str, MoEConfig]]:
+def gluon_sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
+    """Tiles for the Gluon block-FP8 kernel (``MoEConfig.gluon``): 64-row wgmmas per warpgroup, w1 gate plus up
+    boxes of 32 or 64 rows, w2 tiles of 64 or 128 columns."""
+    if fp8 != "block":
+        return []
+    tiles = [(64, 64, 128, 4, 4, 8), (64, 64, 128, 4, 3, 8), (64, 64, 128, 4, 4, 16), (64, 64, 128, 4, 5, 8),
+             (64, 32, 64, 4, 4, 8), (64, 64, 64, 4, 4, 8), (128, 64, 128, 8, 4, 8), (128, 64, 128, 8, 3, 8)]
+    return [
+        (f"gluon bm{bm} w1 {n1} w2 {n2} g{group_m} w{warps}s{stages}",
+         MoEConfig(bm, GemmConfig(n1, 128, group_m, warps, stages), GemmConfig(n2, 128, group_m, warps, stages),
+                   False, True, True, True))
+        for bm, n1, n2, warps, stages, group_m in tiles
+    ]
+
+
+def plan_for(name: str, num_tokens: int, no_sweep: bool, gluon: bool = False) -> list[tuple[str, MoEConfig]]:
     """(label, config) to time for one shape and token count: the shipped config first, refused configs left out."""
     shape = NAMED_SHAPES[name]
     block_fp8 = shape.fp8 == "block"
@@ -108,7 +123,9 @@ def plan_for(name: str, num_tokens: int, no_sweep: bool) -> list[tuple[str, MoEC
     )
     variants = [("shipped", base), ("shipped+fold", replace(base, fold_topk=True)), ("shipped+tma", tma(base, False)),
                 ("shipped+tma-pers", tma(base, True))]
-    if not no_sweep:
+    if gluon:
+        variants += gluon_sweep(shape.fp8)
+    elif not no_sweep:
         variants += sweep(shape.fp8)
     kept = []
     for label, config in variants:
@@ -142,6 +159,7 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=float, default=40.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--gluon", action="store_true", help="time the Gluon block-FP8 tiles instead of the TMA sweep")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no new measurement after this many seconds from the start (the JSON keeps what ran)")
     ap.add_argument("--compile-timeout-s", type=float, default=None,
@@ -153,7 +171,7 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown shapes {unknown}; known: {sorted(NAMED_SHAPES)}")
 
-    plans = {(name, t): plan_for(name, t, args.no_sweep) for name in args.shapes for t in args.tokens}
+    plans = {(name, t): plan_for(name, t, args.no_sweep, args.gluon) for name in args.shapes for t in args.tokens}
     if args.dry_run:
         for (name, t), variants in plans.items():
             for label, config in variants:

@@ -107,6 +107,44 @@ def test_other_hopper_refusals(config, match):
         validate_config(config, block_fp8=False)
 
 
+def _gluon(bm=64, warps=4, bn1=64, bn2=128, bk=128, **flags):
+    return MoEConfig(bm, GemmConfig(bn1, bk, 8, warps, 4), GemmConfig(bn2, bk, 8, warps, 4), False, True, True,
+                     True, **flags)
+
+
+def test_gluon_takes_block_fp8_tiles_of_one_wgmma_per_warpgroup():
+    for config in (_gluon(), _gluon(128, 8), _gluon(bn1=32, bn2=64)):
+        validate_config(config, block_fp8=True)
+    assert MoEConfig.from_json(_gluon().to_json()) == _gluon()
+    assert "gluon" not in _cfg().to_json()
+
+
+@pytest.mark.parametrize(
+    "config,block_fp8,match",
+    [
+        (_gluon(), False, "block-FP8 layers only"),
+        (MoEConfig(64, GemmConfig(64, 128, 8, 4), GemmConfig(128, 128, 8, 4), False, True, False, True), True,
+         "needs hopper and gather_input"),
+        (MoEConfig(64, GemmConfig(64, 128, 8, 4), GemmConfig(128, 128, 8, 4), True, True, True, True), True,
+         "no fold_topk"),
+        (_gluon(bk=64), True, "gluon w1: block_k 128"),
+        (_gluon(bn1=128), True, "gluon w1: .*block_n in \\(32, 64\\)"),
+        (_gluon(bn2=256), True, "gluon w2: .*block_n in \\(64, 128\\)"),
+        (_gluon(128, 4), True, "block_m = 16 x num_warps"),
+    ],
+)
+def test_gluon_refusals_name_what_is_accepted(config, block_fp8, match):
+    with pytest.raises(KernelInputError, match=match):
+        validate_config(config, block_fp8=block_fp8)
+
+
+def test_gluon_refuses_the_triton_kernel_options():
+    config = MoEConfig(64, GemmConfig(64, 128, 8, 4, 4, persistent=True), GemmConfig(128, 128, 8, 4, 4), False, True,
+                       True, True)
+    with pytest.raises(KernelInputError, match="options of the Triton TMA kernel"):
+        validate_config(config, block_fp8=True)
+
+
 def test_hopper_fields_survive_a_table():
     config = _cfg(pers=True, gather=True, paired=True, ws=True, fold=True)
     assert MoEConfig.from_json(config.to_json()) == config

@@ -91,7 +91,10 @@ class MoEConfig:
 
     ``hopper`` runs both GEMMs through the tensor-descriptor kernels (``hopper.py``) where the call allows,
     with the intermediate in sorted-row order; ``gather_input`` then also copies the w1 GEMM's input rows
-    into sorted order first, so the copy engine loads them as well.
+    into sorted order first, so the copy engine loads them as well. ``gluon`` (with both, block FP8 only)
+    runs the two GEMMs through the Gluon kernel that scales each K step's product while the next one runs
+    (``_gluon_kernels.py``): its w1 tile is ``w1.block_n`` gate plus as many up columns, its w2 tile
+    ``w2.block_n`` columns, each in ``block_m / 16`` warps.
     """
 
     block_m: int
@@ -100,11 +103,12 @@ class MoEConfig:
     fold_topk: bool = False
     hopper: bool = False
     gather_input: bool = False
+    gluon: bool = False
 
     def to_json(self) -> dict:
         data = {"block_m": self.block_m, "w1": self.w1.to_json(), "w2": self.w2.to_json(), "fold_topk": self.fold_topk}
         # the Hopper-only fields stay out of a table until set, so older tables read back unchanged
-        for name in ("hopper", "gather_input"):
+        for name in ("hopper", "gather_input", "gluon"):
             if getattr(self, name):
                 data[name] = True
         return data
@@ -114,13 +118,13 @@ class MoEConfig:
         try:
             return cls(
                 int(data["block_m"]), GemmConfig(**data["w1"]), GemmConfig(**data["w2"]), bool(data.get("fold_topk", False)),
-                bool(data.get("hopper", False)), bool(data.get("gather_input", False)),
+                bool(data.get("hopper", False)), bool(data.get("gather_input", False)), bool(data.get("gluon", False)),
             )
         except (KeyError, TypeError) as exc:
             raise KernelInputError(
                 f"a Triton MoE config needs block_m plus w1/w2 objects with block_n, block_k, "
                 f"group_m, num_warps, num_stages (optional swap_ab, persistent, warp_specialize, paired, flatten), optional fold_topk "
-                f"hopper and gather_input; got {data!r} ({exc})"
+                f"hopper, gather_input and gluon; got {data!r} ({exc})"
             ) from None
 
 
@@ -174,6 +178,8 @@ def validate_config(config: MoEConfig, *, block_fp8: bool) -> None:
     if config.gather_input and not config.hopper:
         raise KernelInputError("gather_input is a Hopper-kernel option; set hopper too")
     _check_warp_specialization(config, block_fp8)
+    if config.gluon:
+        _check_gluon(config, block_fp8)
     if (config.w1.warp_specialize or config.w2.warp_specialize) and not warp_specialization_opted_in():
         raise KernelInputError(
             "warp_specialize: Triton 3.6's warp-specialized K loop computed wrong layers on an H100 (2026-11-25, "
@@ -189,6 +195,27 @@ def validate_config(config: MoEConfig, *, block_fp8: bool) -> None:
                 f"hopper configs need block_m >= 64, tiles of at most 256 and no swap_ab; got block_m={config.block_m}, "
                 f"w1={config.w1}, w2={config.w2}"
             )
+
+
+def _check_gluon(config: MoEConfig, block_fp8: bool) -> None:
+    """Refuse what the Gluon block-FP8 kernel (``_gluon_kernels.py``) does not do, naming what it takes."""
+    if not block_fp8:
+        raise KernelInputError("gluon: the Gluon kernel runs block-FP8 layers only; leave gluon off for this dtype")
+    if not (config.hopper and config.gather_input) or config.fold_topk:
+        raise KernelInputError("gluon needs hopper and gather_input (every operand through the copy engine) and "
+                               "no fold_topk (its w2 writes one row per pair)")
+    # wider tiles (a 256-wide wgmma) need more than 255 registers for the sum and the two product sets: they spill,
+    # and ptxas then serializes every wgmma (bench/gluon_compile_check.py)
+    for name, g, widths in (("w1", config.w1, (32, 64)), ("w2", config.w2, (64, 128))):
+        if g.block_k != FP8_GROUP or g.block_n not in widths or config.block_m != 16 * g.num_warps:
+            raise KernelInputError(
+                f"gluon {name}: block_k {FP8_GROUP} (one scale group a K step), block_n in {widths} and "
+                f"block_m = 16 x num_warps (one 64-row wgmma per warpgroup) are accepted; got block_m="
+                f"{config.block_m}, {g}"
+            )
+        if g.persistent or g.flatten or g.warp_specialize or g.paired:
+            raise KernelInputError(f"gluon {name}: persistent, flatten, warp_specialize and paired are options of "
+                                   f"the Triton TMA kernel, not of the Gluon one; got {g}")
 
 
 WARP_SPECIALIZE_ENV = "MOE_FSM_TRITON_WARP_SPECIALIZE"

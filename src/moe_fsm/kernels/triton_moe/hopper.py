@@ -41,6 +41,21 @@ def _is_hopper_or_later(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
+@functools.lru_cache(maxsize=None)
+def _has_gluon() -> bool:
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma_wait  # noqa: F401
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def gluon_kernels_available(device_index: int) -> bool:
+    """Whether this device and Triton can run the Gluon block-FP8 kernel (``MoEConfig.gluon``)."""
+    return _has_gluon() and tma_kernels_available(device_index)
+
+
 def tma_kernels_available(device_index: int) -> bool:
     """Whether this device and Triton can run the TMA kernels at all (what a tuner asks before offering them)."""
     return _has_tensor_descriptors() and _is_hopper_or_later(device_index)
@@ -60,6 +75,18 @@ def hopper_usable(config: MoEConfig, routing: object, a: torch.Tensor, w1: torch
         a.stride(-1) == 1
         and w1.is_contiguous() and w2.is_contiguous() and w1.data_ptr() % 16 == 0 and w2.data_ptr() % 16 == 0
         and (k_dim * w1.element_size()) % 16 == 0 and (n * w2.element_size()) % 16 == 0 and n % 8 == 0
+    )
+
+
+def gluon_usable(
+    config: MoEConfig, routing: object, a: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *, block_fp8: bool
+) -> bool:
+    """Whether this call takes the Gluon block-FP8 kernel (``MoEConfig.gluon``): else the Triton TMA kernel runs
+    the same config's tiles. Beyond the TMA kernels' needs, the intermediate width must be a multiple of the w1
+    tile, so that each up box starts on the tile grid and lies in one weight-scale block."""
+    return (
+        config.gluon and block_fp8 and gluon_kernels_available(a.device.index or 0)
+        and hopper_usable(config, routing, a, w1, w2) and w2.shape[2] % config.w1.block_n == 0
     )
 
 
@@ -195,7 +222,7 @@ def hopper_w1(
     out_scale = torch.empty(rows, -(-n // FP8_GROUP), dtype=torch.float32, device=a.device) if out_mode == 2 else None
     a_desc = None
     if gather_input:
-        a, a_scale = _gather_sorted(a, a_scale, a_mode, routing)
+        a, a_scale = gather_sorted(a, a_scale, a_mode, routing)
         a_desc = _descriptor(a, [routing.block_m, config.block_k])
     _launch(
         a, a_desc, a_scale, a_mode, w1, w_scale_info, inter, _descriptor(inter, [routing.block_m, config.block_n]),
@@ -205,7 +232,7 @@ def hopper_w1(
     return inter, out_scale
 
 
-def _gather_sorted(
+def gather_sorted(
     a: torch.Tensor, a_scale: Optional[torch.Tensor], a_mode: int, routing: AlignedRouting
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The w1 GEMM's A rows (and per-row or per-group scales) copied into sorted-slot order, pads zeroed."""
@@ -259,3 +286,74 @@ def hopper_w2(
         swiglu_limit=None, a_row_div=1, out_row_div=routing.top_k if out_mode == 3 else 1, config=config,
     )
     return out
+
+
+def _gluon_descriptor(t: torch.Tensor, block: list[int]):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv))
+
+
+def _unroll(num_k_steps: int) -> int:
+    """K steps per unrolled group of the Gluon kernel: the largest divisor of the step count up to 4 (the
+    product of a group's last step is scaled with the tensor cores idle, and 4 is the most that fits in 255
+    registers without spills at 64 x 128 tiles)."""
+    return max(u for u in (1, 2, 3, 4) if num_k_steps % u == 0)
+
+
+def gluon_gemm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale_info: tuple,
+    out: torch.Tensor,
+    routing: AlignedRouting,
+    row_weights: Optional[torch.Tensor],
+    *,
+    gated: bool,
+    n_out: int,
+    activation: str,
+    swiglu_limit: Optional[float],
+    config: GemmConfig,
+) -> None:
+    """One block-FP8 GEMM through the Gluon kernel over sorted-order input rows ``a`` (the gathered input, or
+    the intermediate) and their 1x128 group scales: w1 (``gated``) into the sorted intermediate ``out``, or w2
+    to each pair's row of ``out``."""
+    from moe_fsm.kernels.triton_moe._gluon_kernels import moe_block_fp8_gemm_kernel
+
+    num_experts, w_rows, k_in = w.shape
+    half = config.block_n if gated else config.block_n // 2
+    _, w_scale, (sws_e, sws_n, sws_k) = w_scale_info
+    tile_n = half if gated else 2 * half
+    grid = max(routing.num_row_blocks * -(-n_out // tile_n), 1)
+    moe_block_fp8_gemm_kernel[(grid,)](
+        _gluon_descriptor(a, [routing.block_m, FP8_GROUP]),
+        a_scale,
+        _gluon_descriptor(w.view(num_experts * w_rows, k_in), [half, FP8_GROUP]),
+        w_scale,
+        out,
+        out if row_weights is None else row_weights,
+        routing.sorted_ids,
+        routing.block_expert,
+        routing.num_padded,
+        n_out,
+        k_in,
+        w_rows,
+        routing.num_pairs,
+        float(swiglu_limit) if swiglu_limit is not None else 0.0,
+        a_scale.stride(0),
+        a_scale.stride(1),
+        sws_e,
+        sws_n,
+        sws_k,
+        out.stride(0),
+        GATED=gated,
+        ACTIVATION=ACTIVATIONS[activation],
+        HAS_LIMIT=swiglu_limit is not None,
+        WEIGHT_ROWS=row_weights is not None,
+        GROUP_M=config.group_m,
+        NUM_STAGES=config.num_stages,
+        UNROLL=_unroll(-(-k_in // FP8_GROUP)),
+        num_warps=config.num_warps,
+    )

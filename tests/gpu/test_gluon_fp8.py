@@ -1,0 +1,141 @@
+"""The Gluon block-FP8 kernel (``MoEConfig.gluon``) on an sm_90+ device, against the float64 emulation.
+
+Every case asserts that the Gluon path really ran (``gluon_usable``), then compares the layer with the float64
+emulation of both activation quantizations (1.5e-2, as ``test_triton_moe.py`` explains) and with the
+pointer-load kernel on the same w1 width (its intermediate is also written in bf16 and quantized after the
+GEMM, so only the order of the scale products differs: 2e-3). Outputs and the allocator's free blocks are
+NaN-poisoned before each call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+pytest.importorskip("triton")
+
+from moe_fsm.kernels.triton_moe import Fp8Spec, GemmConfig, MoEConfig, align_tokens, fused_experts  # noqa: E402
+from moe_fsm.kernels.triton_moe.hopper import gluon_kernels_available, gluon_usable  # noqa: E402
+
+from .moe_gpu_cases import (  # noqa: E402
+    DEEPSEEK_V3,
+    Shape,
+    block_fp8_weights,
+    dequantize_block,
+    emulate_fp8,
+    hidden_states,
+    poison_allocator,
+    rel_err,
+    routing,
+)
+
+FP8_VS_EMULATION_TOL = 1.5e-2
+SAME_TILES_TOL = 2e-3
+BLOCK_FP8 = Fp8Spec("block", "group")
+
+if torch.cuda.is_available() and not gluon_kernels_available(torch.cuda.current_device()):
+    pytest.skip("the Gluon kernel needs a Hopper (sm_90) or later GPU and Triton's Gluon", allow_module_level=True)
+
+# DeepSeek-V3's layer dimensions with 16 experts (the float64 checks dequantize every expert a batch hits), and a
+# small ragged one: K = 576 is 4.5 scale groups (the copy engine zero-fills the last K step), and w2's 576 output
+# columns end inside a 128-wide tile (its upper weight box reads the next expert's rows, masked on store)
+DEEPSEEK_V3_E16 = Shape("deepseek-v3-e16", 16, DEEPSEEK_V3.hidden, DEEPSEEK_V3.intermediate, 8)
+RAGGED = Shape("ragged", 8, 576, 320, 4)
+
+
+def _config(block_m=64, bn1=64, bn2=128, warps=4, stages=4, group_m=8):
+    return MoEConfig(block_m, GemmConfig(bn1, 128, group_m, warps, stages), GemmConfig(bn2, 128, group_m, warps, stages),
+                     False, True, True, True)
+
+
+def _pointer_twin(config: MoEConfig) -> MoEConfig:
+    return MoEConfig(config.block_m, GemmConfig(config.w1.block_n, 128, 8, config.w1.num_warps, 3),
+                     GemmConfig(config.w2.block_n, 128, 8, config.w2.num_warps, 3))
+
+
+def _run(x, w1, w2, g, ids, config, **kw):
+    taken = gluon_usable(config, align_tokens(ids, w1.shape[0], config.block_m), x, w1, w2, block_fp8=True)
+    assert taken, "Gluon path not taken"
+    poison_allocator()
+    out = torch.full((x.shape[0], w2.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda")
+    return fused_experts(x, w1, w2, g, ids, config=config, out=out, fp8=BLOCK_FP8, **kw)
+
+
+@pytest.mark.parametrize(
+    "shape,num_tokens,config",
+    [
+        (DEEPSEEK_V3_E16, 600, _config()),
+        (DEEPSEEK_V3_E16, 600, _config(128, warps=8, stages=3)),
+        (DEEPSEEK_V3_E16, 77, _config(bn1=32, bn2=64, stages=3, group_m=1)),
+        (RAGGED, 300, _config()),
+        (RAGGED, 300, _config(bn1=32, bn2=128)),
+    ],
+)
+def test_matches_emulation_and_pointer_kernel(shape, num_tokens, config):
+    w1q, w2q, s1, s2 = block_fp8_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=21)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=21)
+    kw = dict(w1_scale=s1, w2_scale=s2)
+    out = _run(x, w1q, w2q, g, ids, config, **kw)
+    deq = dequantize_block(w1q, w2q, s1, s2)
+    assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
+    twin = fused_experts(x, w1q, w2q, g, ids, config=_pointer_twin(config), fp8=BLOCK_FP8, **kw)
+    assert rel_err(out, twin.double()) < SAME_TILES_TOL
+
+
+@pytest.mark.parametrize("on_input", [False, True])
+def test_dropped_slots_and_router_weight_on_input(on_input):
+    shape, num_tokens = RAGGED, 200
+    w1q, w2q, s1, s2 = block_fp8_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=22)
+    g, ids = routing(num_tokens, shape.num_experts, 1 if on_input else shape.top_k, seed=22)
+    ids[::3, 0] = -1  # slots another rank owns
+    kw = dict(w1_scale=s1, w2_scale=s2, apply_router_weight_on_input=on_input)
+    out = _run(x, w1q, w2q, g, ids, _config(), **kw)
+    twin = fused_experts(x, w1q, w2q, g, ids, config=_pointer_twin(_config()), fp8=BLOCK_FP8, **kw)
+    assert rel_err(out, twin.double()) < SAME_TILES_TOL
+    if not on_input:  # the emulation scales rows after w2 only
+        deq = dequantize_block(w1q, w2q, s1, s2)
+        emulated = emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)
+        assert rel_err(out, emulated) < FP8_VS_EMULATION_TOL
+
+
+def test_cuda_graph_capture_replays_new_routing():
+    shape, num_tokens = DEEPSEEK_V3_E16, 512
+    w1q, w2q, s1, s2 = block_fp8_weights(shape)
+    config = _config()
+    kw = dict(config=config, fp8=BLOCK_FP8, w1_scale=s1, w2_scale=s2)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=23)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=23)
+    assert gluon_usable(config, align_tokens(ids, shape.num_experts, config.block_m), x, w1q, w2q, block_fp8=True)
+    out = torch.empty(num_tokens, shape.hidden, dtype=torch.bfloat16, device="cuda")
+    fused_experts(x, w1q, w2q, g, ids, out=out, **kw)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_experts(x, w1q, w2q, g, ids, out=out, **kw)
+    x.copy_(hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=24))
+    g2, ids2 = routing(num_tokens, shape.num_experts, shape.top_k, seed=24)
+    g.copy_(g2)
+    ids.copy_(ids2)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    deq = dequantize_block(w1q, w2q, s1, s2)
+    assert rel_err(out, emulate_fp8(x, w1q, w2q, g2, ids2, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
+
+
+def test_a_width_off_the_tile_grid_runs_the_triton_kernel():
+    shape = Shape("off-grid", 4, 256, 160, 2)  # 160 is not a multiple of w1.block_n 64
+    w1q, w2q, s1, s2 = block_fp8_weights(shape)
+    x = hidden_states(64, shape.hidden, torch.bfloat16, seed=25)
+    g, ids = routing(64, shape.num_experts, shape.top_k, seed=25)
+    config = _config()
+    assert not gluon_usable(config, align_tokens(ids, shape.num_experts, config.block_m), x, w1q, w2q, block_fp8=True)
+    out = fused_experts(x, w1q, w2q, g, ids, config=config, fp8=BLOCK_FP8, w1_scale=s1, w2_scale=s2)
+    deq = dequantize_block(w1q, w2q, s1, s2)
+    assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
