@@ -138,11 +138,20 @@ def test_gluon_refusals_name_what_is_accepted(config, block_fp8, match):
         validate_config(config, block_fp8=block_fp8)
 
 
-def test_gluon_refuses_the_triton_kernel_options():
+def test_gluon_refuses_the_triton_kernel_options_and_takes_its_own_warp_specialization(monkeypatch):
     config = MoEConfig(64, GemmConfig(64, 128, 8, 4, 4, persistent=True), GemmConfig(128, 128, 8, 4, 4), False, True,
                        True, True)
-    with pytest.raises(KernelInputError, match="options of the Triton TMA kernel"):
+    with pytest.raises(KernelInputError, match="options of the Triton kernels"):
         validate_config(config, block_fp8=True)
+    monkeypatch.delenv(WARP_SPECIALIZE_ENV)  # Triton's automatic partitions need the opt-in, Gluon's do not
+    ws = MoEConfig(128, GemmConfig(64, 128, 8, 8, 4, warp_specialize=True),
+                   GemmConfig(128, 128, 8, 8, 4, warp_specialize=True), False, True, True, True)
+    validate_config(ws, block_fp8=True)
+    four_warps = MoEConfig(64, GemmConfig(64, 128, 8, 4, 4, warp_specialize=True),
+                           GemmConfig(128, 128, 8, 4, 4, warp_specialize=True), False, True, True)
+    with pytest.raises(KernelInputError, match="so it is refused"):
+        validate_config(four_warps, block_fp8=True)
+    validate_config(MoEConfig(64, four_warps.w1, four_warps.w2, False, True, True, True), block_fp8=True)
 
 
 def test_hopper_fields_survive_a_table():

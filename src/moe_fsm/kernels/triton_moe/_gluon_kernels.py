@@ -24,6 +24,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+# registers of the producer warp (the least a warp can be given): the consumers get the rest of the budget
+PRODUCER_REGS = gl.constexpr(24)
+
 
 @gluon.constexpr_function
 def _store_layout(width, num_warps):
@@ -33,11 +36,14 @@ def _store_layout(width, num_warps):
 
 
 @gluon.jit
-def _load_step(a_desc, w_desc, a_smem, b_smem, ready, step, num_k, row0, w_lo, w_hi,
-               NUM_STAGES: gl.constexpr, BLOCK_K: gl.constexpr, HALF: gl.constexpr):
-    """TMA loads of K step ``step`` (none past the last) into its ring slot: the A tile and both weight boxes."""
+def _load_step(loads, ring, step, pred, NUM_STAGES: gl.constexpr):
+    """TMA loads of K step ``step`` into its ring slot (none where ``pred`` is false): the A tile and both
+    weight boxes, all counted on the slot's ready barrier."""
+    a_desc, w_desc, row0, w_lo, w_hi, num_k = loads
+    a_smem, b_smem, ready, empty = ring
+    HALF: gl.constexpr = w_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     slot = step % NUM_STAGES
-    pred = step < num_k
     bar = ready.index(slot)
     mbarrier.expect(bar, a_desc.block_type.nbytes + 2 * w_desc.block_type.nbytes, pred=pred)
     k0 = step * BLOCK_K
@@ -48,65 +54,107 @@ def _load_step(a_desc, w_desc, a_smem, b_smem, ready, step, num_k, row0, w_lo, w
 
 
 @gluon.jit
-def _step_scales(a_scale_ptrs, ws_lo_ptr, ws_hi_ptr, ki, stride_ask, stride_wsk):
+def _producer(loads, ring, NUM_STAGES: gl.constexpr):
+    """The copy-engine warp of a warp-specialized program: every K step's loads, each into a slot the consumers
+    have released (``empty``; a fresh barrier reads as released once)."""
+    num_k = loads[5]
+    empty = ring[3]
+    for ki in range(num_k):
+        mbarrier.wait(empty.index(ki % NUM_STAGES), ((ki // NUM_STAGES) & 1) ^ 1)
+        _load_step(loads, ring, ki, True, NUM_STAGES)
+
+
+@gluon.jit
+def _release(loads, ring, step, NUM_STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr):
+    """K step ``step``'s wgmma is done: hand its slot to the producer warp, or (one role for all warps) load
+    step ``step + NUM_STAGES`` into it now."""
+    if WARP_SPECIALIZE:
+        mbarrier.arrive(ring[3].index(step % NUM_STAGES), count=1)
+    else:
+        _load_step(loads, ring, step + NUM_STAGES, step + NUM_STAGES < loads[5], NUM_STAGES)
+
+
+@gluon.jit
+def _step_scales(scales, ki):
     """K step ``ki``'s scales: the rows' (``[BLOCK_M]``) and the two weight boxes' (scalars)."""
+    a_scale_ptrs, ws_lo_ptr, ws_hi_ptr, stride_ask, stride_wsk, lo_cols = scales
     a_s = gl.load(a_scale_ptrs + ki * stride_ask)
     return a_s, gl.load(ws_lo_ptr + ki * stride_wsk), gl.load(ws_hi_ptr + ki * stride_wsk)
 
 
 @gluon.jit
-def _add_scaled(acc, product, scales, lo_cols):
+def _add_scaled(acc, product, step_scales, scales):
     """``acc + product * row scale * box scale``, the scales multiplied first: a few products per thread (its
     two rows times the two boxes), then one FMA per element."""
-    a_s, w_lo, w_hi = scales
-    w_s = gl.where(lo_cols, w_lo, w_hi)
+    a_s, w_lo, w_hi = step_scales
+    w_s = gl.where(scales[5], w_lo, w_hi)
     return acc + product * (gl.expand_dims(a_s, 1) * gl.expand_dims(w_s, 0))
 
 
 @gluon.jit
-def _issue_step(a_smem, b_smem, ready, ki, registers, a_scale_ptrs, ws_lo_ptr, ws_hi_ptr, stride_ask, stride_wsk,
-                NUM_STAGES: gl.constexpr):
+def _issue_step(ring, ki, registers, scales, NUM_STAGES: gl.constexpr):
     """Wait for K step ``ki``'s tiles and issue its wgmma over ``registers`` (``use_acc=False``: their values
     are ignored); returns the product in flight and its scales."""
+    a_smem, b_smem, ready, empty = ring
     slot = ki % NUM_STAGES
     mbarrier.wait(ready.index(slot), (ki // NUM_STAGES) & 1)
     product = warpgroup_mma(a_smem.index(slot), b_smem.index(slot).permute((1, 0)), registers, use_acc=False,
                             is_async=True)
-    return product, _step_scales(a_scale_ptrs, ws_lo_ptr, ws_hi_ptr, ki, stride_ask, stride_wsk)
+    return product, _step_scales(scales, ki)
 
 
 @gluon.jit
-def _step_group(a_desc, w_desc, a_smem, b_smem, ready, first, num_k, row0, w_lo, w_hi, acc, free_a, free_b,
-                a_scale_ptrs, ws_lo_ptr, ws_hi_ptr, stride_ask, stride_wsk, lo_cols,
-                COUNT: gl.constexpr, NUM_STAGES: gl.constexpr, BLOCK_K: gl.constexpr, HALF: gl.constexpr):
+def _step_group(loads, ring, scales, first, acc, free_a, free_b, COUNT: gl.constexpr, NUM_STAGES: gl.constexpr,
+                WARP_SPECIALIZE: gl.constexpr):
     """K steps ``first .. first + COUNT - 1``, each product scaled into ``acc`` while the next one runs.
 
     Step j's wgmma is issued before step j - 1's is waited for (``warpgroup_mma_wait(1)``), so the warps scale
-    one product while the tensor cores compute the next; each waited step's ring slot is refilled at once. The
+    one product while the tensor cores compute the next; each waited step's ring slot is released at once. The
     products take turns between two register sets (``free_a``, ``free_b``: their last products already added),
     and the group is unrolled (``COUNT`` is a constexpr) with nothing in flight at its end: a product still in
     flight must never be copied (a loop-carried one would be, at the back edge), or ptxas serializes every
     wgmma of the kernel. Returns the new sum and the two register sets, free again."""
-    flight, flight_scale = _issue_step(a_smem, b_smem, ready, first, free_a, a_scale_ptrs, ws_lo_ptr, ws_hi_ptr,
-                                       stride_ask, stride_wsk, NUM_STAGES)
+    flight, flight_scales = _issue_step(ring, first, free_a, scales, NUM_STAGES)
     spare = free_b
     for j in gl.static_range(1, COUNT):
         # a wait with nothing to wait for (one product in flight), to pin the last scaling before this wgmma:
         # LLVM otherwise sinks every scaling of the group past its last wgmma, which keeps all the products alive
         acc = warpgroup_mma_wait(1, deps=(acc,))
-        issued, issued_scale = _issue_step(a_smem, b_smem, ready, first + j, spare, a_scale_ptrs, ws_lo_ptr,
-                                           ws_hi_ptr, stride_ask, stride_wsk, NUM_STAGES)
+        issued, issued_scales = _issue_step(ring, first + j, spare, scales, NUM_STAGES)
         spare = warpgroup_mma_wait(1, deps=(flight,))
-        acc = _add_scaled(acc, spare, flight_scale, lo_cols)
-        _load_step(a_desc, w_desc, a_smem, b_smem, ready, first + j - 1 + NUM_STAGES, num_k, row0, w_lo, w_hi,
-                   NUM_STAGES, BLOCK_K, HALF)
+        acc = _add_scaled(acc, spare, flight_scales, scales)
+        _release(loads, ring, first + j - 1, NUM_STAGES, WARP_SPECIALIZE)
         flight = issued
-        flight_scale = issued_scale
+        flight_scales = issued_scales
     done = warpgroup_mma_wait(0, deps=(flight,))
-    acc = _add_scaled(acc, done, flight_scale, lo_cols)
-    _load_step(a_desc, w_desc, a_smem, b_smem, ready, first + COUNT - 1 + NUM_STAGES, num_k, row0, w_lo, w_hi,
-               NUM_STAGES, BLOCK_K, HALF)
+    acc = _add_scaled(acc, done, flight_scales, scales)
+    _release(loads, ring, first + COUNT - 1, NUM_STAGES, WARP_SPECIALIZE)
     return acc, done, spare
+
+
+@gluon.jit
+def _k_loop(loads, ring, scales, acc, UNROLL: gl.constexpr, NUM_STAGES: gl.constexpr,
+            WARP_SPECIALIZE: gl.constexpr):
+    """The whole K loop of one tile into ``acc`` (zeros): groups of ``UNROLL`` steps, then the steps left one
+    by one (nothing is in flight across a group's end, see ``_step_group``)."""
+    num_k = loads[5]
+    free_a = gl.zeros_like(acc)
+    free_b = gl.zeros_like(acc)
+    num_groups = num_k // UNROLL
+    for group in range(num_groups):
+        acc, free_a, free_b = _step_group(loads, ring, scales, group * UNROLL, acc, free_a, free_b, UNROLL,
+                                          NUM_STAGES, WARP_SPECIALIZE)
+    for ki in range(num_groups * UNROLL, num_k):
+        acc, free_a, free_b = _step_group(loads, ring, scales, ki, acc, free_a, free_b, 1, NUM_STAGES,
+                                          WARP_SPECIALIZE)
+    return acc
+
+
+@gluon.jit
+def _consumer(loads, ring, scales, acc, UNROLL: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The default partition of a warp-specialized program: the K loop, its sum as the tuple of results that
+    ``gl.warp_specialize`` hands back."""
+    return (_k_loop(loads, ring, scales, acc, UNROLL, NUM_STAGES, True),)
 
 
 @gluon.jit
@@ -153,6 +201,7 @@ def moe_block_fp8_gemm_kernel(
     GROUP_M: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     UNROLL: gl.constexpr,
+    WARP_SPECIALIZE: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """One block-FP8 grouped GEMM over the sorted row blocks in use: w1 (``GATED``) into the sorted bf16
@@ -202,31 +251,29 @@ def moe_block_fp8_gemm_kernel(
         a_smem = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
         b_smem = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, 2 * HALF, BLOCK_K], w_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(NUM_STAGES):
             mbarrier.init(ready.index(s), count=1)
-
-        num_k = gl.cdiv(K, BLOCK_K)
-        for s in gl.static_range(NUM_STAGES):
-            _load_step(a_desc, w_desc, a_smem, b_smem, ready, s, num_k, row0, w_row0 + lo_row, w_row0 + hi_row,
-                       NUM_STAGES, BLOCK_K, HALF)
-
-        # the K loop runs in groups of UNROLL steps; nothing is in flight across a group's end (see _step_group)
+            mbarrier.init(empty.index(s), count=1)
+        ring = (a_smem, b_smem, ready, empty)
+        loads = (a_desc, w_desc, row0, w_row0 + lo_row, w_row0 + hi_row, gl.cdiv(K, BLOCK_K))
+        scales = (a_scale_ptrs, ws_lo_ptr, ws_hi_ptr, stride_ask, stride_wsk, lo_cols)
         acc = gl.zeros([BLOCK_M, 2 * HALF], gl.float32, layout=mma_layout)
-        free_a = gl.zeros([BLOCK_M, 2 * HALF], gl.float32, layout=mma_layout)
-        free_b = gl.zeros([BLOCK_M, 2 * HALF], gl.float32, layout=mma_layout)
-        num_groups = num_k // UNROLL
-        for group in range(num_groups):
-            acc, free_a, free_b = _step_group(
-                a_desc, w_desc, a_smem, b_smem, ready, group * UNROLL, num_k, row0, w_row0 + lo_row,
-                w_row0 + hi_row, acc, free_a, free_b, a_scale_ptrs, ws_lo_ptr, ws_hi_ptr, stride_ask, stride_wsk,
-                lo_cols, UNROLL, NUM_STAGES, BLOCK_K, HALF)
-        for ki in range(num_groups * UNROLL, num_k):
-            acc, free_a, free_b = _step_group(
-                a_desc, w_desc, a_smem, b_smem, ready, ki, num_k, row0, w_row0 + lo_row, w_row0 + hi_row, acc,
-                free_a, free_b, a_scale_ptrs, ws_lo_ptr, ws_hi_ptr, stride_ask, stride_wsk, lo_cols, 1, NUM_STAGES,
-                BLOCK_K, HALF)
+        if WARP_SPECIALIZE:
+            # one producer warp issues the copy-engine loads; the num_warps consumer warps run the wgmmas and
+            # the scaling, and never wait for each other (a single-role program synchronizes all its warps at
+            # every refill of a slot)
+            acc = gl.warp_specialize([
+                (_consumer, (loads, ring, scales, acc, UNROLL, NUM_STAGES)),
+                (_producer, (loads, ring, NUM_STAGES)),
+            ], [1], [PRODUCER_REGS])[0]
+        else:
+            for s in gl.static_range(NUM_STAGES):
+                _load_step(loads, ring, s, s < loads[5], NUM_STAGES)
+            acc = _k_loop(loads, ring, scales, acc, UNROLL, NUM_STAGES, WARP_SPECIALIZE)
         for s in gl.static_range(NUM_STAGES):
             mbarrier.invalidate(ready.index(s))
+            mbarrier.invalidate(empty.index(s))
 
         # epilogue through shared memory (which may overlap the ring: every warpgroup's last wgmma must be done
         # first), the two halves coming back in a store-friendly layout

@@ -94,7 +94,9 @@ class MoEConfig:
     into sorted order first, so the copy engine loads them as well. ``gluon`` (with both, block FP8 only)
     runs the two GEMMs through the Gluon kernel that scales each K step's product while the next one runs
     (``_gluon_kernels.py``): its w1 tile is ``w1.block_n`` gate plus as many up columns, its w2 tile
-    ``w2.block_n`` columns, each in ``block_m / 16`` warps.
+    ``w2.block_n`` columns, each in ``block_m / 16`` warps. There ``warp_specialize`` adds a producer warp
+    that issues the copy-engine loads (Gluon's explicit partitions, not Triton 3.6's automatic ones, which
+    ``validate_config`` refuses).
     """
 
     block_m: int
@@ -177,10 +179,11 @@ def validate_config(config: MoEConfig, *, block_fp8: bool) -> None:
         raise KernelInputError("w2.paired: only the w1 GEMM has gate and up tiles to load as a pair")
     if config.gather_input and not config.hopper:
         raise KernelInputError("gather_input is a Hopper-kernel option; set hopper too")
-    _check_warp_specialization(config, block_fp8)
     if config.gluon:
         _check_gluon(config, block_fp8)
-    if (config.w1.warp_specialize or config.w2.warp_specialize) and not warp_specialization_opted_in():
+    else:
+        _check_warp_specialization(config, block_fp8)
+    if (config.w1.warp_specialize or config.w2.warp_specialize) and not config.gluon and not warp_specialization_opted_in():
         raise KernelInputError(
             "warp_specialize: Triton 3.6's warp-specialized K loop computed wrong layers on an H100 (2026-11-25, "
             "tests/gpu/test_triton_hopper.py: NaN rows in bf16 at block_m 64 with gather_input, 3.7e-2 off the "
@@ -213,9 +216,9 @@ def _check_gluon(config: MoEConfig, block_fp8: bool) -> None:
                 f"block_m = 16 x num_warps (one 64-row wgmma per warpgroup) are accepted; got block_m="
                 f"{config.block_m}, {g}"
             )
-        if g.persistent or g.flatten or g.warp_specialize or g.paired:
-            raise KernelInputError(f"gluon {name}: persistent, flatten, warp_specialize and paired are options of "
-                                   f"the Triton TMA kernel, not of the Gluon one; got {g}")
+        if g.persistent or g.flatten or g.paired or g.swap_ab:
+            raise KernelInputError(f"gluon {name}: persistent, flatten, paired and swap_ab are options of the Triton "
+                                   f"kernels, not of the Gluon one; got {g}")
 
 
 WARP_SPECIALIZE_ENV = "MOE_FSM_TRITON_WARP_SPECIALIZE"

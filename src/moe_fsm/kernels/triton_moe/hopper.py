@@ -302,6 +302,12 @@ def _unroll(num_k_steps: int) -> int:
     return max(u for u in (1, 2, 3, 4) if num_k_steps % u == 0)
 
 
+# registers a thread of a warp-specialized Gluon program may hold at launch (its 4 producer-warpgroup warps
+# included; the consumers then take the producer's share, setmaxnreg): two programs an SM at 4 consumer
+# warps, one at 8
+_WS_MAX_REGISTERS = {4: 128, 8: 168}
+
+
 def gluon_gemm(
     a: torch.Tensor,
     a_scale: torch.Tensor,
@@ -355,5 +361,7 @@ def gluon_gemm(
         GROUP_M=config.group_m,
         NUM_STAGES=config.num_stages,
         UNROLL=_unroll(-(-k_in // FP8_GROUP)),
+        WARP_SPECIALIZE=config.warp_specialize,
         num_warps=config.num_warps,
+        **({"maxnreg": _WS_MAX_REGISTERS[config.num_warps]} if config.warp_specialize else {}),
     )
