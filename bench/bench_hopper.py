@@ -103,16 +103,21 @@ def gluon_sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
     boxes of 32 or 64 rows, w2 tiles of 64 or 128 columns."""
     if fp8 != "block":
         return []
-    tiles = [(64, 64, 128, 4, 4, 8, False), (128, 64, 128, 8, 4, 8, False), (64, 64, 128, 4, 4, 8, True),
-             (64, 64, 128, 4, 3, 8, True), (64, 64, 128, 4, 5, 8, True), (128, 64, 128, 8, 4, 8, True),
-             (128, 64, 128, 8, 3, 8, True), (128, 64, 128, 8, 5, 8, True), (128, 64, 128, 8, 4, 16, True),
-             (128, 32, 64, 8, 6, 8, True), (64, 32, 64, 4, 6, 8, True)]
-    return [
-        (f"gluon{'-ws' if ws else ''} bm{bm} w1 {n1} w2 {n2} g{group_m} w{warps}s{stages}",
-         MoEConfig(bm, GemmConfig(n1, 128, group_m, warps, stages, warp_specialize=ws),
-                   GemmConfig(n2, 128, group_m, warps, stages, warp_specialize=ws), False, True, True, True))
-        for bm, n1, n2, warps, stages, group_m, ws in tiles
-    ]
+    # (block_m, w1, w2, warps, stages, group_m, warp-specialized, persistent)
+    tiles = [(64, 64, 128, 4, 4, 8, False, False), (128, 64, 128, 8, 4, 8, True, False),
+             (128, 64, 128, 8, 5, 8, True, False), (128, 64, 128, 8, 4, 8, True, True),
+             (128, 64, 128, 8, 5, 8, True, True), (128, 64, 128, 8, 3, 8, True, True),
+             (128, 64, 128, 8, 4, 16, True, True), (128, 64, 128, 8, 4, 4, True, True),
+             (64, 64, 128, 4, 4, 8, True, True), (64, 64, 128, 4, 6, 8, True, True),
+             (128, 32, 64, 8, 6, 8, True, True), (128, 64, 64, 8, 5, 8, True, True)]
+    out = []
+    for bm, n1, n2, warps, stages, group_m, ws, persistent in tiles:
+        flags = dict(warp_specialize=ws, persistent=persistent)
+        label = "gluon" + "-ws" * ws + "-pers" * persistent
+        out.append((f"{label} bm{bm} w1 {n1} w2 {n2} g{group_m} w{warps}s{stages}",
+                    MoEConfig(bm, GemmConfig(n1, 128, group_m, warps, stages, **flags),
+                              GemmConfig(n2, 128, group_m, warps, stages, **flags), False, True, True, True)))
+    return out
 
 
 def plan_for(name: str, num_tokens: int, no_sweep: bool, gluon: bool = False) -> list[tuple[str, MoEConfig]]:

@@ -47,9 +47,10 @@ DEEPSEEK_V3_E16 = Shape("deepseek-v3-e16", 16, DEEPSEEK_V3.hidden, DEEPSEEK_V3.i
 RAGGED = Shape("ragged", 8, 576, 320, 4)
 
 
-def _config(block_m=64, bn1=64, bn2=128, warps=4, stages=4, group_m=8, ws=False):
-    return MoEConfig(block_m, GemmConfig(bn1, 128, group_m, warps, stages, warp_specialize=ws),
-                     GemmConfig(bn2, 128, group_m, warps, stages, warp_specialize=ws), False, True, True, True)
+def _config(block_m=64, bn1=64, bn2=128, warps=4, stages=4, group_m=8, ws=False, persistent=False):
+    flags = dict(warp_specialize=ws, persistent=persistent)
+    return MoEConfig(block_m, GemmConfig(bn1, 128, group_m, warps, stages, **flags),
+                     GemmConfig(bn2, 128, group_m, warps, stages, **flags), False, True, True, True)
 
 
 def _pointer_twin(config: MoEConfig) -> MoEConfig:
@@ -77,6 +78,10 @@ def _run(x, w1, w2, g, ids, config, **kw):
         (DEEPSEEK_V3_E16, 600, _config(ws=True)),
         (DEEPSEEK_V3_E16, 600, _config(128, warps=8, ws=True)),
         (RAGGED, 300, _config(bn1=32, stages=3, ws=True)),
+        # persistent: one program an SM walks many tiles, the producer warp running ahead across them
+        (DEEPSEEK_V3_E16, 600, _config(128, warps=8, ws=True, persistent=True)),
+        (DEEPSEEK_V3_E16, 2000, _config(ws=True, persistent=True, stages=3)),
+        (RAGGED, 300, _config(ws=True, persistent=True)),
     ],
 )
 def test_matches_emulation_and_pointer_kernel(shape, num_tokens, config):
@@ -108,11 +113,11 @@ def test_dropped_slots_and_router_weight_on_input(on_input):
         assert rel_err(out, emulated) < FP8_VS_EMULATION_TOL
 
 
-@pytest.mark.parametrize("ws", [False, True])
-def test_cuda_graph_capture_replays_new_routing(ws):
+@pytest.mark.parametrize("ws,persistent", [(False, False), (True, False), (True, True)])
+def test_cuda_graph_capture_replays_new_routing(ws, persistent):
     shape, num_tokens = DEEPSEEK_V3_E16, 512
     w1q, w2q, s1, s2 = block_fp8_weights(shape)
-    config = _config(ws=ws)
+    config = _config(128, warps=8, ws=ws, persistent=persistent) if ws else _config()
     kw = dict(config=config, fp8=BLOCK_FP8, w1_scale=s1, w2_scale=s2)
     x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=23)
     g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=23)

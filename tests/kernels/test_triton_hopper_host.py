@@ -141,11 +141,15 @@ def test_gluon_refusals_name_what_is_accepted(config, block_fp8, match):
 def test_gluon_refuses_the_triton_kernel_options_and_takes_its_own_warp_specialization(monkeypatch):
     config = MoEConfig(64, GemmConfig(64, 128, 8, 4, 4, persistent=True), GemmConfig(128, 128, 8, 4, 4), False, True,
                        True, True)
-    with pytest.raises(KernelInputError, match="options of the Triton kernels"):
+    with pytest.raises(KernelInputError, match="persistent needs warp_specialize"):
         validate_config(config, block_fp8=True)
+    paired = MoEConfig(64, GemmConfig(64, 128, 8, 4, 4, paired=True), GemmConfig(128, 128, 8, 4, 4), False, True,
+                       True, True)
+    with pytest.raises(KernelInputError, match="options of the Triton kernels"):
+        validate_config(paired, block_fp8=True)
     monkeypatch.delenv(WARP_SPECIALIZE_ENV)  # Triton's automatic partitions need the opt-in, Gluon's do not
-    ws = MoEConfig(128, GemmConfig(64, 128, 8, 8, 4, warp_specialize=True),
-                   GemmConfig(128, 128, 8, 8, 4, warp_specialize=True), False, True, True, True)
+    ws = MoEConfig(128, GemmConfig(64, 128, 8, 8, 4, persistent=True, warp_specialize=True),
+                   GemmConfig(128, 128, 8, 8, 4, persistent=True, warp_specialize=True), False, True, True, True)
     validate_config(ws, block_fp8=True)
     four_warps = MoEConfig(64, GemmConfig(64, 128, 8, 4, 4, warp_specialize=True),
                            GemmConfig(128, 128, 8, 4, 4, warp_specialize=True), False, True, True)

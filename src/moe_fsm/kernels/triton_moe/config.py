@@ -96,7 +96,7 @@ class MoEConfig:
     (``_gluon_kernels.py``): its w1 tile is ``w1.block_n`` gate plus as many up columns, its w2 tile
     ``w2.block_n`` columns, each in ``block_m / 16`` warps. There ``warp_specialize`` adds a producer warp
     that issues the copy-engine loads (Gluon's explicit partitions, not Triton 3.6's automatic ones, which
-    ``validate_config`` refuses).
+    ``validate_config`` refuses), and ``persistent`` (with it) runs one program per SM over many tiles.
     """
 
     block_m: int
@@ -216,9 +216,12 @@ def _check_gluon(config: MoEConfig, block_fp8: bool) -> None:
                 f"block_m = 16 x num_warps (one 64-row wgmma per warpgroup) are accepted; got block_m="
                 f"{config.block_m}, {g}"
             )
-        if g.persistent or g.flatten or g.paired or g.swap_ab:
-            raise KernelInputError(f"gluon {name}: persistent, flatten, paired and swap_ab are options of the Triton "
-                                   f"kernels, not of the Gluon one; got {g}")
+        if g.flatten or g.paired or g.swap_ab:
+            raise KernelInputError(f"gluon {name}: flatten, paired and swap_ab are options of the Triton kernels, not "
+                                   f"of the Gluon one; got {g}")
+        if g.persistent and not g.warp_specialize:
+            raise KernelInputError(f"gluon {name}: persistent needs warp_specialize too (the producer warp runs ahead "
+                                   f"across the program's tiles); got {g}")
 
 
 WARP_SPECIALIZE_ENV = "MOE_FSM_TRITON_WARP_SPECIALIZE"

@@ -295,11 +295,12 @@ def _gluon_descriptor(t: torch.Tensor, block: list[int]):
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv))
 
 
-def _unroll(num_k_steps: int) -> int:
-    """K steps per unrolled group of the Gluon kernel: the largest divisor of the step count up to 4 (the
-    product of a group's last step is scaled with the tensor cores idle, and 4 is the most that fits in 255
-    registers without spills at 64 x 128 tiles)."""
-    return max(u for u in (1, 2, 3, 4) if num_k_steps % u == 0)
+def _unroll(num_k_steps: int, config: GemmConfig) -> int:
+    """K steps per unrolled group of the Gluon kernel: the largest divisor of the step count up to 8 for 8
+    warp-specialized math warps, else 4 (the product of a group's last step is scaled with the tensor cores
+    idle; longer groups spill at 64 x 128 tiles past the 232-240 registers the math warps get)."""
+    most = 8 if config.warp_specialize and config.num_warps == 8 else 4
+    return max(u for u in range(1, most + 1) if num_k_steps % u == 0)
 
 
 # registers a thread of a warp-specialized Gluon program may hold at launch (its 4 producer-warpgroup warps
@@ -332,7 +333,8 @@ def gluon_gemm(
     half = config.block_n if gated else config.block_n // 2
     _, w_scale, (sws_e, sws_n, sws_k) = w_scale_info
     tile_n = half if gated else 2 * half
-    grid = max(routing.num_row_blocks * -(-n_out // tile_n), 1)
+    max_tiles = routing.num_row_blocks * -(-n_out // tile_n)
+    grid = max(min(max_tiles, _sm_count(a.device.index or 0)) if config.persistent else max_tiles, 1)
     moe_block_fp8_gemm_kernel[(grid,)](
         _gluon_descriptor(a, [routing.block_m, FP8_GROUP]),
         a_scale,
@@ -360,8 +362,9 @@ def gluon_gemm(
         WEIGHT_ROWS=row_weights is not None,
         GROUP_M=config.group_m,
         NUM_STAGES=config.num_stages,
-        UNROLL=_unroll(-(-k_in // FP8_GROUP)),
+        UNROLL=_unroll(-(-k_in // FP8_GROUP), config),
         WARP_SPECIALIZE=config.warp_specialize,
+        PERSISTENT=config.persistent,
         num_warps=config.num_warps,
         **({"maxnreg": _WS_MAX_REGISTERS[config.num_warps]} if config.warp_specialize else {}),
     )
