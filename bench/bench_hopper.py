@@ -104,11 +104,12 @@ def gluon_sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
     if fp8 != "block":
         return []
     # (block_m, w1, w2, warps, stages, group_m, warp-specialized, persistent)
-    tiles = [(64, 64, 128, 4, 4, 8, False, False), (128, 64, 128, 8, 4, 8, False, False),
-             (128, 64, 128, 8, 4, 8, True, False), (128, 64, 128, 8, 4, 8, True, True),
-             (128, 64, 128, 8, 3, 8, True, True), (128, 64, 128, 8, 4, 16, True, True),
-             (128, 64, 128, 8, 4, 4, True, True), (64, 64, 128, 4, 4, 8, True, True),
-             (64, 64, 128, 4, 6, 8, True, True), (128, 32, 64, 8, 6, 8, True, True)]
+    tiles = [(64, 64, 128, 4, 4, 8, False, False), (128, 64, 128, 8, 4, 8, True, False),
+             (128, 64, 128, 8, 5, 8, True, False), (128, 64, 128, 8, 4, 8, True, True),
+             (128, 64, 128, 8, 5, 8, True, True), (128, 64, 128, 8, 3, 8, True, True),
+             (128, 64, 128, 8, 4, 16, True, True), (128, 64, 128, 8, 4, 4, True, True),
+             (64, 64, 128, 4, 4, 8, True, True), (64, 64, 128, 4, 6, 8, True, True),
+             (128, 32, 64, 8, 6, 8, True, True), (128, 64, 64, 8, 5, 8, True, True)]
     out = []
     for bm, n1, n2, warps, stages, group_m, ws, persistent in tiles:
         flags = dict(warp_specialize=ws, persistent=persistent)

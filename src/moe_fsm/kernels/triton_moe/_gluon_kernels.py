@@ -1,26 +1,21 @@
-"""The block-FP8 grouped GEMM of the fused-MoE experts in Gluon: each K step's product is scaled while the next
-one runs on the tensor cores, a producer warp feeds the copy engine, and w1 quantizes its own output.
+"""The block-FP8 grouped GEMM of the fused-MoE experts in Gluon: each K step's product is promoted while the next
+one runs on the tensor cores.
 
 Block-scaled FP8 (1x128 activation groups, 128x128 weight blocks) cannot accumulate in the tensor core: each
 128-wide K step's product must be multiplied by its row and column scales before it joins the fp32 sum.
 Triton's ``tl.dot`` then waits for every product (``wgmma.wait_group 0``) and the tensor cores idle while the
-warps scale it (``docs/perf/hopper.md``). Gluon exposes the asynchronous wgmma itself, so this kernel keeps one
-product in flight: it issues step k's wgmma, then waits only for step k-1's (``warpgroup_mma_wait(1)``) and
-scales that one while step k runs (``_step_group``).
+warps scale it, about a third of each step (``docs/perf/hopper.md``). Gluon exposes the asynchronous wgmma
+itself, so this kernel keeps one product in flight: it issues step k's wgmma, then waits only for step k-1's
+(``warpgroup_mma_wait(1)``) and scales that one while step k runs. The shared-memory slot step k-1 read is then
+free, and the next TMA load goes into it: the same warps produce and consume, so no other barrier is needed.
 
-* **Tiles.** A pass multiplies ``[BLOCK_M, BLOCK_K]`` input rows by two ``[HALF, BLOCK_K]`` weight boxes side
-  by side in shared memory, as one wgmma ``2 * HALF`` wide: for w1 (``GATED``) gate rows and their up rows
-  ``N`` further, for w2 two neighbouring column blocks. ``HALF`` divides 128, so each box lies in one
-  weight-scale block and its scale is one scalar per K step. A w2 tile is one pass; a w1 tile is 128 output
-  columns, ``128 / HALF`` passes over the same rows, whose activations wait in shared memory until the tile's
-  1x128 groups are quantized in the epilogue (``_quantized_out``), so no separate pass re-reads the
-  intermediate. The input rows are in sorted-slot order (the gathered input for w1, the intermediate for w2),
-  loaded by TMA like the weights.
-* **Warp specialization** (``WARP_SPECIALIZE``, Gluon's explicit partitions): one producer warp issues every
-  load into a ring of ``NUM_STAGES`` slots and the ``num_warps`` math warps hand each slot back through an
-  mbarrier when its wgmma is done. Without it the math warps load too, refilling each slot as it frees.
-* **Persistence** (``PERSISTENT``, with a producer): one program per SM walks its tiles; the producer runs
-  ahead across them, so a tile's first loads overlap the last one's epilogue.
+One tile is ``[BLOCK_M, 2 * HALF]``, two ``[HALF, BLOCK_K]`` weight boxes side by side in shared memory and
+multiplied as one wgmma: for w1 (``GATED``) the gate rows ``n0`` and the up rows ``N + n0`` of the expert, for w2
+two neighbouring column blocks. ``HALF`` divides 128, so each box lies in one weight-scale block and its scale is
+one scalar per K step. The input rows are in sorted-slot order (the gathered input for w1, the intermediate
+for w2), loaded by TMA like the weights. The epilogue goes through shared memory: w1 writes
+``act(gate, up)`` into the sorted intermediate, w2 writes each row to its (token, slot) pair, times its top-k
+weight where asked.
 """
 
 from __future__ import annotations
@@ -41,32 +36,27 @@ def _store_layout(width, num_warps):
 
 
 @gluon.jit
-def _tile_origin(tile, tiles, block_expert_ptr, w_rows_per_expert, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
-                 TILE_N: gl.constexpr):
-    """Where tile ``tile`` starts: (first sorted row, first output column, its expert, the expert's first row in
+def _tile_origin(tile, tiles, weights, GATED: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
+                 HALF: gl.constexpr):
+    """Where tile ``tile`` starts: (first sorted row, first output column, first rows of its two weight boxes in
     the ``[E * rows, K]`` weight view). Tiles go in grouped order: ``GROUP_M`` row blocks share each weight tile
     while it sits in L2."""
     num_row_blocks, num_pid_n, num_k = tiles
+    w_desc, w_scale_ptr, block_expert_ptr, N, w_rows_per_expert, stride_wse, stride_wsn, stride_wsk = weights
     num_in_group = GROUP_M * num_pid_n
     first_m = (tile // num_in_group) * GROUP_M
     group_rows = gl.minimum(num_row_blocks - first_m, GROUP_M)
     pid_m = first_m + (tile % num_in_group) % group_rows
     pid_n = (tile % num_in_group) // group_rows
     expert = gl.load(block_expert_ptr + pid_m).to(gl.int64)
-    return pid_m * BLOCK_M, pid_n * TILE_N, expert, (expert * w_rows_per_expert).to(gl.int32)
-
-
-@gluon.jit
-def _pass_boxes(w_row0, n0, p, N, GATED: gl.constexpr, HALF: gl.constexpr):
-    """First weight rows of pass ``p``'s two boxes: w1 the gate rows of output columns ``n0 + p * HALF`` and
-    their up rows ``N`` further, w2 (one pass) two neighbouring column blocks."""
+    w_row0 = (expert * w_rows_per_expert).to(gl.int32)
     if GATED:
-        lo = w_row0 + n0 + p * HALF
-        hi = lo + N
+        n0 = pid_n * HALF
+        hi_row = N + n0
     else:
-        lo = w_row0 + n0
-        hi = lo + HALF
-    return lo, hi
+        n0 = pid_n * 2 * HALF
+        hi_row = n0 + HALF
+    return pid_m * BLOCK_M, n0, expert, w_row0 + n0, w_row0 + hi_row
 
 
 @gluon.jit
@@ -102,27 +92,22 @@ def _load_step(loads, ring, step, ki, pred, NUM_STAGES: gl.constexpr):
 @gluon.jit
 def _producer(a_desc, weights, ring, tiles, GATED: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr,
               PERSISTENT: gl.constexpr):
-    """The copy-engine warp of a warp-specialized program: every K step of its tiles' passes, each into a slot the
+    """The copy-engine warp of a warp-specialized program: every K step of its tiles, each into a slot the
     consumers have released (``empty``; a fresh barrier reads as released once). It runs ahead across tiles,
     so the next tile's first loads overlap the consumers' last steps and epilogue."""
-    w_desc, w_scale_ptr, block_expert_ptr, N, w_rows_per_expert, stride_wse, stride_wsn, stride_wsk = weights
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-    HALF: gl.constexpr = w_desc.block_type.shape[0]
-    PASSES: gl.constexpr = 128 // HALF if GATED else 1
+    HALF: gl.constexpr = weights[0].block_type.shape[0]
     num_k = tiles[2]
     empty = ring[3]
     first, last, stride = _tile_range(tiles, PERSISTENT)
     step = 0
     for tile in range(first, last, stride):
-        row0, n0, expert, w_row0 = _tile_origin(tile, tiles, block_expert_ptr, w_rows_per_expert, GROUP_M, BLOCK_M,
-                                                PASSES * (HALF if GATED else 2 * HALF))
-        for p in gl.static_range(PASSES):
-            w_lo, w_hi = _pass_boxes(w_row0, n0, p, N, GATED, HALF)
-            loads = (a_desc, w_desc, row0, w_lo, w_hi)
-            for ki in range(num_k):
-                mbarrier.wait(empty.index(step % NUM_STAGES), ((step // NUM_STAGES) & 1) ^ 1)
-                _load_step(loads, ring, step, ki, True, NUM_STAGES)
-                step += 1
+        row0, n0, expert, w_lo, w_hi = _tile_origin(tile, tiles, weights, GATED, GROUP_M, BLOCK_M, HALF)
+        loads = (a_desc, weights[0], row0, w_lo, w_hi)
+        for ki in range(num_k):
+            mbarrier.wait(empty.index(step % NUM_STAGES), ((step // NUM_STAGES) & 1) ^ 1)
+            _load_step(loads, ring, step, ki, True, NUM_STAGES)
+            step += 1
 
 
 @gluon.jit
@@ -227,16 +212,15 @@ def _activate(gate, up, swiglu_limit, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.co
 
 
 @gluon.jit
-def _pass_out(acc, outputs, y_smem, row0, n0, p, N, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
+def _epilogue(acc, outputs, row0, n0, N, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
               HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
-    """One pass's sum out, through shared memory so the two halves come back in a store-friendly layout: w1
-    puts ``act(gate, up)``, rounded to the result dtype, into columns ``p * HALF`` of ``y_smem`` (the tile's
-    1x128 group, quantized once every pass is in: ``_quantized_out``); w2 writes each row to its (token, slot)
-    pair, times its top-k weight where asked."""
-    out_ptr, out_scale_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om, stride_os = outputs
+    """One tile's sum out: through shared memory, the two halves coming back in a store-friendly layout; w1
+    writes ``act(gate, up)`` into the sorted intermediate, w2 each row to its (token, slot) pair, times its
+    top-k weight where asked."""
+    out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om = outputs
     BLOCK_M: gl.constexpr = acc.shape[0]
     HALF: gl.constexpr = acc.shape[1] // 2
-    gl.thread_barrier()  # the last pass's values are read, and (one role for all warps) every wgmma is done
+    gl.thread_barrier()  # the last tile's values are read, and (one role for all warps) every wgmma is done
     c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 2 * HALF], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]),
                                        acc)
     gl.thread_barrier()
@@ -244,16 +228,19 @@ def _pass_out(acc, outputs, y_smem, row0, n0, p, N, GATED: gl.constexpr, ACTIVAT
     lo = c_smem.slice(0, HALF, 1).load(store_layout)
     hi = c_smem.slice(HALF, HALF, 1).load(store_layout)
     offs_r = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
+    offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, store_layout))
     rows = gl.load(sorted_ids_ptr + offs_r).to(gl.int64)
     row_ok = rows < num_valid_rows
     if WEIGHT_ROWS:
         g = gl.expand_dims(gl.load(row_weight_ptr + rows, mask=row_ok, other=0.0).to(gl.float32), 1)
         lo = lo * g
         hi = hi * g
+    cols = n0 + offs_c
     if GATED:
-        y_smem.slice(p * HALF, HALF, 1).store(_activate(lo, hi, swiglu_limit, ACTIVATION, HAS_LIMIT).to(y_smem.dtype))
+        y = _activate(lo, hi, swiglu_limit, ACTIVATION, HAS_LIMIT)
+        ptrs = out_ptr + gl.expand_dims(offs_r.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
+        gl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(cols < N, 0))
     else:
-        cols = n0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, store_layout))
         row_ptrs = out_ptr + gl.expand_dims(rows * stride_om, 1)
         gl.store(row_ptrs + gl.expand_dims(cols, 0), lo.to(out_ptr.dtype.element_ty),
                  mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(cols < N, 0))
@@ -263,33 +250,12 @@ def _pass_out(acc, outputs, y_smem, row0, n0, p, N, GATED: gl.constexpr, ACTIVAT
 
 
 @gluon.jit
-def _quantized_out(y_smem, outputs, row0, n0, N):
-    """A w1 tile's 128 activated columns (``y_smem``) into the sorted FP8 intermediate with their 1x128 group
-    scale, as ``quantize_activation`` does it (scale ``max(amax, 1e-10) / 448``, correctly rounded divisions;
-    columns past N count as zeros)."""
-    out_ptr, out_scale_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om, stride_os = outputs
-    BLOCK_M: gl.constexpr = y_smem.shape[0]
-    gl.thread_barrier()
-    layout: gl.constexpr = _store_layout(128, gl.num_warps())
-    offs_r = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    cols = n0 + gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
-    col_ok = gl.expand_dims(cols < N, 0)
-    y = gl.where(col_ok, y_smem.load(layout).to(gl.float32), 0.0)
-    scale = gl.div_rn(gl.maximum(gl.max(gl.abs(y), axis=1), 1e-10), 448.0)
-    q = gl.minimum(gl.maximum(gl.div_rn(y, gl.expand_dims(scale, 1)), -448.0), 448.0)
-    gl.store(out_ptr + gl.expand_dims(offs_r.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0),
-             q.to(out_ptr.dtype.element_ty), mask=col_ok)
-    gl.store(out_scale_ptr + offs_r.to(gl.int64) * stride_os + n0 // 128, scale)
-
-
-@gluon.jit
 def _consumer(a_desc, a_scales, weights, outputs, ring, tiles, GATED: gl.constexpr,
-              ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr, RESULT_BF16: gl.constexpr,
-              GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr, UNROLL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
+              ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr, GROUP_M: gl.constexpr,
+              NUM_STAGES: gl.constexpr, UNROLL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
               PERSISTENT: gl.constexpr):
-    """The math warps: each of the program's tiles, pass by pass (a w1 tile is 128 output columns, in passes of
-    ``HALF``; a w2 tile one pass) its K loop then its output. Without a producer warp they also issue the loads:
-    each pass's first ``NUM_STAGES`` steps here, each later one as a slot frees."""
+    """The math warps: each of the program's tiles, its K loop then its epilogue. Without a producer warp they
+    also issue the loads: the tile's first ``NUM_STAGES`` steps here, each later one as a slot frees."""
     a_scale_ptr, stride_asm, stride_ask = a_scales
     w_desc, w_scale_ptr, block_expert_ptr, N, w_rows_per_expert, stride_wse, stride_wsn, stride_wsk = weights
     num_k = tiles[2]
@@ -302,40 +268,29 @@ def _consumer(a_desc, a_scales, weights, outputs, ring, tiles, GATED: gl.constex
     # a box past the last scale block (a ragged N) reads the expert's next rows: their columns are masked on
     # store, and their scale index is clamped to a real block
     last_group = (w_rows_per_expert - 1) // 128
-    PASSES: gl.constexpr = 128 // HALF if GATED else 1
-    # a w1 tile's activated passes, in the result dtype (bf16 or fp16), until its 1x128 groups are quantized
-    # (w2 has none to keep: one row, never read)
-    Y_ROWS: gl.constexpr = BLOCK_M if GATED else 1
-    y_smem = gl.allocate_shared_memory(gl.bfloat16 if RESULT_BF16 else gl.float16, [Y_ROWS, 128],
-                                       gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     first, last, stride = _tile_range(tiles, PERSISTENT)
     base = 0
     for tile in range(first, last, stride):
-        row0, n0, expert, w_row0 = _tile_origin(tile, tiles, block_expert_ptr, w_rows_per_expert, GROUP_M, BLOCK_M,
-                                                PASSES * (HALF if GATED else 2 * HALF))
+        row0, n0, expert, w_lo, w_hi = _tile_origin(tile, tiles, weights, GATED, GROUP_M, BLOCK_M, HALF)
+        loads = (a_desc, w_desc, row0, w_lo, w_hi)
+        if not WARP_SPECIALIZE:
+            for s in gl.static_range(NUM_STAGES):
+                _load_step(loads, ring, base + s, s, s < num_k, NUM_STAGES)
+        w_row0 = expert * w_rows_per_expert
         ws_base = w_scale_ptr + expert * stride_wse
         a_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
-        for p in gl.static_range(PASSES):
-            w_lo, w_hi = _pass_boxes(w_row0, n0, p, N, GATED, HALF)
-            loads = (a_desc, w_desc, row0, w_lo, w_hi)
-            if not WARP_SPECIALIZE:
-                for s in gl.static_range(NUM_STAGES):
-                    _load_step(loads, ring, base + s, s, s < num_k, NUM_STAGES)
-            scales = (
-                a_scale_ptr + a_rows.to(gl.int64) * stride_asm,
-                ws_base + gl.minimum((w_lo - w_row0) // 128, last_group) * stride_wsn,
-                ws_base + gl.minimum((w_hi - w_row0) // 128, last_group) * stride_wsn,
-                stride_ask,
-                stride_wsk,
-                lo_cols,
-            )
-            acc = _k_loop(loads, ring, scales, base, num_k,
-                          gl.zeros([BLOCK_M, 2 * HALF], gl.float32, layout=mma_layout), UNROLL, NUM_STAGES,
-                          WARP_SPECIALIZE)
-            base += num_k
-            _pass_out(acc, outputs, y_smem, row0, n0, p, N, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS)
-        if GATED:
-            _quantized_out(y_smem, outputs, row0, n0, N)
+        scales = (
+            a_scale_ptr + a_rows.to(gl.int64) * stride_asm,
+            ws_base + gl.minimum((w_lo - w_row0) // 128, last_group) * stride_wsn,
+            ws_base + gl.minimum((w_hi - w_row0) // 128, last_group) * stride_wsn,
+            stride_ask,
+            stride_wsk,
+            lo_cols,
+        )
+        acc = _k_loop(loads, ring, scales, base, num_k, gl.zeros([BLOCK_M, 2 * HALF], gl.float32, layout=mma_layout),
+                      UNROLL, NUM_STAGES, WARP_SPECIALIZE)
+        base += num_k
+        _epilogue(acc, outputs, row0, n0, N, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS)
 
 
 @gluon.jit(do_not_specialize=["num_valid_rows"])
@@ -345,7 +300,6 @@ def moe_block_fp8_gemm_kernel(
     w_desc,
     w_scale_ptr,
     out_ptr,
-    out_scale_ptr,
     row_weight_ptr,
     sorted_ids_ptr,
     block_expert_ptr,
@@ -361,12 +315,10 @@ def moe_block_fp8_gemm_kernel(
     stride_wsn,
     stride_wsk,
     stride_om,
-    stride_os,
     GATED: gl.constexpr,
     ACTIVATION: gl.constexpr,
     HAS_LIMIT: gl.constexpr,
     WEIGHT_ROWS: gl.constexpr,
-    RESULT_BF16: gl.constexpr,
     GROUP_M: gl.constexpr,
     NUM_STAGES: gl.constexpr,
     UNROLL: gl.constexpr,
@@ -386,7 +338,7 @@ def moe_block_fp8_gemm_kernel(
     gl.static_assert(WARP_SPECIALIZE or not PERSISTENT, "a persistent program needs the producer warp")
 
     num_row_blocks = gl.load(num_padded_ptr) // BLOCK_M
-    tiles = (num_row_blocks, gl.cdiv(N, 128 if GATED else 2 * HALF), gl.cdiv(K, BLOCK_K))
+    tiles = (num_row_blocks, gl.cdiv(N, HALF if GATED else 2 * HALF), gl.cdiv(K, BLOCK_K))
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_smem = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, 2 * HALF, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -397,16 +349,16 @@ def moe_block_fp8_gemm_kernel(
     ring = (a_smem, b_smem, ready, empty)
     a_scales = (a_scale_ptr, stride_asm, stride_ask)
     weights = (w_desc, w_scale_ptr, block_expert_ptr, N, w_rows_per_expert, stride_wse, stride_wsn, stride_wsk)
-    outputs = (out_ptr, out_scale_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om, stride_os)
+    outputs = (out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om)
     if WARP_SPECIALIZE:
         gl.warp_specialize([
             (_consumer, (a_desc, a_scales, weights, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT,
-                         WEIGHT_ROWS, RESULT_BF16, GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT)),
+                         WEIGHT_ROWS, GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT)),
             (_producer, (a_desc, weights, ring, tiles, GATED, GROUP_M, NUM_STAGES, PERSISTENT)),
         ], [1], [PRODUCER_REGS])
     else:
         _consumer(a_desc, a_scales, weights, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS,
-                  RESULT_BF16, GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT)
+                  GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))

@@ -548,24 +548,22 @@ def _gluon_layer(
     result_dtype: torch.dtype,
 ) -> torch.Tensor:
     """A block-FP8 layer through the Gluon kernel (``MoEConfig.gluon``): the input gathered into sorted order,
-    w1 into the sorted FP8 intermediate (activated, rounded to the result dtype and quantized in 1x128 groups in
-    its epilogue), w2 to each pair's row, then the top-k sum."""
+    w1 into a sorted intermediate in the result dtype, that quantized in 1x128 groups (as vLLM does), w2 to each
+    pair's row, then the top-k sum."""
     n = w1.shape[1] // 2
     k_dim = w1.shape[2]
-    rows = routing.sorted_ids.numel()
     sorted_a, sorted_scale = gather_sorted(a, a_scale, _activation_scale_mode(spec, a_scale), routing)
-    inter = torch.empty(rows, n, dtype=FP8_DTYPE, device=a.device)
-    inter_scale = torch.empty(rows, -(-n // FP8_GROUP), dtype=torch.float32, device=a.device)
+    inter = torch.empty(routing.sorted_ids.numel(), n, dtype=result_dtype, device=a.device)
     gluon_gemm(
-        sorted_a, sorted_scale, w1, w1_info, inter, inter_scale, routing,
+        sorted_a, sorted_scale, w1, w1_info, inter, routing,
         flat_weights if apply_router_weight_on_input else None, gated=True, n_out=n, activation=activation,
-        swiglu_limit=swiglu_limit, result_dtype=result_dtype, config=config.w1,
+        swiglu_limit=swiglu_limit, config=config.w1,
     )
+    inter, inter_scale = quantize_activation(inter, spec.activation)
     y = torch.empty(routing.num_pairs, k_dim, dtype=result_dtype, device=a.device)
     gluon_gemm(
-        inter, inter_scale, w2, w2_info, y, None, routing, None if apply_router_weight_on_input else flat_weights,
-        gated=False, n_out=k_dim, activation=activation, swiglu_limit=None, result_dtype=result_dtype,
-        config=config.w2,
+        inter, inter_scale, w2, w2_info, y, routing, None if apply_router_weight_on_input else flat_weights,
+        gated=False, n_out=k_dim, activation=activation, swiglu_limit=None, config=config.w2,
     )
     return topk_sum(y, topk_ids, w1.shape[0], out)
 

@@ -315,7 +315,6 @@ def gluon_gemm(
     w: torch.Tensor,
     w_scale_info: tuple,
     out: torch.Tensor,
-    out_scale: Optional[torch.Tensor],
     routing: AlignedRouting,
     row_weights: Optional[torch.Tensor],
     *,
@@ -323,19 +322,17 @@ def gluon_gemm(
     n_out: int,
     activation: str,
     swiglu_limit: Optional[float],
-    result_dtype: torch.dtype,
     config: GemmConfig,
 ) -> None:
     """One block-FP8 GEMM through the Gluon kernel over sorted-order input rows ``a`` (the gathered input, or
-    the intermediate) and their 1x128 group scales: w1 (``gated``) into the sorted FP8 intermediate ``out`` and
-    its group scales ``out_scale`` (the activation rounded to ``result_dtype`` first, as a separate
-    quantization would see it), or w2 to each pair's row of ``out``."""
+    the intermediate) and their 1x128 group scales: w1 (``gated``) into the sorted intermediate ``out``, or w2
+    to each pair's row of ``out``."""
     from moe_fsm.kernels.triton_moe._gluon_kernels import moe_block_fp8_gemm_kernel
 
     num_experts, w_rows, k_in = w.shape
     half = config.block_n if gated else config.block_n // 2
     _, w_scale, (sws_e, sws_n, sws_k) = w_scale_info
-    tile_n = FP8_GROUP if gated else 2 * half
+    tile_n = half if gated else 2 * half
     max_tiles = routing.num_row_blocks * -(-n_out // tile_n)
     grid = max(min(max_tiles, _sm_count(a.device.index or 0)) if config.persistent else max_tiles, 1)
     moe_block_fp8_gemm_kernel[(grid,)](
@@ -344,7 +341,6 @@ def gluon_gemm(
         _gluon_descriptor(w.view(num_experts * w_rows, k_in), [half, FP8_GROUP]),
         w_scale,
         out,
-        out if out_scale is None else out_scale,
         out if row_weights is None else row_weights,
         routing.sorted_ids,
         routing.block_expert,
@@ -360,12 +356,10 @@ def gluon_gemm(
         sws_n,
         sws_k,
         out.stride(0),
-        0 if out_scale is None else out_scale.stride(0),
         GATED=gated,
         ACTIVATION=ACTIVATIONS[activation],
         HAS_LIMIT=swiglu_limit is not None,
         WEIGHT_ROWS=row_weights is not None,
-        RESULT_BF16=result_dtype == torch.bfloat16,
         GROUP_M=config.group_m,
         NUM_STAGES=config.num_stages,
         UNROLL=_unroll(-(-k_in // FP8_GROUP), config),
