@@ -131,6 +131,8 @@ def test_gluon_takes_block_fp8_tiles_of_one_wgmma_per_warpgroup():
         (_gluon(bn1=128), True, "gluon w1: .*block_n in \\(32, 64\\)"),
         (_gluon(bn2=256), True, "gluon w2: .*block_n in \\(64, 128\\)"),
         (_gluon(128, 4), True, "block_m = 16 x num_warps"),
+        (MoEConfig(128, GemmConfig(64, 128, 8, 8, 6), GemmConfig(128, 128, 8, 8, 4), False, True, True, True), True,
+         "gluon w1: 6 stages .* need 262,144 bytes"),
     ],
 )
 def test_gluon_refusals_name_what_is_accepted(config, block_fp8, match):
@@ -321,3 +323,15 @@ def test_the_tuner_offers_tma_variants_only_on_a_tma_device_and_at_prefill():
         assert config.w1.block_k == config.w2.block_k == 128
     # decode sizes take thin row blocks, which the TMA kernels cannot run
     assert not any(c.hopper for c in candidate_configs(shape, 8, hopper=True))
+
+def test_the_tuner_offers_gluon_variants_for_block_fp8_prefill_only():
+    from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, candidate_configs
+
+    block = NAMED_SHAPES["deepseek-v3-fp8-block"]
+    gluon = [c for c in candidate_configs(block, 8192, hopper=True, gluon=True) if c.gluon]
+    assert gluon and not any(c.gluon for c in candidate_configs(block, 8192, hopper=True))
+    assert any(c.w1.persistent for c in gluon) and {c.block_m for c in gluon} == {64, 128}
+    for config in gluon:
+        validate_config(config, block_fp8=True)
+    assert not any(c.gluon for c in candidate_configs(block, 8, hopper=True, gluon=True))
+    assert not any(c.gluon for c in candidate_configs(NAMED_SHAPES["qwen3-30b-a3b"], 8192, hopper=True, gluon=True))

@@ -1,21 +1,29 @@
-"""The block-FP8 grouped GEMM of the fused-MoE experts in Gluon: each K step's product is promoted while the next
-one runs on the tensor cores.
+"""The block-FP8 grouped GEMM of the fused-MoE experts in Gluon: each K step's product is scaled while the next
+one runs on the tensor cores, and a producer warp feeds the copy engine.
 
 Block-scaled FP8 (1x128 activation groups, 128x128 weight blocks) cannot accumulate in the tensor core: each
 128-wide K step's product must be multiplied by its row and column scales before it joins the fp32 sum.
 Triton's ``tl.dot`` then waits for every product (``wgmma.wait_group 0``) and the tensor cores idle while the
-warps scale it, about a third of each step (``docs/perf/hopper.md``). Gluon exposes the asynchronous wgmma
-itself, so this kernel keeps one product in flight: it issues step k's wgmma, then waits only for step k-1's
-(``warpgroup_mma_wait(1)``) and scales that one while step k runs. The shared-memory slot step k-1 read is then
-free, and the next TMA load goes into it: the same warps produce and consume, so no other barrier is needed.
+warps scale it (``docs/perf/hopper.md``). Gluon exposes the asynchronous wgmma itself, so this kernel keeps one
+product in flight: it issues step k's wgmma, then waits only for step k-1's (``warpgroup_mma_wait(1)``) and
+scales that one while step k runs (``_step_group``).
 
-One tile is ``[BLOCK_M, 2 * HALF]``, two ``[HALF, BLOCK_K]`` weight boxes side by side in shared memory and
-multiplied as one wgmma: for w1 (``GATED``) the gate rows ``n0`` and the up rows ``N + n0`` of the expert, for w2
-two neighbouring column blocks. ``HALF`` divides 128, so each box lies in one weight-scale block and its scale is
-one scalar per K step. The input rows are in sorted-slot order (the gathered input for w1, the intermediate
-for w2), loaded by TMA like the weights. The epilogue goes through shared memory: w1 writes
-``act(gate, up)`` into the sorted intermediate, w2 writes each row to its (token, slot) pair, times its top-k
-weight where asked.
+* **Tiles.** A tile is ``[BLOCK_M, 2 * HALF]``: two ``[HALF, BLOCK_K]`` weight boxes side by side in shared
+  memory, multiplied as one wgmma; for w1 (``GATED``) the gate rows ``n0`` and the up rows ``N + n0`` of the
+  expert, for w2 two neighbouring column blocks. ``HALF`` divides 128, so each box lies in one weight-scale
+  block and its scale is one scalar per K step. The input rows are in sorted-slot order (the gathered input
+  for w1, the intermediate for w2), loaded by TMA like the weights. The epilogue goes through shared memory:
+  w1 writes ``act(gate, up)`` into the sorted intermediate (quantized in 1x128 groups after the GEMM, as vLLM
+  does), w2 each row to its (token, slot) pair, times its top-k weight where asked.
+* **Warp specialization** (``WARP_SPECIALIZE``, Gluon's explicit partitions): one producer warp issues every
+  load into a ring of ``NUM_STAGES`` slots and the ``num_warps`` math warps hand each slot back through an
+  mbarrier when its wgmma is done. Without it the math warps load too, refilling each slot as it frees.
+* **Persistence** (``PERSISTENT``, with a producer): one program per SM walks its tiles; the producer runs
+  ahead across them, so a tile's first loads overlap the last one's epilogue.
+
+Quantizing the intermediate in the w1 epilogue (tiles of 128 columns in two passes of 64) was built and
+measured: it saved the 230 µs quantization pass but slowed the persistent w1 GEMM by 1.5-1.9 ms on the
+DeepSeek-V3 layer at 8192 tokens (``docs/perf/hopper.md``), so the quantization stays a pass of its own.
 """
 
 from __future__ import annotations

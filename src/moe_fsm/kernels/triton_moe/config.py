@@ -41,6 +41,7 @@ from typing import Optional
 from moe_fsm.errors import KernelInputError
 
 FP8_GROUP = 128  # DeepSeek-V3 block size: 128x128 weight blocks, 1x128 activation groups
+HOPPER_SMEM_BYTES = 232448  # the shared memory one sm_90 program may opt into
 
 
 def weight_scale_span(block_n: int, n: int, gated: bool) -> int:
@@ -219,6 +220,15 @@ def _check_gluon(config: MoEConfig, block_fp8: bool) -> None:
         if g.flatten or g.paired or g.swap_ab:
             raise KernelInputError(f"gluon {name}: flatten, paired and swap_ab are options of the Triton kernels, not "
                                    f"of the Gluon one; got {g}")
+        # shared memory: the ring of (A tile, two weight boxes) FP8 stages and the fp32 tile the epilogue stages
+        half = g.block_n if name == "w1" else g.block_n // 2
+        smem = g.num_stages * (config.block_m + 2 * half) * FP8_GROUP + config.block_m * 2 * half * 4
+        if smem > HOPPER_SMEM_BYTES:
+            raise KernelInputError(
+                f"gluon {name}: {g.num_stages} stages of block_m {config.block_m} x block_n {g.block_n} tiles need "
+                f"{smem:,} bytes of shared memory, past the {HOPPER_SMEM_BYTES:,} an sm_90 program may have; take "
+                "fewer stages"
+            )
         if g.persistent and not g.warp_specialize:
             raise KernelInputError(f"gluon {name}: persistent needs warp_specialize too (the producer warp runs ahead "
                                    f"across the program's tiles); got {g}")

@@ -72,9 +72,17 @@ HOPPER_FLAGS = ((False, False, False, False), (True, False, True, False), (False
                 (True, True, True, False), (True, False, True, True))
 
 
-def candidate_configs(shape: LayerShape, num_tokens: int, *, hopper: bool = False) -> list[MoEConfig]:
+# Gluon block-FP8 variants (MoEConfig.gluon) offered at row blocks of 64 and up: (block_m, warps, stages,
+# group_m, warp-specialized, persistent), all w1 64 / w2 128 wide; the fastest of the 8192-token measurements
+# of docs/perf/hopper.md ("The Gluon block-FP8 kernel")
+GLUON_TILES = ((128, 8, 4, 8, True, True), (128, 8, 4, 16, True, True), (128, 8, 5, 8, True, True),
+               (128, 8, 5, 8, True, False), (64, 4, 4, 8, True, True))
+
+
+def candidate_configs(shape: LayerShape, num_tokens: int, *, hopper: bool = False, gluon: bool = False) -> list[MoEConfig]:
     """The default config first, then row blocks around the mean rows per expert times a few tiles each; with
-    ``hopper`` (the device runs the TMA kernels) also TMA variants of the row blocks of 64 rows and more."""
+    ``hopper`` (the device runs the TMA kernels) also TMA variants of the row blocks of 64 rows and more, and
+    with ``gluon`` (it runs the Gluon kernel too) for block FP8 the Gluon variants there."""
     block_fp8 = shape.fp8 == "block"
     default = default_config(
         shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens, block_fp8=block_fp8, fp8=shape.fp8 is not None
@@ -120,6 +128,13 @@ def candidate_configs(shape: LayerShape, num_tokens: int, *, hopper: bool = Fals
             )
     if hopper:
         out += _hopper_candidates(block_ms, bk)
+    if gluon and block_fp8:
+        out += [
+            MoEConfig(block_m, GemmConfig(64, FP8_GROUP, group_m, warps, stages, persistent=pers, warp_specialize=ws),
+                      GemmConfig(128, FP8_GROUP, group_m, warps, stages, persistent=pers, warp_specialize=ws),
+                      False, True, True, True)
+            for block_m, warps, stages, group_m, ws, pers in GLUON_TILES if block_m in block_ms
+        ]
     valid = []
     for c in dict.fromkeys(out):
         try:
@@ -182,6 +197,12 @@ def _tma_kernels_here() -> bool:
     from moe_fsm.kernels.triton_moe.hopper import tma_kernels_available
 
     return tma_kernels_available(torch.cuda.current_device())
+
+
+def _gluon_kernels_here() -> bool:
+    from moe_fsm.kernels.triton_moe.hopper import gluon_kernels_available
+
+    return gluon_kernels_available(torch.cuda.current_device())
 
 
 def make_weights(shape: LayerShape, device: str = "cuda", seed: int = 0, init: bool = True):
@@ -298,8 +319,8 @@ def tune_shape(
     shape: LayerShape, tokens: list[int], *, workers: int = 8, rep_ms: float = 30.0, log: Callable[[str], None] = print
 ) -> tuple[dict[int, MoEConfig], dict[int, float]]:
     """The fastest candidate per token count, and its time (µs per layer call)."""
-    hopper = _tma_kernels_here()
-    plan = {t: candidate_configs(shape, t, hopper=hopper) for t in tokens}
+    hopper, gluon = _tma_kernels_here(), _gluon_kernels_here()
+    plan = {t: candidate_configs(shape, t, hopper=hopper, gluon=gluon) for t in tokens}
     failures = precompile([(shape, t, c) for t, cs in plan.items() for c in cs], workers) if workers > 0 else []
     for f in failures:
         log(f"  cannot build: {f}")
@@ -355,8 +376,8 @@ def tune_and_write(
 
     device = device_name(torch.device("cuda", torch.cuda.current_device()))
     if workers > 0:
-        hopper = _tma_kernels_here()
-        jobs = [(s, t, c) for s in shapes for t in tokens for c in candidate_configs(s, t, hopper=hopper)]
+        hopper, gluon = _tma_kernels_here(), _gluon_kernels_here()
+        jobs = [(s, t, c) for s in shapes for t in tokens for c in candidate_configs(s, t, hopper=hopper, gluon=gluon)]
         for failure in precompile(jobs, workers):
             log(f"  cannot build: {failure}")
     path = None
