@@ -8,7 +8,9 @@ binder, so a launch whose arguments do not match the kernel's parameters fails h
 and then compiled for sm_90 with the same signature, constexprs, alignment attributes and options. Reported
 per GEMM: registers, spills (stack bytes), shared memory (flagged past the H100's 227 KiB), warps after
 warp specialization (Triton 3.6's Hopper pass turns a 4-warp loop into 12 warps: a producer and two consumer
-warpgroups), whether the tensor-core instructions are wgmma, and the copy-engine (TMA) and cp.async counts.
+warpgroups), whether the tensor-core instructions are wgmma, whether ptxas serializes them (its C751x notes), and
+the copy-engine (TMA) and cp.async counts. The cases labelled ``gluon`` are the Gluon block-FP8 kernel
+(``MoEConfig.gluon``, ``_gluon_kernels.py``), launched the same way.
 
     python bench/hopper_compile_check.py [--quick | --ws-grid] [--only SUBSTR ...] [--force] [--list]
 
@@ -33,13 +35,14 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
+from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import create_function_from_signature
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from moe_fsm.errors import KernelInputError  # noqa: E402
-from moe_fsm.kernels.triton_moe import _hopper_kernels, fused, hopper  # noqa: E402
+from moe_fsm.kernels.triton_moe import _gluon_kernels, _hopper_kernels, fused, hopper  # noqa: E402
 from moe_fsm.kernels.triton_moe.align import AlignedRouting, max_padded_rows  # noqa: E402
 from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, validate_config  # noqa: E402
 from moe_fsm.kernels.triton_moe.fused import Fp8Spec  # noqa: E402
@@ -70,11 +73,12 @@ QWEN_FP8 = Layer("qwen3-fp8c", 768, 2048, 8, "channel")
 DSV3 = Layer("dsv3-fp8b", 2048, 7168, 8, "block")
 
 
-def cfg(bm, w1, w2, *, pers=False, gather=False, paired=False, ws=False, fold=False, flat=False) -> MoEConfig:
+def cfg(bm, w1, w2, *, pers=False, gather=False, paired=False, ws=False, fold=False, flat=False,
+        gluon=False) -> MoEConfig:
     """w1/w2: (block_n, block_k, group_m, warps, stages)."""
     g1 = GemmConfig(*w1, persistent=pers, warp_specialize=ws, paired=paired, flatten=flat)
     g2 = GemmConfig(*w2, persistent=pers, warp_specialize=ws, flatten=flat)
-    return MoEConfig(bm, g1, g2, fold, True, gather)
+    return MoEConfig(bm, g1, g2, fold, True, gather, gluon)
 
 
 # the H100 table's 2048/8192-token tiles of each shape (as bench_hopper.py's "shipped+tma"), the sweep's tiles,
@@ -165,6 +169,24 @@ def cases(quick: bool) -> list[tuple[str, Layer, MoEConfig]]:
     add(DSV3, (64, (128, 128, 8, 4, 3), (128, 128, 8, 4, 3)), "pers+gather+ws", pers=True, gather=True, ws=True)
     for tiles in BLOCK_SWEEP:
         add(DSV3, tiles, "pers", pers=True)
+    out += gluon_cases()
+    return out
+
+
+def gluon_cases() -> list[tuple[str, Layer, MoEConfig]]:
+    """The Gluon block-FP8 kernel (``MoEConfig.gluon``): the tuner's tiles, the one-role program, and the
+    widths and depths ``validate_config`` refuses (a 256-wide wgmma spills and is serialized; 6 stages of 128
+    rows are past the shared memory)."""
+    out = []
+    for bm, warps, w1, w2, stages, ws, pers, note in [
+        (128, 8, 64, 128, 4, True, True, ""), (128, 8, 64, 128, 5, True, False, ""), (64, 4, 64, 128, 4, True, True, ""),
+        (64, 4, 64, 128, 4, False, False, ""), (128, 8, 32, 64, 6, True, True, ""),
+        (64, 4, 128, 256, 3, False, False, " (256-wide wgmma)"), (128, 8, 64, 128, 6, True, True, " (smem)"),
+    ]:
+        flags = "+ws" * ws + "+pers" * pers
+        out.append((f"{DSV3.name} bm{bm} w1 {w1} w{warps}s{stages} w2 {w2} gluon{flags}{note}", DSV3,
+                    cfg(bm, (w1, 128, 8, warps, stages), (w2, 128, 8, warps, stages), pers=pers, gather=True, ws=ws,
+                        gluon=True)))
     return out
 
 
@@ -186,6 +208,8 @@ def recording(calls: list):
         (hopper, "_sm_count"): hopper._sm_count,
         (fused, "quantize_activation"): fused.quantize_activation,
         (fused, "topk_sum"): fused.topk_sum,
+        (_gluon_kernels, "moe_block_fp8_gemm_kernel"): _gluon_kernels.moe_block_fp8_gemm_kernel,
+        (fused, "gluon_usable"): fused.gluon_usable,
     }
 
     def fake_quantize(x, granularity, static=None):
@@ -197,6 +221,9 @@ def recording(calls: list):
     hopper._sm_count = lambda index: SM_COUNT
     fused.quantize_activation = fake_quantize
     fused.topk_sum = lambda y, ids, num_experts, out: out
+    _gluon_kernels.moe_block_fp8_gemm_kernel = _Recorder(saved[(_gluon_kernels, "moe_block_fp8_gemm_kernel")], calls)
+    # on a CPU tensor the Gluon path is never usable: take it wherever the config asks for it
+    fused.gluon_usable = lambda config, *args, **kwargs: config.gluon
     try:
         yield
     finally:
@@ -253,7 +280,8 @@ def compile_launch(fn, args, kwargs):
     kwargs = dict(kwargs, debug=False)
     bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(_BACKEND, kwargs, bound, specialization, options)
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+    source = GluonASTSource if fn.is_gluon() else ASTSource
+    return triton.compile(source(fn, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
 
 
 def resources(kernel) -> dict:
@@ -262,12 +290,19 @@ def resources(kernel) -> dict:
         cubin.write_bytes(kernel.asm["cubin"])
         cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
         res = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
+        # ptxas says when it serializes the wgmmas (C7510-C7515: registers, or an accumulator read in flight)
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(kernel.asm["ptx"])
+        ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+        log = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "again.cubin")],
+                             capture_output=True, text=True).stderr
     regs = re.search(r"REG:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
     ptx = kernel.asm["ptx"]
     return {"regs": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
             "smem": kernel.metadata.shared, "warps": kernel.metadata.num_warps, "wgmma": "wgmma.mma_async" in ptx,
-            "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)), "cp_async": len(re.findall(r"cp\.async\.cg", ptx))}
+            "tma": len(re.findall(r"cp\.async\.bulk\.tensor", ptx)), "cp_async": len(re.findall(r"cp\.async\.cg", ptx)),
+            "serialized": "wgmma.mma_async instructions are serialized" in log}
 
 
 def _last_line(exc: BaseException) -> str:
@@ -304,7 +339,7 @@ def main() -> None:
             failures += 1
             print(f"{label:62s} HOST FAILED: {type(exc).__name__}: {_last_line(exc)}", flush=True)
             continue
-        gemms = [c for c in launches if c[0].__name__ == "moe_gemm_tma_kernel"]
+        gemms = [c for c in launches if c[0].__name__ in ("moe_gemm_tma_kernel", "moe_block_fp8_gemm_kernel")]
         for fn, grid, a, kw in launches:
             part = "gather" if fn.__name__ == "gather_rows_kernel" else ("w1" if kw.get("GATED") else "w2")
             t0 = time.time()
@@ -318,7 +353,8 @@ def main() -> None:
                 continue
             r = resources(kernel)
             flags = [f for f, bad in (("SPILL", (r["stack"] or 0) > 0), ("SMEM>227K", r["smem"] > H100_SMEM),
-                                      ("NO-WGMMA", not r["wgmma"]), ("NO-TMA", r["tma"] == 0)) if bad]
+                                      ("NO-WGMMA", not r["wgmma"]), ("NO-TMA", r["tma"] == 0),
+                                      ("WGMMA-SERIALIZED", r["serialized"])) if bad]
             flagged += bool(flags)
             print(f"{label:62s} {part:6s} regs={r['regs']} stack={r['stack']} smem={r['smem']} warps={r['warps']} "
                   f"wgmma={r['wgmma']} tma={r['tma']} cp.async={r['cp_async']} grid={grid[0]} "

@@ -107,9 +107,10 @@ def test_other_hopper_refusals(config, match):
         validate_config(config, block_fp8=False)
 
 
-def _gluon(bm=64, warps=4, bn1=64, bn2=128, bk=128, **flags):
-    return MoEConfig(bm, GemmConfig(bn1, bk, 8, warps, 4), GemmConfig(bn2, bk, 8, warps, 4), False, True, True,
-                     True, **flags)
+def _gluon(bm=64, warps=4, bn1=64, bn2=128, bk=128, ws=False, persistent=False):
+    flags = dict(warp_specialize=ws, persistent=persistent)
+    return MoEConfig(bm, GemmConfig(bn1, bk, 8, warps, 4, **flags), GemmConfig(bn2, bk, 8, warps, 4, **flags), False,
+                     True, True, True)
 
 
 def test_gluon_takes_block_fp8_tiles_of_one_wgmma_per_warpgroup():
@@ -278,6 +279,46 @@ def test_every_hopper_launch_binds_to_its_kernel(monkeypatch, fp8, config):
             assert kwargs["NUM_PROGRAMS"] == (132 if config.w1.persistent else 1)
             if config.w1.persistent:
                 assert grid == (132,)
+
+
+GLUON_LAUNCH_CASES = [
+    _gluon(128, 8, ws=True, persistent=True),
+    _gluon(64, 4, ws=True),
+    _gluon(bn1=32, bn2=64),
+]
+
+
+@pytest.mark.parametrize("config", GLUON_LAUNCH_CASES, ids=range(len(GLUON_LAUNCH_CASES)))
+def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config):
+    pytest.importorskip("triton.experimental.gluon")
+    from moe_fsm.kernels.triton_moe import _gluon_kernels, fused
+
+    validate_config(config, block_fp8=True)
+    calls = []
+    monkeypatch.setattr(_gluon_kernels, "moe_block_fp8_gemm_kernel",
+                        _Recorder(_gluon_kernels.moe_block_fp8_gemm_kernel, calls))
+    monkeypatch.setattr(fused, "gluon_usable", lambda *args, **kwargs: True)
+    calls += _record(monkeypatch, "block", config)
+    names = [fn.__name__ for fn, *_ in calls]
+    assert sorted(names) == ["gather_rows_kernel", "moe_block_fp8_gemm_kernel", "moe_block_fp8_gemm_kernel"]
+    for fn, grid, args, kwargs in calls:
+        if fn.__name__ != "moe_block_fp8_gemm_kernel":
+            continue
+        gemm = config.w1 if kwargs["GATED"] else config.w2
+        bind_kwargs = {k: v for k, v in kwargs.items() if k != "maxnreg"}
+        signature, _ = _bind(fn, args, bind_kwargs)
+        half = gemm.block_n if kwargs["GATED"] else gemm.block_n // 2
+        assert signature["a_desc"].startswith("tensordesc<fp8e4nv[64, 128]" if config.block_m == 64 else
+                                              "tensordesc<fp8e4nv[128, 128]")
+        assert signature["w_desc"].startswith(f"tensordesc<fp8e4nv[{half}, 128]")
+        assert (kwargs["WARP_SPECIALIZE"], kwargs["PERSISTENT"]) == (gemm.warp_specialize, gemm.persistent)
+        # a warp-specialized program caps its launch registers so its producer warpgroup fits beside the math
+        assert ("maxnreg" in kwargs) == gemm.warp_specialize
+        # K = 512 is 4 steps of 128 for w1, N = 256 is 2 for w2
+        assert kwargs["UNROLL"] == (4 if kwargs["GATED"] else 2)
+        tiles = -(-args[fn.arg_names.index("N")] // (half if kwargs["GATED"] else 2 * half))
+        max_tiles = tiles * (args[fn.arg_names.index("sorted_ids_ptr")].numel() // config.block_m)
+        assert grid == ((min(max_tiles, 132) if gemm.persistent else max_tiles),)
 
 
 def test_launches_do_not_recompile_per_token_count(monkeypatch):

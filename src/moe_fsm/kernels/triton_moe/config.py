@@ -209,7 +209,7 @@ def _check_gluon(config: MoEConfig, block_fp8: bool) -> None:
         raise KernelInputError("gluon needs hopper and gather_input (every operand through the copy engine) and "
                                "no fold_topk (its w2 writes one row per pair)")
     # wider tiles (a 256-wide wgmma) need more than 255 registers for the sum and the two product sets: they spill,
-    # and ptxas then serializes every wgmma (bench/gluon_compile_check.py)
+    # and ptxas then serializes every wgmma (bench/hopper_compile_check.py --only gluon --force)
     for name, g, widths in (("w1", config.w1, (32, 64)), ("w2", config.w2, (64, 128))):
         if g.block_k != FP8_GROUP or g.block_n not in widths or config.block_m != 16 * g.num_warps:
             raise KernelInputError(
