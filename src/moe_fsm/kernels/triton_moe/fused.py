@@ -497,75 +497,47 @@ def _hopper_layer(
     config: MoEConfig,
     result_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """``fused_experts`` through the Hopper TMA kernels, the intermediate in sorted-row order (``hopper.py``)."""
+    """``fused_experts`` through the Hopper TMA kernels, the intermediate in sorted-row order (``hopper.py``); a
+    block-FP8 layer whose config asks for it through the Gluon kernel (``MoEConfig.gluon``), over the input
+    gathered into sorted order, with the intermediate quantized in 1x128 groups after w1 (as vLLM does)."""
     num_experts, two_n, k_dim = w1.shape
     num_tokens, top_k = topk_ids.shape
     w1_info = _weight_scale(spec, w1_scale, num_experts, two_n, k_dim, "w1_scale")
     w2_info = _weight_scale(spec, w2_scale, num_experts, k_dim, two_n // 2, "w2_scale")
+    w1_row_weights = flat_weights if apply_router_weight_on_input else None
     row_weights = None if apply_router_weight_on_input else flat_weights
-    if gluon_usable(config, routing, a, w1, w2, block_fp8=spec is not None and spec.block):
-        return _gluon_layer(
-            a, a_scale, w1, w2, w1_info, w2_info, routing, flat_weights, topk_ids, out, spec=spec,
-            activation=activation, swiglu_limit=swiglu_limit,
-            apply_router_weight_on_input=apply_router_weight_on_input, config=config, result_dtype=result_dtype,
+    gluon = gluon_usable(config, routing, a, w1, w2, block_fp8=spec is not None and spec.block)
+    if gluon:
+        sorted_a, sorted_scale = gather_sorted(a, a_scale, _activation_scale_mode(spec, a_scale), routing)
+        inter = torch.empty(routing.sorted_ids.numel(), two_n // 2, dtype=result_dtype, device=a.device)
+        gluon_gemm(
+            sorted_a, sorted_scale, w1, w1_info, inter, routing, w1_row_weights, gated=True, n_out=two_n // 2,
+            activation=activation, swiglu_limit=swiglu_limit, config=config.w1,
         )
-    out_mode, inter_dtype, out_static, zero_fill = _intermediate_layout(spec, config.w1, a2_scale, result_dtype)
-    inter, out_scale = hopper_w1(
-        a, a_scale, _activation_scale_mode(spec, a_scale), w1, w1_info, routing,
-        out_mode=out_mode, inter_dtype=inter_dtype, out_static_scale=out_static, zero_fill=zero_fill,
-        activation=activation, swiglu_limit=swiglu_limit,
-        row_weights=flat_weights if apply_router_weight_on_input else None, config=config.w1,
-        gather_input=config.gather_input,
-    )
-    inter, inter_scale = _finish_intermediate(inter, out_scale, out_static, out_mode, spec)
+        inter, inter_scale = quantize_activation(inter, spec.activation)
+    else:
+        out_mode, inter_dtype, out_static, zero_fill = _intermediate_layout(spec, config.w1, a2_scale, result_dtype)
+        inter, out_scale = hopper_w1(
+            a, a_scale, _activation_scale_mode(spec, a_scale), w1, w1_info, routing,
+            out_mode=out_mode, inter_dtype=inter_dtype, out_static_scale=out_static, zero_fill=zero_fill,
+            activation=activation, swiglu_limit=swiglu_limit, row_weights=w1_row_weights, config=config.w1,
+            gather_input=config.gather_input,
+        )
+        inter, inter_scale = _finish_intermediate(inter, out_scale, out_static, out_mode, spec)
     inter_mode = _activation_scale_mode(spec, inter_scale)
-    if config.fold_topk and top_k > 1:
+    if config.fold_topk and top_k > 1:  # never with gluon (validate_config)
         acc = torch.zeros(num_tokens, k_dim, dtype=torch.float32, device=a.device)
         hopper_w2(inter, inter_scale, inter_mode, w2, w2_info, routing, acc, 3, row_weights=row_weights, config=config.w2)
         return out.copy_(acc)
     y = torch.empty(routing.num_pairs, k_dim, dtype=result_dtype, device=a.device)
-    hopper_w2(inter, inter_scale, inter_mode, w2, w2_info, routing, y, 0, row_weights=row_weights, config=config.w2)
+    if gluon:
+        gluon_gemm(
+            inter, inter_scale, w2, w2_info, y, routing, row_weights, gated=False, n_out=k_dim,
+            activation=activation, swiglu_limit=None, config=config.w2,
+        )
+    else:
+        hopper_w2(inter, inter_scale, inter_mode, w2, w2_info, routing, y, 0, row_weights=row_weights, config=config.w2)
     return topk_sum(y, topk_ids, num_experts, out)
-
-
-def _gluon_layer(
-    a: torch.Tensor,
-    a_scale: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    w1_info: tuple,
-    w2_info: tuple,
-    routing: AlignedRouting,
-    flat_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    spec: Fp8Spec,
-    activation: str,
-    swiglu_limit: Optional[float],
-    apply_router_weight_on_input: bool,
-    config: MoEConfig,
-    result_dtype: torch.dtype,
-) -> torch.Tensor:
-    """A block-FP8 layer through the Gluon kernel (``MoEConfig.gluon``): the input gathered into sorted order,
-    w1 into a sorted intermediate in the result dtype, that quantized in 1x128 groups (as vLLM does), w2 to each
-    pair's row, then the top-k sum."""
-    n = w1.shape[1] // 2
-    k_dim = w1.shape[2]
-    sorted_a, sorted_scale = gather_sorted(a, a_scale, _activation_scale_mode(spec, a_scale), routing)
-    inter = torch.empty(routing.sorted_ids.numel(), n, dtype=result_dtype, device=a.device)
-    gluon_gemm(
-        sorted_a, sorted_scale, w1, w1_info, inter, routing,
-        flat_weights if apply_router_weight_on_input else None, gated=True, n_out=n, activation=activation,
-        swiglu_limit=swiglu_limit, config=config.w1,
-    )
-    inter, inter_scale = quantize_activation(inter, spec.activation)
-    y = torch.empty(routing.num_pairs, k_dim, dtype=result_dtype, device=a.device)
-    gluon_gemm(
-        inter, inter_scale, w2, w2_info, y, routing, None if apply_router_weight_on_input else flat_weights,
-        gated=False, n_out=k_dim, activation=activation, swiglu_limit=None, config=config.w2,
-    )
-    return topk_sum(y, topk_ids, w1.shape[0], out)
 
 
 def fused_experts_batched(

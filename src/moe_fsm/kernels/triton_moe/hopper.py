@@ -12,6 +12,7 @@ Descriptors are built on the host per call: a few Python objects, which Triton p
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Optional
 
 import torch
@@ -23,12 +24,16 @@ from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, 
 
 
 @functools.lru_cache(maxsize=None)
-def _has_tensor_descriptors() -> bool:
+def _importable(module: str, name: str) -> bool:
+    """Whether this Triton has ``module.name`` (host tensor descriptors, Gluon's Hopper ops: both are recent)."""
     try:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+        return hasattr(importlib.import_module(module), name)
     except ImportError:
         return False
-    return True
+
+
+def _has_tensor_descriptors() -> bool:
+    return _importable("triton.tools.tensor_descriptor", "TensorDescriptor")
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,14 +46,10 @@ def _is_hopper_or_later(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-@functools.lru_cache(maxsize=None)
 def _has_gluon() -> bool:
-    try:
-        from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma_wait  # noqa: F401
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _importable("triton.experimental.gluon.language.nvidia.hopper", "warpgroup_mma_wait") and _importable(
+        "triton.experimental.gluon.nvidia.hopper", "TensorDescriptor"
+    )
 
 
 def gluon_kernels_available(device_index: int) -> bool:
@@ -88,6 +89,15 @@ def gluon_usable(
         config.gluon and block_fp8 and gluon_kernels_available(a.device.index or 0)
         and hopper_usable(config, routing, a, w1, w2) and w2.shape[2] % config.w1.block_n == 0
     )
+
+
+def _row_and_shape_args(
+    routing: AlignedRouting, n_out: int, k_in: int, w_rows: int, swiglu_limit: Optional[float]
+) -> tuple:
+    """The launch arguments both grouped-GEMM kernels take in this order: the sorted rows, their experts and the
+    count in use, the GEMM widths, the weight rows per expert, the pair count and the swiglu clamp."""
+    limit = float(swiglu_limit) if swiglu_limit is not None else 0.0
+    return (routing.sorted_ids, routing.block_expert, routing.num_padded, n_out, k_in, w_rows, routing.num_pairs, limit)
 
 
 def _descriptor(t: torch.Tensor, block: list[int]):
@@ -153,14 +163,7 @@ def _launch(
         dummy if out_scale is None else out_scale,
         dummy if out_static_scale is None else out_static_scale,
         dummy if row_weights is None else row_weights,
-        routing.sorted_ids,
-        routing.block_expert,
-        routing.num_padded,
-        n_out,
-        k_in,
-        w_rows,
-        routing.num_pairs,
-        float(swiglu_limit) if swiglu_limit is not None else 0.0,
+        *_row_and_shape_args(routing, n_out, k_in, w_rows, swiglu_limit),
         a.stride(0),
         out.stride(0),
         as_m,
@@ -342,14 +345,7 @@ def gluon_gemm(
         w_scale,
         out,
         out if row_weights is None else row_weights,
-        routing.sorted_ids,
-        routing.block_expert,
-        routing.num_padded,
-        n_out,
-        k_in,
-        w_rows,
-        routing.num_pairs,
-        float(swiglu_limit) if swiglu_limit is not None else 0.0,
+        *_row_and_shape_args(routing, n_out, k_in, w_rows, swiglu_limit),
         a_scale.stride(0),
         a_scale.stride(1),
         sws_e,
