@@ -630,8 +630,15 @@ def write_report(out_dir: Path, name: str, report: dict) -> None:
 
 def _cfg(c: dict) -> str:
     if "w1" in c:
-        f = lambda g: f"{g['block_n']}x{g['block_k']}/g{g['group_m']}/w{g['num_warps']}s{g['num_stages']}{'/swap' if g.get('swap_ab') else ''}"  # noqa: E731
-        return f"M{c['block_m']} w1 {f(c['w1'])} w2 {f(c['w2'])}{' fold' if c.get('fold_topk') else ''}"
+        def f(g: dict) -> str:
+            flags = "".join(f"/{short}" for name, short in (("swap_ab", "swap"), ("persistent", "pers"),
+                                                            ("warp_specialize", "ws"), ("paired", "paired"),
+                                                            ("flatten", "flat")) if g.get(name))
+            return f"{g['block_n']}x{g['block_k']}/g{g['group_m']}/w{g['num_warps']}s{g['num_stages']}{flags}"
+
+        # the kernel family: Triton's pointer loads, its TMA kernel (hopper), or the Gluon block-FP8 kernel
+        family = "".join(f" {name}" for name in ("hopper", "gather_input", "gluon", "fold_topk") if c.get(name))
+        return f"M{c['block_m']} w1 {f(c['w1'])} w2 {f(c['w2'])}{family}"
     return f"M{c['BLOCK_SIZE_M']} N{c['BLOCK_SIZE_N']} K{c['BLOCK_SIZE_K']}/g{c['GROUP_SIZE_M']}/w{c.get('num_warps', 4)}s{c.get('num_stages', 3)}"
 
 
