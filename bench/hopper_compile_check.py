@@ -210,6 +210,7 @@ def recording(calls: list):
         (fused, "topk_sum"): fused.topk_sum,
         (_gluon_kernels, "moe_block_fp8_gemm_kernel"): _gluon_kernels.moe_block_fp8_gemm_kernel,
         (fused, "gluon_usable"): fused.gluon_usable,
+        (fused, "expert_runs"): fused.expert_runs,
     }
 
     def fake_quantize(x, granularity, static=None):
@@ -224,6 +225,7 @@ def recording(calls: list):
     _gluon_kernels.moe_block_fp8_gemm_kernel = _Recorder(saved[(_gluon_kernels, "moe_block_fp8_gemm_kernel")], calls)
     # on a CPU tensor the Gluon path is never usable: take it wherever the config asks for it
     fused.gluon_usable = lambda config, *args, **kwargs: config.gluon
+    fused.expert_runs = lambda routing: (routing.block_expert, routing.block_expert)
     try:
         yield
     finally:

@@ -19,6 +19,7 @@ pytestmark = [
 pytest.importorskip("triton")
 
 from moe_fsm.kernels.triton_moe import Fp8Spec, GemmConfig, MoEConfig, align_tokens, fused_experts  # noqa: E402
+from moe_fsm.kernels.triton_moe.align import expert_runs  # noqa: E402
 from moe_fsm.kernels.triton_moe.hopper import gluon_kernels_available, gluon_usable  # noqa: E402
 
 from .moe_gpu_cases import (  # noqa: E402
@@ -137,6 +138,18 @@ def test_cuda_graph_capture_replays_new_routing(ws, persistent):
     torch.cuda.synchronize()
     deq = dequantize_block(w1q, w2q, s1, s2)
     assert rel_err(out, emulate_fp8(x, w1q, w2q, g2, ids2, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
+
+
+@pytest.mark.parametrize("num_experts,num_tokens,top_k,block_m", [(256, 2000, 8, 128), (8, 3000, 2, 64), (16, 5, 2, 64)])
+def test_expert_runs_name_each_row_blocks_expert_run(num_experts, num_tokens, top_k, block_m):
+    """The tile order's input: per row block in use, its expert's first row block and row block count."""
+    _, ids = routing(num_tokens, num_experts, top_k, seed=26)
+    aligned = align_tokens(ids, num_experts, block_m)
+    first, count = expert_runs(aligned)
+    in_use = int(aligned.num_padded.item()) // block_m
+    owners = aligned.block_expert[:in_use].tolist()
+    assert first[:in_use].tolist() == [owners.index(e) for e in owners]
+    assert count[:in_use].tolist() == [owners.count(e) for e in owners]
 
 
 def test_a_width_off_the_tile_grid_runs_the_triton_kernel():

@@ -298,6 +298,7 @@ def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config):
     monkeypatch.setattr(_gluon_kernels, "moe_block_fp8_gemm_kernel",
                         _Recorder(_gluon_kernels.moe_block_fp8_gemm_kernel, calls))
     monkeypatch.setattr(fused, "gluon_usable", lambda *args, **kwargs: True)
+    monkeypatch.setattr(fused, "expert_runs", lambda routing: (routing.block_expert, routing.block_expert))
     calls += _record(monkeypatch, "block", config)
     names = [fn.__name__ for fn, *_ in calls]
     assert sorted(names) == ["gather_rows_kernel", "moe_block_fp8_gemm_kernel", "moe_block_fp8_gemm_kernel"]

@@ -44,18 +44,29 @@ def _store_layout(width, num_warps):
 
 
 @gluon.jit
-def _tile_origin(tile, tiles, weights, GATED: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
+def _tile_origin(tile, tiles, weights, runs, GATED: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
                  HALF: gl.constexpr):
     """Where tile ``tile`` starts: (first sorted row, first output column, first rows of its two weight boxes in
-    the ``[E * rows, K]`` weight view). Tiles go in grouped order: ``GROUP_M`` row blocks share each weight tile
-    while it sits in L2."""
+    the ``[E * rows, K]`` weight view).
+
+    Tiles go expert by expert: the tiles of an expert's row blocks are the row-major tile numbers of those blocks
+    (``runs``: each block's run of its expert), walked in groups of up to ``GROUP_M`` row blocks that take each
+    weight tile in turn. An expert's weight tiles are then read from memory once, by its row blocks one after
+    the other, while its input rows stay in L2; groups cut across experts (row blocks numbered straight through)
+    read the weights of an expert split between two groups twice.
+    """
     num_row_blocks, num_pid_n, num_k = tiles
     w_desc, w_scale_ptr, block_expert_ptr, N, w_rows_per_expert, stride_wse, stride_wsn, stride_wsk = weights
+    run_first_ptr, run_count_ptr = runs
+    block = tile // num_pid_n
+    run_first = gl.load(run_first_ptr + block)
+    run_count = gl.load(run_count_ptr + block)
+    local = tile - run_first * num_pid_n
     num_in_group = GROUP_M * num_pid_n
-    first_m = (tile // num_in_group) * GROUP_M
-    group_rows = gl.minimum(num_row_blocks - first_m, GROUP_M)
-    pid_m = first_m + (tile % num_in_group) % group_rows
-    pid_n = (tile % num_in_group) // group_rows
+    first_m = run_first + (local // num_in_group) * GROUP_M
+    group_rows = gl.minimum(run_first + run_count - first_m, GROUP_M)
+    pid_m = first_m + (local % num_in_group) % group_rows
+    pid_n = (local % num_in_group) // group_rows
     expert = gl.load(block_expert_ptr + pid_m).to(gl.int64)
     w_row0 = (expert * w_rows_per_expert).to(gl.int32)
     if GATED:
@@ -98,7 +109,7 @@ def _load_step(loads, ring, step, ki, pred, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _producer(a_desc, weights, ring, tiles, GATED: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+def _producer(a_desc, weights, runs, ring, tiles, GATED: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr,
               PERSISTENT: gl.constexpr):
     """The copy-engine warp of a warp-specialized program: every K step of its tiles, each into a slot the
     consumers have released (``empty``; a fresh barrier reads as released once). It runs ahead across tiles,
@@ -110,7 +121,7 @@ def _producer(a_desc, weights, ring, tiles, GATED: gl.constexpr, GROUP_M: gl.con
     first, last, stride = _tile_range(tiles, PERSISTENT)
     step = 0
     for tile in range(first, last, stride):
-        row0, n0, expert, w_lo, w_hi = _tile_origin(tile, tiles, weights, GATED, GROUP_M, BLOCK_M, HALF)
+        row0, n0, expert, w_lo, w_hi = _tile_origin(tile, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
         loads = (a_desc, weights[0], row0, w_lo, w_hi)
         for ki in range(num_k):
             mbarrier.wait(empty.index(step % NUM_STAGES), ((step // NUM_STAGES) & 1) ^ 1)
@@ -258,7 +269,7 @@ def _epilogue(acc, outputs, row0, n0, N, GATED: gl.constexpr, ACTIVATION: gl.con
 
 
 @gluon.jit
-def _consumer(a_desc, a_scales, weights, outputs, ring, tiles, GATED: gl.constexpr,
+def _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.constexpr,
               ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr, GROUP_M: gl.constexpr,
               NUM_STAGES: gl.constexpr, UNROLL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
               PERSISTENT: gl.constexpr):
@@ -279,7 +290,7 @@ def _consumer(a_desc, a_scales, weights, outputs, ring, tiles, GATED: gl.constex
     first, last, stride = _tile_range(tiles, PERSISTENT)
     base = 0
     for tile in range(first, last, stride):
-        row0, n0, expert, w_lo, w_hi = _tile_origin(tile, tiles, weights, GATED, GROUP_M, BLOCK_M, HALF)
+        row0, n0, expert, w_lo, w_hi = _tile_origin(tile, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
         loads = (a_desc, w_desc, row0, w_lo, w_hi)
         if not WARP_SPECIALIZE:
             for s in gl.static_range(NUM_STAGES):
@@ -317,6 +328,8 @@ def moe_block_fp8_gemm_kernel(
     w_rows_per_expert,
     num_valid_rows,
     swiglu_limit,
+    run_first_ptr,
+    run_count_ptr,
     stride_asm,
     stride_ask,
     stride_wse,
@@ -358,14 +371,15 @@ def moe_block_fp8_gemm_kernel(
     a_scales = (a_scale_ptr, stride_asm, stride_ask)
     weights = (w_desc, w_scale_ptr, block_expert_ptr, N, w_rows_per_expert, stride_wse, stride_wsn, stride_wsk)
     outputs = (out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om)
+    runs = (run_first_ptr, run_count_ptr)
     if WARP_SPECIALIZE:
         gl.warp_specialize([
-            (_consumer, (a_desc, a_scales, weights, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT,
+            (_consumer, (a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT,
                          WEIGHT_ROWS, GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT)),
-            (_producer, (a_desc, weights, ring, tiles, GATED, GROUP_M, NUM_STAGES, PERSISTENT)),
+            (_producer, (a_desc, weights, runs, ring, tiles, GATED, GROUP_M, NUM_STAGES, PERSISTENT)),
         ], [1], [PRODUCER_REGS])
     else:
-        _consumer(a_desc, a_scales, weights, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS,
+        _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS,
                   GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(s))

@@ -158,6 +158,35 @@ def align_scatter_kernel(
     tl.store(block_expert_ptr + blocks, owner, mask=blocks < num_row_blocks)
 
 
+@triton.jit(do_not_specialize=["num_row_blocks"])
+def expert_runs_kernel(block_expert_ptr, num_padded_ptr, run_first_ptr, run_count_ptr, num_row_blocks,
+                       BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """For each row block in use, the first row block of its expert and how many that expert has.
+
+    Row blocks are sorted by expert, so both are two binary searches of ``block_expert`` (``SEARCH_STEPS`` =
+    the bits of the block count): where the expert's run starts and where the next one does.
+    """
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    in_use = tl.load(num_padded_ptr) // BLOCK_M
+    valid = offs < in_use
+    expert = tl.load(block_expert_ptr + offs, mask=valid, other=0)
+    first = tl.zeros((BLOCK,), tl.int32)
+    first_hi = tl.zeros((BLOCK,), tl.int32) + in_use
+    end = tl.zeros((BLOCK,), tl.int32)
+    end_hi = tl.zeros((BLOCK,), tl.int32) + in_use
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (first + first_hi) // 2
+        before = tl.load(block_expert_ptr + mid, mask=valid & (first < first_hi), other=0) < expert
+        first = tl.where((first < first_hi) & before, mid + 1, first)
+        first_hi = tl.where((first < first_hi) & ~before, mid, first_hi)
+        mid = (end + end_hi) // 2
+        at_or_before = tl.load(block_expert_ptr + mid, mask=valid & (end < end_hi), other=0) <= expert
+        end = tl.where((end < end_hi) & at_or_before, mid + 1, end)
+        end_hi = tl.where((end < end_hi) & ~at_or_before, mid, end_hi)
+    tl.store(run_first_ptr + offs, first, mask=offs < num_row_blocks)
+    tl.store(run_count_ptr + offs, end - first, mask=offs < num_row_blocks)
+
+
 @triton.jit(do_not_specialize=["num_pairs", "num_experts", "max_padded", "num_row_blocks"])
 def align_small_kernel(
     topk_ids_ptr,

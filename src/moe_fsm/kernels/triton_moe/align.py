@@ -73,6 +73,22 @@ class PairBlocks:
         return self.num_pairs
 
 
+def expert_runs(routing: AlignedRouting) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first row block of its expert, that expert's row blocks) for every row block in use: what a GEMM needs
+    to walk one expert's tiles together, so that the expert's weight tiles are read from memory once and its
+    rows stay in L2 across them. One launch, on the device (a CUDA graph captures it)."""
+    num_blocks = routing.num_row_blocks
+    run_first = torch.empty(num_blocks, dtype=torch.int32, device=routing.block_expert.device)
+    run_count = torch.empty_like(run_first)
+    block = 256
+    launch(
+        kernels().expert_runs_kernel, (max(-(-num_blocks // block), 1),),
+        (routing.block_expert, routing.num_padded, run_first, run_count, num_blocks),
+        dict(BLOCK_M=routing.block_m, BLOCK=block, SEARCH_STEPS=max(num_blocks, 1).bit_length() + 1),
+    )
+    return run_first, run_count
+
+
 def pair_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> PairBlocks:
     """One row block per (token, slot) pair of ``topk_ids`` [M, top_k]; no device work."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):

@@ -23,7 +23,7 @@ import torch
 from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, launch, require_device
-from moe_fsm.kernels.triton_moe.align import AlignedRouting, PairBlocks, align_tokens, pair_blocks
+from moe_fsm.kernels.triton_moe.align import AlignedRouting, PairBlocks, align_tokens, expert_runs, pair_blocks
 from moe_fsm.kernels.triton_moe.config import (
     FP8_GROUP,
     GemmConfig,
@@ -509,9 +509,10 @@ def _hopper_layer(
     gluon = gluon_usable(config, routing, a, w1, w2, block_fp8=spec is not None and spec.block)
     if gluon:
         sorted_a, sorted_scale = gather_sorted(a, a_scale, _activation_scale_mode(spec, a_scale), routing)
+        runs = expert_runs(routing)
         inter = torch.empty(routing.sorted_ids.numel(), two_n // 2, dtype=result_dtype, device=a.device)
         gluon_gemm(
-            sorted_a, sorted_scale, w1, w1_info, inter, routing, w1_row_weights, gated=True, n_out=two_n // 2,
+            sorted_a, sorted_scale, w1, w1_info, inter, routing, runs, w1_row_weights, gated=True, n_out=two_n // 2,
             activation=activation, swiglu_limit=swiglu_limit, config=config.w1,
         )
         inter, inter_scale = quantize_activation(inter, spec.activation)
@@ -532,7 +533,7 @@ def _hopper_layer(
     y = torch.empty(routing.num_pairs, k_dim, dtype=result_dtype, device=a.device)
     if gluon:
         gluon_gemm(
-            inter, inter_scale, w2, w2_info, y, routing, row_weights, gated=False, n_out=k_dim,
+            inter, inter_scale, w2, w2_info, y, routing, runs, row_weights, gated=False, n_out=k_dim,
             activation=activation, swiglu_limit=None, config=config.w2,
         )
     else:

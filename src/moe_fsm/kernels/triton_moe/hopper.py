@@ -319,6 +319,7 @@ def gluon_gemm(
     w_scale_info: tuple,
     out: torch.Tensor,
     routing: AlignedRouting,
+    runs: tuple[torch.Tensor, torch.Tensor],
     row_weights: Optional[torch.Tensor],
     *,
     gated: bool,
@@ -329,7 +330,7 @@ def gluon_gemm(
 ) -> None:
     """One block-FP8 GEMM through the Gluon kernel over sorted-order input rows ``a`` (the gathered input, or
     the intermediate) and their 1x128 group scales: w1 (``gated``) into the sorted intermediate ``out``, or w2
-    to each pair's row of ``out``."""
+    to each pair's row of ``out``; ``runs`` (``align.expert_runs``) orders the tiles expert by expert."""
     from moe_fsm.kernels.triton_moe._gluon_kernels import moe_block_fp8_gemm_kernel
 
     num_experts, w_rows, k_in = w.shape
@@ -346,6 +347,7 @@ def gluon_gemm(
         out,
         out if row_weights is None else row_weights,
         *_row_and_shape_args(routing, n_out, k_in, w_rows, swiglu_limit),
+        *runs,
         a_scale.stride(0),
         a_scale.stride(1),
         sws_e,
