@@ -20,6 +20,8 @@ scales that one while step k runs (``_step_group``).
   mbarrier when its wgmma is done. Without it the math warps load too, refilling each slot as it frees.
 * **Persistence** (``PERSISTENT``, with a producer): one program per SM walks its tiles; the producer runs
   ahead across them, so a tile's first loads overlap the last one's epilogue.
+* **Tile order**: expert by expert (``_tile_origin``, from ``align.expert_runs``), so each expert's weight tiles
+  are read from memory once.
 
 Quantizing the intermediate in the w1 epilogue (tiles of 128 columns in two passes of 64) was built and
 measured: it saved the 230 µs quantization pass but slowed the persistent w1 GEMM by 1.5-1.9 ms on the
