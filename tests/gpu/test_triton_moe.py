@@ -271,6 +271,60 @@ def test_cuda_graph_capture_without_host_sync():
     assert rel_err(out, reference(x, w1, w2, g2, ids2)) < BF16_TOL
 
 
+PDL_CASES = [
+    ("bf16-1-token", None, 1),  # pair blocks, no alignment launch
+    ("bf16-8-tokens", None, 8),  # one-program alignment
+    ("bf16-300-tokens", None, 300),  # the three-launch alignment
+    ("fp8-channel-8-tokens", "channel", 8),  # quantizer launches before and between the GEMMs
+    ("fp8-tensor-dynamic-37-tokens", "tensor", 37),  # amax, then quantization, of the intermediate
+]
+
+
+@pytest.mark.parametrize("case,weight,num_tokens", PDL_CASES, ids=[c[0] for c in PDL_CASES])
+def test_programmatic_dependent_launch_changes_no_bit(monkeypatch, case, weight, num_tokens):
+    """Each launch as a programmatic dependent one (the default on Hopper) gives the output of plain launches,
+    bit for bit, eager and replayed from a CUDA graph on new routing, and that output matches the reference."""
+    from moe_fsm.kernels.triton_moe._runtime import PDL_ENV, pdl_enabled
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    shape = QWEN3_30B
+    w1, w2 = float_weights(shape)
+    kwargs, deq, tol = {}, None, BF16_TOL
+    if weight is not None:
+        w1, w2, s1, s2, deq = quantize_rowwise(w1, w2, weight)
+        kwargs = dict(fp8=Fp8Spec(weight, "token" if weight == "channel" else "tensor"), w1_scale=s1, w2_scale=s2)
+        tol = FP8_VS_FLOAT_TOL
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=11)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=11)
+    g2, ids2 = routing(num_tokens, shape.num_experts, shape.top_k, seed=12)
+
+    def eager_and_graph() -> tuple[torch.Tensor, torch.Tensor]:
+        g_in, ids_in = g.clone(), ids.clone()
+        poison_allocator()
+        eager = fused_experts(x, w1, w2, g_in, ids_in, out=_nan_out(num_tokens, shape.hidden, torch.bfloat16), **kwargs)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = fused_experts(x, w1, w2, g_in, ids_in, **kwargs)
+        g_in.copy_(g2)
+        ids_in.copy_(ids2)
+        replayed.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        return eager, replayed.clone()
+
+    monkeypatch.setenv(PDL_ENV, "1")
+    assert pdl_enabled()
+    with_pdl = eager_and_graph()
+    monkeypatch.setenv(PDL_ENV, "0")
+    assert not pdl_enabled()
+    without = eager_and_graph()
+    for got, plain in zip(with_pdl, without):
+        assert torch.equal(got, plain)
+    assert rel_err(with_pdl[0], reference(x, w1, w2, g, ids, dequantize=deq)) < tol
+    assert rel_err(with_pdl[1], reference(x, w1, w2, g2, ids2, dequantize=deq)) < tol
+
+
 def _layer(shape, quant, top_k=None, router_weight_on_input=False):
     return MoELayer(
         quant=quant, num_experts=shape.num_experts, top_k=top_k or shape.top_k, hidden_size=shape.hidden,

@@ -20,6 +20,7 @@ from moe_fsm.kernels.triton_moe.config import (
     validate_config,
     weight_scale_span,
 )
+from triton_launches import Recorder, bind
 
 
 def _cfg(bm=64, warps=4, *, pers=False, gather=False, paired=False, ws=False, fold=False, bn1=64, bn2=128, bk=128):
@@ -174,14 +175,6 @@ def test_hopper_fields_survive_a_table():
 # ---- the launches, bound as Triton binds them (needs Triton, not a GPU) ----
 
 
-class _Recorder:
-    def __init__(self, fn, calls):
-        self.fn, self.calls = fn, calls
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.calls.append((self.fn, grid, args, kwargs))
-
-
 def _record(monkeypatch, fp8, config, num_tokens=64, n=256, k=512, top_k=4, experts=2):
     """The Hopper layer's kernel launches for one call, on CPU tensors."""
     from moe_fsm.kernels.triton_moe import _hopper_kernels, fused, hopper
@@ -192,8 +185,8 @@ def _record(monkeypatch, fp8, config, num_tokens=64, n=256, k=512, top_k=4, expe
     calls = []
     for name in ("moe_gemm_tma_kernel", "gather_rows_kernel"):
         kernel = getattr(_hopper_kernels, name)
-        kernel = kernel.fn if isinstance(kernel, _Recorder) else kernel
-        monkeypatch.setattr(_hopper_kernels, name, _Recorder(kernel, calls))
+        kernel = kernel.fn if isinstance(kernel, Recorder) else kernel
+        monkeypatch.setattr(_hopper_kernels, name, Recorder(kernel, calls))
     monkeypatch.setattr(hopper, "_sm_count", lambda index: 132)
     monkeypatch.setattr(
         fused, "quantize_activation",
@@ -229,20 +222,6 @@ def _record(monkeypatch, fp8, config, num_tokens=64, n=256, k=512, top_k=4, expe
     return calls
 
 
-def _bind(fn, args, kwargs):
-    """(signature, constexprs) of a launch, bound by Triton's JIT binder for sm_90; raises on a mismatch."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime.jit import create_function_from_signature
-
-    backend = make_backend(GPUTarget("cuda", 90, 32))
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
-    bound, specialization, options = binder(*args, **kwargs)
-    assert list(bound) == fn.arg_names, "every kernel parameter is bound, in order"
-    _, signature, constexprs, _ = fn._pack_args(backend, kwargs, bound, specialization, options)
-    return signature, constexprs
-
-
 LAUNCH_CASES = [
     (None, _cfg(128, 8, bn1=128, bn2=256, bk=64)),
     (None, _cfg(pers=True, gather=True, ws=True, bk=64)),
@@ -265,7 +244,7 @@ def test_every_hopper_launch_binds_to_its_kernel(monkeypatch, fp8, config):
     assert names.count("moe_gemm_tma_kernel") == 2
     assert names.count("gather_rows_kernel") == int(config.gather_input)
     for fn, grid, args, kwargs in calls:
-        signature, _ = _bind(fn, args, kwargs)
+        signature, _ = bind(fn, args, kwargs)
         if fn.__name__ == "moe_gemm_tma_kernel":
             gated = kwargs["GATED"]
             assert signature["w_desc"].startswith("tensordesc<")
@@ -296,7 +275,7 @@ def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config):
     validate_config(config, block_fp8=True)
     calls = []
     monkeypatch.setattr(_gluon_kernels, "moe_block_fp8_gemm_kernel",
-                        _Recorder(_gluon_kernels.moe_block_fp8_gemm_kernel, calls))
+                        Recorder(_gluon_kernels.moe_block_fp8_gemm_kernel, calls))
     monkeypatch.setattr(fused, "gluon_usable", lambda *args, **kwargs: True)
     monkeypatch.setattr(fused, "expert_runs", lambda routing: (routing.block_expert, routing.block_expert))
     calls += _record(monkeypatch, "block", config)
@@ -307,7 +286,7 @@ def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config):
             continue
         gemm = config.w1 if kwargs["GATED"] else config.w2
         bind_kwargs = {k: v for k, v in kwargs.items() if k != "maxnreg"}
-        signature, _ = _bind(fn, args, bind_kwargs)
+        signature, _ = bind(fn, args, bind_kwargs)
         half = gemm.block_n if kwargs["GATED"] else gemm.block_n // 2
         assert signature["a_desc"].startswith("tensordesc<fp8e4nv[64, 128]" if config.block_m == 64 else
                                               "tensordesc<fp8e4nv[128, 128]")
@@ -329,7 +308,7 @@ def test_launches_do_not_recompile_per_token_count(monkeypatch):
         keys = []
         for tokens in (64, 4096):
             calls = _record(monkeypatch, None, config, num_tokens=tokens)
-            keys.append([tuple(sorted(_bind(fn, a, kw)[1].items())) for fn, _, a, kw in calls])
+            keys.append([tuple(sorted(bind(fn, a, kw)[1].items())) for fn, _, a, kw in calls])
         assert keys[0] == keys[1]
 
 

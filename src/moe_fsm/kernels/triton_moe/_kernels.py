@@ -24,6 +24,10 @@ Four kernels make one MoE layer:
   16-bit inputs sitting exactly on an e4m3 midpoint decides the rounding by the ulp it misses, so these kernels
   and ``moe_fsm.kernels.fp8`` (CPU or CUDA) quantize bit for bit alike.
 
+Every kernel here takes a last constexpr ``PDL`` (``_runtime.launch`` sets it): where it is true the kernel
+was started as a programmatic dependent launch, and each program waits for the previous kernel before its
+first read (``_wait_for_previous_kernel``).
+
 Pointer offsets that can pass 2**31 elements (an expert's offset in a 256-expert
 weight tensor, say) are computed in int64. Counts that vary with the batch (rows,
 pairs, row blocks) are not specialized on, so one compiled kernel serves every
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 FP8_MAX = 448.0
 SCALE_EPS = 1e-10
@@ -47,6 +52,16 @@ ACT_SILU, ACT_GELU, ACT_SWIGLUOAI = 0, 1, 2
 A_SCALE_NONE, A_SCALE_TENSOR, A_SCALE_TOKEN, A_SCALE_GROUP = 0, 1, 2, 3
 W_SCALE_NONE, W_SCALE_TENSOR, W_SCALE_CHANNEL, W_SCALE_BLOCK = 0, 1, 2, 3
 OUT_PLAIN, OUT_FP8_TENSOR, OUT_FP8_GROUP, OUT_ATOMIC_SUM = 0, 1, 2, 3
+
+
+@triton.jit
+def _wait_for_previous_kernel(PDL: tl.constexpr):
+    """Under programmatic dependent launch: wait until the previous kernel has finished and its writes are
+    visible, then let the next kernel's programs start. They may then be placed on the SMs as this kernel's
+    last programs finish, and wait there in turn: the launch gap and the ramp are what is saved."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -100,9 +115,11 @@ def _block_scaled(product, a_s, w_s, W_SCALAR: tl.constexpr, SWAP_AB: tl.constex
 
 @triton.jit(do_not_specialize=["num_pairs", "max_padded", "num_experts"])
 def align_count_kernel(
-    topk_ids_ptr, counts_ptr, rank_ptr, sorted_ids_ptr, num_pairs, max_padded, num_experts, BLOCK: tl.constexpr
+    topk_ids_ptr, counts_ptr, rank_ptr, sorted_ids_ptr, num_pairs, max_padded, num_experts, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Rank each local pair inside its expert and fill the sorted list with the pad sentinel."""
+    _wait_for_previous_kernel(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(sorted_ids_ptr + offs, tl.zeros((BLOCK,), tl.int32) + num_pairs, mask=offs < max_padded)
     in_range = offs < num_pairs
@@ -127,12 +144,14 @@ def align_scatter_kernel(
     E_POW2: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCKS_PER_PROGRAM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Place each pair at its expert's padded start plus its rank; map row blocks to experts.
 
     Every program recomputes the padded prefix sum over the (at most a few hundred)
     expert counts: cheaper than a third launch, and no program waits on another.
     """
+    _wait_for_previous_kernel(PDL)
     pid = tl.program_id(0)
     experts = tl.arange(0, E_POW2)
     counts = tl.load(counts_ptr + experts, mask=experts < num_experts, other=0)
@@ -160,12 +179,14 @@ def align_scatter_kernel(
 
 @triton.jit(do_not_specialize=["num_row_blocks"])
 def expert_runs_kernel(block_expert_ptr, num_padded_ptr, run_first_ptr, run_count_ptr, num_row_blocks,
-                       BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                       PDL: tl.constexpr):
     """For each row block in use, the first row block of its expert and how many that expert has.
 
     Row blocks are sorted by expert, so both are two binary searches of ``block_expert`` (``SEARCH_STEPS`` =
     the bits of the block count): where the expert's run starts and where the next one does.
     """
+    _wait_for_previous_kernel(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_use = tl.load(num_padded_ptr) // BLOCK_M
     valid = offs < in_use
@@ -202,6 +223,7 @@ def align_small_kernel(
     E_POW2: tl.constexpr,
     FILL: tl.constexpr,
     BLOCKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The whole alignment of a decode batch (a few hundred pairs) in one program and one launch.
 
@@ -211,6 +233,7 @@ def align_small_kernel(
     order). The pad sentinel is stored over every slot first; a block-wide barrier orders those stores before
     the pairs' own.
     """
+    _wait_for_previous_kernel(PDL)
     pairs = tl.arange(0, P_POW2)
     expert = tl.load(topk_ids_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
     local = (pairs < num_pairs) & (expert >= 0) & (expert < num_experts)
@@ -291,6 +314,7 @@ def moe_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[rows, n-tile] = epilogue(a[rows] @ w[expert, cols]^T) for one row block of one expert.
 
@@ -308,6 +332,8 @@ def moe_gemm_kernel(
     group_rows = min(num_row_blocks - first_m, GROUP_M)
     pid_m = first_m + (pid % num_in_group) % group_rows
     pid_n = (pid % num_in_group) // group_rows
+
+    _wait_for_previous_kernel(PDL)
 
     offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if BATCHED:
@@ -460,9 +486,11 @@ def moe_gemm_kernel(
 
 @triton.jit(do_not_specialize=["num_experts"])
 def topk_sum_kernel(
-    y_ptr, topk_ids_ptr, out_ptr, K, num_experts, stride_ym, stride_om, TOP_K: tl.constexpr, TOPK_POW2: tl.constexpr, BLOCK: tl.constexpr
+    y_ptr, topk_ids_ptr, out_ptr, K, num_experts, stride_ym, stride_om, TOP_K: tl.constexpr, TOPK_POW2: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[m] = sum over local slots j of y[m * TOP_K + j] (rows of slots owned elsewhere were never written)."""
+    _wait_for_previous_kernel(PDL)
     m = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     slots = tl.arange(0, TOPK_POW2)
@@ -475,9 +503,11 @@ def topk_sum_kernel(
 
 @triton.jit
 def group_quant_kernel(
-    x_ptr, q_ptr, s_ptr, K, num_groups, stride_xm, stride_qm, stride_sm, GROUPS: tl.constexpr, GROUP: tl.constexpr
+    x_ptr, q_ptr, s_ptr, K, num_groups, stride_xm, stride_qm, stride_sm, GROUPS: tl.constexpr, GROUP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Dynamic per-token, per-GROUP-columns FP8: scale = max(amax, eps) / 448."""
+    _wait_for_previous_kernel(PDL)
     m = tl.program_id(0).to(tl.int64)
     groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
@@ -491,12 +521,14 @@ def group_quant_kernel(
 
 @triton.jit
 def row_quant_kernel(
-    x_ptr, q_ptr, s_ptr, scale_in_ptr, K, stride_xm, stride_qm, SCALE_FROM: tl.constexpr, BLOCK: tl.constexpr
+    x_ptr, q_ptr, s_ptr, scale_in_ptr, K, stride_xm, stride_qm, SCALE_FROM: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """FP8 rows with a dynamic per-row scale (SCALE_FROM 0: one program per whole row), one given scale (1), or
     the scale of the tensor's absolute maximum found before in ``scale_in_ptr`` (2; program (0, 0) stores the
     scale in ``s_ptr``). Given and found scales split a row over a second grid axis of BLOCK-column pieces:
     the correctly rounded divisions, not the bytes, bound a small tensor's quantization."""
+    _wait_for_previous_kernel(PDL)
     m = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < K
@@ -515,9 +547,10 @@ def row_quant_kernel(
 
 
 @triton.jit
-def tensor_amax_kernel(x_ptr, amax_ptr, K, stride_xm, BLOCK: tl.constexpr):
+def tensor_amax_kernel(x_ptr, amax_ptr, K, stride_xm, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One row's absolute maximum, folded into ``amax_ptr[0]`` (zeroed before) by an atomic max: max is exact,
     so the order the rows arrive in changes nothing."""
+    _wait_for_previous_kernel(PDL)
     m = tl.program_id(0).to(tl.int64)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK):
@@ -530,11 +563,12 @@ def tensor_amax_kernel(x_ptr, amax_ptr, K, stride_xm, BLOCK: tl.constexpr):
 @triton.jit
 def small_tensor_quant_kernel(
     x_ptr, q_ptr, s_ptr, amax_ptr, num_rows, K, stride_xm, stride_qm,
-    QUANTIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    QUANTIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """A small tensor (a decode call's input or intermediate) in one program and one load, the whole [ROWS,
     BLOCK] tile in registers: its absolute maximum into ``amax_ptr``, and with QUANTIZE the scale and the FP8
     values too, in one launch where the general path takes three."""
+    _wait_for_previous_kernel(PDL)
     rows = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     mask = (rows < num_rows)[:, None] & (cols < K)[None, :]

@@ -17,6 +17,12 @@ H200 it cut the host time of a one-token Qwen3-30B-A3B call from 137 to 102 µs
 were captured in CUDA graphs by the benchmark, but the modular-kernel capture
 test failed with it when the first launch ran on a side stream (not diagnosed;
 docs/perf/vs_vllm_notes.md), so Triton's launch stays the default.
+
+On Hopper and later every kernel ``launch`` starts is a programmatic dependent launch (PDL;
+``MOE_FSM_PDL=0`` turns it off): the GPU may place a kernel's programs on the SMs before the previous kernel
+in the stream has finished, and each program waits for it (``griddepcontrol.wait``) before its first read.
+At decode a layer is four to six short kernels in a row, and what that saves is each one's launch gap and
+ramp: 1-14% of a decode layer call on an H100 (``docs/perf/decode.md``).
 """
 
 from __future__ import annotations
@@ -93,8 +99,27 @@ def direct_launch_enabled() -> bool:
     return os.environ.get(DIRECT_LAUNCH_ENV, "") not in ("", "0")
 
 
+PDL_ENV = "MOE_FSM_PDL"
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(device: int) -> bool:
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def pdl_enabled() -> bool:
+    """Whether launches on the current device are programmatic dependent launches (module docstring)."""
+    if interpreter_enabled() or os.environ.get(PDL_ENV, "1") == "0":
+        return False
+    return _pdl_capable(torch.cuda.current_device())
+
+
 def launch(fn: Any, grid: tuple, args: tuple, constexprs: dict, num_warps: int = 4, num_stages: int = 3) -> None:
-    """``fn[grid](*args, **constexprs, num_warps=.., num_stages=..)``; in direct-launch mode, bound once per signature.
+    """``fn[grid](*args, **constexprs, PDL=.., num_warps=.., num_stages=..)``; in direct-launch mode, bound once per signature.
+
+    Every kernel started here takes a last constexpr ``PDL``, true where the launch is a programmatic
+    dependent one; such a kernel waits for the previous one before its first read
+    (``_kernels._wait_for_previous_kernel``).
 
     Direct mode: the first call of a signature goes through Triton (compiling if
     needed) and keeps the compiled kernel; later calls launch it on the current
@@ -103,15 +128,20 @@ def launch(fn: Any, grid: tuple, args: tuple, constexprs: dict, num_warps: int =
     """
     from triton import knobs
 
+    pdl = pdl_enabled()
+    constexprs = {**constexprs, "PDL": pdl}
+    options = dict(num_warps=num_warps, num_stages=num_stages)
+    if pdl:
+        options["launch_pdl"] = True
     hooks = knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls
     if not direct_launch_enabled() or interpreter_enabled() or hooks:
-        fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        fn[grid](*args, **constexprs, **options)
         return
     device = torch.cuda.current_device()
     key = (fn, device, num_warps, num_stages, tuple(constexprs.values()), _signature(args))
     kernel = _compiled.get(key)
     if kernel is None:
-        kernel = fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        kernel = fn[grid](*args, **constexprs, **options)
         if _direct_launch_ok(fn, len(args), tuple(constexprs)) and hasattr(kernel, "packed_metadata"):
             if len(_compiled) >= _MAX_SIGNATURES:
                 _compiled.clear()

@@ -1,0 +1,32 @@
+"""Kernel launches recorded on CPU tensors and bound as Triton's JIT binds them, for an sm_90 target.
+
+A test swaps a kernel for a ``Recorder``, runs the host code that launches it, then ``bind``s each recorded
+launch: a renamed, missing or extra argument fails there, on a machine without a GPU, and not at the first
+launch on one. Needs Triton (not CUDA).
+"""
+
+from __future__ import annotations
+
+
+class Recorder:
+    """Stands in for a @triton.jit kernel: ``kernel[grid](*args, **kwargs)`` is recorded, not run."""
+
+    def __init__(self, fn, calls):
+        self.fn, self.calls = fn, calls
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.fn, grid, args, kwargs))
+
+
+def bind(fn, args, kwargs):
+    """(signature, constexprs) of a launch, bound by Triton's JIT binder for sm_90; raises on a mismatch."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    assert list(bound) == fn.arg_names, "every kernel parameter is bound, in order"
+    _, signature, constexprs, _ = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return signature, constexprs
