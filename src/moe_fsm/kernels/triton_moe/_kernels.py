@@ -57,10 +57,21 @@ OUT_PLAIN, OUT_FP8_TENSOR, OUT_FP8_GROUP, OUT_ATOMIC_SUM = 0, 1, 2, 3
 @triton.jit
 def _wait_for_previous_kernel(PDL: tl.constexpr):
     """Under programmatic dependent launch: wait until the previous kernel has finished and its writes are
-    visible, then let the next kernel's programs start. They may then be placed on the SMs as this kernel's
-    last programs finish, and wait there in turn: the launch gap and the ramp are what is saved."""
+    visible. A kernel that does not call ``_let_next_kernel_start`` lets the next one start as its last
+    program exits, before its writes are flushed."""
     if PDL:
         gdc_wait()
+
+
+@triton.jit
+def _let_next_kernel_start(PDL: tl.constexpr):
+    """Under programmatic dependent launch: let the next kernel's programs be placed on the SMs now, to wait
+    there for this one to finish. Called after the wait, so a kernel that starts early still sees every
+    kernel before this one finished. Only the alignment and the top-k sum do. Measured on an H200
+    (``docs/perf/decode.md``): with the quantizers doing it too, the Mixtral-8x7B FP8 per-tensor layer at 8
+    tokens was 5-15% slower than without PDL (the cause was not found); every kernel doing it saved up to 5%
+    more at one token but had that slowdown too; the GEMMs alone doing it was not measured."""
+    if PDL:
         gdc_launch_dependents()
 
 
@@ -120,6 +131,7 @@ def align_count_kernel(
 ):
     """Rank each local pair inside its expert and fill the sorted list with the pad sentinel."""
     _wait_for_previous_kernel(PDL)
+    _let_next_kernel_start(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(sorted_ids_ptr + offs, tl.zeros((BLOCK,), tl.int32) + num_pairs, mask=offs < max_padded)
     in_range = offs < num_pairs
@@ -152,6 +164,7 @@ def align_scatter_kernel(
     expert counts: cheaper than a third launch, and no program waits on another.
     """
     _wait_for_previous_kernel(PDL)
+    _let_next_kernel_start(PDL)
     pid = tl.program_id(0)
     experts = tl.arange(0, E_POW2)
     counts = tl.load(counts_ptr + experts, mask=experts < num_experts, other=0)
@@ -187,6 +200,7 @@ def expert_runs_kernel(block_expert_ptr, num_padded_ptr, run_first_ptr, run_coun
     the bits of the block count): where the expert's run starts and where the next one does.
     """
     _wait_for_previous_kernel(PDL)
+    _let_next_kernel_start(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     in_use = tl.load(num_padded_ptr) // BLOCK_M
     valid = offs < in_use
@@ -234,6 +248,7 @@ def align_small_kernel(
     the pairs' own.
     """
     _wait_for_previous_kernel(PDL)
+    _let_next_kernel_start(PDL)
     pairs = tl.arange(0, P_POW2)
     expert = tl.load(topk_ids_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
     local = (pairs < num_pairs) & (expert >= 0) & (expert < num_experts)
@@ -491,6 +506,7 @@ def topk_sum_kernel(
 ):
     """out[m] = sum over local slots j of y[m * TOP_K + j] (rows of slots owned elsewhere were never written)."""
     _wait_for_previous_kernel(PDL)
+    _let_next_kernel_start(PDL)
     m = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     slots = tl.arange(0, TOPK_POW2)

@@ -19,10 +19,10 @@ test failed with it when the first launch ran on a side stream (not diagnosed;
 docs/perf/vs_vllm_notes.md), so Triton's launch stays the default.
 
 On Hopper and later every kernel ``launch`` starts is a programmatic dependent launch (PDL;
-``MOE_FSM_PDL=0`` turns it off): the GPU may place a kernel's programs on the SMs before the previous kernel
-in the stream has finished, and each program waits for it (``griddepcontrol.wait``) before its first read.
-At decode a layer is four to six short kernels in a row, and what that saves is each one's launch gap and
-ramp: 1-14% of a decode layer call on an H100 (``docs/perf/decode.md``).
+``MOE_FSM_PDL=0`` turns it off): the GPU may start a kernel before the previous one in the stream has
+flushed its writes, and each program waits for them (``griddepcontrol.wait``) before its first read. At
+decode a layer is four to six short kernels in a row, and what that saves is part of each launch gap
+(``docs/perf/decode.md``).
 """
 
 from __future__ import annotations
