@@ -67,10 +67,11 @@ def _wait_for_previous_kernel(PDL: tl.constexpr):
 def _let_next_kernel_start(PDL: tl.constexpr):
     """Under programmatic dependent launch: let the next kernel's programs be placed on the SMs now, to wait
     there for this one to finish. Called after the wait, so a kernel that starts early still sees every
-    kernel before this one finished. Only the alignment and the top-k sum do. Measured on an H200
-    (``docs/perf/decode.md``): with the quantizers doing it too, the Mixtral-8x7B FP8 per-tensor layer at 8
-    tokens was 5-15% slower than without PDL (the cause was not found); every kernel doing it saved up to 5%
-    more at one token but had that slowdown too; the GEMMs alone doing it was not measured."""
+    kernel before this one finished. The alignment, the top-k sum and the GEMMs with decode tiles
+    (``SWAP_AB``) do; the quantizers and the prefill GEMMs do not. Measured on an H200
+    (``docs/perf/decode.md``): with the quantizers doing it, the Mixtral-8x7B FP8 per-tensor layer at 8
+    tokens ran 5-15% slower than without PDL; with the prefill GEMMs doing it, Mixtral-8x7B bf16 at 128
+    tokens ran 1.5% slower. The causes were not found."""
     if PDL:
         gdc_launch_dependents()
 
@@ -349,6 +350,8 @@ def moe_gemm_kernel(
     pid_n = (pid % num_in_group) // group_rows
 
     _wait_for_previous_kernel(PDL)
+    if SWAP_AB:  # decode tiles (``_let_next_kernel_start``)
+        _let_next_kernel_start(PDL)
 
     offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if BATCHED:
