@@ -51,6 +51,14 @@ def test_plain_launches_where_pdl_is_off(hopper, monkeypatch, off):
     assert _launch_kwargs(BLOCK=64) == dict(BLOCK=64, PDL=False, num_warps=8, num_stages=2)
 
 
+@pytest.mark.parametrize("hip,capability,expected", [(None, (9, 0), True), (None, (10, 0), True),
+                                                     (None, (8, 9), False), ("6.2", (9, 4), False)])
+def test_pdl_needs_an_nvidia_gpu_of_sm90_or_later(monkeypatch, hip, capability, expected):
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability)
+    assert _runtime._pdl_capable.__wrapped__(0) is expected
+
+
 def test_every_kernel_launch_starts_takes_pdl_last():
     """``launch`` appends ``PDL`` after the caller's constexprs: each kernel must declare it last."""
     from triton.runtime.jit import JITFunction

@@ -104,7 +104,8 @@ PDL_ENV = "MOE_FSM_PDL"
 
 @functools.lru_cache(maxsize=None)
 def _pdl_capable(device: int) -> bool:
-    return torch.cuda.get_device_capability(device) >= (9, 0)
+    """An NVIDIA GPU of sm_90 or later (ROCm reports AMD architectures as capabilities too)."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def pdl_enabled() -> bool:
