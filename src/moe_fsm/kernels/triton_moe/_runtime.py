@@ -20,9 +20,9 @@ docs/perf/vs_vllm_notes.md), so Triton's launch stays the default.
 
 On Hopper and later every kernel ``launch`` starts is a programmatic dependent launch (PDL;
 ``MOE_FSM_PDL=0`` turns it off): the GPU may start a kernel before the previous one in the stream has
-flushed its writes, and each program waits for them (``griddepcontrol.wait``) before its first read. At
-decode a layer is four to six short kernels in a row, and what that saves is part of each launch gap
-(``docs/perf/decode.md``).
+finished (``_kernels._let_next_kernel_start`` says which kernels allow it) or flushed its writes, and each
+program waits for them (``griddepcontrol.wait``) before its first read. At decode a layer is four to six
+short kernels in a row, and what that saves is part of each launch gap (``docs/perf/decode.md``).
 """
 
 from __future__ import annotations
