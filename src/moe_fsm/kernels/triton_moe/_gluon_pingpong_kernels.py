@@ -154,7 +154,9 @@ def moe_gemm_pingpong_kernel(
     tiles = (num_row_blocks, gl.cdiv(N, HALF if GATED else 2 * HALF), gl.cdiv(K, BLOCK_K))
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_smem = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, 2 * HALF, BLOCK_K], w_desc.layout)
-    staging_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    # swizzled like a wgmma operand: the sum's rows land on distinct banks (a plain row-major tile, its rows
+    # 256 bytes apart, puts eight of them on the same banks)
+    staging_layout: gl.constexpr = gl.NVMMASharedLayout(128, 16)
     stages = (gl.allocate_shared_memory(out_ptr.dtype.element_ty, [BLOCK_M, 2 * HALF], staging_layout),
               gl.allocate_shared_memory(out_ptr.dtype.element_ty, [BLOCK_M, 2 * HALF], staging_layout))
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())

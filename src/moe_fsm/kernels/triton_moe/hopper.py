@@ -87,10 +87,11 @@ def gluon_usable(
     (bf16, fp16) layer the ping-pong one; else (FP8 per-tensor or per-channel, or what the call lacks) the
     Triton TMA kernels run the same config's tiles. Beyond the TMA kernels' needs, the intermediate width must
     be a multiple of the w1 tile, so that each up box starts on the tile grid (and, in block FP8, lies in one
-    weight-scale block)."""
+    weight-scale block), where w1 runs through Gluon (block FP8, or ``gather_input``)."""
+    gluon_w1 = block_fp8 or config.gather_input
     return (
         config.gluon and (block_fp8 or not scaled) and gluon_kernels_available(a.device.index or 0)
-        and hopper_usable(config, routing, a, w1, w2) and w2.shape[2] % config.w1.block_n == 0
+        and hopper_usable(config, routing, a, w1, w2) and (not gluon_w1 or w2.shape[2] % config.w1.block_n == 0)
     )
 
 
