@@ -4,7 +4,7 @@ For each layer shape and token count it times the whole layer (``tuning.time_gra
 on fresh routings, L2 flushed) with the shipped config, the same tiles through the TMA kernels (plain and
 persistent), and a sweep of TMA tiles; prints µs, TFLOP/s (6 * pairs * N * K flops) and the relative
 difference from the shipped config's output, then one call's kernels in order (torch profiler) for the
-fastest TMA variant and the shipped config, so the time of each GEMM shows. Writes everything as JSON (after each shape and
+fastest TMA variant, so the time of each GEMM shows. Writes everything as JSON (after each shape and
 token count, so a run cut short keeps what it measured).
 
 Every config of the plan goes through ``validate_config`` first (a refused one is printed and left out),
@@ -20,7 +20,6 @@ starting new measurements once that many seconds have passed since the start.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import time
@@ -100,11 +99,8 @@ def sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
 
 
 def gluon_sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
-    """Tiles for the Gluon kernels (``MoEConfig.gluon``). Block FP8: 64-row wgmmas per warpgroup, w1 gate plus
-    up boxes of 32 or 64 rows, w2 tiles of 64 or 128 columns. Unscaled: the ping-pong kernel's tiles, w1 over
-    the gathered input (``gather``) or through the Triton TMA kernel (the shipped Qwen3 w1 flags)."""
-    if fp8 is None:
-        return pingpong_sweep()
+    """Tiles for the Gluon block-FP8 kernel (``MoEConfig.gluon``): 64-row wgmmas per warpgroup, w1 gate plus up
+    boxes of 32 or 64 rows, w2 tiles of 64 or 128 columns."""
     if fp8 != "block":
         return []
     # (block_m, w1, w2, warps, stages, group_m, warp-specialized, persistent)
@@ -121,23 +117,6 @@ def gluon_sweep(fp8: str | None) -> list[tuple[str, MoEConfig]]:
         out.append((f"{label} bm{bm} w1 {n1} w2 {n2} g{group_m} w{warps}s{stages}",
                     MoEConfig(bm, GemmConfig(n1, 128, group_m, warps, stages, **flags),
                               GemmConfig(n2, 128, group_m, warps, stages, **flags), False, True, True, True)))
-    return out
-
-
-def pingpong_sweep() -> list[tuple[str, MoEConfig]]:
-    """The ping-pong kernel's tiles (two 4-warp math warpgroups), with and without the gathered w1 input."""
-    # (block_m, w1, w2, block_k, stages, group_m)
-    tiles = [(128, 64, 128, 64, 4, 8), (128, 64, 128, 64, 5, 8), (128, 64, 128, 64, 3, 16), (128, 64, 128, 64, 4, 16),
-             (128, 32, 64, 64, 6, 8), (64, 64, 128, 64, 5, 8), (128, 64, 128, 32, 6, 8)]
-    ping_pong = dict(persistent=True, warp_specialize=True)
-    out = []
-    for (bm, n1, n2, bk, stages, group_m), gather in itertools.product(tiles, (True, False)):
-        if gather:
-            w1 = GemmConfig(n1, bk, group_m, 4, stages, **ping_pong)
-        else:
-            w1 = GemmConfig(128, 64, group_m, 8, 4, persistent=True, paired=True, flatten=True)
-        out.append((f"pingpong{'-gather' if gather else '-tritonw1'} bm{bm} w1 {n1} w2 {n2} k{bk} g{group_m} s{stages}",
-                    MoEConfig(bm, w1, GemmConfig(n2, bk, group_m, 4, stages, **ping_pong), False, True, gather, True)))
     return out
 
 
@@ -187,7 +166,7 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=float, default=40.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--gluon", action="store_true", help="time the Gluon tiles instead of the TMA sweep")
+    ap.add_argument("--gluon", action="store_true", help="time the Gluon block-FP8 tiles instead of the TMA sweep")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no new measurement after this many seconds from the start (the JSON keeps what ran)")
     ap.add_argument("--compile-timeout-s", type=float, default=None,
@@ -252,12 +231,10 @@ def main() -> None:
                 print(f"{name:24s} T={t:5d} {label:48s} {us:9.1f} us {tflops:7.1f} TF/s diff {diff:.1e}", flush=True)
                 if config.hopper and diff < 2e-2 and (best is None or us < best[0]):
                     best = (us, label, config)
-            profiled = [best[1:]] if best is not None else []
-            profiled += [(label, config) for label, config in plans[(name, t)][:1] if best is None or label != best[1]]
-            for label, config in profiled:
-                times = kernel_times(layer_fn(shape, weights, config), inputs[0])
-                print(f"  kernels of {label}: {times}", flush=True)
-                results.append(dict(shape=name, tokens=t, label="kernels:" + label, kernels=times))
+            if best is not None:
+                times = kernel_times(layer_fn(shape, weights, best[2]), inputs[0])
+                print(f"  kernels of {best[1]}: {times}", flush=True)
+                results.append(dict(shape=name, tokens=t, label="kernels:" + best[1], kernels=times))
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
         del weights

@@ -60,7 +60,7 @@ def _pointer_twin(config: MoEConfig) -> MoEConfig:
 
 
 def _run(x, w1, w2, g, ids, config, **kw):
-    taken = gluon_usable(config, align_tokens(ids, w1.shape[0], config.block_m), x, w1, w2, block_fp8=True, scaled=True)
+    taken = gluon_usable(config, align_tokens(ids, w1.shape[0], config.block_m), x, w1, w2, block_fp8=True)
     assert taken, "Gluon path not taken"
     poison_allocator()
     out = torch.full((x.shape[0], w2.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -122,7 +122,7 @@ def test_cuda_graph_capture_replays_new_routing(ws, persistent):
     kw = dict(config=config, fp8=BLOCK_FP8, w1_scale=s1, w2_scale=s2)
     x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=23)
     g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=23)
-    assert gluon_usable(config, align_tokens(ids, shape.num_experts, config.block_m), x, w1q, w2q, block_fp8=True, scaled=True)
+    assert gluon_usable(config, align_tokens(ids, shape.num_experts, config.block_m), x, w1q, w2q, block_fp8=True)
     out = torch.empty(num_tokens, shape.hidden, dtype=torch.bfloat16, device="cuda")
     fused_experts(x, w1q, w2q, g, ids, out=out, **kw)  # compile outside the capture
     torch.cuda.synchronize()
@@ -158,7 +158,7 @@ def test_a_width_off_the_tile_grid_runs_the_triton_kernel():
     x = hidden_states(64, shape.hidden, torch.bfloat16, seed=25)
     g, ids = routing(64, shape.num_experts, shape.top_k, seed=25)
     config = _config()
-    assert not gluon_usable(config, align_tokens(ids, shape.num_experts, config.block_m), x, w1q, w2q, block_fp8=True, scaled=True)
+    assert not gluon_usable(config, align_tokens(ids, shape.num_experts, config.block_m), x, w1q, w2q, block_fp8=True)
     out = fused_experts(x, w1q, w2q, g, ids, config=config, fp8=BLOCK_FP8, w1_scale=s1, w2_scale=s2)
     deq = dequantize_block(w1q, w2q, s1, s2)
     assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL

@@ -124,11 +124,9 @@ def test_gluon_takes_block_fp8_tiles_of_one_wgmma_per_warpgroup():
 @pytest.mark.parametrize(
     "config,block_fp8,match",
     [
-        (_gluon(), False, "ping-pong kernel"),
+        (_gluon(), False, "block-FP8 layers only"),
         (MoEConfig(64, GemmConfig(64, 128, 8, 4), GemmConfig(128, 128, 8, 4), False, True, False, True), True,
-         "block-FP8 layer needs gather_input"),
-        (MoEConfig(64, GemmConfig(64, 128, 8, 4), GemmConfig(128, 128, 8, 4), False, False, False, True), True,
-         "gluon needs hopper"),
+         "needs hopper and gather_input"),
         (MoEConfig(64, GemmConfig(64, 128, 8, 4), GemmConfig(128, 128, 8, 4), True, True, True, True), True,
          "no fold_topk"),
         (_gluon(bk=64), True, "gluon w1: block_k 128"),
@@ -142,43 +140,6 @@ def test_gluon_takes_block_fp8_tiles_of_one_wgmma_per_warpgroup():
 def test_gluon_refusals_name_what_is_accepted(config, block_fp8, match):
     with pytest.raises(KernelInputError, match=match):
         validate_config(config, block_fp8=block_fp8)
-
-
-def _pingpong(bm=128, bn1=64, bn2=128, bk=64, stages=4, warps=4, gather=True, w1_ws=True, pers=True, ws=True):
-    w1_flags = dict(warp_specialize=w1_ws and ws, persistent=pers) if gather else dict(persistent=True, paired=True)
-    return MoEConfig(bm, GemmConfig(bn1, bk, 8, warps, stages, **w1_flags),
-                     GemmConfig(bn2, bk, 8, warps, stages, warp_specialize=ws, persistent=pers), False, True, gather, True)
-
-
-def test_gluon_takes_unscaled_ping_pong_tiles_and_a_triton_w1_without_gather_input():
-    for config in (_pingpong(), _pingpong(64), _pingpong(bn1=32, bn2=64), _pingpong(bk=32, stages=6),
-                   _pingpong(gather=False, bn1=128)):
-        validate_config(config, block_fp8=False)
-    assert MoEConfig.from_json(_pingpong().to_json()) == _pingpong()
-
-
-@pytest.mark.parametrize(
-    "config,match",
-    [
-        (_pingpong(warps=8), "gluon w1 \\(bf16/fp16 ping-pong kernel\\).*num_warps 4"),
-        (_pingpong(bn2=256), "gluon w2 .*block_n in \\(64, 128\\)"),
-        (_pingpong(bn1=128), "gluon w1 .*block_n in \\(32, 64\\)"),
-        (_pingpong(bk=128), "block_k 32 or 64"),
-        (_pingpong(bm=256), "block_m 64 or 128"),
-        (_pingpong(pers=False), "persistent \\+ warp_specialize"),
-        (_pingpong(ws=False), "persistent \\+ warp_specialize"),
-        (_pingpong(stages=6), "gluon w1: 6 stages of block_m 128 x 128 tiles and two staged outputs need 262,144 bytes"),
-        (MoEConfig(128, GemmConfig(64, 64, 8, 4, 4, persistent=True, warp_specialize=True),
-                   GemmConfig(128, 64, 8, 4, 4, persistent=True, warp_specialize=True), False, True, False, True),
-         "w1 without gather_input runs the Triton TMA kernel"),
-        (MoEConfig(128, GemmConfig(64, 64, 8, 4, 4, persistent=True, warp_specialize=True, flatten=True),
-                   GemmConfig(128, 64, 8, 4, 4, persistent=True, warp_specialize=True), False, True, True, True),
-         "flatten, paired and swap_ab"),
-    ],
-)
-def test_ping_pong_refusals_name_what_is_accepted(config, match):
-    with pytest.raises(KernelInputError, match=match):
-        validate_config(config, block_fp8=False)
 
 
 def test_gluon_refuses_the_triton_kernel_options_and_takes_its_own_warp_specialization(monkeypatch):

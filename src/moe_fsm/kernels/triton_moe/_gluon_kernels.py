@@ -20,7 +20,7 @@ scales that one while step k runs (``_step_group``).
   mbarrier when its wgmma is done. Without it the math warps load too, refilling each slot as it frees.
 * **Persistence** (``PERSISTENT``, with a producer): one program per SM walks its tiles; the producer runs
   ahead across them, so a tile's first loads overlap the last one's epilogue.
-* **Tile order**: expert by expert (``tile_origin``, from ``align.expert_runs``), so each expert's weight tiles
+* **Tile order**: expert by expert (``_tile_origin``, from ``align.expert_runs``), so each expert's weight tiles
   are read from memory once.
 
 Quantizing the intermediate in the w1 epilogue (tiles of 128 columns in two passes of 64) was built and
@@ -39,15 +39,15 @@ PRODUCER_REGS = gl.constexpr(24)
 
 
 @gluon.constexpr_function
-def epilogue_layout(width, num_warps):
+def _store_layout(width, num_warps):
     """A blocked layout for [rows, width] epilogue tiles: 8 contiguous elements a thread, rows across warps."""
     cols = min(width // 8, 32)
     return gl.BlockedLayout([1, 8], [32 // cols, cols], [num_warps, 1], [1, 0])
 
 
 @gluon.jit
-def tile_origin(tile, tiles, weights, runs, GATED: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
-                HALF: gl.constexpr):
+def _tile_origin(tile, tiles, weights, runs, GATED: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
+                 HALF: gl.constexpr):
     """Where tile ``tile`` starts: (first sorted row, first output column, first rows of its two weight boxes in
     the ``[E * rows, K]`` weight view).
 
@@ -81,7 +81,7 @@ def tile_origin(tile, tiles, weights, runs, GATED: gl.constexpr, GROUP_M: gl.con
 
 
 @gluon.jit
-def tile_range(tiles, PERSISTENT: gl.constexpr):
+def _tile_range(tiles, PERSISTENT: gl.constexpr):
     """The tiles this program runs: every ``num_programs``-th from its id (``PERSISTENT``), else its id's own."""
     num_tiles = tiles[0] * tiles[1]
     first = gl.program_id(0)
@@ -111,8 +111,8 @@ def _load_step(loads, ring, step, ki, pred, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def producer(a_desc, weights, runs, ring, tiles, GATED: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-             PERSISTENT: gl.constexpr):
+def _producer(a_desc, weights, runs, ring, tiles, GATED: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+              PERSISTENT: gl.constexpr):
     """The copy-engine warp of a warp-specialized program: every K step of its tiles, each into a slot the
     consumers have released (``empty``; a fresh barrier reads as released once). It runs ahead across tiles,
     so the next tile's first loads overlap the consumers' last steps and epilogue."""
@@ -120,10 +120,10 @@ def producer(a_desc, weights, runs, ring, tiles, GATED: gl.constexpr, GROUP_M: g
     HALF: gl.constexpr = weights[0].block_type.shape[0]
     num_k = tiles[2]
     empty = ring[3]
-    first, last, stride = tile_range(tiles, PERSISTENT)
+    first, last, stride = _tile_range(tiles, PERSISTENT)
     step = 0
     for tile in range(first, last, stride):
-        row0, n0, expert, w_lo, w_hi = tile_origin(tile, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
+        row0, n0, expert, w_lo, w_hi = _tile_origin(tile, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
         loads = (a_desc, weights[0], row0, w_lo, w_hi)
         for ki in range(num_k):
             mbarrier.wait(empty.index(step % NUM_STAGES), ((step // NUM_STAGES) & 1) ^ 1)
@@ -235,30 +235,19 @@ def _activate(gate, up, swiglu_limit, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.co
 @gluon.jit
 def _epilogue(acc, outputs, row0, n0, N, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
               HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
-    """One tile's sum out: through shared memory, the two halves coming back in a store-friendly layout
-    (``write_halves``)."""
+    """One tile's sum out: through shared memory, the two halves coming back in a store-friendly layout; w1
+    writes ``act(gate, up)`` into the sorted intermediate, w2 each row to its (token, slot) pair, times its
+    top-k weight where asked."""
+    out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om = outputs
     BLOCK_M: gl.constexpr = acc.shape[0]
     HALF: gl.constexpr = acc.shape[1] // 2
     gl.thread_barrier()  # the last tile's values are read, and (one role for all warps) every wgmma is done
     c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 2 * HALF], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]),
                                        acc)
     gl.thread_barrier()
-    store_layout: gl.constexpr = epilogue_layout(HALF, gl.num_warps())
+    store_layout: gl.constexpr = _store_layout(HALF, gl.num_warps())
     lo = c_smem.slice(0, HALF, 1).load(store_layout)
     hi = c_smem.slice(HALF, HALF, 1).load(store_layout)
-    write_halves(lo, hi, outputs, row0, n0, N, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS)
-
-
-@gluon.jit
-def write_halves(lo, hi, outputs, row0, n0, N, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
-                 HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
-    """A tile's two halves ``[BLOCK_M, HALF]`` (fp32 or the output dtype, in an ``epilogue_layout``) to memory: w1
-    writes ``act(gate, up)`` into the sorted intermediate, w2 each row to its (token, slot) pair, times its
-    top-k weight where asked (``WEIGHT_ROWS``)."""
-    out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om = outputs
-    BLOCK_M: gl.constexpr = lo.shape[0]
-    HALF: gl.constexpr = lo.shape[1]
-    store_layout: gl.constexpr = lo.type.layout
     offs_r = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
     offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, store_layout))
     rows = gl.load(sorted_ids_ptr + offs_r).to(gl.int64)
@@ -269,7 +258,7 @@ def write_halves(lo, hi, outputs, row0, n0, N, GATED: gl.constexpr, ACTIVATION: 
         hi = hi * g
     cols = n0 + offs_c
     if GATED:
-        y = _activate(lo.to(gl.float32), hi.to(gl.float32), swiglu_limit, ACTIVATION, HAS_LIMIT)
+        y = _activate(lo, hi, swiglu_limit, ACTIVATION, HAS_LIMIT)
         ptrs = out_ptr + gl.expand_dims(offs_r.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
         gl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(cols < N, 0))
     else:
@@ -300,10 +289,10 @@ def _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.c
     # a box past the last scale block (a ragged N) reads the expert's next rows: their columns are masked on
     # store, and their scale index is clamped to a real block
     last_group = (w_rows_per_expert - 1) // 128
-    first, last, stride = tile_range(tiles, PERSISTENT)
+    first, last, stride = _tile_range(tiles, PERSISTENT)
     base = 0
     for tile in range(first, last, stride):
-        row0, n0, expert, w_lo, w_hi = tile_origin(tile, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
+        row0, n0, expert, w_lo, w_hi = _tile_origin(tile, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
         loads = (a_desc, w_desc, row0, w_lo, w_hi)
         if not WARP_SPECIALIZE:
             for s in gl.static_range(NUM_STAGES):
@@ -363,7 +352,7 @@ def moe_block_fp8_gemm_kernel(
     """One block-FP8 grouped GEMM over the sorted row blocks in use: w1 (``GATED``) into the sorted intermediate,
     or w2 to each pair's row. One program a tile (programs past ``num_padded``'s tiles exit at once), or with
     ``PERSISTENT`` every ``num_programs``-th tile; with ``WARP_SPECIALIZE`` a producer warp issues the loads
-    (``producer``) while ``num_warps`` math warps run the wgmmas, the scaling and the epilogues."""
+    (``_producer``) while ``num_warps`` math warps run the wgmmas, the scaling and the epilogues."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     HALF: gl.constexpr = w_desc.block_type.shape[0]
@@ -389,7 +378,7 @@ def moe_block_fp8_gemm_kernel(
         gl.warp_specialize([
             (_consumer, (a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT,
                          WEIGHT_ROWS, GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT)),
-            (producer, (a_desc, weights, runs, ring, tiles, GATED, GROUP_M, NUM_STAGES, PERSISTENT)),
+            (_producer, (a_desc, weights, runs, ring, tiles, GATED, GROUP_M, NUM_STAGES, PERSISTENT)),
         ], [1], [PRODUCER_REGS])
     else:
         _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS,

@@ -92,21 +92,12 @@ class MoEConfig:
 
     ``hopper`` runs both GEMMs through the tensor-descriptor kernels (``hopper.py``) where the call allows,
     with the intermediate in sorted-row order; ``gather_input`` then also copies the w1 GEMM's input rows
-    into sorted order first, so the copy engine loads them as well. ``gluon`` runs GEMMs through Gluon
-    kernels, which read their input rows in sorted order:
-
-    * block FP8 (with ``hopper`` and ``gather_input``): both GEMMs through the kernel that scales each K step's
-      product while the next one runs (``_gluon_kernels.py``): its w1 tile is ``w1.block_n`` gate plus as many
-      up columns, its w2 tile ``w2.block_n`` columns, each in ``block_m / 16`` warps. There ``warp_specialize``
-      adds a producer warp that issues the copy-engine loads (Gluon's explicit partitions, not Triton 3.6's
-      automatic ones, which ``validate_config`` refuses), and ``persistent`` (with it) runs one program per SM
-      over many tiles.
-    * unscaled bf16 / fp16 (with ``hopper``): w2, and w1 too with ``gather_input`` (else w1 runs the Triton TMA
-      kernel over its input rows where they lie), through the ping-pong kernel (``_gluon_pingpong_kernels.py``):
-      two 4-warp math warpgroups each on a ``block_m`` x ``block_n`` tile of its own (w1: ``block_n`` gate plus
-      as many up columns) and a producer warp; it is always persistent and warp-specialized, and its configs say
-      so. FP8 per-tensor and per-channel layers have no Gluon kernel and take the Triton TMA kernels with the
-      same tiles.
+    into sorted order first, so the copy engine loads them as well. ``gluon`` (with both, block FP8 only)
+    runs the two GEMMs through the Gluon kernel that scales each K step's product while the next one runs
+    (``_gluon_kernels.py``): its w1 tile is ``w1.block_n`` gate plus as many up columns, its w2 tile
+    ``w2.block_n`` columns, each in ``block_m / 16`` warps. There ``warp_specialize`` adds a producer warp
+    that issues the copy-engine loads (Gluon's explicit partitions, not Triton 3.6's automatic ones, which
+    ``validate_config`` refuses), and ``persistent`` (with it) runs one program per SM over many tiles.
     """
 
     block_m: int
@@ -211,20 +202,12 @@ def validate_config(config: MoEConfig, *, block_fp8: bool) -> None:
 
 
 def _check_gluon(config: MoEConfig, block_fp8: bool) -> None:
-    """Refuse what the Gluon kernels (``MoEConfig.gluon``) do not do, naming what they take."""
-    if not config.hopper or config.fold_topk:
-        raise KernelInputError("gluon needs hopper (the copy engine loads its operands) and no fold_topk (its w2 "
-                               "writes one row per pair)")
-    if block_fp8:
-        _check_gluon_block_fp8(config)
-    else:
-        _check_gluon_pingpong(config)
-
-
-def _check_gluon_block_fp8(config: MoEConfig) -> None:
-    if not config.gather_input:
-        raise KernelInputError("gluon on a block-FP8 layer needs gather_input (the w1 input rows loaded by the copy "
-                               "engine too)")
+    """Refuse what the Gluon block-FP8 kernel (``_gluon_kernels.py``) does not do, naming what it takes."""
+    if not block_fp8:
+        raise KernelInputError("gluon: the Gluon kernel runs block-FP8 layers only; leave gluon off for this dtype")
+    if not (config.hopper and config.gather_input) or config.fold_topk:
+        raise KernelInputError("gluon needs hopper and gather_input (every operand through the copy engine) and "
+                               "no fold_topk (its w2 writes one row per pair)")
     # wider tiles (a 256-wide wgmma) need more than 255 registers for the sum and the two product sets: they spill,
     # and ptxas then serializes every wgmma (bench/hopper_compile_check.py --only gluon --force)
     for name, g, widths in (("w1", config.w1, (32, 64)), ("w2", config.w2, (64, 128))):
@@ -249,37 +232,6 @@ def _check_gluon_block_fp8(config: MoEConfig) -> None:
         if g.persistent and not g.warp_specialize:
             raise KernelInputError(f"gluon {name}: persistent needs warp_specialize too (the producer warp runs ahead "
                                    f"across the program's tiles); got {g}")
-
-
-def _check_gluon_pingpong(config: MoEConfig) -> None:
-    """The ping-pong kernel's tiles: one 4-warp warpgroup's wgmma sum (``block_m`` of 64 or 128 rows, at most
-    128 fp32 columns: 128 registers a thread), 128-byte K steps, and shared memory for the ring and two staged
-    output tiles."""
-    gemms = [("w2", config.w2, (64, 128))]
-    if config.gather_input:
-        gemms.insert(0, ("w1", config.w1, (32, 64)))
-    elif config.w1.warp_specialize:
-        raise KernelInputError("gluon w1 without gather_input runs the Triton TMA kernel over the input rows where "
-                               "they lie, whose warp specialization is refused; leave w1.warp_specialize off")
-    for name, g, widths in gemms:
-        if (config.block_m not in (64, 128) or g.block_n not in widths or g.block_k not in (32, 64)
-                or g.num_warps != 4 or not (g.persistent and g.warp_specialize)):
-            raise KernelInputError(
-                f"gluon {name} (bf16/fp16 ping-pong kernel): block_m 64 or 128, block_n in {widths}, block_k 32 or "
-                f"64, num_warps 4 (one math warpgroup a tile) and persistent + warp_specialize (the kernel always "
-                f"is) are accepted; got block_m={config.block_m}, {g}"
-            )
-        if g.flatten or g.paired or g.swap_ab:
-            raise KernelInputError(f"gluon {name}: flatten, paired and swap_ab are options of the Triton kernels, not "
-                                   f"of the Gluon one; got {g}")
-        width = 2 * g.block_n if name == "w1" else g.block_n
-        smem = 2 * (g.num_stages * (config.block_m + width) * g.block_k + 2 * config.block_m * width)
-        if smem > HOPPER_SMEM_BYTES - 1024:
-            raise KernelInputError(
-                f"gluon {name}: {g.num_stages} stages of block_m {config.block_m} x {width} tiles and two staged "
-                f"outputs need {smem:,} bytes of shared memory, past the {HOPPER_SMEM_BYTES - 1024:,} an sm_90 program "
-                "has beside its barriers; take fewer stages"
-            )
 
 
 WARP_SPECIALIZE_ENV = "MOE_FSM_TRITON_WARP_SPECIALIZE"

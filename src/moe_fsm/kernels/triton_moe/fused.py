@@ -35,7 +35,6 @@ from moe_fsm.kernels.triton_moe.config import (
 from moe_fsm.kernels.triton_moe.hopper import (
     gather_sorted,
     gluon_gemm,
-    gluon_pingpong_gemm,
     gluon_usable,
     hopper_usable,
     hopper_w1,
@@ -498,30 +497,25 @@ def _hopper_layer(
     config: MoEConfig,
     result_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """``fused_experts`` through the Hopper TMA kernels, the intermediate in sorted-row order (``hopper.py``),
-    or where the config asks for it through the Gluon kernels (``MoEConfig.gluon``): a block-FP8 layer over the
-    input gathered into sorted order, with the intermediate quantized in 1x128 groups after w1 (as vLLM does);
-    an unscaled layer's w2, and its w1 too over the gathered input where ``gather_input`` asks."""
+    """``fused_experts`` through the Hopper TMA kernels, the intermediate in sorted-row order (``hopper.py``); a
+    block-FP8 layer whose config asks for it through the Gluon kernel (``MoEConfig.gluon``), over the input
+    gathered into sorted order, with the intermediate quantized in 1x128 groups after w1 (as vLLM does)."""
     num_experts, two_n, k_dim = w1.shape
     num_tokens, top_k = topk_ids.shape
     w1_info = _weight_scale(spec, w1_scale, num_experts, two_n, k_dim, "w1_scale")
     w2_info = _weight_scale(spec, w2_scale, num_experts, k_dim, two_n // 2, "w2_scale")
     w1_row_weights = flat_weights if apply_router_weight_on_input else None
     row_weights = None if apply_router_weight_on_input else flat_weights
-    block_fp8 = spec is not None and spec.block
-    gluon = gluon_usable(config, routing, a, w1, w2, block_fp8=block_fp8, scaled=spec is not None)
-    runs = expert_runs(routing) if gluon else None
-    if gluon and config.gather_input:
+    gluon = gluon_usable(config, routing, a, w1, w2, block_fp8=spec is not None and spec.block)
+    if gluon:
         sorted_a, sorted_scale = gather_sorted(a, a_scale, _activation_scale_mode(spec, a_scale), routing)
+        runs = expert_runs(routing)
         inter = torch.empty(routing.sorted_ids.numel(), two_n // 2, dtype=result_dtype, device=a.device)
-        gemm_kwargs = dict(gated=True, n_out=two_n // 2, activation=activation, swiglu_limit=swiglu_limit,
-                           config=config.w1)
-        if block_fp8:
-            gluon_gemm(sorted_a, sorted_scale, w1, w1_info, inter, routing, runs, w1_row_weights, **gemm_kwargs)
-            inter, inter_scale = quantize_activation(inter, spec.activation)
-        else:
-            gluon_pingpong_gemm(sorted_a, w1, inter, routing, runs, w1_row_weights, **gemm_kwargs)
-            inter_scale = None
+        gluon_gemm(
+            sorted_a, sorted_scale, w1, w1_info, inter, routing, runs, w1_row_weights, gated=True, n_out=two_n // 2,
+            activation=activation, swiglu_limit=swiglu_limit, config=config.w1,
+        )
+        inter, inter_scale = quantize_activation(inter, spec.activation)
     else:
         out_mode, inter_dtype, out_static, zero_fill = _intermediate_layout(spec, config.w1, a2_scale, result_dtype)
         inter, out_scale = hopper_w1(
@@ -537,11 +531,11 @@ def _hopper_layer(
         hopper_w2(inter, inter_scale, inter_mode, w2, w2_info, routing, acc, 3, row_weights=row_weights, config=config.w2)
         return out.copy_(acc)
     y = torch.empty(routing.num_pairs, k_dim, dtype=result_dtype, device=a.device)
-    gemm_kwargs = dict(gated=False, n_out=k_dim, activation=activation, swiglu_limit=None, config=config.w2)
-    if gluon and block_fp8:
-        gluon_gemm(inter, inter_scale, w2, w2_info, y, routing, runs, row_weights, **gemm_kwargs)
-    elif gluon:
-        gluon_pingpong_gemm(inter, w2, y, routing, runs, row_weights, **gemm_kwargs)
+    if gluon:
+        gluon_gemm(
+            inter, inter_scale, w2, w2_info, y, routing, runs, row_weights, gated=False, n_out=k_dim,
+            activation=activation, swiglu_limit=None, config=config.w2,
+        )
     else:
         hopper_w2(inter, inter_scale, inter_mode, w2, w2_info, routing, y, 0, row_weights=row_weights, config=config.w2)
     return topk_sum(y, topk_ids, num_experts, out)

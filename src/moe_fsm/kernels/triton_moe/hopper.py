@@ -53,7 +53,7 @@ def _has_gluon() -> bool:
 
 
 def gluon_kernels_available(device_index: int) -> bool:
-    """Whether this device and Triton can run the Gluon kernels (``MoEConfig.gluon``)."""
+    """Whether this device and Triton can run the Gluon block-FP8 kernel (``MoEConfig.gluon``)."""
     return _has_gluon() and tma_kernels_available(device_index)
 
 
@@ -80,18 +80,14 @@ def hopper_usable(config: MoEConfig, routing: object, a: torch.Tensor, w1: torch
 
 
 def gluon_usable(
-    config: MoEConfig, routing: object, a: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *, block_fp8: bool,
-    scaled: bool,
+    config: MoEConfig, routing: object, a: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *, block_fp8: bool
 ) -> bool:
-    """Whether this call takes the Gluon kernels (``MoEConfig.gluon``): the block-FP8 one, or for an unscaled
-    (bf16, fp16) layer the ping-pong one; else (FP8 per-tensor or per-channel, or what the call lacks) the
-    Triton TMA kernels run the same config's tiles. Beyond the TMA kernels' needs, the intermediate width must
-    be a multiple of the w1 tile, so that each up box starts on the tile grid (and, in block FP8, lies in one
-    weight-scale block), where w1 runs through Gluon (block FP8, or ``gather_input``)."""
-    gluon_w1 = block_fp8 or config.gather_input
+    """Whether this call takes the Gluon block-FP8 kernel (``MoEConfig.gluon``): else the Triton TMA kernel runs
+    the same config's tiles. Beyond the TMA kernels' needs, the intermediate width must be a multiple of the w1
+    tile, so that each up box starts on the tile grid and lies in one weight-scale block."""
     return (
-        config.gluon and (block_fp8 or not scaled) and gluon_kernels_available(a.device.index or 0)
-        and hopper_usable(config, routing, a, w1, w2) and (not gluon_w1 or w2.shape[2] % config.w1.block_n == 0)
+        config.gluon and block_fp8 and gluon_kernels_available(a.device.index or 0)
+        and hopper_usable(config, routing, a, w1, w2) and w2.shape[2] % config.w1.block_n == 0
     )
 
 
@@ -299,8 +295,7 @@ def _gluon_descriptor(t: torch.Tensor, block: list[int]):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}.get(t.dtype, gl.float8e4nv)
-    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv))
 
 
 def _unroll(num_k_steps: int, config: GemmConfig) -> int:
@@ -370,52 +365,4 @@ def gluon_gemm(
         PERSISTENT=config.persistent,
         num_warps=config.num_warps,
         **({"maxnreg": _WS_MAX_REGISTERS[config.num_warps]} if config.warp_specialize else {}),
-    )
-
-
-# registers a thread of the ping-pong program may hold at launch: its 12 warps (two math warpgroups, the
-# producer's warpgroup) fill the register file; the math warpgroups then take the producer's share (setmaxnreg)
-_PINGPONG_MAX_REGISTERS = 168
-
-
-def gluon_pingpong_gemm(
-    a: torch.Tensor,
-    w: torch.Tensor,
-    out: torch.Tensor,
-    routing: AlignedRouting,
-    runs: tuple[torch.Tensor, torch.Tensor],
-    row_weights: Optional[torch.Tensor],
-    *,
-    gated: bool,
-    n_out: int,
-    activation: str,
-    swiglu_limit: Optional[float],
-    config: GemmConfig,
-) -> None:
-    """One unscaled (bf16, fp16) GEMM through the Gluon ping-pong kernel over sorted-order input rows ``a`` (the
-    gathered input, or the intermediate): w1 (``gated``) into the sorted intermediate ``out``, or w2 to each
-    pair's row of ``out``; ``runs`` (``align.expert_runs``) orders the tiles expert by expert."""
-    from moe_fsm.kernels.triton_moe._gluon_pingpong_kernels import moe_gemm_pingpong_kernel
-
-    num_experts, w_rows, k_in = w.shape
-    half = config.block_n if gated else config.block_n // 2
-    max_tiles = routing.num_row_blocks * -(-n_out // (half if gated else 2 * half))
-    # two tiles at a time per program: fewer programs than SMs where the tiles are few
-    grid = max(min(-(-max_tiles // 2), _sm_count(a.device.index or 0)), 1)
-    moe_gemm_pingpong_kernel[(grid,)](
-        _gluon_descriptor(a, [routing.block_m, config.block_k]),
-        _gluon_descriptor(w.view(num_experts * w_rows, k_in), [half, config.block_k]),
-        out,
-        out if row_weights is None else row_weights,
-        *_row_and_shape_args(routing, n_out, k_in, w_rows, swiglu_limit),
-        *runs,
-        out.stride(0),
-        GATED=gated,
-        ACTIVATION=ACTIVATIONS[activation],
-        HAS_LIMIT=swiglu_limit is not None,
-        WEIGHT_ROWS=row_weights is not None,
-        GROUP_M=config.group_m,
-        NUM_STAGES=config.num_stages,
-        num_warps=4,
-        maxnreg=_PINGPONG_MAX_REGISTERS,
     )
