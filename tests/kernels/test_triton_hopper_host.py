@@ -133,8 +133,8 @@ def test_gluon_takes_block_fp8_tiles_of_one_wgmma_per_warpgroup():
         (_gluon(bn1=128), True, "gluon w1: .*block_n in \\(32, 64\\)"),
         (_gluon(bn2=256), True, "gluon w2: .*block_n in \\(64, 128\\)"),
         (_gluon(128, 4), True, "block_m = 16 x num_warps"),
-        (MoEConfig(128, GemmConfig(64, 128, 8, 8, 6), GemmConfig(128, 128, 8, 8, 4), False, True, True, True), True,
-         "gluon w1: 6 stages .* need 262,144 bytes"),
+        (MoEConfig(128, GemmConfig(64, 128, 8, 8, 7), GemmConfig(128, 128, 8, 8, 4), False, True, True, True), True,
+         "gluon w1: 7 stages .* need 245,760 bytes"),
     ],
 )
 def test_gluon_refusals_name_what_is_accepted(config, block_fp8, match):

@@ -12,9 +12,10 @@ scales that one while step k runs (``_step_group``).
   memory, multiplied as one wgmma; for w1 (``GATED``) the gate rows ``n0`` and the up rows ``N + n0`` of the
   expert, for w2 two neighbouring column blocks. ``HALF`` divides 128, so each box lies in one weight-scale
   block and its scale is one scalar per K step. The input rows are in sorted-slot order (the gathered input
-  for w1, the intermediate for w2), loaded by TMA like the weights. The epilogue goes through shared memory:
-  w1 writes ``act(gate, up)`` into the sorted intermediate (quantized in 1x128 groups after the GEMM, as vLLM
-  does), w2 each row to its (token, slot) pair, times its top-k weight where asked.
+  for w1, the intermediate for w2), loaded by TMA like the weights. The epilogue computes in registers and
+  stages only the rounded output tile in shared memory: w1 writes ``act(gate, up)`` into the sorted
+  intermediate (quantized in 1x128 groups after the GEMM, as vLLM does), w2 each row to its (token, slot)
+  pair, times its top-k weight where asked.
 * **Warp specialization** (``WARP_SPECIALIZE``, Gluon's explicit partitions): one producer warp issues every
   load into a ring of ``NUM_STAGES`` slots and the ``num_warps`` math warps hand each slot back through an
   mbarrier when its wgmma is done. Without it the math warps load too, refilling each slot as it frees.
@@ -39,10 +40,24 @@ PRODUCER_REGS = gl.constexpr(24)
 
 
 @gluon.constexpr_function
-def _store_layout(width, num_warps):
-    """A blocked layout for [rows, width] epilogue tiles: 8 contiguous elements a thread, rows across warps."""
-    cols = min(width // 8, 32)
-    return gl.BlockedLayout([1, 8], [32 // cols, cols], [num_warps, 1], [1, 0])
+def _staging_layout(width, element_bits):
+    """The epilogue's staging tile (the output dtype, ``width`` columns): 16-byte vectors XOR-swizzled across the
+    rows of 8 128-byte lines, so that neither the wgmma layout's stores (each thread two columns of 8 rows at
+    once) nor the 16-byte loads of ``_store_layout`` share banks (``gl.bank_conflicts`` 0 and 0,
+    tests/kernels/test_gluon_layouts.py). The tile used to be the fp32 sum, row-major: its stores took 4
+    wavefronts where 1 does (docs/perf/hopper.md)."""
+    vector = 128 // element_bits
+    rows_per_line = max(128 // (width * element_bits // 8), 1)
+    return gl.SwizzledSharedLayout(vector, rows_per_line, 8 // rows_per_line, order=[1, 0])
+
+
+@gluon.constexpr_function
+def _store_layout(width, element_bits, num_warps):
+    """A blocked layout for [rows, width] epilogue tiles: 16 contiguous bytes a thread (one shared-memory load),
+    rows across warps."""
+    vector = 128 // element_bits
+    cols = min(width // vector, 32)
+    return gl.BlockedLayout([1, vector], [32 // cols, cols], [num_warps, 1], [1, 0])
 
 
 @gluon.jit
@@ -235,39 +250,40 @@ def _activate(gate, up, swiglu_limit, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.co
 @gluon.jit
 def _epilogue(acc, outputs, row0, n0, N, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
               HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
-    """One tile's sum out: through shared memory, the two halves coming back in a store-friendly layout; w1
-    writes ``act(gate, up)`` into the sorted intermediate, w2 each row to its (token, slot) pair, times its
-    top-k weight where asked."""
+    """One tile's sum out, times each row's top-k weight where asked: w1 writes ``act(gate, up)`` into the sorted
+    intermediate, w2 each row to its (token, slot) pair. Everything up to the output dtype happens in the
+    wgmma layout (each thread holds a gate column and its up column: the activation needs no exchange); the
+    rounded tile then goes through shared memory to come back in a store-friendly layout."""
     out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om = outputs
     BLOCK_M: gl.constexpr = acc.shape[0]
     HALF: gl.constexpr = acc.shape[1] // 2
-    gl.thread_barrier()  # the last tile's values are read, and (one role for all warps) every wgmma is done
-    c_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M, 2 * HALF], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]),
-                                       acc)
-    gl.thread_barrier()
-    store_layout: gl.constexpr = _store_layout(HALF, gl.num_warps())
-    lo = c_smem.slice(0, HALF, 1).load(store_layout)
-    hi = c_smem.slice(HALF, HALF, 1).load(store_layout)
-    offs_r = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
-    offs_c = gl.arange(0, HALF, layout=gl.SliceLayout(0, store_layout))
-    rows = gl.load(sorted_ids_ptr + offs_r).to(gl.int64)
-    row_ok = rows < num_valid_rows
     if WEIGHT_ROWS:
-        g = gl.expand_dims(gl.load(row_weight_ptr + rows, mask=row_ok, other=0.0).to(gl.float32), 1)
-        lo = lo * g
-        hi = hi * g
-    cols = n0 + offs_c
+        acc_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
+        weight_rows = gl.load(sorted_ids_ptr + acc_rows)
+        g = gl.load(row_weight_ptr + weight_rows, mask=weight_rows < num_valid_rows, other=0.0).to(gl.float32)
+        acc = acc * gl.expand_dims(g, 1)
     if GATED:
-        y = _activate(lo, hi, swiglu_limit, ACTIVATION, HAS_LIMIT)
-        ptrs = out_ptr + gl.expand_dims(offs_r.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
-        gl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(cols < N, 0))
+        gate, up = gl.split(gl.permute(gl.reshape(acc, [BLOCK_M, 2, HALF]), [0, 2, 1]))
+        tile = _activate(gate, up, swiglu_limit, ACTIVATION, HAS_LIMIT).to(out_ptr.dtype.element_ty)
     else:
-        row_ptrs = out_ptr + gl.expand_dims(rows * stride_om, 1)
-        gl.store(row_ptrs + gl.expand_dims(cols, 0), lo.to(out_ptr.dtype.element_ty),
-                 mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(cols < N, 0))
-        cols = cols + HALF
-        gl.store(row_ptrs + gl.expand_dims(cols, 0), hi.to(out_ptr.dtype.element_ty),
-                 mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(cols < N, 0))
+        tile = acc.to(out_ptr.dtype.element_ty)
+    WIDTH: gl.constexpr = tile.shape[1]
+    gl.thread_barrier()  # the last tile's values are read, and (one role for all warps) every wgmma is done
+    c_smem = gl.allocate_shared_memory(tile.dtype, [BLOCK_M, WIDTH],
+                                       _staging_layout(WIDTH, tile.dtype.primitive_bitwidth), tile)
+    gl.thread_barrier()
+    store_layout: gl.constexpr = _store_layout(WIDTH, tile.dtype.primitive_bitwidth, gl.num_warps())
+    values = c_smem.load(store_layout)
+    offs_r = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
+    cols = n0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, store_layout))
+    col_ok = gl.expand_dims(cols < N, 0)
+    if GATED:
+        ptrs = out_ptr + gl.expand_dims(offs_r.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
+        gl.store(ptrs, values, mask=col_ok)
+    else:
+        rows = gl.load(sorted_ids_ptr + offs_r).to(gl.int64)
+        ptrs = out_ptr + gl.expand_dims(rows * stride_om, 1) + gl.expand_dims(cols, 0)
+        gl.store(ptrs, values, mask=gl.expand_dims(rows < num_valid_rows, 1) & col_ok)
 
 
 @gluon.jit

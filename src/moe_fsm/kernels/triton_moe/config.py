@@ -220,9 +220,11 @@ def _check_gluon(config: MoEConfig, block_fp8: bool) -> None:
         if g.flatten or g.paired or g.swap_ab:
             raise KernelInputError(f"gluon {name}: flatten, paired and swap_ab are options of the Triton kernels, not "
                                    f"of the Gluon one; got {g}")
-        # shared memory: the ring of (A tile, two weight boxes) FP8 stages and the fp32 tile the epilogue stages
+        # shared memory: the ring of (A tile, two weight boxes) FP8 stages and the bf16 output tile the epilogue
+        # stages (w1: its activation, half the wgmma's width)
         half = g.block_n if name == "w1" else g.block_n // 2
-        smem = g.num_stages * (config.block_m + 2 * half) * FP8_GROUP + config.block_m * 2 * half * 4
+        out_width = half if name == "w1" else 2 * half
+        smem = g.num_stages * (config.block_m + 2 * half) * FP8_GROUP + config.block_m * out_width * 2
         if smem > HOPPER_SMEM_BYTES:
             raise KernelInputError(
                 f"gluon {name}: {g.num_stages} stages of block_m {config.block_m} x block_n {g.block_n} tiles need "
