@@ -181,7 +181,8 @@ def gluon_cases() -> list[tuple[str, Layer, MoEConfig]]:
     for bm, warps, w1, w2, stages, ws, pers, note in [
         (128, 8, 64, 128, 4, True, True, ""), (128, 8, 64, 128, 5, True, False, ""), (64, 4, 64, 128, 4, True, True, ""),
         (64, 4, 64, 128, 4, False, False, ""), (128, 8, 32, 64, 6, True, True, ""),
-        (64, 4, 128, 256, 3, False, False, " (256-wide wgmma)"), (128, 8, 64, 128, 6, True, True, ""), (128, 8, 64, 128, 7, True, True, " (smem)"),
+        (64, 4, 128, 256, 3, False, False, " (256-wide wgmma)"), (128, 8, 64, 128, 6, True, True, ""),
+        (128, 8, 64, 128, 7, True, True, " (smem)"),
     ]:
         flags = "+ws" * ws + "+pers" * pers
         out.append((f"{DSV3.name} bm{bm} w1 {w1} w{warps}s{stages} w2 {w2} gluon{flags}{note}", DSV3,
