@@ -20,7 +20,13 @@ pytest.importorskip("triton")
 
 from moe_fsm.kernels.triton_moe import Fp8Spec, GemmConfig, MoEConfig, align_tokens, fused_experts  # noqa: E402
 from moe_fsm.kernels.triton_moe.align import expert_runs  # noqa: E402
-from moe_fsm.kernels.triton_moe.hopper import gluon_kernels_available, gluon_usable  # noqa: E402
+from moe_fsm.kernels.triton_moe.hopper import (  # noqa: E402
+    gather_sorted,
+    gluon_kernels_available,
+    gluon_usable,
+    quantize_sorted,
+)
+from moe_fsm.kernels.triton_moe.quant import quantize_activation  # noqa: E402
 
 from .moe_gpu_cases import (  # noqa: E402
     DEEPSEEK_V3,
@@ -114,6 +120,38 @@ def test_dropped_slots_and_router_weight_on_input(on_input):
         assert rel_err(out, emulated) < FP8_VS_EMULATION_TOL
 
 
+# rows per expert: an expert's last 128-row block holds 1, 63, 64, 65, 127 or 128 rows (or the expert none)
+TAIL_COUNTS = [1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 0, 255, 256, 257, 30, 100]
+
+
+@pytest.mark.parametrize("on_input", [False, True])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_every_expert_tail_length(persistent, on_input):
+    """Pad rows of every count end the experts' last row blocks, their input rows never written (the input is
+    quantized straight into the slots that hold a pair): every expert's real rows must come out as the pointer
+    kernel's and the emulation's, whichever tile of a persistent program they fall in."""
+    shape = DEEPSEEK_V3_E16
+    w1q, w2q, s1, s2 = block_fp8_weights(shape)
+    experts = torch.repeat_interleave(torch.arange(shape.num_experts), torch.tensor(TAIL_COUNTS))
+    gen = torch.Generator().manual_seed(28)
+    ids = experts[torch.randperm(experts.numel(), generator=gen)].to(torch.int32).view(-1, 1).cuda()
+    g = torch.rand(ids.shape, generator=gen).cuda() if on_input else torch.ones(ids.shape, device="cuda")
+    x = hidden_states(ids.shape[0], shape.hidden, torch.bfloat16, seed=28)
+    config = _config(128, warps=8, ws=True, persistent=persistent)
+    kw = dict(w1_scale=s1, w2_scale=s2, apply_router_weight_on_input=on_input)
+    out = _run(x, w1q, w2q, g, ids, config, **kw)
+    twin = fused_experts(x, w1q, w2q, g, ids, config=_pointer_twin(config), fp8=BLOCK_FP8, **kw)
+    assert rel_err(out, twin.double()) < SAME_TILES_TOL
+    for expert in range(shape.num_experts):  # each expert's rows on their own: no expert may lose its tail
+        rows = ids[:, 0] == expert
+        if rows.any():
+            assert rel_err(out[rows], twin[rows].double()) < SAME_TILES_TOL, f"expert {expert}"
+    if not on_input:
+        deq = dequantize_block(w1q, w2q, s1, s2)
+        emulated = emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)
+        assert rel_err(out, emulated) < FP8_VS_EMULATION_TOL
+
+
 @pytest.mark.parametrize("ws,persistent", [(False, False), (True, False), (True, True)])
 def test_cuda_graph_capture_replays_new_routing(ws, persistent):
     shape, num_tokens = DEEPSEEK_V3_E16, 512
@@ -162,3 +200,20 @@ def test_a_width_off_the_tile_grid_runs_the_triton_kernel():
     out = fused_experts(x, w1q, w2q, g, ids, config=config, fp8=BLOCK_FP8, w1_scale=s1, w2_scale=s2)
     deq = dequantize_block(w1q, w2q, s1, s2)
     assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
+
+
+@pytest.mark.parametrize("num_experts,num_tokens,top_k,k_dim", [(256, 2000, 8, 7168), (8, 300, 4, 576), (16, 3, 2, 256)])
+def test_float_input_quantized_straight_into_sorted_rows(num_experts, num_tokens, top_k, k_dim):
+    """The Gluon path's input: each token quantized once into its slots equals quantizing then gathering, bit for
+    bit, in every slot that holds a pair (pad slots are never read into a real row)."""
+    x = hidden_states(num_tokens, k_dim, torch.bfloat16, seed=27)
+    _, ids = routing(num_tokens, num_experts, top_k, seed=27)
+    ids[::7, 0] = -1  # a slot another rank owns: no sorted slot
+    aligned = align_tokens(ids, num_experts, 128)
+    q, scale = quantize_sorted(x, aligned)
+    q_ref, scale_ref = quantize_activation(x, "group")
+    gathered, gathered_scale = gather_sorted(q_ref, scale_ref, 3, aligned)
+    in_use = int(aligned.num_padded.item())
+    real = aligned.sorted_ids[:in_use] < aligned.num_pairs
+    assert torch.equal(q[:in_use][real].view(torch.uint8), gathered[:in_use][real].view(torch.uint8))
+    assert torch.equal(scale[:in_use][real], gathered_scale[:in_use][real])

@@ -175,15 +175,16 @@ def test_hopper_fields_survive_a_table():
 # ---- the launches, bound as Triton binds them (needs Triton, not a GPU) ----
 
 
-def _record(monkeypatch, fp8, config, num_tokens=64, n=256, k=512, top_k=4, experts=2):
-    """The Hopper layer's kernel launches for one call, on CPU tensors."""
+def _record(monkeypatch, fp8, config, num_tokens=64, n=256, k=512, top_k=4, experts=2, float_input=False):
+    """The Hopper layer's kernel launches for one call, on CPU tensors (``float_input``: a block-FP8 layer's
+    input still bf16, left to the Gluon path to quantize)."""
     from moe_fsm.kernels.triton_moe import _hopper_kernels, fused, hopper
     from moe_fsm.kernels.triton_moe.align import AlignedRouting, max_padded_rows
     from moe_fsm.kernels.triton_moe.fused import Fp8Spec
     from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE
 
     calls = []
-    for name in ("moe_gemm_tma_kernel", "gather_rows_kernel"):
+    for name in ("moe_gemm_tma_kernel", "gather_rows_kernel", "pair_slots_kernel", "quantize_into_slots_kernel"):
         kernel = getattr(_hopper_kernels, name)
         kernel = kernel.fn if isinstance(kernel, Recorder) else kernel
         monkeypatch.setattr(_hopper_kernels, name, Recorder(kernel, calls))
@@ -201,7 +202,8 @@ def _record(monkeypatch, fp8, config, num_tokens=64, n=256, k=512, top_k=4, expe
     if fp8 == "block":
         spec = Fp8Spec("block", "group")
         s1, s2 = torch.ones(experts, 2 * n // 128, k // 128), torch.ones(experts, k // 128, n // 128)
-        a_scale = torch.ones(num_tokens, k // 128)
+        a_scale = None if float_input else torch.ones(num_tokens, k // 128)
+        a = torch.empty(num_tokens, k, dtype=torch.bfloat16) if float_input else a
     elif fp8 == "channel":
         spec = Fp8Spec("channel", "token")
         s1, s2, a_scale = torch.ones(experts, 2 * n), torch.ones(experts, k), torch.ones(num_tokens)
@@ -267,8 +269,9 @@ GLUON_LAUNCH_CASES = [
 ]
 
 
+@pytest.mark.parametrize("float_input", [False, True])
 @pytest.mark.parametrize("config", GLUON_LAUNCH_CASES, ids=range(len(GLUON_LAUNCH_CASES)))
-def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config):
+def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config, float_input):
     pytest.importorskip("triton.experimental.gluon")
     from moe_fsm.kernels.triton_moe import _gluon_kernels, fused
 
@@ -278,10 +281,21 @@ def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config):
                         Recorder(_gluon_kernels.moe_block_fp8_gemm_kernel, calls))
     monkeypatch.setattr(fused, "gluon_usable", lambda *args, **kwargs: True)
     monkeypatch.setattr(fused, "expert_runs", lambda routing: (routing.block_expert, routing.block_expert))
-    calls += _record(monkeypatch, "block", config)
+    calls += _record(monkeypatch, "block", config, float_input=float_input)
     names = [fn.__name__ for fn, *_ in calls]
-    assert sorted(names) == ["gather_rows_kernel", "moe_block_fp8_gemm_kernel", "moe_block_fp8_gemm_kernel"]
+    # float input is quantized straight into sorted order (pair -> slot, then each token to its slots); FP8
+    # input is gathered there
+    first = ["pair_slots_kernel", "quantize_into_slots_kernel"] if float_input else ["gather_rows_kernel"]
+    assert sorted(names) == sorted(first + ["moe_block_fp8_gemm_kernel", "moe_block_fp8_gemm_kernel"])
     for fn, grid, args, kwargs in calls:
+        if fn.__name__ == "quantize_into_slots_kernel":
+            signature, _ = bind(fn, args, kwargs)
+            assert grid == (64, 1) and kwargs["TOP_K"] == 4 and args[fn.arg_names.index("num_groups")] == 4
+            assert signature["q_ptr"] == "*fp8e4nv" and args[fn.arg_names.index("q_ptr")].shape == (
+                args[fn.arg_names.index("s_ptr")].shape[0], 512)
+        if fn.__name__ == "pair_slots_kernel":
+            bind(fn, args, kwargs)
+            assert args[fn.arg_names.index("slot_of_pair_ptr")].tolist() == [-1] * 256
         if fn.__name__ != "moe_block_fp8_gemm_kernel":
             continue
         gemm = config.w1 if kwargs["GATED"] else config.w2

@@ -64,7 +64,8 @@ def _store_layout(width, element_bits, num_warps):
 def _tile_origin(tile, tiles, weights, runs, GATED: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
                  HALF: gl.constexpr):
     """Where tile ``tile`` starts: (first sorted row, first output column, first rows of its two weight boxes in
-    the ``[E * rows, K]`` weight view).
+    the ``[E * rows, K]`` weight view). A tile past the last (a prefetch beyond the program's share) reads
+    nothing out of bounds: it comes back as row block 0's.
 
     Tiles go expert by expert: the tiles of an expert's row blocks are the row-major tile numbers of those blocks
     (``runs``: each block's run of its expert), walked in groups of up to ``GROUP_M`` row blocks that take each
@@ -75,14 +76,15 @@ def _tile_origin(tile, tiles, weights, runs, GATED: gl.constexpr, GROUP_M: gl.co
     num_row_blocks, num_pid_n, num_k = tiles
     w_desc, w_scale_ptr, block_expert_ptr, N, w_rows_per_expert, stride_wse, stride_wsn, stride_wsk = weights
     run_first_ptr, run_count_ptr = runs
+    exists = tile < num_row_blocks * num_pid_n
     block = tile // num_pid_n
-    run_first = gl.load(run_first_ptr + block)
-    run_count = gl.load(run_count_ptr + block)
+    run_first = gl.load(run_first_ptr + block, mask=exists, other=0)
+    run_count = gl.load(run_count_ptr + block, mask=exists, other=1)
     local = tile - run_first * num_pid_n
     num_in_group = GROUP_M * num_pid_n
     first_m = run_first + (local // num_in_group) * GROUP_M
     group_rows = gl.minimum(run_first + run_count - first_m, GROUP_M)
-    pid_m = first_m + (local % num_in_group) % group_rows
+    pid_m = gl.where(exists, first_m + (local % num_in_group) % group_rows, 0)
     pid_n = (local % num_in_group) // group_rows
     expert = gl.load(block_expert_ptr + pid_m).to(gl.int64)
     w_row0 = (expert * w_rows_per_expert).to(gl.int32)
@@ -137,8 +139,11 @@ def _producer(a_desc, weights, runs, ring, tiles, GATED: gl.constexpr, GROUP_M: 
     empty = ring[3]
     first, last, stride = _tile_range(tiles, PERSISTENT)
     step = 0
+    upcoming = _tile_origin(first, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
     for tile in range(first, last, stride):
-        row0, n0, expert, w_lo, w_hi = _tile_origin(tile, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
+        row0, n0, expert, w_lo, w_hi = upcoming
+        # the next tile's origin is loaded now and used an iteration later: no load latency between two tiles
+        upcoming = _tile_origin(tile + stride, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
         loads = (a_desc, weights[0], row0, w_lo, w_hi)
         for ki in range(num_k):
             mbarrier.wait(empty.index(step % NUM_STAGES), ((step // NUM_STAGES) & 1) ^ 1)
@@ -248,20 +253,39 @@ def _activate(gate, up, swiglu_limit, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.co
 
 
 @gluon.jit
-def _epilogue(acc, outputs, row0, n0, N, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
-              HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
-    """One tile's sum out, times each row's top-k weight where asked: w1 writes ``act(gate, up)`` into the sorted
-    intermediate, w2 each row to its (token, slot) pair. Everything up to the output dtype happens in the
-    wgmma layout (each thread holds a gate column and its up column: the activation needs no exchange); the
-    rounded tile then goes through shared memory to come back in a store-friendly layout."""
+def _tile_rows(outputs, row0, acc_layout: gl.constexpr, store_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+               GATED: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
+    """What a tile's epilogue needs from memory, loaded before its K loop so that no load latency sits between
+    the last wgmma and the stores: each row's top-k weight (in the wgmma layout; ones without
+    ``WEIGHT_ROWS``) and the row each output row goes to (in the store layout): its sorted slot for w1, its
+    (token, slot) pair for w2, ``num_valid_rows`` or more for a pad row that w2 must not store."""
+    out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om = outputs
+    if WEIGHT_ROWS:
+        weight_rows = gl.load(sorted_ids_ptr + row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout)))
+        g = gl.load(row_weight_ptr + weight_rows, mask=weight_rows < num_valid_rows, other=0.0).to(gl.float32)
+    else:
+        g = gl.full([BLOCK_M], 1.0, gl.float32, layout=gl.SliceLayout(1, acc_layout))
+    slots = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
+    if GATED:
+        out_rows = slots
+    else:
+        out_rows = gl.load(sorted_ids_ptr + slots)
+    return g, out_rows
+
+
+@gluon.jit
+def _epilogue(acc, outputs, row_weights, out_rows, n0, N, store_layout: gl.constexpr, GATED: gl.constexpr,
+              ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
+    """One tile's sum out, times each row's top-k weight where asked (``_tile_rows`` loaded both): w1 writes
+    ``act(gate, up)`` into the sorted intermediate, w2 each row to its (token, slot) pair. Everything up to the
+    output dtype happens in the wgmma layout (each thread holds a gate column and its up column: the
+    activation needs no exchange); the rounded tile then goes through shared memory to come back in
+    ``store_layout``."""
     out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om = outputs
     BLOCK_M: gl.constexpr = acc.shape[0]
     HALF: gl.constexpr = acc.shape[1] // 2
     if WEIGHT_ROWS:
-        acc_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
-        weight_rows = gl.load(sorted_ids_ptr + acc_rows)
-        g = gl.load(row_weight_ptr + weight_rows, mask=weight_rows < num_valid_rows, other=0.0).to(gl.float32)
-        acc = acc * gl.expand_dims(g, 1)
+        acc = acc * gl.expand_dims(row_weights, 1)
     if GATED:
         gate, up = gl.split(gl.permute(gl.reshape(acc, [BLOCK_M, 2, HALF]), [0, 2, 1]))
         tile = _activate(gate, up, swiglu_limit, ACTIVATION, HAS_LIMIT).to(out_ptr.dtype.element_ty)
@@ -272,18 +296,13 @@ def _epilogue(acc, outputs, row0, n0, N, GATED: gl.constexpr, ACTIVATION: gl.con
     c_smem = gl.allocate_shared_memory(tile.dtype, [BLOCK_M, WIDTH],
                                        _staging_layout(WIDTH, tile.dtype.primitive_bitwidth), tile)
     gl.thread_barrier()
-    store_layout: gl.constexpr = _store_layout(WIDTH, tile.dtype.primitive_bitwidth, gl.num_warps())
     values = c_smem.load(store_layout)
-    offs_r = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
     cols = n0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, store_layout))
-    col_ok = gl.expand_dims(cols < N, 0)
-    if GATED:
-        ptrs = out_ptr + gl.expand_dims(offs_r.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
-        gl.store(ptrs, values, mask=col_ok)
-    else:
-        rows = gl.load(sorted_ids_ptr + offs_r).to(gl.int64)
-        ptrs = out_ptr + gl.expand_dims(rows * stride_om, 1) + gl.expand_dims(cols, 0)
-        gl.store(ptrs, values, mask=gl.expand_dims(rows < num_valid_rows, 1) & col_ok)
+    mask = gl.expand_dims(cols < N, 0)
+    if not GATED:
+        mask = mask & gl.expand_dims(out_rows < num_valid_rows, 1)
+    ptrs = out_ptr + gl.expand_dims(out_rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
+    gl.store(ptrs, values, mask=mask)
 
 
 @gluon.jit
@@ -295,6 +314,7 @@ def _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.c
     also issue the loads: the tile's first ``NUM_STAGES`` steps here, each later one as a slot frees."""
     a_scale_ptr, stride_asm, stride_ask = a_scales
     w_desc, w_scale_ptr, block_expert_ptr, N, w_rows_per_expert, stride_wse, stride_wsn, stride_wsk = weights
+    out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om = outputs
     num_k = tiles[2]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     HALF: gl.constexpr = w_desc.block_type.shape[0]
@@ -302,13 +322,18 @@ def _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.c
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, 2 * HALF, 32]
     )
     lo_cols = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(0, mma_layout)) < HALF
+    store_layout: gl.constexpr = _store_layout(HALF if GATED else 2 * HALF, out_ptr.dtype.element_ty.primitive_bitwidth,
+                                               gl.num_warps())
     # a box past the last scale block (a ragged N) reads the expert's next rows: their columns are masked on
     # store, and their scale index is clamped to a real block
     last_group = (w_rows_per_expert - 1) // 128
     first, last, stride = _tile_range(tiles, PERSISTENT)
     base = 0
+    # the next tile's origin is loaded while this one runs: no load latency between two tiles
+    upcoming = _tile_origin(first, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
     for tile in range(first, last, stride):
-        row0, n0, expert, w_lo, w_hi = _tile_origin(tile, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
+        row0, n0, expert, w_lo, w_hi = upcoming
+        upcoming = _tile_origin(tile + stride, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
         loads = (a_desc, w_desc, row0, w_lo, w_hi)
         if not WARP_SPECIALIZE:
             for s in gl.static_range(NUM_STAGES):
@@ -324,10 +349,11 @@ def _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.c
             stride_wsk,
             lo_cols,
         )
+        row_weights, out_rows = _tile_rows(outputs, row0, mma_layout, store_layout, BLOCK_M, GATED, WEIGHT_ROWS)
         acc = _k_loop(loads, ring, scales, base, num_k, gl.zeros([BLOCK_M, 2 * HALF], gl.float32, layout=mma_layout),
                       UNROLL, NUM_STAGES, WARP_SPECIALIZE)
         base += num_k
-        _epilogue(acc, outputs, row0, n0, N, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS)
+        _epilogue(acc, outputs, row_weights, out_rows, n0, N, store_layout, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS)
 
 
 @gluon.jit(do_not_specialize=["num_valid_rows"])

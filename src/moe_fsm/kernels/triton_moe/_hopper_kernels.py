@@ -344,3 +344,34 @@ def gather_rows_kernel(
             groups = tl.arange(0, GROUPS_POW2)
             s = tl.load(src_scale_ptr + src_row * stride_src_scale + groups, mask=(groups < num_groups) & valid, other=0.0)
             tl.store(dst_scale_ptr + slot.to(tl.int64) * stride_dst_scale + groups, s, mask=groups < num_groups)
+
+
+@triton.jit(do_not_specialize=["num_valid_rows"])
+def pair_slots_kernel(sorted_ids_ptr, num_padded_ptr, num_valid_rows, slot_of_pair_ptr, BLOCK: tl.constexpr):
+    """slot_of_pair[pair] = slot for every sorted slot in use that holds a pair: the inverse of ``sorted_ids``
+    (pairs routed to no local expert keep the -1 they were given)."""
+    slots = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    pairs = tl.load(sorted_ids_ptr + slots, mask=slots < tl.load(num_padded_ptr), other=num_valid_rows)
+    tl.store(slot_of_pair_ptr + pairs, slots, mask=pairs < num_valid_rows)
+
+
+@triton.jit
+def quantize_into_slots_kernel(
+    x_ptr, q_ptr, s_ptr, slot_of_pair_ptr, K, num_groups, stride_xm, stride_qm, stride_sm, TOP_K: tl.constexpr,
+    GROUPS: tl.constexpr, GROUP: tl.constexpr,
+):
+    """Token ``m``'s 1x``GROUP`` FP8 groups (as ``_kernels.group_quant_kernel``: the same bits), written to the
+    sorted slot of each of its ``TOP_K`` pairs that has one: the gathered w1 input of a block-FP8 layer, each
+    token read once instead of quantized, written, then read again ``TOP_K`` times by a gather pass."""
+    m = tl.program_id(0).to(tl.int64)
+    groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = cols < K
+    x = tl.load(x_ptr + m * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10), 448.0)
+    q = tl.clamp(tl.div_rn(x, scale[:, None]), -448.0, 448.0).to(q_ptr.dtype.element_ty)
+    for j in tl.static_range(TOP_K):
+        slot = tl.load(slot_of_pair_ptr + m * TOP_K + j).to(tl.int64)
+        if slot >= 0:
+            tl.store(q_ptr + slot * stride_qm + cols, q, mask=mask)
+            tl.store(s_ptr + slot * stride_sm + groups, scale, mask=groups < num_groups)

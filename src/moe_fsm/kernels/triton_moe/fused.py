@@ -39,6 +39,7 @@ from moe_fsm.kernels.triton_moe.hopper import (
     hopper_usable,
     hopper_w1,
     hopper_w2,
+    quantize_sorted,
 )
 from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE, quantize_activation
 
@@ -364,9 +365,12 @@ def _check_weights(w1: torch.Tensor, w2: torch.Tensor, k_dim: int, spec: Optiona
 
 
 def _prepare_input(
-    hidden: torch.Tensor, a1_scale: Optional[torch.Tensor], spec: Optional[Fp8Spec], out_dtype: Optional[torch.dtype]
+    hidden: torch.Tensor, a1_scale: Optional[torch.Tensor], spec: Optional[Fp8Spec], out_dtype: Optional[torch.dtype],
+    defer_groups: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.dtype]:
-    """(A operand, its scale, the output dtype); quantizes float input for FP8 layers."""
+    """(A operand, its scale, the output dtype); quantizes float input for FP8 layers, except (``defer_groups``)
+    into 1x128 groups: then the scale is None and the caller quantizes once it knows the rows' order
+    (``_hopper_layer`` writes them straight into sorted order for the Gluon kernel)."""
     if hidden.dtype == FP8_DTYPE:
         if spec is None:
             raise KernelInputError("FP8 hidden states need an Fp8Spec (the weights' and activations' scale layouts)")
@@ -384,6 +388,8 @@ def _prepare_input(
     static = a1_scale if spec.activation != "group" else None
     if a1_scale is not None and spec.activation == "group":
         raise KernelInputError("1x128 group activation scales are dynamic; a static a1_scale is not accepted")
+    if defer_groups and spec.activation == "group":
+        return hidden, None, hidden.dtype
     q, scale = quantize_activation(hidden, spec.activation, static)
     return q, scale, hidden.dtype
 
@@ -430,7 +436,7 @@ def fused_experts(
     top_k = topk_ids.shape[1]
     if apply_router_weight_on_input and top_k != 1:
         raise KernelInputError(f"apply_router_weight_on_input needs top_k == 1, got top_k={top_k}")
-    a, a_scale, result_dtype = _prepare_input(hidden, a1_scale, fp8, out_dtype)
+    a, a_scale, result_dtype = _prepare_input(hidden, a1_scale, fp8, out_dtype, defer_groups=True)
     if out is None:
         out = torch.empty(num_tokens, k_dim, dtype=result_dtype, device=hidden.device)
     elif tuple(out.shape) != (num_tokens, k_dim) or out.dtype != result_dtype or out.stride(-1) != 1:
@@ -447,6 +453,9 @@ def fused_experts(
         )
     else:
         validate_config(config, block_fp8=fp8 is not None and fp8.block)
+    if fp8 is not None and a_scale is None and not (config.gluon and num_tokens > 1):
+        # float input in 1x128 groups is left to the Gluon path, which quantizes it straight into sorted order
+        a, a_scale = quantize_activation(a, fp8.activation)
     # one token: its top-k experts are distinct, so skip sorting (and its launches)
     align = pair_blocks if num_tokens == 1 else align_tokens
     routing = align(topk_ids, num_experts, config.block_m)
@@ -457,6 +466,8 @@ def fused_experts(
             spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
             apply_router_weight_on_input=apply_router_weight_on_input, config=config, result_dtype=result_dtype,
         )
+    if fp8 is not None and a_scale is None:  # a gluon config where the Gluon kernel cannot run
+        a, a_scale = quantize_activation(a, fp8.activation)
     inter, inter_scale = w1_gemm(
         a, a_scale, w1, w1_scale, routing, spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
         row_weights=flat_weights if apply_router_weight_on_input else None, a2_scale=a2_scale,
@@ -507,8 +518,13 @@ def _hopper_layer(
     w1_row_weights = flat_weights if apply_router_weight_on_input else None
     row_weights = None if apply_router_weight_on_input else flat_weights
     gluon = gluon_usable(config, routing, a, w1, w2, block_fp8=spec is not None and spec.block)
+    if a_scale is None and spec is not None and not gluon:  # float input, 1x128 groups (``_prepare_input``)
+        a, a_scale = quantize_activation(a, spec.activation)
     if gluon:
-        sorted_a, sorted_scale = gather_sorted(a, a_scale, _activation_scale_mode(spec, a_scale), routing)
+        if a_scale is None:
+            sorted_a, sorted_scale = quantize_sorted(a, routing)
+        else:
+            sorted_a, sorted_scale = gather_sorted(a, a_scale, _activation_scale_mode(spec, a_scale), routing)
         runs = expert_runs(routing)
         inter = torch.empty(routing.sorted_ids.numel(), two_n // 2, dtype=result_dtype, device=a.device)
         gluon_gemm(

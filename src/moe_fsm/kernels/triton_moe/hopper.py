@@ -20,6 +20,7 @@ import torch
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe.align import AlignedRouting
 from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, weight_scale_span
+from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE
 
 
 
@@ -262,6 +263,30 @@ def gather_sorted(
         GROUPS_POW2=triton_next_pow2(groups), num_warps=4,
     )
     return sorted_a, sorted_scale
+
+
+def quantize_sorted(x: torch.Tensor, routing: AlignedRouting) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block-FP8 layer's float w1 input quantized in 1x128 groups straight into sorted-slot order: what
+    ``gather_sorted`` makes of the quantized input, bit for bit, in one pass that reads each token once.
+
+    Pad slots are left as the allocator gives them: every GEMM row depends on its own input row alone, and
+    the epilogues never store a pad row's result, so nothing reads what a pad row holds into a real row."""
+    from moe_fsm.kernels.triton_moe._hopper_kernels import pair_slots_kernel, quantize_into_slots_kernel
+
+    rows, (num_tokens, k_dim) = routing.sorted_ids.numel(), x.shape
+    groups = -(-k_dim // FP8_GROUP)
+    slot_of_pair = torch.full((routing.num_pairs,), -1, dtype=torch.int32, device=x.device)
+    block = 1024
+    pair_slots_kernel[(-(-rows // block),)](routing.sorted_ids, routing.num_padded, routing.num_pairs, slot_of_pair,
+                                           BLOCK=block)
+    q = torch.empty(rows, k_dim, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
+    groups_per_program = 8
+    quantize_into_slots_kernel[(num_tokens, -(-groups // groups_per_program))](
+        x, q, scale, slot_of_pair, k_dim, groups, x.stride(0), q.stride(0), scale.stride(0), TOP_K=routing.top_k,
+        GROUPS=groups_per_program, GROUP=FP8_GROUP,
+    )
+    return q, scale
 
 
 def triton_next_pow2(x: int) -> int:
