@@ -22,11 +22,13 @@ scales that one while step k runs (``_step_group``).
 * **Persistence** (``PERSISTENT``, with a producer): one program per SM walks its tiles; the producer runs
   ahead across them, so a tile's first loads overlap the last one's epilogue.
 * **Tile order**: expert by expert (``_tile_origin``, from ``align.expert_runs``), so each expert's weight tiles
-  are read from memory once.
+  are read from memory once. A tile's metadata is loaded before it is needed: the next tile's origin while the
+  current one runs, a tile's epilogue rows and top-k weights before its K loop (``_tile_rows``).
 
-Quantizing the intermediate in the w1 epilogue (tiles of 128 columns in two passes of 64) was built and
-measured: it saved the 230 µs quantization pass but slowed the persistent w1 GEMM by 1.5-1.9 ms on the
-DeepSeek-V3 layer at 8192 tokens (``docs/perf/hopper.md``), so the quantization stays a pass of its own.
+Quantizing the intermediate in the w1 epilogue was built twice and measured (``docs/perf/hopper.md``): it saves
+the 230 µs quantization pass, but a divide per value slowed w1 by 1.5-2 ms on the DeepSeek-V3 layer at 8192
+tokens, and with a division free of divides the order that keeps a 128-column group in one program cost w1
+nearly what the pass costs; so the quantization stays a pass of its own.
 """
 
 from __future__ import annotations
