@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from moe_fsm.kernels.triton_moe._kernels import _activate, _block_scaled, _group_scales
+from moe_fsm.kernels.triton_moe._kernels import _activate, _block_scaled, _group_scales, quantize_row_groups
 
 
 @triton.jit
@@ -360,16 +360,13 @@ def quantize_into_slots_kernel(
     x_ptr, q_ptr, s_ptr, slot_of_pair_ptr, K, num_groups, stride_xm, stride_qm, stride_sm, TOP_K: tl.constexpr,
     GROUPS: tl.constexpr, GROUP: tl.constexpr,
 ):
-    """Token ``m``'s 1x``GROUP`` FP8 groups (as ``_kernels.group_quant_kernel``: the same bits), written to the
+    """Token ``m``'s 1x``GROUP`` FP8 groups (``_kernels.quantize_row_groups``, as the quantization pass), written to the
     sorted slot of each of its ``TOP_K`` pairs that has one: the gathered w1 input of a block-FP8 layer, each
     token read once instead of quantized, written, then read again ``TOP_K`` times by a gather pass."""
     m = tl.program_id(0).to(tl.int64)
-    groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
-    cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    groups, cols, q, scale = quantize_row_groups(x_ptr + m * stride_xm, K, GROUPS, GROUP)
+    q = q.to(q_ptr.dtype.element_ty)
     mask = cols < K
-    x = tl.load(x_ptr + m * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10), 448.0)
-    q = tl.clamp(tl.div_rn(x, scale[:, None]), -448.0, 448.0).to(q_ptr.dtype.element_ty)
     for j in tl.static_range(TOP_K):
         slot = tl.load(slot_of_pair_ptr + m * TOP_K + j).to(tl.int64)
         if slot >= 0:

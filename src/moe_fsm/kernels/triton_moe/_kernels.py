@@ -528,14 +528,21 @@ def group_quant_kernel(
     """Dynamic per-token, per-GROUP-columns FP8: scale = max(amax, eps) / 448."""
     _wait_for_previous_kernel(PDL)
     m = tl.program_id(0).to(tl.int64)
+    groups, cols, q, scale = quantize_row_groups(x_ptr + m * stride_xm, K, GROUPS, GROUP)
+    tl.store(q_ptr + m * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
+    tl.store(s_ptr + m * stride_sm + groups, scale, mask=groups < num_groups)
+
+
+@triton.jit
+def quantize_row_groups(row_ptr, K, GROUPS: tl.constexpr, GROUP: tl.constexpr):
+    """This program's ``GROUPS`` 1x``GROUP`` groups of one row (program axis 1 picks them) in FP8 range: (group
+    indices, columns, quantized values still fp32, per-group scales ``max(amax, 1e-10) / 448``). Columns past
+    ``K`` read as zeros."""
     groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-    mask = cols < K
-    x = tl.load(x_ptr + m * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(row_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
     scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-10), 448.0)
-    q = tl.clamp(tl.div_rn(x, scale[:, None]), -448.0, 448.0)
-    tl.store(q_ptr + m * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + m * stride_sm + groups, scale, mask=groups < num_groups)
+    return groups, cols, tl.clamp(tl.div_rn(x, scale[:, None]), -448.0, 448.0), scale
 
 
 @triton.jit
