@@ -202,7 +202,8 @@ def test_a_width_off_the_tile_grid_runs_the_triton_kernel():
     assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
 
 
-@pytest.mark.parametrize("num_experts,num_tokens,top_k,k_dim", [(256, 2000, 8, 7168), (8, 300, 4, 576), (16, 3, 2, 256)])
+@pytest.mark.parametrize("num_experts,num_tokens,top_k,k_dim",
+                         [(256, 2000, 8, 7168), (8, 300, 4, 576), (16, 3, 2, 256)])
 def test_float_input_quantized_straight_into_sorted_rows(num_experts, num_tokens, top_k, k_dim):
     """The Gluon path's input: each token quantized once into its slots equals quantizing then gathering, bit for
     bit, in every slot that holds a pair (pad slots are never read into a real row)."""

@@ -370,3 +370,15 @@ def test_the_tuner_offers_gluon_variants_for_block_fp8_prefill_only():
         validate_config(config, block_fp8=True)
     assert not any(c.gluon for c in candidate_configs(block, 8, hopper=True, gluon=True))
     assert not any(c.gluon for c in candidate_configs(NAMED_SHAPES["qwen3-30b-a3b"], 8192, hopper=True, gluon=True))
+
+
+@pytest.mark.parametrize("make", [lambda: torch.zeros(64, 8).t(), lambda: torch.zeros(2, 4, 8),
+                                  lambda: torch.zeros(4, 8, dtype=torch.int32)])
+def test_quantize_sorted_names_the_rows_it_takes(make):
+    """The Gluon path's input quantizer reads float [M, K] rows with unit stride along K: anything else is refused
+    by name before any launch (the routing is not looked at)."""
+    from moe_fsm.errors import KernelInputError
+    from moe_fsm.kernels.triton_moe.hopper import quantize_sorted
+
+    with pytest.raises(KernelInputError, match=r"float \[M, K\] rows contiguous along K"):
+        quantize_sorted(make(), routing=None)

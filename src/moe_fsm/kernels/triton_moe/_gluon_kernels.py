@@ -11,8 +11,8 @@ scales that one while step k runs (``_step_group``).
 * **Tiles.** A tile is ``[BLOCK_M, 2 * HALF]``: two ``[HALF, BLOCK_K]`` weight boxes side by side in shared
   memory, multiplied as one wgmma; for w1 (``GATED``) the gate rows ``n0`` and the up rows ``N + n0`` of the
   expert, for w2 two neighbouring column blocks. ``HALF`` divides 128, so each box lies in one weight-scale
-  block and its scale is one scalar per K step. The input rows are in sorted-slot order (the gathered input
-  for w1, the intermediate for w2), loaded by TMA like the weights. The epilogue computes in registers and
+  block and its scale is one scalar per K step. The input rows are in sorted-slot order (for w1 the input
+  quantized or gathered into it, for w2 the intermediate), loaded by TMA like the weights. The epilogue computes in registers and
   stages only the rounded output tile in shared memory: w1 writes ``act(gate, up)`` into the sorted
   intermediate (quantized in 1x128 groups after the GEMM, as vLLM does), w2 each row to its (token, slot)
   pair, times its top-k weight where asked.

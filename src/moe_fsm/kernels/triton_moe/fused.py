@@ -509,8 +509,9 @@ def _hopper_layer(
     result_dtype: torch.dtype,
 ) -> torch.Tensor:
     """``fused_experts`` through the Hopper TMA kernels, the intermediate in sorted-row order (``hopper.py``); a
-    block-FP8 layer whose config asks for it through the Gluon kernel (``MoEConfig.gluon``), over the input
-    gathered into sorted order, with the intermediate quantized in 1x128 groups after w1 (as vLLM does)."""
+    block-FP8 layer whose config asks for it through the Gluon kernel (``MoEConfig.gluon``), over the input in
+    sorted order (a bf16 input quantized straight into it, an FP8 one gathered), with the intermediate quantized
+    in 1x128 groups after w1 (as vLLM does)."""
     num_experts, two_n, k_dim = w1.shape
     num_tokens, top_k = topk_ids.shape
     w1_info = _weight_scale(spec, w1_scale, num_experts, two_n, k_dim, "w1_scale")

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe.align import AlignedRouting
 from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, weight_scale_span
@@ -273,6 +274,9 @@ def quantize_sorted(x: torch.Tensor, routing: AlignedRouting) -> tuple[torch.Ten
     the epilogues never store a pad row's result, so nothing reads what a pad row holds into a real row."""
     from moe_fsm.kernels.triton_moe._hopper_kernels import pair_slots_kernel, quantize_into_slots_kernel
 
+    if x.dim() != 2 or x.stride(-1) != 1 or not x.is_floating_point() or x.dtype == FP8_DTYPE:
+        raise KernelInputError(f"quantize_sorted takes float [M, K] rows contiguous along K; got {x.dtype} "
+                               f"{tuple(x.shape)} with strides {x.stride()}")
     rows, (num_tokens, k_dim) = routing.sorted_ids.numel(), x.shape
     groups = -(-k_dim // FP8_GROUP)
     slot_of_pair = torch.full((routing.num_pairs,), -1, dtype=torch.int32, device=x.device)
@@ -353,8 +357,8 @@ def gluon_gemm(
     swiglu_limit: Optional[float],
     config: GemmConfig,
 ) -> None:
-    """One block-FP8 GEMM through the Gluon kernel over sorted-order input rows ``a`` (the gathered input, or
-    the intermediate) and their 1x128 group scales: w1 (``gated``) into the sorted intermediate ``out``, or w2
+    """One block-FP8 GEMM through the Gluon kernel over sorted-order input rows ``a`` (the input in sorted order,
+    ``quantize_sorted`` or ``gather_sorted``, or the intermediate) and their 1x128 group scales: w1 (``gated``) into the sorted intermediate ``out``, or w2
     to each pair's row of ``out``; ``runs`` (``align.expert_runs``) orders the tiles expert by expert."""
     from moe_fsm.kernels.triton_moe._gluon_kernels import moe_block_fp8_gemm_kernel
 
