@@ -206,6 +206,8 @@ def recording(calls: list):
     saved = {
         (_hopper_kernels, "moe_gemm_tma_kernel"): _hopper_kernels.moe_gemm_tma_kernel,
         (_hopper_kernels, "gather_rows_kernel"): _hopper_kernels.gather_rows_kernel,
+        (_hopper_kernels, "pair_slots_kernel"): _hopper_kernels.pair_slots_kernel,
+        (_hopper_kernels, "quantize_real_rows_kernel"): _hopper_kernels.quantize_real_rows_kernel,
         (hopper, "_sm_count"): hopper._sm_count,
         (fused, "quantize_activation"): fused.quantize_activation,
         (fused, "topk_sum"): fused.topk_sum,
@@ -220,9 +222,12 @@ def recording(calls: list):
 
     _hopper_kernels.moe_gemm_tma_kernel = _Recorder(saved[(_hopper_kernels, "moe_gemm_tma_kernel")], calls)
     _hopper_kernels.gather_rows_kernel = _Recorder(saved[(_hopper_kernels, "gather_rows_kernel")], calls)
+    _hopper_kernels.pair_slots_kernel = _Recorder(saved[(_hopper_kernels, "pair_slots_kernel")], calls)
+    _hopper_kernels.quantize_real_rows_kernel = _Recorder(saved[(_hopper_kernels, "quantize_real_rows_kernel")],
+                                                          calls)
     hopper._sm_count = lambda index: SM_COUNT
     fused.quantize_activation = fake_quantize
-    fused.topk_sum = lambda y, ids, num_experts, out: out
+    fused.topk_sum = lambda y, ids, num_experts, out, row_of_pair=None: out
     _gluon_kernels.moe_block_fp8_gemm_kernel = _Recorder(saved[(_gluon_kernels, "moe_block_fp8_gemm_kernel")], calls)
     # on a CPU tensor the Gluon path is never usable: take it wherever the config asks for it
     fused.gluon_usable = lambda config, *args, **kwargs: config.gluon
@@ -344,7 +349,8 @@ def main() -> None:
             continue
         gemms = [c for c in launches if c[0].__name__ in ("moe_gemm_tma_kernel", "moe_block_fp8_gemm_kernel")]
         for fn, grid, a, kw in launches:
-            part = "gather" if fn.__name__ == "gather_rows_kernel" else ("w1" if kw.get("GATED") else "w2")
+            gemm = fn.__name__ in ("moe_gemm_tma_kernel", "moe_block_fp8_gemm_kernel")
+            part = ("w1" if kw.get("GATED") else "w2") if gemm else fn.__name__.removesuffix("_kernel")[:6]
             t0 = time.time()
             try:
                 kernel = compile_launch(fn, a, kw)
@@ -352,7 +358,7 @@ def main() -> None:
                 failures += 1
                 print(f"{label:62s} {part:6s} FAILED: {_last_line(exc)}", flush=True)
                 continue
-            if part == "gather":
+            if not gemm:  # the gather, the pair-to-slot inverse, the quantizer: compiled, nothing to report
                 continue
             r = resources(kernel)
             flags = [f for f, bad in (("SPILL", (r["stack"] or 0) > 0), ("SMEM>227K", r["smem"] > H100_SMEM),

@@ -24,6 +24,8 @@ from moe_fsm.kernels.triton_moe.hopper import (  # noqa: E402
     gather_sorted,
     gluon_kernels_available,
     gluon_usable,
+    pair_slots,
+    quantize_real_rows,
     quantize_sorted,
 )
 from moe_fsm.kernels.triton_moe.quant import quantize_activation  # noqa: E402
@@ -211,10 +213,33 @@ def test_float_input_quantized_straight_into_sorted_rows(num_experts, num_tokens
     _, ids = routing(num_tokens, num_experts, top_k, seed=27)
     ids[::7, 0] = -1  # a slot another rank owns: no sorted slot
     aligned = align_tokens(ids, num_experts, 128)
-    q, scale = quantize_sorted(x, aligned)
+    slot_of_pair = pair_slots(aligned)
+    q, scale = quantize_sorted(x, aligned, slot_of_pair)
     q_ref, scale_ref = quantize_activation(x, "group")
     gathered, gathered_scale = gather_sorted(q_ref, scale_ref, 3, aligned)
     in_use = int(aligned.num_padded.item())
     real = aligned.sorted_ids[:in_use] < aligned.num_pairs
     assert torch.equal(q[:in_use][real].view(torch.uint8), gathered[:in_use][real].view(torch.uint8))
     assert torch.equal(scale[:in_use][real], gathered_scale[:in_use][real])
+    # pair_slots inverts the sorted list: each local pair's slot, -1 for a pair another rank owns
+    slots = torch.arange(in_use, device=x.device, dtype=torch.int32)[real]
+    assert torch.equal(slot_of_pair[aligned.sorted_ids[:in_use][real].long()], slots)
+    assert torch.equal((slot_of_pair < 0).view(num_tokens, top_k), ids < 0)
+
+
+@pytest.mark.parametrize("num_experts,num_tokens,top_k,n", [(256, 2000, 8, 2048), (8, 300, 4, 576), (16, 3, 2, 256)])
+def test_intermediate_quantized_in_the_rows_that_hold_a_pair(num_experts, num_tokens, top_k, n):
+    """The Gluon path's intermediate: every sorted row that holds a pair is quantized as the quantization pass
+    does, bit for bit (the other rows are the w2 GEMM's pad rows, whose results are never read)."""
+    _, ids = routing(num_tokens, num_experts, top_k, seed=31)
+    ids[::5, -1] = -1  # a slot another rank owns
+    aligned = align_tokens(ids, num_experts, 128)
+    inter = hidden_states(aligned.sorted_ids.numel(), n, torch.bfloat16, seed=31)
+    real = torch.zeros(inter.shape[0], dtype=torch.bool, device=inter.device)
+    in_use = int(aligned.num_padded.item())
+    real[:in_use] = aligned.sorted_ids[:in_use] < aligned.num_pairs
+    q, scale = quantize_real_rows(inter, aligned)
+    q_ref, scale_ref = quantize_activation(inter, "group")
+    assert torch.equal(q[real].view(torch.uint8), q_ref[real].view(torch.uint8))
+    assert torch.equal(scale[real], scale_ref[real])
+    assert int(real.sum()) == num_tokens * top_k - int((ids < 0).sum())

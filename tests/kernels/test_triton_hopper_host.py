@@ -175,16 +175,17 @@ def test_hopper_fields_survive_a_table():
 # ---- the launches, bound as Triton binds them (needs Triton, not a GPU) ----
 
 
-def _record(monkeypatch, fp8, config, num_tokens=64, n=256, k=512, top_k=4, experts=2, float_input=False):
+def _record(monkeypatch, fp8, config, num_tokens=64, n=256, k=512, top_k=4, experts=2, float_input=False, sums=None):
     """The Hopper layer's kernel launches for one call, on CPU tensors (``float_input``: a block-FP8 layer's
-    input still bf16, left to the Gluon path to quantize)."""
+    input still bf16, left to the Gluon path to quantize); ``sums`` collects what the top-k sum was given."""
     from moe_fsm.kernels.triton_moe import _hopper_kernels, fused, hopper
     from moe_fsm.kernels.triton_moe.align import AlignedRouting, max_padded_rows
     from moe_fsm.kernels.triton_moe.fused import Fp8Spec
     from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE
 
     calls = []
-    for name in ("moe_gemm_tma_kernel", "gather_rows_kernel", "pair_slots_kernel", "quantize_into_slots_kernel"):
+    for name in ("moe_gemm_tma_kernel", "gather_rows_kernel", "pair_slots_kernel", "quantize_into_slots_kernel",
+                 "quantize_real_rows_kernel"):
         kernel = getattr(_hopper_kernels, name)
         kernel = kernel.fn if isinstance(kernel, Recorder) else kernel
         monkeypatch.setattr(_hopper_kernels, name, Recorder(kernel, calls))
@@ -194,7 +195,8 @@ def _record(monkeypatch, fp8, config, num_tokens=64, n=256, k=512, top_k=4, expe
         lambda x, g, s=None: (torch.empty(x.shape, dtype=FP8_DTYPE),
                               torch.empty(x.shape[0], -(-x.shape[1] // 128) if g == "group" else 1)),
     )
-    monkeypatch.setattr(fused, "topk_sum", lambda y, ids, e, out: out)
+    sums = [] if sums is None else sums
+    monkeypatch.setattr(fused, "topk_sum", lambda y, ids, e, out, row_of_pair=None: sums.append((y, row_of_pair)) or out)
     dt = FP8_DTYPE if fp8 else torch.bfloat16
     w1, w2 = torch.empty(experts, 2 * n, k, dtype=dt), torch.empty(experts, k, n, dtype=dt)
     a = torch.empty(num_tokens, k, dtype=dt)
@@ -274,6 +276,7 @@ GLUON_LAUNCH_CASES = [
 def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config, float_input):
     pytest.importorskip("triton.experimental.gluon")
     from moe_fsm.kernels.triton_moe import _gluon_kernels, fused
+    from moe_fsm.kernels.triton_moe.align import max_padded_rows
 
     validate_config(config, block_fp8=True)
     calls = []
@@ -281,18 +284,29 @@ def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config, float_input
                         Recorder(_gluon_kernels.moe_block_fp8_gemm_kernel, calls))
     monkeypatch.setattr(fused, "gluon_usable", lambda *args, **kwargs: True)
     monkeypatch.setattr(fused, "expert_runs", lambda routing: (routing.block_expert, routing.block_expert))
-    calls += _record(monkeypatch, "block", config, float_input=float_input)
+    sums = []
+    calls += _record(monkeypatch, "block", config, float_input=float_input, sums=sums)
     names = [fn.__name__ for fn, *_ in calls]
-    # float input is quantized straight into sorted order (pair -> slot, then each token to its slots); FP8
-    # input is gathered there
-    first = ["pair_slots_kernel", "quantize_into_slots_kernel"] if float_input else ["gather_rows_kernel"]
-    assert sorted(names) == sorted(first + ["moe_block_fp8_gemm_kernel", "moe_block_fp8_gemm_kernel"])
+    # each pair's sorted row (pair -> slot) serves the top-k sum; float input is quantized straight into sorted
+    # order (each token to its slots), FP8 input gathered there
+    first = ["pair_slots_kernel"] + (["quantize_into_slots_kernel"] if float_input else ["gather_rows_kernel"])
+    (y, row_of_pair), = sums
+    slots = next(args for fn, _, args, _ in calls if fn.__name__ == "pair_slots_kernel")[3]
+    # w2 writes its rows in sorted order, every slot's (pads too): the sum finds each pair's row by its slot
+    sorted_rows = -(-max_padded_rows(64 * 4, 2, config.block_m) // config.block_m) * config.block_m
+    assert row_of_pair is slots and y.shape == (sorted_rows, 512)
+    # the intermediate is quantized in the rows that hold a pair only
+    gemms = ["moe_block_fp8_gemm_kernel", "quantize_real_rows_kernel", "moe_block_fp8_gemm_kernel"]
+    assert sorted(names) == sorted(first + gemms)
     for fn, grid, args, kwargs in calls:
         if fn.__name__ == "quantize_into_slots_kernel":
             signature, _ = bind(fn, args, kwargs)
             assert grid == (64, 1) and kwargs["TOP_K"] == 4 and args[fn.arg_names.index("num_groups")] == 4
             assert signature["q_ptr"] == "*fp8e4nv" and args[fn.arg_names.index("q_ptr")].shape == (
                 args[fn.arg_names.index("s_ptr")].shape[0], 512)
+        if fn.__name__ == "quantize_real_rows_kernel":
+            signature, _ = bind(fn, args, kwargs)
+            assert grid == (sorted_rows, 1) and signature["q_ptr"] == "*fp8e4nv"
         if fn.__name__ == "pair_slots_kernel":
             bind(fn, args, kwargs)
             assert args[fn.arg_names.index("slot_of_pair_ptr")].tolist() == [-1] * 256
@@ -305,6 +319,10 @@ def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config, float_input
         assert signature["a_desc"].startswith("tensordesc<fp8e4nv[64, 128]" if config.block_m == 64 else
                                               "tensordesc<fp8e4nv[128, 128]")
         assert signature["w_desc"].startswith(f"tensordesc<fp8e4nv[{half}, 128]")
+        # the A rows of a block whose second half is pads come in through the half-height box
+        assert signature["a_half_desc"].startswith(f"tensordesc<fp8e4nv[{config.block_m // 2}, 128]")
+        # the copy engine stores each tile in boxes of up to 64 bf16 columns (128 bytes, its swizzle's span)
+        assert signature["out_desc"].startswith(f"tensordesc<bf16[{config.block_m}, {min(gemm.block_n, 64)}]")
         assert (kwargs["WARP_SPECIALIZE"], kwargs["PERSISTENT"]) == (gemm.warp_specialize, gemm.persistent)
         # a warp-specialized program caps its launch registers so its producer warpgroup fits beside the math
         assert ("maxnreg" in kwargs) == gemm.warp_specialize
@@ -381,4 +399,4 @@ def test_quantize_sorted_names_the_rows_it_takes(make):
     from moe_fsm.kernels.triton_moe.hopper import quantize_sorted
 
     with pytest.raises(KernelInputError, match=r"float \[M, K\] rows contiguous along K"):
-        quantize_sorted(make(), routing=None)
+        quantize_sorted(make(), routing=None, slot_of_pair=None)

@@ -12,10 +12,12 @@ scales that one while step k runs (``_step_group``).
   memory, multiplied as one wgmma; for w1 (``GATED``) the gate rows ``n0`` and the up rows ``N + n0`` of the
   expert, for w2 two neighbouring column blocks. ``HALF`` divides 128, so each box lies in one weight-scale
   block and its scale is one scalar per K step. The input rows are in sorted-slot order (for w1 the input
-  quantized or gathered into it, for w2 the intermediate), loaded by TMA like the weights. The epilogue computes in registers and
-  stages only the rounded output tile in shared memory: w1 writes ``act(gate, up)`` into the sorted
-  intermediate (quantized in 1x128 groups after the GEMM, as vLLM does), w2 each row to its (token, slot)
-  pair, times its top-k weight where asked.
+  quantized or gathered into it, for w2 the intermediate), loaded by TMA like the weights; a row block whose
+  second half is pads (an expert's last) loads only its first half of A rows. The epilogue computes in
+  registers, puts the rounded tile in shared memory and has the copy engine store it while the math warps go
+  on (``_epilogue``): the outputs are in sorted order too, w1's ``act(gate, up)`` (the intermediate, quantized
+  in 1x128 groups after the GEMM, as vLLM does) and w2's products times their top-k weight where asked (the
+  top-k sum finds each pair's row by its slot).
 * **Warp specialization** (``WARP_SPECIALIZE``, Gluon's explicit partitions): one producer warp issues every
   load into a ring of ``NUM_STAGES`` slots and the ``num_warps`` math warps hand each slot back through an
   mbarrier when its wgmma is done. Without it the math warps load too, refilling each slot as it frees.
@@ -23,7 +25,8 @@ scales that one while step k runs (``_step_group``).
   ahead across them, so a tile's first loads overlap the last one's epilogue.
 * **Tile order**: expert by expert (``_tile_origin``, from ``align.expert_runs``), so each expert's weight tiles
   are read from memory once. A tile's metadata is loaded before it is needed: the next tile's origin while the
-  current one runs, a tile's epilogue rows and top-k weights before its K loop (``_tile_rows``).
+  current one runs, whether its second half is pads a tile ahead too (the producer), each row's top-k weight
+  before its K loop (``_row_weights``).
 
 Quantizing the intermediate in the w1 epilogue was built twice and measured (``docs/perf/hopper.md``): it saves
 the 230 µs quantization pass, but a divide per value slowed w1 by 1.5-2 ms on the DeepSeek-V3 layer at 8192
@@ -35,31 +38,16 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 # registers of the producer warp (the least a warp can be given): the consumers get the rest of the budget
 PRODUCER_REGS = gl.constexpr(24)
-
-
-@gluon.constexpr_function
-def _staging_layout(width, element_bits):
-    """The epilogue's staging tile (the output dtype, ``width`` columns): 16-byte vectors XOR-swizzled across the
-    rows of 8 128-byte lines, so that neither the wgmma layout's stores (each thread two columns of 8 rows at
-    once) nor the 16-byte loads of ``_store_layout`` share banks (``gl.bank_conflicts`` 0 and 0,
-    tests/kernels/test_gluon_layouts.py). The tile used to be the fp32 sum, row-major: its stores took 4
-    wavefronts where 1 does (docs/perf/hopper.md)."""
-    vector = 128 // element_bits
-    rows_per_line = max(128 // (width * element_bits // 8), 1)
-    return gl.SwizzledSharedLayout(vector, rows_per_line, 8 // rows_per_line, order=[1, 0])
-
-
-@gluon.constexpr_function
-def _store_layout(width, element_bits, num_warps):
-    """A blocked layout for [rows, width] epilogue tiles: 16 contiguous bytes a thread (one shared-memory load),
-    rows across warps."""
-    vector = 128 // element_bits
-    cols = min(width // vector, 32)
-    return gl.BlockedLayout([1, vector], [32 // cols, cols], [num_warps, 1], [1, 0])
 
 
 @gluon.jit
@@ -112,26 +100,41 @@ def _tile_range(tiles, PERSISTENT: gl.constexpr):
 
 
 @gluon.jit
+def _upper_half_pads(sorted_ids_ptr, row0, num_valid_rows, BLOCK_M: gl.constexpr):
+    """Whether the row block at ``row0`` holds pad rows only past its first half: an expert's last block with at
+    most ``BLOCK_M // 2`` rows (pad rows end an expert's last block)."""
+    return gl.load(sorted_ids_ptr + row0 + BLOCK_M // 2) >= num_valid_rows
+
+
+@gluon.jit
 def _load_step(loads, ring, step, ki, pred, NUM_STAGES: gl.constexpr):
     """TMA loads of K step ``ki`` into the ring slot of the program's ``step``-th step (none where ``pred`` is
-    false): the A tile and both weight boxes, all counted on the slot's ready barrier."""
-    a_desc, w_desc, row0, w_lo, w_hi = loads
+    false): the A tile and both weight boxes, all counted on the slot's ready barrier. A tile whose second half
+    is pads (``half_a``) loads its first half of A rows only (``a_half_desc``): the math warps still multiply
+    all of the slot's rows, and the rows not loaded hold an earlier step's, whose products are pad rows' (never
+    stored by w2, and w1's pad rows are never read into a real one)."""
+    a_desc, a_half_desc, w_desc, row0, w_lo, w_hi, half_a = loads
     a_smem, b_smem, ready, empty = ring
     HALF: gl.constexpr = w_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     slot = step % NUM_STAGES
     bar = ready.index(slot)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + 2 * w_desc.block_type.nbytes, pred=pred)
+    w_bytes: gl.constexpr = 2 * w_desc.block_type.nbytes
+    mbarrier.expect(bar, a_desc.block_type.nbytes + w_bytes, pred=pred and not half_a)
+    mbarrier.expect(bar, a_half_desc.block_type.nbytes + w_bytes, pred=pred and half_a)
     k0 = ki * BLOCK_K
-    tma.async_copy_global_to_shared(a_desc, [row0, k0], bar, a_smem.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(a_desc, [row0, k0], bar, a_smem.index(slot), pred=pred and not half_a)
+    tma.async_copy_global_to_shared(a_half_desc, [row0, k0], bar,
+                                    a_smem.index(slot).slice(0, a_half_desc.block_type.shape[0]),
+                                    pred=pred and half_a)
     b = b_smem.index(slot)
     tma.async_copy_global_to_shared(w_desc, [w_lo, k0], bar, b.slice(0, HALF), pred=pred)
     tma.async_copy_global_to_shared(w_desc, [w_hi, k0], bar, b.slice(HALF, HALF), pred=pred)
 
 
 @gluon.jit
-def _producer(a_desc, weights, runs, ring, tiles, GATED: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr,
-              PERSISTENT: gl.constexpr):
+def _producer(a_desc, a_half_desc, weights, runs, row_ids, ring, tiles, GATED: gl.constexpr, GROUP_M: gl.constexpr,
+              NUM_STAGES: gl.constexpr, PERSISTENT: gl.constexpr):
     """The copy-engine warp of a warp-specialized program: every K step of its tiles, each into a slot the
     consumers have released (``empty``; a fresh barrier reads as released once). It runs ahead across tiles,
     so the next tile's first loads overlap the consumers' last steps and epilogue."""
@@ -140,13 +143,17 @@ def _producer(a_desc, weights, runs, ring, tiles, GATED: gl.constexpr, GROUP_M: 
     num_k = tiles[2]
     empty = ring[3]
     first, last, stride = _tile_range(tiles, PERSISTENT)
+    sorted_ids_ptr, num_valid_rows = row_ids
     step = 0
     upcoming = _tile_origin(first, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
+    upcoming_half = _upper_half_pads(sorted_ids_ptr, upcoming[0], num_valid_rows, BLOCK_M)
     for tile in range(first, last, stride):
         row0, n0, expert, w_lo, w_hi = upcoming
+        half_a = upcoming_half
         # the next tile's origin is loaded now and used an iteration later: no load latency between two tiles
         upcoming = _tile_origin(tile + stride, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
-        loads = (a_desc, weights[0], row0, w_lo, w_hi)
+        upcoming_half = _upper_half_pads(sorted_ids_ptr, upcoming[0], num_valid_rows, BLOCK_M)
+        loads = (a_desc, a_half_desc, weights[0], row0, w_lo, w_hi, half_a)
         for ki in range(num_k):
             mbarrier.wait(empty.index(step % NUM_STAGES), ((step // NUM_STAGES) & 1) ^ 1)
             _load_step(loads, ring, step, ki, True, NUM_STAGES)
@@ -255,60 +262,58 @@ def _activate(gate, up, swiglu_limit, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.co
 
 
 @gluon.jit
-def _tile_rows(outputs, row0, acc_layout: gl.constexpr, store_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-               GATED: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
-    """What a tile's epilogue needs from memory, loaded before its K loop so that no load latency sits between
-    the last wgmma and the stores: each row's top-k weight (in the wgmma layout; ones without
-    ``WEIGHT_ROWS``) and the row each output row goes to (in the store layout): its sorted slot for w1, its
-    (token, slot) pair for w2, ``num_valid_rows`` or more for a pad row that w2 must not store."""
-    out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om = outputs
+def _row_weights(outputs, row0, acc_layout: gl.constexpr, BLOCK_M: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
+    """Each row's top-k weight (in the wgmma layout; ones without ``WEIGHT_ROWS``), loaded before the tile's K
+    loop so that no load latency sits between its last wgmma and its epilogue."""
+    out_desc, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit = outputs
     if WEIGHT_ROWS:
         weight_rows = gl.load(sorted_ids_ptr + row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout)))
         g = gl.load(row_weight_ptr + weight_rows, mask=weight_rows < num_valid_rows, other=0.0).to(gl.float32)
     else:
         g = gl.full([BLOCK_M], 1.0, gl.float32, layout=gl.SliceLayout(1, acc_layout))
-    slots = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, store_layout))
-    if GATED:
-        out_rows = slots
-    else:
-        out_rows = gl.load(sorted_ids_ptr + slots)
-    return g, out_rows
+    return g
 
 
 @gluon.jit
-def _epilogue(acc, outputs, row_weights, out_rows, n0, N, store_layout: gl.constexpr, GATED: gl.constexpr,
-              ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
-    """One tile's sum out, times each row's top-k weight where asked (``_tile_rows`` loaded both): w1 writes
-    ``act(gate, up)`` into the sorted intermediate, w2 each row to its (token, slot) pair. Everything up to the
-    output dtype happens in the wgmma layout (each thread holds a gate column and its up column: the
-    activation needs no exchange); the rounded tile then goes through shared memory to come back in
-    ``store_layout``."""
-    out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om = outputs
-    BLOCK_M: gl.constexpr = acc.shape[0]
-    HALF: gl.constexpr = acc.shape[1] // 2
+def _column_halves(tile):
+    """A ``[rows, 2 * H]`` tile of the wgmma layout as its columns ``0 .. H - 1`` and ``H ..``, each thread keeping
+    its own values (no data exchange): w1's gate and up products, or w2's two output boxes."""
+    return gl.split(gl.permute(gl.reshape(tile, [tile.shape[0], 2, tile.shape[1] // 2]), [0, 2, 1]))
+
+
+@gluon.jit
+def _epilogue(acc, outputs, c_smem, row_weights, row0, n0, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
+              HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
+    """One tile's sum out, times each row's top-k weight where asked: w1 writes ``act(gate, up)`` into the sorted
+    intermediate, w2 its rows in sorted order too (the top-k sum finds each pair's row by its slot). Everything
+    up to the output dtype happens in the wgmma layout; the rounded tile goes to shared memory (``c_smem``, one
+    box per 64 columns) and the copy engine stores it while the math warps go on to the next tile. The previous
+    tile's store must have read ``c_smem`` first: it has had this tile's whole K loop to do so."""
+    out_desc, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit = outputs
     if WEIGHT_ROWS:
         acc = acc * gl.expand_dims(row_weights, 1)
     if GATED:
-        gate, up = gl.split(gl.permute(gl.reshape(acc, [BLOCK_M, 2, HALF]), [0, 2, 1]))
-        tile = _activate(gate, up, swiglu_limit, ACTIVATION, HAS_LIMIT).to(out_ptr.dtype.element_ty)
+        gate, up = _column_halves(acc)
+        tile = _activate(gate, up, swiglu_limit, ACTIVATION, HAS_LIMIT).to(out_desc.dtype)
     else:
-        tile = acc.to(out_ptr.dtype.element_ty)
-    WIDTH: gl.constexpr = tile.shape[1]
-    gl.thread_barrier()  # the last tile's values are read, and (one role for all warps) every wgmma is done
-    c_smem = gl.allocate_shared_memory(tile.dtype, [BLOCK_M, WIDTH],
-                                       _staging_layout(WIDTH, tile.dtype.primitive_bitwidth), tile)
+        tile = acc.to(out_desc.dtype)
+    BOX: gl.constexpr = out_desc.block_type.shape[1]
+    tma.store_wait(0)
+    gl.thread_barrier()  # the last tile's store has read c_smem, and (one role for all warps) every wgmma is done
+    if tile.shape[1] == BOX:
+        c_smem.index(0).store(tile)
+    else:
+        lo, hi = _column_halves(tile)
+        c_smem.index(0).store(lo)
+        c_smem.index(1).store(hi)
+    fence_async_shared()
     gl.thread_barrier()
-    values = c_smem.load(store_layout)
-    cols = n0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, store_layout))
-    mask = gl.expand_dims(cols < N, 0)
-    if not GATED:
-        mask = mask & gl.expand_dims(out_rows < num_valid_rows, 1)
-    ptrs = out_ptr + gl.expand_dims(out_rows.to(gl.int64) * stride_om, 1) + gl.expand_dims(cols, 0)
-    gl.store(ptrs, values, mask=mask)
+    for box in gl.static_range(tile.shape[1] // BOX):
+        tma.async_copy_shared_to_global(out_desc, [row0, n0 + box * BOX], c_smem.index(box))
 
 
 @gluon.jit
-def _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.constexpr,
+def _consumer(a_desc, a_half_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.constexpr,
               ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr, GROUP_M: gl.constexpr,
               NUM_STAGES: gl.constexpr, UNROLL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
               PERSISTENT: gl.constexpr):
@@ -316,7 +321,7 @@ def _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.c
     also issue the loads: the tile's first ``NUM_STAGES`` steps here, each later one as a slot frees."""
     a_scale_ptr, stride_asm, stride_ask = a_scales
     w_desc, w_scale_ptr, block_expert_ptr, N, w_rows_per_expert, stride_wse, stride_wsn, stride_wsk = weights
-    out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om = outputs
+    out_desc, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit = outputs
     num_k = tiles[2]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     HALF: gl.constexpr = w_desc.block_type.shape[0]
@@ -324,8 +329,9 @@ def _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.c
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, 2 * HALF, 32]
     )
     lo_cols = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(0, mma_layout)) < HALF
-    store_layout: gl.constexpr = _store_layout(HALF if GATED else 2 * HALF, out_ptr.dtype.element_ty.primitive_bitwidth,
-                                               gl.num_warps())
+    BOX: gl.constexpr = out_desc.block_type.shape[1]
+    c_smem = gl.allocate_shared_memory(out_desc.dtype, [(HALF if GATED else 2 * HALF) // BOX, BLOCK_M, BOX],
+                                       out_desc.layout)
     # a box past the last scale block (a ragged N) reads the expert's next rows: their columns are masked on
     # store, and their scale index is clamped to a real block
     last_group = (w_rows_per_expert - 1) // 128
@@ -336,7 +342,7 @@ def _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.c
     for tile in range(first, last, stride):
         row0, n0, expert, w_lo, w_hi = upcoming
         upcoming = _tile_origin(tile + stride, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
-        loads = (a_desc, w_desc, row0, w_lo, w_hi)
+        loads = (a_desc, a_half_desc, w_desc, row0, w_lo, w_hi, False)
         if not WARP_SPECIALIZE:
             for s in gl.static_range(NUM_STAGES):
                 _load_step(loads, ring, base + s, s, s < num_k, NUM_STAGES)
@@ -351,20 +357,22 @@ def _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.c
             stride_wsk,
             lo_cols,
         )
-        row_weights, out_rows = _tile_rows(outputs, row0, mma_layout, store_layout, BLOCK_M, GATED, WEIGHT_ROWS)
+        row_weights = _row_weights(outputs, row0, mma_layout, BLOCK_M, WEIGHT_ROWS)
         acc = _k_loop(loads, ring, scales, base, num_k, gl.zeros([BLOCK_M, 2 * HALF], gl.float32, layout=mma_layout),
                       UNROLL, NUM_STAGES, WARP_SPECIALIZE)
         base += num_k
-        _epilogue(acc, outputs, row_weights, out_rows, n0, N, store_layout, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS)
+        _epilogue(acc, outputs, c_smem, row_weights, row0, n0, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS)
+    tma.store_wait(0)
 
 
 @gluon.jit(do_not_specialize=["num_valid_rows"])
 def moe_block_fp8_gemm_kernel(
     a_desc,
+    a_half_desc,
     a_scale_ptr,
     w_desc,
     w_scale_ptr,
-    out_ptr,
+    out_desc,
     row_weight_ptr,
     sorted_ids_ptr,
     block_expert_ptr,
@@ -381,7 +389,6 @@ def moe_block_fp8_gemm_kernel(
     stride_wse,
     stride_wsn,
     stride_wsk,
-    stride_om,
     GATED: gl.constexpr,
     ACTIVATION: gl.constexpr,
     HAS_LIMIT: gl.constexpr,
@@ -416,16 +423,17 @@ def moe_block_fp8_gemm_kernel(
     ring = (a_smem, b_smem, ready, empty)
     a_scales = (a_scale_ptr, stride_asm, stride_ask)
     weights = (w_desc, w_scale_ptr, block_expert_ptr, N, w_rows_per_expert, stride_wse, stride_wsn, stride_wsk)
-    outputs = (out_ptr, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit, stride_om)
+    outputs = (out_desc, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit)
     runs = (run_first_ptr, run_count_ptr)
     if WARP_SPECIALIZE:
         gl.warp_specialize([
-            (_consumer, (a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT,
+            (_consumer, (a_desc, a_half_desc, a_scales, weights, runs, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT,
                          WEIGHT_ROWS, GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT)),
-            (_producer, (a_desc, weights, runs, ring, tiles, GATED, GROUP_M, NUM_STAGES, PERSISTENT)),
+            (_producer, (a_desc, a_half_desc, weights, runs, (sorted_ids_ptr, num_valid_rows), ring, tiles, GATED,
+                         GROUP_M, NUM_STAGES, PERSISTENT)),
         ], [1], [PRODUCER_REGS])
     else:
-        _consumer(a_desc, a_scales, weights, runs, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS,
+        _consumer(a_desc, a_half_desc, a_scales, weights, runs, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS,
                   GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(s))

@@ -372,3 +372,20 @@ def quantize_into_slots_kernel(
         if slot >= 0:
             tl.store(q_ptr + slot * stride_qm + cols, q, mask=mask)
             tl.store(s_ptr + slot * stride_sm + groups, scale, mask=groups < num_groups)
+
+
+@triton.jit(do_not_specialize=["num_valid_rows"])
+def quantize_real_rows_kernel(
+    x_ptr, q_ptr, s_ptr, sorted_ids_ptr, num_padded_ptr, num_valid_rows, K, num_groups, stride_xm, stride_qm,
+    stride_sm, GROUPS: tl.constexpr, GROUP: tl.constexpr,
+):
+    """Sorted row ``m``'s 1x``GROUP`` FP8 groups (``_kernels.quantize_row_groups``, as the quantization pass) where
+    it holds a pair: the Gluon w1 GEMM's intermediate, whose pad rows and rows past the ones in use (a third of
+    the buffer at 8192 tokens of DeepSeek-V3) no real row ever reads."""
+    m = tl.program_id(0)
+    if m < tl.load(num_padded_ptr):
+        if tl.load(sorted_ids_ptr + m) < num_valid_rows:
+            row = m.to(tl.int64)
+            groups, cols, q, scale = quantize_row_groups(x_ptr + row * stride_xm, K, GROUPS, GROUP)
+            tl.store(q_ptr + row * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
+            tl.store(s_ptr + row * stride_sm + groups, scale, mask=groups < num_groups)

@@ -504,10 +504,11 @@ def moe_gemm_kernel(
 
 @triton.jit(do_not_specialize=["num_experts"])
 def topk_sum_kernel(
-    y_ptr, topk_ids_ptr, out_ptr, K, num_experts, stride_ym, stride_om, TOP_K: tl.constexpr, TOPK_POW2: tl.constexpr,
-    BLOCK: tl.constexpr, PDL: tl.constexpr,
+    y_ptr, topk_ids_ptr, row_of_pair_ptr, out_ptr, K, num_experts, stride_ym, stride_om, TOP_K: tl.constexpr,
+    TOPK_POW2: tl.constexpr, BLOCK: tl.constexpr, ROWS_BY_PAIR: tl.constexpr, PDL: tl.constexpr,
 ):
-    """out[m] = sum over local slots j of y[m * TOP_K + j] (rows of slots owned elsewhere were never written)."""
+    """out[m] = sum over local slots j of pair (m, j)'s row of y: row m * TOP_K + j, or with ``ROWS_BY_PAIR``
+    the row ``row_of_pair`` gives it (rows of slots owned elsewhere were never written)."""
     _wait_for_previous_kernel(PDL)
     _let_next_kernel_start(PDL)
     m = tl.program_id(0).to(tl.int64)
@@ -515,7 +516,10 @@ def topk_sum_kernel(
     slots = tl.arange(0, TOPK_POW2)
     expert = tl.load(topk_ids_ptr + m * TOP_K + slots, mask=slots < TOP_K, other=-1)
     ok = (slots < TOP_K) & (expert >= 0) & (expert < num_experts)
-    y_ptrs = y_ptr + (m * TOP_K + slots)[:, None] * stride_ym + offs[None, :]
+    rows = m * TOP_K + slots
+    if ROWS_BY_PAIR:
+        rows = tl.load(row_of_pair_ptr + rows, mask=ok, other=0).to(tl.int64)
+    y_ptrs = y_ptr + rows[:, None] * stride_ym + offs[None, :]
     y = tl.load(y_ptrs, mask=ok[:, None] & (offs[None, :] < K), other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_om + offs, tl.sum(y, axis=0).to(out_ptr.dtype.element_ty), mask=offs < K)
 

@@ -39,6 +39,8 @@ from moe_fsm.kernels.triton_moe.hopper import (
     hopper_usable,
     hopper_w1,
     hopper_w2,
+    pair_slots,
+    quantize_real_rows,
     quantize_sorted,
 )
 from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE, quantize_activation
@@ -329,16 +331,22 @@ def w2_gemm(
     return y
 
 
-def topk_sum(y: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, out: torch.Tensor) -> torch.Tensor:
-    """out[m] = sum of y[m * top_k + j] over the slots j whose expert is in [0, num_experts)."""
+def topk_sum(
+    y: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, out: torch.Tensor,
+    row_of_pair: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """out[m] = sum of pair (m, j)'s row of y over the slots j whose expert is in [0, num_experts): row
+    m * top_k + j, or ``row_of_pair[m * top_k + j]`` where y is in another order (the Gluon path's sorted one)."""
     num_tokens, top_k = topk_ids.shape
     k_dim = y.shape[-1]
     block = min(1024, max(16, 1 << (k_dim - 1).bit_length()))
     if num_tokens:
         launch(
             kernels().topk_sum_kernel, (num_tokens, -(-k_dim // block)),
-            (y, topk_ids.contiguous(), out, k_dim, num_experts, y.stride(0), out.stride(0)),
-            dict(TOP_K=top_k, TOPK_POW2=max(2, 1 << (top_k - 1).bit_length()), BLOCK=block),
+            (y, topk_ids.contiguous(), y if row_of_pair is None else row_of_pair, out, k_dim, num_experts,
+             y.stride(0), out.stride(0)),
+            dict(TOP_K=top_k, TOPK_POW2=max(2, 1 << (top_k - 1).bit_length()), BLOCK=block,
+                 ROWS_BY_PAIR=row_of_pair is not None),
         )
     return out
 
@@ -522,8 +530,9 @@ def _hopper_layer(
     if a_scale is None and spec is not None and not gluon:  # float input, 1x128 groups (``_prepare_input``)
         a, a_scale = quantize_activation(a, spec.activation)
     if gluon:
+        slot_of_pair = pair_slots(routing)
         if a_scale is None:
-            sorted_a, sorted_scale = quantize_sorted(a, routing)
+            sorted_a, sorted_scale = quantize_sorted(a, routing, slot_of_pair)
         else:
             sorted_a, sorted_scale = gather_sorted(a, a_scale, _activation_scale_mode(spec, a_scale), routing)
         runs = expert_runs(routing)
@@ -532,7 +541,7 @@ def _hopper_layer(
             sorted_a, sorted_scale, w1, w1_info, inter, routing, runs, w1_row_weights, gated=True, n_out=two_n // 2,
             activation=activation, swiglu_limit=swiglu_limit, config=config.w1,
         )
-        inter, inter_scale = quantize_activation(inter, spec.activation)
+        inter, inter_scale = quantize_real_rows(inter, routing)
     else:
         out_mode, inter_dtype, out_static, zero_fill = _intermediate_layout(spec, config.w1, a2_scale, result_dtype)
         inter, out_scale = hopper_w1(
@@ -547,14 +556,15 @@ def _hopper_layer(
         acc = torch.zeros(num_tokens, k_dim, dtype=torch.float32, device=a.device)
         hopper_w2(inter, inter_scale, inter_mode, w2, w2_info, routing, acc, 3, row_weights=row_weights, config=config.w2)
         return out.copy_(acc)
-    y = torch.empty(routing.num_pairs, k_dim, dtype=result_dtype, device=a.device)
     if gluon:
+        y = torch.empty(routing.sorted_ids.numel(), k_dim, dtype=result_dtype, device=a.device)
         gluon_gemm(
             inter, inter_scale, w2, w2_info, y, routing, runs, row_weights, gated=False, n_out=k_dim,
             activation=activation, swiglu_limit=None, config=config.w2,
         )
-    else:
-        hopper_w2(inter, inter_scale, inter_mode, w2, w2_info, routing, y, 0, row_weights=row_weights, config=config.w2)
+        return topk_sum(y, topk_ids, num_experts, out, row_of_pair=slot_of_pair)
+    y = torch.empty(routing.num_pairs, k_dim, dtype=result_dtype, device=a.device)
+    hopper_w2(inter, inter_scale, inter_mode, w2, w2_info, routing, y, 0, row_weights=row_weights, config=config.w2)
     return topk_sum(y, topk_ids, num_experts, out)
 
 

@@ -266,29 +266,59 @@ def gather_sorted(
     return sorted_a, sorted_scale
 
 
-def quantize_sorted(x: torch.Tensor, routing: AlignedRouting) -> tuple[torch.Tensor, torch.Tensor]:
-    """A block-FP8 layer's float w1 input quantized in 1x128 groups straight into sorted-slot order: what
-    ``gather_sorted`` makes of the quantized input, bit for bit, in one pass that reads each token once.
+def pair_slots(routing: AlignedRouting) -> torch.Tensor:
+    """Each (token, slot) pair's row in sorted order (``[num_pairs]`` int32; -1 for a pair no local expert
+    takes): the inverse of ``routing.sorted_ids``."""
+    from moe_fsm.kernels.triton_moe._hopper_kernels import pair_slots_kernel
+
+    rows = routing.sorted_ids.numel()
+    slot_of_pair = torch.full((routing.num_pairs,), -1, dtype=torch.int32, device=routing.sorted_ids.device)
+    block = 1024
+    pair_slots_kernel[(-(-rows // block),)](routing.sorted_ids, routing.num_padded, routing.num_pairs, slot_of_pair,
+                                           BLOCK=block)
+    return slot_of_pair
+
+
+def quantize_sorted(
+    x: torch.Tensor, routing: AlignedRouting, slot_of_pair: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block-FP8 layer's float w1 input quantized in 1x128 groups straight into sorted-slot order (each pair's
+    slot from ``pair_slots``): what ``gather_sorted`` makes of the quantized input, bit for bit, in one pass that
+    reads each token once.
 
     Pad slots are left as the allocator gives them: every GEMM row depends on its own input row alone, and
-    the epilogues never store a pad row's result, so nothing reads what a pad row holds into a real row."""
-    from moe_fsm.kernels.triton_moe._hopper_kernels import pair_slots_kernel, quantize_into_slots_kernel
+    nothing reads a pad row's result into a real row's."""
+    from moe_fsm.kernels.triton_moe._hopper_kernels import quantize_into_slots_kernel
 
     if x.dim() != 2 or x.stride(-1) != 1 or not x.is_floating_point() or x.dtype == FP8_DTYPE:
         raise KernelInputError(f"quantize_sorted takes float [M, K] rows contiguous along K; got {x.dtype} "
                                f"{tuple(x.shape)} with strides {x.stride()}")
     rows, (num_tokens, k_dim) = routing.sorted_ids.numel(), x.shape
     groups = -(-k_dim // FP8_GROUP)
-    slot_of_pair = torch.full((routing.num_pairs,), -1, dtype=torch.int32, device=x.device)
-    block = 1024
-    pair_slots_kernel[(-(-rows // block),)](routing.sorted_ids, routing.num_padded, routing.num_pairs, slot_of_pair,
-                                           BLOCK=block)
     q = torch.empty(rows, k_dim, dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
     groups_per_program = 8
     quantize_into_slots_kernel[(num_tokens, -(-groups // groups_per_program))](
         x, q, scale, slot_of_pair, k_dim, groups, x.stride(0), q.stride(0), scale.stride(0), TOP_K=routing.top_k,
         GROUPS=groups_per_program, GROUP=FP8_GROUP,
+    )
+    return q, scale
+
+
+def quantize_real_rows(x: torch.Tensor, routing: AlignedRouting) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sorted intermediate ``x`` quantized in 1x128 groups, as ``quantize_activation(x, "group")`` does, in the
+    rows that hold a pair only: the others (pads, rows past the ones in use) are left as the allocator gives
+    them, and the w2 GEMM's results for them are never read."""
+    from moe_fsm.kernels.triton_moe._hopper_kernels import quantize_real_rows_kernel
+
+    rows, k_dim = x.shape
+    groups = -(-k_dim // FP8_GROUP)
+    q = torch.empty(rows, k_dim, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
+    groups_per_program = 8
+    quantize_real_rows_kernel[(rows, -(-groups // groups_per_program))](
+        x, q, scale, routing.sorted_ids, routing.num_padded, routing.num_pairs, k_dim, groups, x.stride(0),
+        q.stride(0), scale.stride(0), GROUPS=groups_per_program, GROUP=FP8_GROUP,
     )
     return q, scale
 
@@ -324,7 +354,8 @@ def _gluon_descriptor(t: torch.Tensor, block: list[int]):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv))
+    dtype = {FP8_DTYPE: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t.dtype]
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
 def _unroll(num_k_steps: int, config: GemmConfig) -> int:
@@ -358,8 +389,10 @@ def gluon_gemm(
     config: GemmConfig,
 ) -> None:
     """One block-FP8 GEMM through the Gluon kernel over sorted-order input rows ``a`` (the input in sorted order,
-    ``quantize_sorted`` or ``gather_sorted``, or the intermediate) and their 1x128 group scales: w1 (``gated``) into the sorted intermediate ``out``, or w2
-    to each pair's row of ``out``; ``runs`` (``align.expert_runs``) orders the tiles expert by expert."""
+    ``quantize_sorted`` or ``gather_sorted``, or the intermediate) and their 1x128 group scales, into ``out`` in
+    the same sorted order (the copy engine stores each tile's rows as a block): w1 (``gated``) the intermediate,
+    w2 each pair's product (``pair_slots`` finds a pair's row); ``runs`` (``align.expert_runs``) orders the tiles
+    expert by expert."""
     from moe_fsm.kernels.triton_moe._gluon_kernels import moe_block_fp8_gemm_kernel
 
     num_experts, w_rows, k_in = w.shape
@@ -370,11 +403,12 @@ def gluon_gemm(
     grid = max(min(max_tiles, _sm_count(a.device.index or 0)) if config.persistent else max_tiles, 1)
     moe_block_fp8_gemm_kernel[(grid,)](
         _gluon_descriptor(a, [routing.block_m, FP8_GROUP]),
+        _gluon_descriptor(a, [routing.block_m // 2, FP8_GROUP]),
         a_scale,
         _gluon_descriptor(w.view(num_experts * w_rows, k_in), [half, FP8_GROUP]),
         w_scale,
-        out,
-        out if row_weights is None else row_weights,
+        _gluon_descriptor(out, [routing.block_m, min(config.block_n, 64)]),
+        w_scale if row_weights is None else row_weights,
         *_row_and_shape_args(routing, n_out, k_in, w_rows, swiglu_limit),
         *runs,
         a_scale.stride(0),
@@ -382,7 +416,6 @@ def gluon_gemm(
         sws_e,
         sws_n,
         sws_k,
-        out.stride(0),
         GATED=gated,
         ACTIVATION=ACTIVATIONS[activation],
         HAS_LIMIT=swiglu_limit is not None,
