@@ -315,7 +315,8 @@ def quantize_real_rows(x: torch.Tensor, routing: AlignedRouting) -> tuple[torch.
     groups = -(-k_dim // FP8_GROUP)
     q = torch.empty(rows, k_dim, dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
-    groups_per_program = 8
+    # a 2048-wide row a program: 157 µs against 186 at half a row (DeepSeek-V3's intermediate, 8192 tokens, H100)
+    groups_per_program = 16
     quantize_real_rows_kernel[(rows, -(-groups // groups_per_program))](
         x, q, scale, routing.sorted_ids, routing.num_padded, routing.num_pairs, k_dim, groups, x.stride(0),
         q.stride(0), scale.stride(0), GROUPS=groups_per_program, GROUP=FP8_GROUP,
