@@ -37,7 +37,11 @@ module) is left out with a line that says why.
 ``get_default_config``, what each runs on a shape no table holds.
 
 Each point is timed as CUDA-graph replays of R calls on R different routings, divided
-by R, with L2 flushed before each replay (``triton.testing.do_bench``, median); at one
+by R, with L2 flushed before each replay (``triton.testing.do_bench``, median), in
+``ROUNDS`` rounds that take the columns in turn, the order reversed each round: the median
+round is reported. At 8192 tokens the card runs at its power limit (700 W on the H100,
+docs/perf/hopper.md) and its clock follows its temperature, so a column timed right
+after another inherits its heat; turns and rounds spread that over every column. At one
 token the eager (no graph) call is timed too, for the host cost. Writes JSON, Markdown
 and PNG (default ``docs/perf/vs_vllm_<gpu>.*``).
 """
@@ -70,6 +74,8 @@ FUSED_MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 CONFIG_DIR = "vllm/model_executor/layers/fused_moe/configs/"
 KERNEL_FUNCTIONS = ("write_zeros_to_output", "fused_moe_kernel")
 DEFAULT_EXTRACT = ROOT / ".vllm_extract"
+# timing rounds per point, the columns taken in turn (module docstring)
+ROUNDS = 3
 
 
 # ---------------------------------------------------------------- prepare (no GPU, no torch)
@@ -504,12 +510,20 @@ def main_run(args) -> None:
                     torch.cuda.synchronize()
                     row["fi_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             rep = 100.0 if t <= 2048 else 60.0
-            for name, fn in fns:
-                try:
-                    row[f"{name}_us"] = time_graph(fn, inputs, rep)
-                except Exception as exc:
-                    torch.cuda.synchronize()
-                    row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            rounds: dict[str, list[float]] = {name: [] for name, _ in fns}
+            for turn in range(ROUNDS):
+                for name, fn in fns if turn % 2 == 0 else fns[::-1]:
+                    if f"{name}_error" in row:
+                        continue
+                    try:
+                        rounds[name].append(time_graph(fn, inputs, rep))
+                    except Exception as exc:
+                        torch.cuda.synchronize()
+                        row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            for name, times in rounds.items():
+                if f"{name}_error" not in row:
+                    row[f"{name}_us"] = statistics.median(times)
+                    row[f"{name}_rounds_us"] = times
             if "ours_us" in row and "vllm_us" in row:
                 row["speedup"] = row["vllm_us"] / row["ours_us"]
                 row["ours_TFLOPs"] = flops / row["ours_us"] / 1e6
@@ -654,7 +668,8 @@ def write_markdown(path: Path, report: dict) -> None:
         f"Machine: {m['gpu']} (sm_{m['capability'].replace('.', '')}, {m['sm_count']} SMs), torch {m['torch']}, Triton {m['triton']}, {m['date']}.",
         f"Ceilings in this run: copy {c['copy_GBps']:.0f} GB/s, bf16 matmul {c['bf16_matmul_TFLOPs']:.0f} TFLOP/s, FP8 matmul {c['fp8_matmul_TFLOPs']:.0f} TFLOP/s.",
         "",
-        "µs: median per layer call, CUDA-graph replays of R calls on R routings / R, L2 flushed per replay. "
+        f"µs: median per layer call, CUDA-graph replays of R calls on R routings / R, L2 flushed per replay; the median of "
+        f"{ROUNDS} rounds taking the columns in turn. "
         "All columns: same weights, routing and inputs (bench/bench_vs_vllm.py docstring).",
     ]
     if report.get("untuned"):
