@@ -68,7 +68,8 @@ def _pointer_twin(config: MoEConfig) -> MoEConfig:
 
 
 def _run(x, w1, w2, g, ids, config, **kw):
-    taken = gluon_usable(config, align_tokens(ids, w1.shape[0], config.block_m), x, w1, w2, block_fp8=True)
+    taken = gluon_usable(config, align_tokens(ids, w1.shape[0], config.block_m), x, w1, w2, block_fp8=True,
+                         out_dtype=torch.bfloat16)
     assert taken, "Gluon path not taken"
     poison_allocator()
     out = torch.full((x.shape[0], w2.shape[1]), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -162,7 +163,8 @@ def test_cuda_graph_capture_replays_new_routing(ws, persistent):
     kw = dict(config=config, fp8=BLOCK_FP8, w1_scale=s1, w2_scale=s2)
     x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=23)
     g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=23)
-    assert gluon_usable(config, align_tokens(ids, shape.num_experts, config.block_m), x, w1q, w2q, block_fp8=True)
+    assert gluon_usable(config, align_tokens(ids, shape.num_experts, config.block_m), x, w1q, w2q, block_fp8=True,
+                        out_dtype=torch.bfloat16)
     out = torch.empty(num_tokens, shape.hidden, dtype=torch.bfloat16, device="cuda")
     fused_experts(x, w1q, w2q, g, ids, out=out, **kw)  # compile outside the capture
     torch.cuda.synchronize()
@@ -198,7 +200,8 @@ def test_a_width_off_the_tile_grid_runs_the_triton_kernel():
     x = hidden_states(64, shape.hidden, torch.bfloat16, seed=25)
     g, ids = routing(64, shape.num_experts, shape.top_k, seed=25)
     config = _config()
-    assert not gluon_usable(config, align_tokens(ids, shape.num_experts, config.block_m), x, w1q, w2q, block_fp8=True)
+    assert not gluon_usable(config, align_tokens(ids, shape.num_experts, config.block_m), x, w1q, w2q, block_fp8=True,
+                            out_dtype=torch.bfloat16)
     out = fused_experts(x, w1q, w2q, g, ids, config=config, fp8=BLOCK_FP8, w1_scale=s1, w2_scale=s2)
     deq = dequantize_block(w1q, w2q, s1, s2)
     assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
@@ -243,3 +246,23 @@ def test_intermediate_quantized_in_the_rows_that_hold_a_pair(num_experts, num_to
     assert torch.equal(q[real].view(torch.uint8), q_ref[real].view(torch.uint8))
     assert torch.equal(scale[real], scale_ref[real])
     assert int(real.sum()) == num_tokens * top_k - int((ids < 0).sum())
+
+
+def test_an_fp32_output_runs_the_triton_kernel():
+    """The Gluon epilogue stores 16-bit tiles: FP8 input asked for a float32 output takes the Triton TMA kernel
+    with the same config, and still matches the emulation."""
+    shape = RAGGED
+    w1q, w2q, s1, s2 = block_fp8_weights(shape)
+    x = hidden_states(300, shape.hidden, torch.bfloat16, seed=29)
+    g, ids = routing(300, shape.num_experts, shape.top_k, seed=29)
+    q, scale = quantize_activation(x, "group")
+    config = _config()
+    aligned = align_tokens(ids, shape.num_experts, config.block_m)
+    assert gluon_usable(config, aligned, q, w1q, w2q, block_fp8=True, out_dtype=torch.bfloat16)
+    assert not gluon_usable(config, aligned, q, w1q, w2q, block_fp8=True, out_dtype=torch.float32)
+    poison_allocator()
+    out = fused_experts(q, w1q, w2q, g, ids, config=config, fp8=BLOCK_FP8, w1_scale=s1, w2_scale=s2, a1_scale=scale,
+                        out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    deq = dequantize_block(w1q, w2q, s1, s2)
+    assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL

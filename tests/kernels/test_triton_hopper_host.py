@@ -392,11 +392,13 @@ def test_the_tuner_offers_gluon_variants_for_block_fp8_prefill_only():
 
 @pytest.mark.parametrize("make", [lambda: torch.zeros(64, 8).t(), lambda: torch.zeros(2, 4, 8),
                                   lambda: torch.zeros(4, 8, dtype=torch.int32)])
-def test_quantize_sorted_names_the_rows_it_takes(make):
-    """The Gluon path's input quantizer reads float [M, K] rows with unit stride along K: anything else is refused
-    by name before any launch (the routing is not looked at)."""
+def test_the_sorted_quantizers_name_the_rows_they_take(make):
+    """The Gluon path's input and intermediate quantizers read float [M, K] rows with unit stride along K:
+    anything else is refused by name before any launch (the routing is not looked at)."""
     from moe_fsm.errors import KernelInputError
-    from moe_fsm.kernels.triton_moe.hopper import quantize_sorted
+    from moe_fsm.kernels.triton_moe.hopper import quantize_real_rows, quantize_sorted
 
-    with pytest.raises(KernelInputError, match=r"float \[M, K\] rows contiguous along K"):
+    with pytest.raises(KernelInputError, match=r"quantize_sorted takes float \[M, K\] rows contiguous along K"):
         quantize_sorted(make(), routing=None, slot_of_pair=None)
+    with pytest.raises(KernelInputError, match=r"quantize_real_rows takes float \[M, K\] rows contiguous along K"):
+        quantize_real_rows(make(), routing=None)

@@ -526,7 +526,7 @@ def _hopper_layer(
     w2_info = _weight_scale(spec, w2_scale, num_experts, k_dim, two_n // 2, "w2_scale")
     w1_row_weights = flat_weights if apply_router_weight_on_input else None
     row_weights = None if apply_router_weight_on_input else flat_weights
-    gluon = gluon_usable(config, routing, a, w1, w2, block_fp8=spec is not None and spec.block)
+    gluon = gluon_usable(config, routing, a, w1, w2, block_fp8=spec is not None and spec.block, out_dtype=result_dtype)
     if a_scale is None and spec is not None and not gluon:  # float input, 1x128 groups (``_prepare_input``)
         a, a_scale = quantize_activation(a, spec.activation)
     if gluon:

@@ -81,14 +81,21 @@ def hopper_usable(config: MoEConfig, routing: object, a: torch.Tensor, w1: torch
     )
 
 
+# output dtypes the Gluon kernel's epilogue stores: 16-bit, so that a 64-column TMA box is the 128 bytes its
+# swizzle spans (``_gluon_descriptor``); an FP8 layer asked for another output runs the Triton TMA kernel
+GLUON_OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
 def gluon_usable(
-    config: MoEConfig, routing: object, a: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *, block_fp8: bool
+    config: MoEConfig, routing: object, a: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *, block_fp8: bool,
+    out_dtype: torch.dtype,
 ) -> bool:
     """Whether this call takes the Gluon block-FP8 kernel (``MoEConfig.gluon``): else the Triton TMA kernel runs
     the same config's tiles. Beyond the TMA kernels' needs, the intermediate width must be a multiple of the w1
-    tile, so that each up box starts on the tile grid and lies in one weight-scale block."""
+    tile, so that each up box starts on the tile grid and lies in one weight-scale block, and the output must be
+    16-bit (``GLUON_OUT_DTYPES``)."""
     return (
-        config.gluon and block_fp8 and gluon_kernels_available(a.device.index or 0)
+        config.gluon and block_fp8 and out_dtype in GLUON_OUT_DTYPES and gluon_kernels_available(a.device.index or 0)
         and hopper_usable(config, routing, a, w1, w2) and w2.shape[2] % config.w1.block_n == 0
     )
 
@@ -266,6 +273,13 @@ def gather_sorted(
     return sorted_a, sorted_scale
 
 
+def _require_float_rows(x: torch.Tensor, name: str) -> None:
+    """The quantizers below read float [M, K] rows with unit stride along K: refuse anything else by name."""
+    if x.dim() != 2 or x.stride(-1) != 1 or not x.is_floating_point() or x.dtype == FP8_DTYPE:
+        raise KernelInputError(f"{name} takes float [M, K] rows contiguous along K; got {x.dtype} "
+                               f"{tuple(x.shape)} with strides {x.stride()}")
+
+
 def pair_slots(routing: AlignedRouting) -> torch.Tensor:
     """Each (token, slot) pair's row in sorted order (``[num_pairs]`` int32; -1 for a pair no local expert
     takes): the inverse of ``routing.sorted_ids``."""
@@ -290,9 +304,7 @@ def quantize_sorted(
     nothing reads a pad row's result into a real row's."""
     from moe_fsm.kernels.triton_moe._hopper_kernels import quantize_into_slots_kernel
 
-    if x.dim() != 2 or x.stride(-1) != 1 or not x.is_floating_point() or x.dtype == FP8_DTYPE:
-        raise KernelInputError(f"quantize_sorted takes float [M, K] rows contiguous along K; got {x.dtype} "
-                               f"{tuple(x.shape)} with strides {x.stride()}")
+    _require_float_rows(x, "quantize_sorted")
     rows, (num_tokens, k_dim) = routing.sorted_ids.numel(), x.shape
     groups = -(-k_dim // FP8_GROUP)
     q = torch.empty(rows, k_dim, dtype=FP8_DTYPE, device=x.device)
@@ -311,6 +323,7 @@ def quantize_real_rows(x: torch.Tensor, routing: AlignedRouting) -> tuple[torch.
     them, and the w2 GEMM's results for them are never read."""
     from moe_fsm.kernels.triton_moe._hopper_kernels import quantize_real_rows_kernel
 
+    _require_float_rows(x, "quantize_real_rows")
     rows, k_dim = x.shape
     groups = -(-k_dim // FP8_GROUP)
     q = torch.empty(rows, k_dim, dtype=FP8_DTYPE, device=x.device)
@@ -355,7 +368,7 @@ def _gluon_descriptor(t: torch.Tensor, block: list[int]):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    dtype = {FP8_DTYPE: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[t.dtype]
+    dtype = gl.float8e4nv if t.dtype == FP8_DTYPE else getattr(gl, GLUON_OUT_DTYPES[t.dtype])
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
