@@ -35,7 +35,9 @@ def test_setup_commands_install_the_cpu_torch_build_before_the_package():
         assert rest[0].startswith("pip install -e ")
     assert setup[1].strip().endswith("&& python3 -m pytest -q")
     ci = (ROOT / ".ci" / "run").read_text()
-    assert ci.index("torch==2.13.0") < ci.index("-e '.[test]'")
+    assert "python3 -m venv" in ci and "--system-site-packages" not in ci, \
+        "CI installs into a fresh virtual environment, so packages installed by hand on its machine stay out"
+    assert ci.index("python3 -m venv") < ci.index("torch==2.13.0") < ci.index("-e '.[test]'")
     assert "\npython3 -m pytest -q\n" in ci, "CI runs the README's test command, exactly"
     assert "\nMOE_FSM_PLATFORM=cpu-x86 python3 -m pytest" in ci, "CI runs the suite again as an x86 CPU without AMX"
 

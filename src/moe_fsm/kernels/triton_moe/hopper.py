@@ -302,9 +302,9 @@ def quantize_sorted(
 
     Pad slots are left as the allocator gives them: every GEMM row depends on its own input row alone, and
     nothing reads a pad row's result into a real row's."""
+    _require_float_rows(x, "quantize_sorted")  # before the kernel module's import: it needs Triton
     from moe_fsm.kernels.triton_moe._hopper_kernels import quantize_into_slots_kernel
 
-    _require_float_rows(x, "quantize_sorted")
     rows, (num_tokens, k_dim) = routing.sorted_ids.numel(), x.shape
     groups = -(-k_dim // FP8_GROUP)
     q = torch.empty(rows, k_dim, dtype=FP8_DTYPE, device=x.device)
@@ -321,9 +321,9 @@ def quantize_real_rows(x: torch.Tensor, routing: AlignedRouting) -> tuple[torch.
     """The sorted intermediate ``x`` quantized in 1x128 groups, as ``quantize_activation(x, "group")`` does, in the
     rows that hold a pair only: the others (pads, rows past the ones in use) are left as the allocator gives
     them, and the w2 GEMM's results for them are never read."""
+    _require_float_rows(x, "quantize_real_rows")  # before the kernel module's import: it needs Triton
     from moe_fsm.kernels.triton_moe._hopper_kernels import quantize_real_rows_kernel
 
-    _require_float_rows(x, "quantize_real_rows")
     rows, k_dim = x.shape
     groups = -(-k_dim // FP8_GROUP)
     q = torch.empty(rows, k_dim, dtype=FP8_DTYPE, device=x.device)
