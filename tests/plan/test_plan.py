@@ -118,8 +118,9 @@ def test_shapes_come_from_each_architectures_spelling():
 def test_quantization_readers_follow_vllms_rules():
     experts = "model.layers.7.mlp.experts"
     # fp8: modules_to_not_convert, other block sizes, per-tensor
-    assert layer_quant({"quant_method": "fp8", "modules_to_not_convert": ["model.layers.7.mlp"]}, experts).scheme == QuantScheme.unquantized()
-    assert isinstance(layer_quant({"quant_method": "fp8", "weight_block_size": [64, 64]}, experts), Unmapped)
+    not_converted = {"quant_method": "fp8", "activation_scheme": "dynamic", "modules_to_not_convert": ["model.layers.7.mlp"]}
+    assert layer_quant(not_converted, experts).scheme == QuantScheme.unquantized()
+    assert isinstance(layer_quant({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [64, 64]}, experts), Unmapped)
     assert layer_quant({"quant_method": "fp8", "activation_scheme": "static"}, experts).scheme == QuantScheme.fp8("tensor", "tensor", True)
     # modelopt: flat or nested, wildcards, W4A16
     flat = {"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": ["model.layers.7.mlp*"]}

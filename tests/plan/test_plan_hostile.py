@@ -15,6 +15,7 @@ import pytest
 
 from moe_fsm.cli.main import main
 from moe_fsm.errors import InputError
+from moe_fsm.inputs.quant import QuantScheme
 from moe_fsm.plan import quant_config
 from moe_fsm.plan.model_config import LIMITS, read_model_config
 from moe_fsm.plan.quant_config import QuantReader, layer_quant
@@ -123,6 +124,54 @@ def test_the_range_boundaries(tmp_path):
 def test_wrongly_typed_quantization_fields_are_named(tmp_path, capsys, quantization, says):
     code, err = _plan(tmp_path, {**QWEN, "num_hidden_layers": 4, "quantization_config": quantization}, capsys)
     assert code == 2 and "quantization_config: " in err and says in err, err
+
+
+FP8_PER_TENSOR_ARGS = {"type": "float", "num_bits": 8, "strategy": "tensor"}
+CT_FP8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+    "type": "float", "num_bits": 8, "strategy": "channel", "dynamic": False}, "input_activations": FP8_PER_TENSOR_ARGS}}}
+
+
+def _ct_fp8(weights: dict | None = None, **activations) -> dict:
+    group = CT_FP8["config_groups"]["group_0"]
+    return {**CT_FP8, "config_groups": {"group_0": {**group, "weights": {**group["weights"], **(weights or {})},
+                                                    "input_activations": {**FP8_PER_TENSOR_ARGS, **activations}}}}
+
+
+@pytest.mark.parametrize("quantization, says", [
+    # vLLM's Fp8Config: activation_scheme required, exactly one of ACTIVATION_SCHEMES (a ValueError otherwise)
+    ({"quant_method": "fp8", "activation_scheme": "Dynamic"}, "activation_scheme must be 'dynamic' or 'static', in lower case"),
+    ({"quant_method": "fp8", "activation_scheme": "banana"}, "activation_scheme must be 'dynamic' or 'static', in lower case"),
+    ({"quant_method": "fp8", "activation_scheme": None}, "got None"),
+    ({"quant_method": "fp8"}, "activation_scheme is missing; vLLM's fp8 reader requires it"),
+    # compressed-tensors' QuantizationArgs: strings other than "local" are not its DynamicType, null is neither type
+    (_ct_fp8(dynamic="false"), "config_groups['group_0'].input_activations.dynamic must be true or false"),
+    (_ct_fp8(dynamic="true"), "input_activations.dynamic must be true or false (JSON booleans, not strings)"),
+    (_ct_fp8(dynamic=None), "input_activations.dynamic must be"),
+    (_ct_fp8(dynamic=2), "input_activations.dynamic must be"),
+    (_ct_fp8(dynamic="local"), "or \"local\" with strategy tensor_group, got 'local'"),
+    (_ct_fp8(weights={"dynamic": "false"}), "config_groups['group_0'].weights.dynamic must be true or false"),
+])
+def test_values_vllm_refuses_are_refused_by_name(tmp_path, capsys, quantization, says):
+    code, err = _plan(tmp_path, {**QWEN, "num_hidden_layers": 4, "quantization_config": quantization}, capsys)
+    assert code == 2 and "quantization_config: " in err and says in err, err
+    assert not (tmp_path / "traces").exists()
+
+
+@pytest.mark.parametrize("activations, static", [
+    ({}, True), ({"dynamic": False}, True), ({"dynamic": 0}, True),  # absent reads false, as compressed-tensors' default
+    ({"dynamic": True}, False), ({"dynamic": 1}, False), ({"dynamic": 1.0}, False),  # pydantic's bool takes 0/1
+])
+def test_compressed_tensors_dynamic_reads_as_vllm_reads_it(activations, static):
+    group = {**CT_FP8["config_groups"]["group_0"], "input_activations": {**FP8_PER_TENSOR_ARGS, **activations}}
+    mapped = layer_quant({**CT_FP8, "config_groups": {"group_0": group}}, "model.layers.0.mlp.experts")
+    assert mapped.scheme == QuantScheme.fp8("channel", "tensor", static_activation=static)
+
+
+def test_local_dynamic_goes_with_the_tensor_group_strategy():
+    nvfp4 = {"type": "float", "num_bits": 4, "strategy": "tensor_group", "group_size": 16}
+    config = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {**nvfp4, "dynamic": False}, "input_activations": {**nvfp4, "dynamic": "LOCAL"}}}}
+    assert layer_quant(config, "model.layers.0.mlp.experts").scheme == QuantScheme.nvfp4()
 
 
 def test_pattern_lists_are_capped_and_plain_names_are_not():

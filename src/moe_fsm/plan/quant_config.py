@@ -5,7 +5,8 @@ for a fused-MoE layer (``vllm/model_executor/layers/quantization/``):
 
 - ``fp8`` (DeepSeek-V3 style): ``weight_block_size`` [128, 128] -> block weights with
   dynamic 1x128 activation groups; no block size -> per-tensor weights, activation
-  scales static or dynamic per ``activation_scheme``; ``modules_to_not_convert`` /
+  scales static or dynamic per ``activation_scheme`` (required, exactly "dynamic" or "static", as vLLM's
+  ``Fp8Config`` refuses anything else); ``modules_to_not_convert`` /
   ``ignored_layers`` leave layers unquantized.
 - ``modelopt``: ``quant_algo`` (flat, or under ``quantization`` as in
   ``hf_quant_config.json``); ``MIXED_PRECISION`` picks each layer's algo from
@@ -14,7 +15,8 @@ for a fused-MoE layer (``vllm/model_executor/layers/quantization/``):
 - ``compressed-tensors``: the experts' unfused linears ``<experts>.0.{gate,up,down}_proj``
   are matched against ``ignore`` and each group's ``targets`` (``Linear``, exact names
   or ``re:`` patterns); all three must agree; the group's weight and input-activation
-  args give the scheme, with vLLM's CUTLASS FP8 kernels allowed.
+  args give the scheme, with vLLM's CUTLASS FP8 kernels allowed; each args' ``dynamic`` is read as
+  compressed-tensors' pydantic model reads it (``_ct_dynamic``).
 - ``mxfp4`` (gpt-oss): its family is a table entry below.
 
 A format or family moe-fsm has no scheme for becomes an ``Unmapped`` layer with
@@ -71,6 +73,8 @@ ALGO_SCHEMES: dict[str, Callable[[], QuantScheme]] = {
 # Wildcard and regex patterns are tried one by one against each layer's name, so a list holds at most this many
 # (published checkpoints list tens: one per excluded attention block); plain names are looked up, any number of them.
 MAX_PATTERNS = 4096
+# vLLM's fp8 ACTIVATION_SCHEMES (fp8.py): Fp8Config refuses a config whose activation_scheme is absent or not exactly one of these.
+FP8_ACTIVATION_SCHEMES = ("dynamic", "static")
 MAX_GROUPS = 256  # compressed-tensors config_groups, each tried for every layer's three projections
 INDEX_DEPTH = 16  # quantized_layers keys are indexed by their first 16 dotted prefixes (module names have ~6)
 
@@ -242,9 +246,13 @@ class _Fp8:
                 isinstance(b, (int, float)) and not isinstance(b, bool) for b in block)):
             raise _bad("weight_block_size", "a list of numbers such as [128, 128]", block)
         self.block = block
-        scheme = config.get("activation_scheme", "dynamic")
-        if not isinstance(scheme, str):
-            raise _bad("activation_scheme", "'dynamic' or 'static'", scheme)
+        if "activation_scheme" not in config:
+            raise InputError("quantization_config: activation_scheme is missing; vLLM's fp8 reader requires it "
+                             f"(one of {', '.join(map(repr, FP8_ACTIVATION_SCHEMES))})")
+        scheme = config["activation_scheme"]
+        if not isinstance(scheme, str) or scheme not in FP8_ACTIVATION_SCHEMES:
+            raise _bad("activation_scheme", "'dynamic' or 'static', in lower case (vLLM's fp8 reader takes no other "
+                       "spelling)", scheme)
         self.dynamic = scheme == "dynamic"
 
     def layer(self, experts: str) -> LayerQuant:
@@ -329,12 +337,32 @@ def _args(group: dict, key: str, name: str) -> Optional[dict]:
     return None if value is None else _obj(value, f"config_groups[{name!r}].{key}")
 
 
+def _ct_dynamic(args: dict, where: str) -> bool:
+    """A compressed-tensors ``dynamic`` read as compressed-tensors' ``QuantizationArgs`` (the pydantic model vLLM
+    validates every group's weights and input_activations with) reads it; whatever that model refuses is refused here.
+
+    Accepted: true / false (also the numbers 1 / 0), absent meaning false, and "local" (any case) with the
+    ``tensor_group`` strategy, which counts as dynamic. Any other string is refused there, "true" and "false"
+    included: its validator turns strings into its ``DynamicType`` enum, whose only member is "local".
+    """
+    value = args.get("dynamic", False)
+    if isinstance(value, str):
+        strategy = args.get("strategy")
+        if value.lower() == "local" and isinstance(strategy, str) and strategy.lower() == "tensor_group":
+            return True
+    elif isinstance(value, (bool, int, float)) and value in (0, 1):
+        return bool(value)
+    raise _bad(f"{where}.dynamic", "true or false (JSON booleans, not strings), or \"local\" with strategy tensor_group",
+               value)
+
+
 def _ct_scheme(group: dict, name: str = "group") -> tuple[Optional[Mapped], str]:
     """A compressed-tensors group's (weights, input_activations) as an experts scheme, or why not."""
     w, a = _args(group, "weights", name) or {}, _args(group, "input_activations", name)
     kind = f"{_text(w.get('type'))} W{_text(w.get('num_bits'))}" + (f"A{_text(a.get('num_bits'))}" if a else "A16")
     if w.get("type") == "float" and w.get("num_bits") == 8 and a and a.get("type") == "float" and a.get("num_bits") == 8:
-        strategy, act, dynamic = w.get("strategy"), a.get("strategy"), bool(a.get("dynamic"))
+        strategy, act = w.get("strategy"), a.get("strategy")
+        dynamic = _ct_dynamic(a, f"config_groups[{name!r}].input_activations")
         weight_scale = {"tensor": "tensor", "channel": "channel", "block": "block"}.get(strategy) if isinstance(strategy, str) else None
         act_scale = {"tensor": "tensor", "token": "token", "group": "group"}.get(act) if isinstance(act, str) else None
         structure = w.get("block_structure") or [128, 128]
@@ -366,7 +394,10 @@ class _CompressedTensors:
         self.groups = []
         for name, group in groups.items():
             group = _obj(group, f"config_groups[{name!r}]")
-            _args(group, "weights", name), _args(group, "input_activations", name)  # checked up front
+            for key in ("weights", "input_activations"):  # checked up front, as vLLM validates every group
+                args = _args(group, key, name)
+                if args is not None:
+                    _ct_dynamic(args, f"config_groups[{name!r}].{key}")
             targets = _CtTargets(_names(group.get("targets"), f"config_groups[{name!r}].targets"),
                                  f"config_groups[{name!r}].targets")
             self.groups.append((name, group, targets))
