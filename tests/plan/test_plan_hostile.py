@@ -8,6 +8,9 @@ scan quadratic.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -172,6 +175,61 @@ def test_local_dynamic_goes_with_the_tensor_group_strategy():
     config = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
         "targets": ["Linear"], "weights": {**nvfp4, "dynamic": False}, "input_activations": {**nvfp4, "dynamic": "LOCAL"}}}}
     assert layer_quant(config, "model.layers.0.mlp.experts").scheme == QuantScheme.nvfp4()
+
+
+def _plan_in_a_process(tmp_path, quantization: dict) -> subprocess.CompletedProcess:
+    """plan in its own process, so that a match that never ends fails the test instead of hanging the suite."""
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN, "num_hidden_layers": 4, "quantization_config": quantization}))
+    return subprocess.run([sys.executable, "-m", "moe_fsm", "plan", str(tmp_path / "config.json"), "--platform", "sm90",
+                           "--no-env", "--policy", "seeds", "--trace-dir", str(tmp_path / "traces")],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("where", ["ignore", "targets"])
+def test_a_pattern_that_backtracks_without_end_is_matched_at_once(tmp_path, where):
+    """re:(.|.)*Z took 2^40 steps against a 40-character module name under re.match; plan hung."""
+    config = _ct_fp8()
+    if where == "ignore":
+        config["ignore"] = ["re:(.|.)*Z"]
+    else:
+        config["config_groups"]["group_0"]["targets"] = ["re:(.|.)*Z"]
+    done = _plan_in_a_process(tmp_path, config)
+    assert done.returncode == 0, done.stderr
+    if where == "ignore":  # no module name holds a Z: nothing is ignored, and the group quantizes the experts
+        assert "compressed-tensors: ignored" not in done.stdout and "compressed-tensors FP8" in done.stdout, done.stdout
+    else:
+        assert "compressed-tensors: no config group targets the experts" in done.stdout, done.stdout
+
+
+def test_a_pattern_still_running_after_the_bound_is_one_line_naming_it(tmp_path):
+    done = _plan_in_a_process(tmp_path, {**_ct_fp8(), "ignore": ["lm_head", "re:(.|.)*\\d{3}"]})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and "ignore pattern 're:(.|.)*\\\\d{3}' was still matching module " \
+        f"'model.layers.0.mlp.experts.0.gate_proj' after {quant_config.REGEX_TIMEOUT_S} s" in done.stderr, done.stderr
+    assert not (tmp_path / "traces").exists()  # every layer's quantization is read before any is decided
+
+
+CT_PATTERNS = ["re:.*mlp.gate$", "re:.*experts.*", "re:.*down_proj$", "re:model.layers.[0-9]+.mlp.experts.*",
+               r"re:^model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up)_proj$", "re:(?i).*EXPERTS.0.UP.*", "re:.*layers.1[0-9]\\.",
+               "re:(?:model|lm)", "re:.*\\bgate", "re:.*(?<!up)_proj$", "re:.*experts\\.0\\.(?=down)"]
+CT_NAMES = [f"model.layers.{i}.mlp.experts.0.{proj}" for i in (0, 7, 12) for proj in ("gate_proj", "up_proj", "down_proj")]
+
+
+def test_regex_patterns_match_as_vllms_re_match_does():
+    """The bounded matcher answers as vLLM's ``re.match(pattern, name)`` does, pattern by pattern and in list order."""
+    for pattern in CT_PATTERNS:
+        targets = quant_config._CtTargets([pattern], "ignore")
+        for name in CT_NAMES:
+            assert (targets.first(name) == pattern) == bool(re.match(pattern[3:], name)), (pattern, name)
+    ordered = quant_config._CtTargets(CT_PATTERNS, "ignore")
+    for name in CT_NAMES:
+        assert ordered.first(name) == next((p for p in CT_PATTERNS if re.match(p[3:], name)), None), name
+
+
+@pytest.mark.parametrize("pattern", ["re:\\p{L}", "re:a(?i)b", "re:(unclosed"])
+def test_a_pattern_re_refuses_is_refused_though_regex_takes_it(pattern):
+    with pytest.raises(InputError, match=r"ignore pattern .* is not a regular expression"):
+        QuantReader({"quant_method": "compressed-tensors", "ignore": [pattern]})
 
 
 def test_pattern_lists_are_capped_and_plain_names_are_not():

@@ -91,13 +91,15 @@ def plan_model(
     """Read the config, derive each MoE layer's MoELayer, decide it; one row per layer, one trace per distinct
     decision, and ``plan.manifest`` (layer -> trace) in ``trace_dir`` when any trace was written."""
     model = read_model_config(config_path)
-    try:  # a malformed quantization_config is refused before any layer is decided
+    try:  # a malformed quantization_config, or a pattern that runs away on a name, is refused before any layer is decided
         reader = QuantReader(model.quantization)
+        quants = [reader.layer(model.experts_module(index)) for index in model.moe_layers]
     except InputError as err:
         raise InputError(f"model config {model.path}: {err}") from None
     decider = LayerDecider(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir,
                            policy=policy)
-    rows = [_plan_layer(decider, model, reader, index, index) for index in model.moe_layers]  # files: layerNNN = decoder layer
+    rows = [_plan_layer(decider, model, quant, index, index)  # files: layerNNN = decoder layer
+            for index, quant in zip(model.moe_layers, quants)]
     plan = Plan(model, rows, decider)
     if any(row.trace_path is not None for row in rows):
         write_plan_manifest(
@@ -109,9 +111,8 @@ def plan_model(
     return plan
 
 
-def _plan_layer(decider: LayerDecider, model: ModelConfig, reader: QuantReader, index: int, trace_number: int) -> PlannedLayer:
+def _plan_layer(decider: LayerDecider, model: ModelConfig, quant: LayerQuant, index: int, trace_number: int) -> PlannedLayer:
     name = model.experts_module(index)
-    quant = reader.layer(name)
     if not isinstance(quant, Mapped):
         return PlannedLayer(index, name, quant)
     g = model.geometry

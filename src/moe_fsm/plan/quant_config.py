@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatch, translate
 from typing import Callable, Optional, Union
 
+import regex
+
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily, QuantScheme
 
@@ -75,6 +77,7 @@ ALGO_SCHEMES: dict[str, Callable[[], QuantScheme]] = {
 MAX_PATTERNS = 4096
 # vLLM's fp8 ACTIVATION_SCHEMES (fp8.py): Fp8Config refuses a config whose activation_scheme is absent or not exactly one of these.
 FP8_ACTIVATION_SCHEMES = ("dynamic", "static")
+REGEX_TIMEOUT_S = 0.5  # a re: pattern's match against one module name (~50 characters) takes microseconds
 MAX_GROUPS = 256  # compressed-tensors config_groups, each tried for every layer's three projections
 INDEX_DEPTH = 16  # quantized_layers keys are indexed by their first 16 dotted prefixes (module names have ~6)
 
@@ -173,7 +176,14 @@ class _ModuleGlob:
 
 
 class _CtTargets:
-    """compressed-tensors names: exact module names, ``re:`` regexes (matched from the start), and the class ``Linear``."""
+    """compressed-tensors names: exact module names, ``re:`` regexes (matched from the start), and the class ``Linear``.
+
+    vLLM matches a ``re:`` pattern with ``re.match``; a pattern that backtracks without end, such as
+    ``re:(.|.)*Z``, would hang ``plan`` there. So a pattern must compile under ``re`` (it means what it means to
+    vLLM) and is matched by the ``regex`` package in its re-compatible mode (VERSION0: same syntax, same match),
+    whose repeat guards finish most such patterns at once and whose ``timeout`` bounds the rest
+    (``REGEX_TIMEOUT_S``, an InputError naming the pattern and the module name).
+    """
 
     def __init__(self, patterns: list[str], where: str) -> None:
         self.exact = {p: order for order, p in reversed(list(enumerate(patterns))) if not p.startswith("re:")}
@@ -181,11 +191,17 @@ class _CtTargets:
         for order, p in enumerate(patterns):
             if p.startswith("re:"):
                 try:
-                    regexes.append((order, p, re.compile(p[3:]).match))
+                    re.compile(p[3:])
                 except (re.error, RecursionError, OverflowError) as err:
                     raise InputError(f"quantization_config: {where} pattern {p!r} is not a regular expression: {err}") from None
+                try:
+                    regexes.append((order, p, regex.compile(p[3:], flags=regex.VERSION0).match))
+                except (regex.error, RecursionError, OverflowError) as err:
+                    raise InputError(f"quantization_config: {where} pattern {p!r} is one moe-fsm's bounded matcher "
+                                     f"(the regex package) cannot compile: {err}") from None
         self.regexes = _capped(regexes, where, "regex")
         self.patterns = patterns
+        self.where = where
         self.linear = "Linear" in self.exact
 
     def first(self, name: str, linear: bool = True) -> Optional[str]:
@@ -196,7 +212,13 @@ class _CtTargets:
         for order, pattern, match in self.regexes:
             if hits and order > min(hits):
                 break
-            if match(name) is not None:
+            try:
+                matched = match(name, timeout=REGEX_TIMEOUT_S)
+            except TimeoutError:
+                raise InputError(f"quantization_config: {self.where} pattern {pattern!r} was still matching module "
+                                 f"{name!r} after {REGEX_TIMEOUT_S} s (it backtracks without end, as nested "
+                                 "repeats such as (.|.)* can); write it without repeats inside repeats") from None
+            if matched is not None:
                 hits.append(order)
                 break
         return self.patterns[min(hits)] if hits else None
