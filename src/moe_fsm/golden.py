@@ -115,12 +115,7 @@ def load_scenarios(directory: str | Path | None = None, profile: str | None = No
 
 
 def _load_file(path: Path, profile: str, seen: set) -> list[Scenario]:
-    import tomllib
-
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise InputError(f"{path} is not valid TOML: {err}") from None
+    data = trace_doc.parse_toml(path.read_text(), str(path))
     tables = data.get("scenario")
     if not isinstance(tables, list) or not tables:
         raise InputError(f"{path} has no [[scenario]] tables")

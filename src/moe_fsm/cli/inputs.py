@@ -209,19 +209,9 @@ def load_input_file(path: str | os.PathLike) -> dict:
     path = Path(path)
     text = trace_doc.read_text(path, "input file")
     if path.suffix.lower() == ".toml":
-        import tomllib
-
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise InputError(f"input file {path} is not valid TOML: {err}") from None
-        except RecursionError:
-            raise InputError(f"input file {path} nests tables or arrays too deeply") from None
+        data = trace_doc.parse_toml(text, f"input file {path}")
     else:
-        try:
-            data = trace_doc.parse_json(text, f"input file {path}")
-        except InputError as err:
-            raise InputError(f"{err}; TOML files need a .toml suffix") from None
+        data = trace_doc.parse_json(text, f"input file {path}", not_json_hint="; TOML files need a .toml suffix")
     if not isinstance(data, dict):
         raise InputError(f"input file {path} must hold an object with sections {list(SECTIONS)}")
     if data.get("schema") == trace_doc.SCHEMA_ID:

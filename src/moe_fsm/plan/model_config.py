@@ -10,7 +10,6 @@ architecture is a new row. No torch, no network: a ``config.json`` on disk.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,18 +82,14 @@ MAX_CONFIG_BYTES = 16 << 20  # real config.json files are kB; a MIXED_PRECISION 
 
 def load_config(path) -> dict:
     """Read ``config.json`` (a path, or a directory holding one); InputError when it is missing or malformed."""
-    from moe_fsm.trace.document import read_text
+    from moe_fsm.trace.document import parse_json, read_text
 
     path = Path(path)
     if "\0" not in str(path) and path.is_dir():
         path = path / "config.json"
     text = read_text(path, "model config", MAX_CONFIG_BYTES).removeprefix("\ufeff")  # a UTF-8 byte-order mark is harmless
-    try:
-        data = json.loads(text)  # NaN / Infinity as Python's json writes them are accepted; the sizes are checked below
-    except json.JSONDecodeError as err:
-        raise InputError(f"model config {path} is not valid JSON: {err}") from None
-    except RecursionError:
-        raise InputError(f"model config {path} nests arrays or objects too deeply to be a model config") from None
+    # NaN / Infinity as Python's json writes them are accepted; the sizes are checked below
+    data = parse_json(text, f"model config {path}", non_finite=True)
     if not isinstance(data, dict):
         raise InputError(f"model config {path} must hold a JSON object, got {type(data).__name__}")
     return data

@@ -13,6 +13,7 @@ import json
 import os
 import platform as host_platform
 import re
+import sys
 import tempfile
 import time
 from functools import lru_cache
@@ -193,15 +194,93 @@ def read_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_FILE_BYTE
         raise InputError(f"{what} {path} is not UTF-8 text (byte {err.start}): a binary file?") from None
 
 
-def parse_json(text: str, what: str):
+def parse_json(text: str, what: str, *, non_finite: bool = False, not_json_hint: str = ""):
+    """The JSON value of ``text`` (read from ``what``); InputError when it is not JSON moe-fsm can read.
+
+    Every JSON file a user hands moe-fsm (traces, manifests, --input specs, model configs) is parsed
+    here. ``non_finite``: accept NaN and Infinity as Python's json writes them (model configs may hold
+    them; moe-fsm's own files never do). ``not_json_hint`` is added to the not-valid-JSON message.
+    """
     from moe_fsm.errors import InputError
 
     try:
-        return json.loads(text, parse_constant=_not_json)
+        data = json.loads(text, parse_constant=None if non_finite else _not_json)
     except json.JSONDecodeError as err:
-        raise InputError(f"{what} is not valid JSON: {err}") from None
+        raise InputError(f"{what} is not valid JSON: {err}{not_json_hint}") from None
     except RecursionError:
         raise InputError(f"{what} nests arrays or objects too deeply to be a moe-fsm file") from None
+    except ValueError:  # json's only other error: an integer past Python's int max str digits (4300)
+        raise _huge_integer(what, f" of more than {_int_digit_limit()} digits") from None
+    _refuse_huge_integers(data, what)
+    return data
+
+
+def parse_toml(text: str, what: str) -> dict:
+    """The tables of TOML ``text`` (read from ``what``); InputError when it is not TOML moe-fsm can read.
+
+    Every TOML file a user hands moe-fsm (--input specs, golden scenarios) is parsed here.
+    """
+    import tomllib
+
+    from moe_fsm.errors import InputError
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(f"{what} is not valid TOML: {err}") from None
+    except RecursionError:
+        raise InputError(f"{what} nests tables or arrays too deeply") from None
+    except ValueError:  # tomllib's only other error: a decimal integer past Python's int max str digits (4300)
+        raise _huge_integer(what, f" of more than {_int_digit_limit()} digits") from None
+    _refuse_huge_integers(data, what)
+    return data
+
+
+def _int_digit_limit() -> int:
+    return sys.get_int_max_str_digits() or sys.int_info.default_max_str_digits
+
+
+def _huge_integer(what: str, which: str):
+    from moe_fsm.errors import InputError
+
+    return InputError(f"{what} holds an integer{which}, past the range of a float (about 1.8e308); no moe-fsm input has one")
+
+
+def _refuse_huge_integers(data, what: str) -> None:
+    """Refuse an integer no float can hold, wherever it stands in ``data``.
+
+    Such a number would fail later, where a size or a limit is compared as a float (OverflowError), or
+    named in a message (one past 4300 digits cannot be printed; TOML's 0x/0o/0b integers are read
+    whatever their length). The walks keep explicit stacks: a document nested as deep as the parser
+    allows must not exhaust Python's. The first is bare (a model config can hold 10^6 values: 0.2 s);
+    the second, run only for a refusal, finds where the integer stands.
+    """
+    if not _holds_huge_integer(data):
+        return
+    pending = [("", data)]
+    while pending:
+        where, value = pending.pop()
+        if type(value) is dict:
+            pending.extend((f"{where}.{key}" if where else str(key), item) for key, item in value.items())
+        elif type(value) is list:
+            pending.extend((f"{where}[{index}]", item) for index, item in enumerate(value))
+        elif _holds_huge_integer(value):
+            raise _huge_integer(what, where and f" at {where if len(where) <= 80 else where[:77] + '...'}")
+
+
+def _holds_huge_integer(data) -> bool:
+    limit = sys.float_info.max
+    pending = [data]
+    while pending:
+        value = pending.pop()
+        kind = type(value)  # json and tomllib make plain dicts, lists and ints (and bools, which are no integers here)
+        if kind is dict:
+            pending.extend(value.values())
+        elif kind is list:
+            pending.extend(value)
+        elif kind is int and not -limit <= value <= limit:
+            return True
+    return False
 
 
 def _not_json(constant: str):
