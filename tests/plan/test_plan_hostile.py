@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from fnmatch import fnmatch
@@ -346,3 +347,35 @@ def test_layer_needs_a_manifest(tmp_path, capsys):
     trace = next(tmp_path.glob("*.json"))
     assert main(["explain", str(trace), "--layer", "3"]) == 2
     assert "--layer picks a layer of a plan.manifest or run.manifest" in capsys.readouterr().err
+
+
+ESCAPES = "\x1b[31mred\x1b]0;title\x07\x9b2J\nforged line\tx"
+
+
+def test_strings_from_the_config_are_shown_escaped(tmp_path, capsys):
+    """Escape sequences in architectures, model_type and the quantization_config are shown, not obeyed (as explain)."""
+    ct = {**_ct_fp8(weights={"strategy": "chan" + ESCAPES}), "quant_method": "compressed-tensors"}
+    out = ""
+    for name, config in (("ct", {**QWEN, "architectures": ["Qwen3" + ESCAPES], "model_type": "m" + ESCAPES,
+                                 "quantization_config": ct}),
+                         ("method", {**QWEN, "quantization_config": {"quant_method": "q" + ESCAPES}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 4}))
+        # exit 1: neither strategy nor quant_method maps, every layer is a NOT MAPPED row
+        assert main(["plan", str(tmp_path / name), "--platform", "sm90", "--no-env", "--trace-dir", str(tmp_path / "t")]) == 1
+        out += capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\x9b\t"), out
+    assert not any(line.startswith("forged line") for line in out.splitlines()), out
+    shown = r"\x1b[31mred\x1b]0;title\x07\x9b2J\nforged line\tx"
+    for what in (f"moe-fsm plan: Qwen3{shown} (m{shown})", f"quantization_config: q{shown}",
+                 f"FP8 weights by chan{shown}, activations by tensor", "quant_method 'q\\x1b[31m"):
+        assert what in out, (what, out)
+
+
+def test_the_explain_hint_is_a_command_the_shell_reads_as_printed(tmp_path, capsys):
+    trace_dir = tmp_path / "it's a dir; with $(spaces)"
+    assert main(["plan", str(CONFIGS / "qwen3-30b-a3b"), "--platform", "sm90", "--no-env", "--policy", "seeds",
+                 "--trace-dir", str(trace_dir)]) == 0
+    hint = capsys.readouterr().out.rsplit("`", 2)[1]
+    assert shlex.split(hint) == ["moe-fsm", "explain", str(trace_dir / "plan.manifest"), "--layer", "N"]
+    assert (trace_dir / "plan.manifest").is_file()

@@ -11,11 +11,13 @@ selection, its trace), 2 on bad input.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
 from moe_fsm.cli import render
 from moe_fsm.cli.inputs import POLICY_HELP, Once, parse_env_flags
+from moe_fsm.cli.text import one_line, printable
 from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
 from moe_fsm.inputs.platform import PRESETS
 
@@ -70,22 +72,24 @@ def run(args) -> int:
     if args.json:
         sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
     else:
-        print("\n".join(plan_lines(plan)))
+        print(printable("\n".join(plan_lines(plan))))
     return 0 if plan.ok else 1
 
 
 def plan_lines(plan) -> list[str]:
+    """The plan as text; every string from the config (names, quant_method, what the quantization_config says)
+    is shown escaped (``one_line``), never obeyed by the terminal nor allowed to start a line or shift a column."""
     from moe_fsm.plan.plan import layer_ranges
 
     m, g, decider = plan.model, plan.model.geometry, plan.decider
     quant = (m.quantization or {}).get("quant_method", "none")
     shared = f", {g.shared_experts} shared expert(s) (dense, not decided here)" if g.shared_experts else ""
     lines = [
-        f"moe-fsm plan: {m.architecture} ({m.model_type}) from {m.path}",
+        f"moe-fsm plan: {one_line(m.architecture)} ({one_line(m.model_type)}) from {one_line(str(m.path))}",
         f"  {m.num_layers} layers, {len(m.moe_layers)} MoE ({layer_ranges(list(m.moe_layers))}): {g.num_experts} experts "
         f"top-{g.top_k}, hidden {g.hidden_size}, expert intermediate {g.intermediate_size}, {g.activation.value}"
         f"{f' (limit {g.swiglu_limit})' if g.swiglu_limit else ''}, {g.dtype}{shared}",
-        f"  quantization_config: {quant}",
+        f"  quantization_config: {one_line(str(quant))}",
         f"  platform: {render.platform_text(decider.platform.to_json())}",
         f"  parallel: {render.parallel_text(decider.parallel.to_json())}",
         f"  policy profile: {decider.profile.name} ({decider.profile.reason})",
@@ -95,7 +99,8 @@ def plan_lines(plan) -> list[str]:
     groups = plan.groups()
     lines.append(f"{len(plan.layers)} MoE layer(s), {len(groups)} distinct outcome(s):")
     for number, ((scheme, outcome), rows) in enumerate(groups, 1):
-        lines.append(f"  [{number}] {len(rows)} x layers {layer_ranges([r.index for r in rows])}: {scheme} -> {outcome}")
+        lines.append(f"  [{number}] {len(rows)} x layers {layer_ranges([r.index for r in rows])}: "
+                     f"{one_line(scheme)} -> {one_line(outcome)}")
     lines.append("")
     header = ("group", "layer", "module", "backend", "kernel", "quantization_config says", "trace")
     table = []
@@ -104,13 +109,16 @@ def plan_lines(plan) -> list[str]:
             d = r.decision
             backend = d.backend if d else ("FAILED" if r.error else "NOT MAPPED")
             kernel = (d.kernel or "platform MoE") if d else "-"
-            table.append((f"[{number}]", str(r.index), r.name, backend, kernel,
-                          getattr(r.quant, "source", None) or r.quant.reason, r.trace_path.name if r.trace_path else "-"))
+            cells = (f"[{number}]", str(r.index), r.name, backend, kernel,
+                     getattr(r.quant, "source", None) or r.quant.reason, r.trace_path.name if r.trace_path else "-")
+            table.append(tuple(one_line(cell) for cell in cells))
     lines += _table(header, table)
     lines.append("")
     written = len({r.trace_path for r in plan.layers if r.trace_path})
-    lines.append(f"traces: {decider.trace_dir}/ ({written} JSON file(s), one per distinct decision; plan.manifest maps each "
-                 f"layer to its file: `moe-fsm explain {decider.trace_dir}/plan.manifest --layer N` tells layer N's story)")
+    manifest = shlex.quote(str(decider.trace_dir / "plan.manifest"))  # a command the operator can paste as it stands
+    lines.append(f"traces: {one_line(str(decider.trace_dir))}/ ({written} JSON file(s), one per distinct decision; "
+                 f"plan.manifest maps each layer to its file: `moe-fsm explain {one_line(manifest)} --layer N` tells "
+                 "layer N's story)")
     return lines
 
 

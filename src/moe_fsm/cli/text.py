@@ -11,7 +11,18 @@ from __future__ import annotations
 import re
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # newline and tab too
 
 
 def printable(text: str) -> str:
-    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    return _CONTROL.sub(_escape, text)
+
+
+def one_line(text: str) -> str:
+    """``printable`` with newline and tab escaped too: a value from a file shown inside a line (a table cell, a
+    name in a header) can neither start a line of its own nor shift the columns."""
+    return _ANY_CONTROL.sub(_escape, text)
+
+
+def _escape(match: re.Match) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
