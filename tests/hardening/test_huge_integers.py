@@ -88,3 +88,11 @@ def test_the_largest_integers_a_float_holds_are_read_and_booleans_are_not_intege
     assert parse_json(f'{{"a": [{largest}, {-largest}, true]}}', "f.json") == {"a": [largest, -largest, True]}
     with pytest.raises(InputError, match=r"f\.json holds an integer at a\[0\], past"):
         parse_json(f'{{"a": [{largest + 10 ** 300}]}}', "f.json")
+
+
+def test_the_place_of_a_huge_integer_is_named_without_the_keys_control_characters():
+    """A key from the file is shown by repr unless it is a plain name: its newline cannot start a line, its ESC act."""
+    with pytest.raises(InputError) as caught:
+        parse_json(f'{{"layer": {{"a\\nb\\u001b[2J": [1, {10 ** 400}]}}}}', "f.json")
+    assert "f.json holds an integer at layer['a\\nb\\x1b[2J'][1], past" in str(caught.value)
+    assert not any(c in str(caught.value) for c in "\n\x1b")

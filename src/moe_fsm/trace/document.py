@@ -261,11 +261,21 @@ def _refuse_huge_integers(data, what: str) -> None:
     while pending:
         where, value = pending.pop()
         if type(value) is dict:
-            pending.extend((f"{where}.{key}" if where else str(key), item) for key, item in value.items())
+            pending.extend((_key_path(where, key), item) for key, item in value.items())
         elif type(value) is list:
             pending.extend((f"{where}[{index}]", item) for index, item in enumerate(value))
         elif _holds_huge_integer(value):
             raise _huge_integer(what, where and f" at {where if len(where) <= 80 else where[:77] + '...'}")
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def _key_path(where: str, key: str) -> str:
+    """``layer.experts``; a key that is not a plain name as ``[repr]``, so no character of it acts or starts a line."""
+    if _PLAIN_KEY.fullmatch(key):
+        return f"{where}.{key}" if where else key
+    return f"{where}[{key!r}]"
 
 
 def _holds_huge_integer(data) -> bool:
