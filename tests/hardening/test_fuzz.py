@@ -7,7 +7,10 @@ Three drivers, each with arbitrary (including wrongly typed) input:
 - the CLI verbs ``select``/``explain``/``replay``/``diagram``/``golden`` with arbitrary argv;
 - ``explain`` and ``replay`` on arbitrary trace files: golden traces with random edits, and raw text;
 - ``plan`` on arbitrary config.json files (issue 24): real checkpoints' configs and drawn ones of every kind plan
-  reads, with garbage values, missing and extra fields, wrong types, bytes that are not UTF-8 JSON.
+  reads, with garbage values, missing and extra fields, wrong types, bytes that are not UTF-8 JSON;
+- the readers of traces, plan manifests, --input specs (JSON and TOML) and config.json files given integers past a
+  float's range (past 4300 digits too) and strings with terminal escape sequences (issue 39): a huge integer is one
+  line saying so, and no control character reaches the terminal raw.
 
 A decision must carry a trace that validates; a documented error is a ``MoeFsmError`` (InputError,
 the selection errors, TraceWriteError...) whose message is not empty; the CLI must return one of its
@@ -25,6 +28,8 @@ import contextlib
 import io
 import json
 import os
+import re
+import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -529,3 +534,173 @@ def test_plan_of_arbitrary_config_files_ends_in_a_documented_exit_status(drawn, 
                 rows = json.loads(out.getvalue())["layers"]
                 assert (code == 0) == all(r["status"] in ("selected", "fallback_none") for r in rows)
     _count("plan configs", f"exit {code}")
+
+
+# -- driver 5: huge integers and escape sequences in the files the readers take (issue 39) -----------------------------
+# An integer past a float's range (past 4300 digits Python cannot even read one) must be one line naming the file; a
+# string with terminal escape sequences (from a trace, a manifest, a config, an --input spec) must never reach the
+# terminal raw, whatever command prints it.
+
+HUGE_MARK = "@@huge-integer@@"  # json.dumps cannot write an int past 4300 digits: drawn ones travel as this text
+huge_integers = st.builds(lambda digits, sign: f"{HUGE_MARK}{sign}{'9' * digits}",
+                          st.sampled_from([309, 400, 4300, 4301, 5000]), st.sampled_from(["", "-"]))
+ESCAPE_SEQUENCES = ["\x1b[31m", "\x1b]0;retitled\x07", "\x1b[2J", "\x9b1;1H", "\x1bc", "\r", "\n", "\t", "\x00", "\x7f",
+                    "\u2028", "\x08"]
+escape_texts = st.builds(lambda before, escape, after: before + escape + after, st.text(max_size=4),
+                         st.sampled_from(ESCAPE_SEQUENCES), st.text(max_size=4))
+hostile_values = st.one_of(huge_integers, escape_texts, st.lists(st.one_of(huge_integers, escape_texts), max_size=2),
+                           st.dictionaries(escape_texts, st.one_of(huge_integers, escape_texts), max_size=2))
+RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # what cli.text.printable escapes
+
+
+def _with_huge_integers(text: str) -> tuple[str, bool]:
+    """JSON text whose huge-integer marks (drawn as strings) become the integers themselves; and whether it has one."""
+    text, huge = re.subn(rf'"{HUGE_MARK}(-?\d+)"', r"\1", text)
+    return text, huge > 0
+
+
+def _edit(draw, document, values, edits: int) -> None:
+    """Replace or add ``edits`` values anywhere in ``document`` (a dict), drawn from ``values``, or end a string
+    with an escape sequence."""
+    for _ in range(edits):
+        paths = [p for p in _paths(document) if p]
+        if not paths:
+            return
+        path = draw(st.sampled_from(paths))
+        parent = document
+        for key in path[:-1]:
+            parent = parent[key]
+        action = draw(st.sampled_from(["replace", "replace", "add", "taint", "taint"]))
+        if action == "taint" and isinstance(parent[path[-1]], str):  # free text keeps its type: it reaches the output
+            parent[path[-1]] += draw(st.sampled_from(ESCAPE_SEQUENCES))
+        elif action == "add" and isinstance(parent, dict):
+            parent[draw(st.one_of(st.text(max_size=6), escape_texts))] = draw(values)
+        else:
+            parent[path[-1]] = draw(values)
+
+
+def _run_checked(argv: list[str], cwd: Path, statuses: set[int], huge: bool) -> int:
+    """``main(argv)``: no traceback, a documented status, no control character printed raw, and a file holding a
+    huge integer (``huge``) refused in one line that says so."""
+    out, err = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        os.chdir(old)
+    printed = out.getvalue() + err.getvalue()
+    assert "Traceback" not in printed and code in statuses, (argv, code, err.getvalue())
+    assert RAW_CONTROL.search(printed) is None, (argv, printed)
+    if code == 2:
+        assert err.getvalue().strip(), argv
+    if huge:
+        assert code == 2 and err.getvalue().count("\n") == 1 and "holds an integer" in err.getvalue(), (argv, err.getvalue())
+    return code
+
+
+@st.composite
+def hostile_traces(draw):
+    document = json.loads(draw(st.sampled_from(GOLDEN)).read_text())
+    _edit(draw, document, st.one_of(hostile_values, hostile_values, json_values), draw(st.integers(1, 3)))
+    return _with_huge_integers(json.dumps(document))
+
+
+@FUZZ
+@given(drawn=hostile_traces(), verb=st.sampled_from(["explain", "replay", "replay --strict"]))
+def test_traces_with_huge_integers_and_escape_sequences_end_in_a_documented_exit_status(drawn, verb):
+    text, huge = drawn
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "trace.json").write_text(text)
+        code = _run_checked([*verb.split(), "trace.json"], Path(tmp), CLI_STATUSES, huge)
+    _count("hostile traces", f"{verb} exit {code}")
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> Path:
+    """A plan's trace directory (three distinct decisions), made once: each manifest example copies its traces."""
+    folder = tmp_path_factory.mktemp("planned")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["plan", str(CONFIGS / "synthetic-mixed-nvfp4-fp8"), "--platform", "sm100", "--no-env",
+                     "--policy", "seeds", "--trace-dir", str(folder)]) == 0
+    return folder
+
+
+@FUZZ
+@given(data=st.data(), verb=st.sampled_from(["explain", "replay"]),
+       layer=st.one_of(st.none(), st.sampled_from(["0", "3", "47", "model.layers.5.mlp.experts"]), escape_texts))
+def test_manifests_with_huge_integers_and_escape_sequences_end_in_a_documented_exit_status(planned, data, verb, layer):
+    manifest = json.loads((planned / "plan.manifest").read_text())
+    _edit(data.draw, manifest, st.one_of(hostile_values, hostile_values, json_values), data.draw(st.integers(1, 3)))
+    text, huge = _with_huge_integers(json.dumps(manifest))
+    with tempfile.TemporaryDirectory() as tmp:
+        for trace in planned.glob("*.json"):
+            shutil.copy(trace, tmp)
+        (Path(tmp) / "plan.manifest").write_text(text)
+        argv = [verb, "plan.manifest", *([f"--layer={layer}"] if layer is not None else [])]
+        code = _run_checked(argv, Path(tmp), CLI_STATUSES, huge)
+    _count("hostile manifests", f"{verb} exit {code}")
+
+
+@st.composite
+def hostile_specs(draw):
+    """An --input spec, JSON or TOML (whose 0x integers have no length limit at all), with hostile values in it."""
+    spec = {"layer": {"quant": "fp8", "experts": 16}, "platform": "sm90", "env": {}}
+    _edit(draw, spec, hostile_values, draw(st.integers(1, 3)))
+    if draw(st.booleans()):
+        return "in.json", *_with_huge_integers(json.dumps(spec))
+    lines = []
+    for section, body in spec.items():
+        if isinstance(body, dict):
+            lines.append(f"[{_toml_string(section)}]")
+            lines += [f"{_toml_string(key)} = {_toml_value(draw, value)}" for key, value in body.items()]
+        else:
+            lines.insert(0, f"{_toml_string(section)} = {_toml_value(draw, body)}")
+    return "in.toml", "\n".join(lines) + "\n", _with_huge_integers(json.dumps(spec))[1]
+
+
+def _toml_value(draw, value) -> str:
+    if isinstance(value, str) and re.fullmatch(rf"{HUGE_MARK}-?\d+", value):
+        digits = value[len(HUGE_MARK):]
+        return digits if digits.startswith("-") or draw(st.booleans()) else "0x" + digits
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(draw, v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_string(k)} = {_toml_value(draw, v)}" for k, v in value.items()) + "}"
+    return _toml_string(value) if isinstance(value, str) else json.dumps(value)
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: JSON's escapes are TOML's, but astral characters go raw and DEL must be escaped too."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+@FUZZ
+@given(spec=hostile_specs(), verb=st.sampled_from([["select"], ["diff", "--from", "seeds", "--to", "vllm-0.33"]]))
+def test_input_specs_with_huge_integers_and_escape_sequences_end_in_a_documented_exit_status(spec, verb):
+    name, text, huge = spec
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / name).write_text(text)
+        code = _run_checked([*verb, "--input", name, "--no-env"], Path(tmp), CLI_STATUSES, huge)
+    _count("hostile --input specs", f"{verb[0]} exit {code}")
+
+
+@st.composite
+def hostile_configs(draw):
+    config = draw(config_dicts())
+    _edit(draw, config, hostile_values, draw(st.integers(1, 3)))
+    return _with_huge_integers(json.dumps(config))
+
+
+@PLAN_FUZZ
+@given(drawn=hostile_configs(), platform=st.sampled_from(sorted(PRESETS)), json_output=st.booleans())
+def test_plan_of_configs_with_huge_integers_and_escape_sequences_ends_in_a_documented_exit_status(drawn, platform,
+                                                                                                  json_output):
+    text, huge = drawn
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(text)
+        argv = ["plan", "config.json", "--platform", platform, "--policy", "seeds", "--no-env", "--trace-dir", "traces",
+                *(["--json"] if json_output else [])]
+        code = _run_checked(argv, Path(tmp), PLAN_STATUSES, huge)
+    _count("hostile plan configs", f"exit {code}")
