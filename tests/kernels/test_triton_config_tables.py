@@ -57,6 +57,15 @@ def test_a_broken_user_table_names_its_file(user_dir):
         cfg.get_config(DEVICE, 8, 64, 32, 2, 1, "bfloat16", None)
 
 
+@pytest.mark.parametrize("digits", [400, 5000])  # read but past a float; past Python's int max str digits
+def test_a_user_table_with_a_huge_integer_names_its_file(user_dir, digits):
+    (user_dir / "NVIDIA_H100_80GB_HBM3.json").write_text('{"configs": {}, "version": ' + "9" * digits + "}")
+    with pytest.raises(KernelInputError, match="NVIDIA_H100_80GB_HBM3.json holds an integer"):
+        cfg.get_config(DEVICE, 8, 64, 32, 2, 1, "bfloat16", None)
+    with pytest.raises(KernelInputError, match="NVIDIA_H100_80GB_HBM3.json holds an integer"):
+        cfg.write_user_table(DEVICE, cfg.shape_key(8, 64, 32, "bf16"), {1: tuned(16)}, {})
+
+
 def test_old_tables_without_the_new_fields_still_load():
     entry = {"block_m": 16, "w1": {"block_n": 32, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4},
              "w2": {"block_n": 64, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4}}

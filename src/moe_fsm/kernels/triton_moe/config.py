@@ -38,7 +38,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Optional
 
-from moe_fsm.errors import KernelInputError
+from moe_fsm.errors import InputError, KernelInputError
+from moe_fsm.trace.document import parse_json
 
 FP8_GROUP = 128  # DeepSeek-V3 block size: 128x128 weight blocks, 1x128 activation groups
 HOPPER_SMEM_BYTES = 232448  # the shared memory one sm_90 program may opt into
@@ -347,11 +348,17 @@ def _user_config_dir(explicit: Optional[str], xdg_cache: Optional[str]) -> Path:
     return Path(xdg_cache or str(Path.home() / ".cache")) / "moe_fsm" / "triton_moe"
 
 
-def _read_table(text: str, where: str) -> dict:
+def _parse_table(text: str, where: str):
+    """A table file's JSON, read as moe-fsm reads every JSON file (trace.document.parse_json); KernelInputError
+    naming the file when it is not JSON moe-fsm reads (malformed, or an integer past a float's range)."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise KernelInputError(f"the Triton MoE config table {where} is not valid JSON: {exc}") from None
+        return parse_json(text, f"the Triton MoE config table {where}")
+    except InputError as exc:
+        raise KernelInputError(str(exc)) from None
+
+
+def _read_table(text: str, where: str) -> dict:
+    data = _parse_table(text, where)
     configs = data.get("configs") if isinstance(data, dict) else None
     if not isinstance(configs, dict):
         raise KernelInputError(f"the Triton MoE config table {where} has no 'configs' object")
@@ -397,7 +404,7 @@ def write_user_table(device_name: str, key: str, entries: dict[int, MoEConfig], 
     directory = Path(directory) if directory is not None else user_config_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / config_file_name(device_name)
-    data = json.loads(path.read_text()) if path.is_file() else {}
+    data = _parse_table(path.read_text(), str(path)) if path.is_file() else {}
     data.update({k: v for k, v in meta.items() if k != "configs"})
     data["device"] = device_name
     data.setdefault("configs", {})[key] = {str(t): c.to_json() for t, c in sorted(entries.items())}
