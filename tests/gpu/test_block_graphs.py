@@ -145,3 +145,56 @@ def test_a_model_switched_to_another_experts_implementation_runs_its_blocks_eage
         errors = [rel_err(block(x), _block_reference(block, x)) for _ in range(3)]
     assert enabled.blocks.num_graphs == LAYERS, "no graph captured (or replayed) under grouped_mm"
     assert max(errors) < BF16_TOL
+
+
+_WORKSPACE_CHILD = r"""
+import sys, tempfile
+import torch, transformers
+from moe_fsm.integrations.transformers import enable
+sys.path.insert(0, sys.argv[1])
+from moe_gpu_cases import reference, rel_err
+
+# gpt-oss-20b's router ([128 tokens, 2880] x [2880, 32], bf16): a GEMM that cuBLAS runs with its workspace
+config = transformers.Qwen3MoeConfig(
+    vocab_size=96, hidden_size=2880, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=64, head_dim=64, intermediate_size=512, moe_intermediate_size=256, num_experts=32,
+    num_experts_per_tok=4, norm_topk_prob=True)
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = transformers.Qwen3MoeForCausalLM(config).to(torch.bfloat16).eval()
+with tempfile.TemporaryDirectory() as traces:
+    enable(model, env={}, trace_dir=traces)
+block = model.model.layers[0].mlp
+with torch.no_grad():
+    x = torch.randn(8, 16, 2880, device="cuda").to(torch.bfloat16)
+    for _ in range(2):
+        block(x)  # eager, then captured
+    # what torch.compile's CUDA graph trees do before each warm-up and recording
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    junk = [torch.full((1 << 26,), float("nan"), device="cuda") for _ in range(8)]
+    out = block(x)
+    torch.cuda.synchronize()
+    flat = x.view(-1, 2880)
+    _, weights, ids = block.gate(flat)
+    ref = reference(flat, block.experts.gate_up_proj, block.experts.down_proj, weights, ids).view(x.shape)
+    assert all(bool(torch.isnan(j).all()) for j in junk), "the replay wrote into memory it does not own"
+    err = rel_err(out, ref)
+    assert err < 1e-2, err
+print("ok")
+"""
+
+
+def test_a_replayed_block_owns_its_cublas_workspace(tmp_path):
+    """A block graph's router GEMM keeps the address of the cuBLAS workspace it was captured with. torch frees
+    the cached workspaces whenever CUDA graph trees (``torch.compile(mode="reduce-overhead")``) warm up or record:
+    a block captured on a workspace outside its pool then replays into freed memory (an illegal memory access in
+    gpt-oss-shaped ``generate()`` at batch 8 on an H200). Run in a child process: a fault ends its CUDA context."""
+    import pathlib
+    import subprocess
+    import sys
+
+    here = pathlib.Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", _WORKSPACE_CHILD, str(here)], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

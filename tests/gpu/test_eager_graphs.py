@@ -306,3 +306,75 @@ def test_a_graph_the_collector_frees_during_a_capture_does_not_invalidate_it():
     out.fill_(float("nan"))
     graph.replay()
     torch.testing.assert_close(out, x * 2)
+
+
+def test_calls_on_two_streams_share_no_buffers():
+    """An engine overlapping two batches on two streams: each stream's replays read their own inputs. Stream A
+    is held back by a device sleep, so its copy-in and replay run after stream B has copied its inputs: with
+    buffers shared by signature, A's graph would read B's tokens."""
+    graphs = EagerGraphs(pinned_max_tokens=0)  # copying graphs: the static buffers are what two streams could share
+    kernel = _kernel()
+    handle = ops.register(kernel)
+    w1, w2 = float_weights(QWEN3_30B)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for stream in streams:  # each lane sees the signature twice: its graph is captured
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for seed in range(2):
+                graphs.call(handle, kernel, *_with_weights(_inputs(3, seed), w1, w2), None)
+        torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    assert graphs.num_graphs == 2, "one graph per stream"
+
+    inputs = [_inputs(3, 100), _inputs(3, 200)]
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    outs = []
+    for lane, stream in enumerate(streams):
+        with torch.cuda.stream(stream):
+            if lane == 0:
+                torch.cuda._sleep(50_000_000)  # tens of ms on the device before stream A's copy-in
+            outs.append(graphs.call(handle, kernel, *_with_weights(inputs[lane], w1, w2), None))
+    torch.cuda.synchronize()
+    for out, (x, g, ids) in zip(outs, inputs):
+        assert out is not None, "replayed"
+        assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+
+
+def test_calls_of_two_threads_on_two_streams_replay_their_own_inputs():
+    """Two threads, each on a stream of its own, calling the same layer at once, replays included."""
+    import threading
+
+    graphs = EagerGraphs(pinned_max_tokens=0)
+    kernel = _kernel()
+    handle = ops.register(kernel)
+    w1, w2 = float_weights(QWEN3_30B)
+    errors: list = []
+    barrier = threading.Barrier(2)
+
+    def worker(lane: int) -> None:
+        stream = torch.cuda.Stream()
+        try:
+            with torch.cuda.stream(stream):
+                for step in range(6):
+                    x, g, ids = _inputs(3, 1000 * lane + step)
+                    barrier.wait()
+                    if lane == 0:
+                        torch.cuda._sleep(20_000_000)
+                    out = graphs.call(handle, kernel, x, w1, w2, g, ids, None)
+                    if out is None:
+                        out = kernel(x, w1, w2, g, ids, check_values=False)
+                    stream.synchronize()
+                    err = rel_err(out, reference(x, w1, w2, g, ids))
+                    if not err < BF16_TOL:
+                        errors.append((lane, step, err))
+        except Exception as exc:  # surfaced below
+            errors.append((lane, "raised", repr(exc)))
+
+    threads = [threading.Thread(target=worker, args=(lane,)) for lane in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert graphs.num_graphs == 2

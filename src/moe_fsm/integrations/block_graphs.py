@@ -31,9 +31,11 @@ buffers alone (the one exception known, Mixtral's router jitter, runs only in tr
 
 Otherwise the block's own forward runs, whose experts call may still replay the experts' graph.
 A capture that fails (a block whose code reads the device on the host) warns once and leaves that
-block eager for the process. The graphs share the experts graphs' memory pool and capture step; the
+block eager for the process. The graphs share the experts graphs' memory pools and capture step; the
 static input and output buffers are shared by every block of one signature (blocks run one after
-another on one stream, the output is copied out before the next block's input is copied in).
+another on one stream, the output is copied out before the next block's input is copied in). Graphs,
+buffers and pools are kept per lane, the calling thread's current stream (``eager_graphs.py``): blocks
+called on two streams at once share nothing a replay writes.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from typing import Callable, Optional
 import torch
 from torch.nn.modules import module as nn_module
 
-from moe_fsm.modular.eager_graphs import CAPTURE_ON_CALL, DEFAULT_MAX_SIGNATURES, EagerGraphs
+from moe_fsm.modular.eager_graphs import CAPTURE_ON_CALL, DEFAULT_MAX_SIGNATURES, EagerGraphs, lane_of
 
 try:  # transformers 5's output recorder: a forward sets a collector, with a key for each output asked for
     from transformers.utils.output_capturing import _active_collector
@@ -116,7 +118,7 @@ class BlockGraphs:
         return replay
 
     def io(self, x: torch.Tensor, out: torch.Tensor) -> _BlockIO:
-        key = (x.shape, x.stride(), x.dtype, x.device, out.shape, out.dtype)
+        key = (x.shape, x.stride(), x.dtype, lane_of(x.device), out.shape, out.dtype)
         io = self._io.get(key)
         if io is None:
             io = self._io[key] = _BlockIO(x, out)
@@ -156,7 +158,7 @@ class BlockReplay:
         if kwargs or len(args) != 1 or not self._may_replay(args[0]):
             return self.forward(*args, **kwargs)
         x = args[0]
-        key = (x.shape, x.stride(), x.dtype, x.device, tuple(getattr(m, n).data_ptr() for m, n in self.tensors))
+        key = (x.shape, x.stride(), x.dtype, lane_of(x.device), tuple(getattr(m, n).data_ptr() for m, n in self.tensors))
         entry = self._graphs.get(key)
         if entry is not None:
             graph, io = entry

@@ -13,17 +13,29 @@ operation (``EagerGraphs`` says when).
 
 What a captured call shares and what it owns:
 
+* Everything below is kept per *lane*, the calling thread's current stream on its device: graphs,
+  static buffers, memory pool and capture stream. Within a lane the calls are ordered by the stream
+  and by the thread; two lanes (an engine overlapping two batches on two streams, from one thread or
+  two) share nothing a replay writes, so they may run at the same time. Captures are thread-local
+  (``capture_error_mode="thread_local"``): another thread's allocations do not invalidate one.
 * The static input and output buffers belong to the signature (token count, dtypes, top-k,
-  device), not to the layer: the layers of a model run one after another on one stream, so
+  lane), not to the layer: the layers of a model run one after another on one stream, so
   layer B's inputs are copied in only after layer A's replay and the copy of its output were
-  queued. Calls of one device are assumed to come from one stream at a time (as a model's
-  forward does); two threads calling layers concurrently on two streams must turn this off.
-* The graphs of one device allocate their intermediates from one private memory pool. No graph
+  queued.
+* The graphs of one lane allocate their intermediates from one private memory pool. No graph
   keeps a pool allocation alive after its capture (each copies its result, inside the graph, into
   an output allocated outside the pool), so every graph may reuse every other graph's scratch:
   replays are ordered by the stream, and no data passes between graphs through scratch. An output
   kept in the pool would be scratch to a graph captured before it, and that graph's replay would
   overwrite it.
+* A captured cuBLAS GEMM (a block's router) writes the cuBLAS workspace that torch keeps per stream;
+  its address is fixed in the graph. torch frees those workspaces whenever anyone calls
+  ``torch._C._cuda_clearCublasWorkspaces`` (Inductor's CUDA graph trees do before each warm-up and
+  recording, so ``torch.compile(mode="reduce-overhead")`` does), and a graph that used a freed one
+  writes into memory that is since someone else's: a compiled decoding step read corrupted indices,
+  or the replay faulted (an illegal memory access in ``generate()`` after prefill blocks were
+  captured, H200, ``docs/perf/transformers.md``). So each capture first drops the cached workspaces:
+  the captured GEMMs allocate new ones inside the lane's pool, scratch like any other.
 * The graph of a layer holds its weights by address: the key includes both weights' data
   pointers, so a replaced weight tensor is captured again, and in-place updates are seen.
 
@@ -48,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -64,6 +77,15 @@ DEFAULT_PINNED_MAX_TOKENS = 256
 DEFAULT_PINNED_PER_SIGNATURE = 4
 MAX_SIGHTINGS = 4096  # input-address combinations counted towards a pinned capture
 CAPTURE_ON_CALL = 2  # a signature is captured on its second call
+
+
+def lane_of(device: torch.device) -> tuple[int, int, int]:
+    """(device index, the caller's current stream on it, the calling thread): what the captured graphs' state is
+    kept per (module docstring). Two threads on one stream are two lanes too: each call's copy in, replay and
+    copy out are three host operations another thread's could fall between. The raw stream handle is read
+    without building a ``torch.cuda.Stream``: this runs on every call."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, torch._C._cuda_getCurrentRawStream(index), threading.get_ident()
 
 
 def enabled_by_env() -> bool:
@@ -146,8 +168,8 @@ class EagerGraphs:
         self._calls: dict[tuple, int] = {}
         self._sightings: dict[tuple, int] = {}
         self._io: dict[tuple, _StaticIO] = {}
-        self._pools: dict[int, tuple] = {}
-        self._streams: dict[int, torch.cuda.Stream] = {}
+        self._pools: dict[tuple[int, int, int], tuple] = {}
+        self._streams: dict[tuple[int, int, int], torch.cuda.Stream] = {}
         self._uncapturable: set[int] = set()
 
     @property
@@ -174,7 +196,8 @@ class EagerGraphs:
         if torch.cuda.is_current_stream_capturing():  # the caller's graph takes the kernels themselves
             return None
         tokens = hidden.shape[0]
-        io_key = (hidden.device, tokens, hidden.shape[1], hidden.dtype, topk_ids.shape[1], topk_ids.dtype, topk_weights.dtype)
+        io_key = (lane_of(hidden.device), tokens, hidden.shape[1], hidden.dtype, topk_ids.shape[1], topk_ids.dtype,
+                  topk_weights.dtype)
         key = (handle, io_key, w1.data_ptr(), w2.data_ptr(), None if expert_map is None else expert_map.data_ptr())
         pin_key = None
         if tokens <= self.pinned_max_tokens:
@@ -264,7 +287,8 @@ class EagerGraphs:
         """
         graph = torch.cuda.CUDAGraph()
         caller = torch.cuda.current_stream(device)
-        side = self._side_stream(device)
+        lane = lane_of(device)
+        side = self._side_stream(lane)
         side.wait_stream(caller)
         try:
             # capture_begin/end rather than torch.cuda.graph: that context synchronizes the device, collects
@@ -273,8 +297,10 @@ class EagerGraphs:
                 # one uncaptured run first: whatever compiles or initializes lazily for these addresses (a
                 # Triton specialization on 16-byte alignment) does it outside the capture
                 body()
+                # the GEMMs captured next allocate their cuBLAS workspace in the pool (module docstring)
+                torch._C._cuda_clearCublasWorkspaces()
                 with _no_garbage_collection():
-                    graph.capture_begin(pool=self._pool(device))
+                    graph.capture_begin(pool=self._pool(lane), capture_error_mode="thread_local")
                     try:
                         body()
                     finally:
@@ -290,18 +316,17 @@ class EagerGraphs:
         caller.wait_stream(side)
         return graph
 
-    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        stream = self._streams.get(index)
+    def _side_stream(self, lane: tuple[int, int, int]) -> torch.cuda.Stream:
+        """The stream a lane's graphs are captured on (a capture needs a stream other than the legacy default)."""
+        stream = self._streams.get(lane)
         if stream is None:
-            stream = self._streams[index] = torch.cuda.Stream(index)
+            stream = self._streams[lane] = torch.cuda.Stream(lane[0])
         return stream
 
-    def _pool(self, device: torch.device) -> tuple:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        pool = self._pools.get(index)
+    def _pool(self, lane: tuple[int, int, int]) -> tuple:
+        pool = self._pools.get(lane)
         if pool is None:
-            pool = self._pools[index] = torch.cuda.graph_pool_handle()
+            pool = self._pools[lane] = torch.cuda.graph_pool_handle()
         return pool
 
     def clear(self) -> None:
