@@ -324,6 +324,10 @@ def select(layer: MoELayer, parallel: ParallelConfig | None = None, backend=None
 
 def replay(document: dict, *, registry: Registry | None = None) -> dict:
     """Decide again from a trace's recorded inputs; returns the new canonical document."""
+    if not isinstance(document, Mapping) or "inputs" not in document:
+        got = "a dict without 'inputs'" if isinstance(document, Mapping) else type(document).__name__
+        raise InputError(f"replay takes a trace document (a dict with the recorded 'inputs', as json.load returns a "
+                         f"trace file), got {got}")
     inputs = DecisionInputs.from_json(document["inputs"])
     try:
         new = decide(inputs, registry=registry, layer_name=document.get("layer_name")).trace

@@ -9,10 +9,11 @@ needs no torch; building does (torch and Triton are imported from here on).
 from __future__ import annotations
 
 import importlib
+import re
 
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.decision import Decision
-from moe_fsm.errors import BackendUnavailableError, KernelInputError
+from moe_fsm.errors import BackendUnavailableError, InputError, KernelInputError
 
 
 def build(decision: Decision, registry: Registry | None = None, *, strict: bool = False, device: str | None = None):
@@ -20,7 +21,7 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
 
     ``registry``: the one the decision was made with (default: its profile's). Where moe-fsm cannot load
     the decided experts kernel, its own implementation refuses the layer, or the kernel needs a device this
-    run lacks (``device``: the run's device type, e.g. "cpu"; None: CUDA when torch sees it), a stand-in of
+    run lacks (``device``: where the run computes, one of ``DEVICES``), a stand-in of
     the same numerics runs instead (``backends.stand_ins``), named by the kernel's ``stand_in``; ``strict``
     refuses stand-ins with ``BackendUnavailableError`` (the plan's reason). The decision never changes.
     """
@@ -28,14 +29,15 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
     from moe_fsm.modular.kernel import ModularKernel
     from moe_fsm.prepare_finalize.choice import build_prepare_finalize
 
+    if not isinstance(decision, Decision):
+        raise InputError(f"build takes the Decision that select() or decide() returned, got {type(decision).__name__}")
+    if not isinstance(strict, bool):
+        raise InputError(f"strict must be True or False, got {strict!r}")
+    device = device_type(device)
     registry = registry or default_registry(decision.inputs.profile.name)
     plan, layer = decision.plan, decision.inputs.layer
     if not plan.prepare_finalize_buildable:
         raise BackendUnavailableError(plan.prepare_finalize_because or plan.because)
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     impl = registry.kernels[plan.experts].impl if plan.experts is not None else None
     stand_in = None
     if impl is None:
@@ -65,3 +67,19 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
     kernel = ModularKernel(prepare_finalize, experts, layer)
     kernel.stand_in = stand_in
     return kernel
+
+
+DEVICES = "None (CUDA when torch sees it, else the CPU), 'cpu', 'cuda', 'cuda:N' or a torch.device of those"
+
+
+def device_type(device) -> str:
+    """The run's device type, "cpu" or "cuda", from what ``build(device=...)`` accepts (``DEVICES``)."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(device, str) and re.fullmatch(r"(cpu|cuda)(:\d+)?", device):
+        return device.partition(":")[0]
+    if isinstance(device, torch.device) and device.type in ("cpu", "cuda"):
+        return device.type
+    raise InputError(f"device must be {DEVICES}; got {device!r}")

@@ -9,8 +9,8 @@ import re
 import pytest
 
 from moe_fsm import (
-    BackendRequest, DecisionInputs, EnvSnapshot, InputError, MoELayer, ParallelConfig, QuantScheme, decide, make_inputs,
-    preset, select,
+    BackendRequest, DecisionInputs, Engine, EnvSnapshot, InputError, LayerSpec, MoELayer, ParallelConfig, QuantScheme,
+    build, decide, make_inputs, preset, replay, runtime, select,
 )
 from moe_fsm.cli.main import main
 from moe_fsm.trace import schema
@@ -122,3 +122,58 @@ def test_type_mistakes_are_input_errors_naming_what_is_accepted(call, message):
 def test_quant_scheme_from_a_family_string_is_validated_like_the_enum():
     assert QuantScheme("unquantized") == QuantScheme.unquantized()
     assert make_inputs(FP8, env={}, platform=SM90).layer.quant == QuantScheme.fp8()
+
+
+# -- issue 39, item 9: replay, build and the Engine refuse what they cannot use, by name ------------------------
+
+
+CPU_DECISION = select(MoELayer(), platform=preset("cpu"), env={})
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: replay(None), "replay takes a trace document (a dict with the recorded 'inputs'"),
+    (lambda: replay({}), "got a dict without 'inputs'"),
+    (lambda: replay([]), "trace document (a dict with the recorded 'inputs', as json.load returns a trace file), got list"),
+    (lambda: build(None), "build takes the Decision that select() or decide() returned, got NoneType"),
+    (lambda: build(CPU_DECISION.trace), "build takes the Decision that select() or decide() returned, got dict"),
+    (lambda: build(CPU_DECISION, strict="yes"), "strict must be True or False, got 'yes'"),
+    (lambda: Engine([{}]).load(), "layers must be a list of LayerSpec(name, MoELayer), got dict at index 0"),
+    (lambda: Engine(5), "layers must be a list of LayerSpec(name, MoELayer), got int"),
+    (lambda: Engine([LayerSpec("x", "fp8")]), "layer 'x' must be a MoELayer, got str"),
+    (lambda: Engine().load_layer(7, MoELayer()), "a layer's name must be a string"),
+    (lambda: Engine(trace_dir=5), "trace_dir must be a directory path (a str or a pathlib.Path), got 5"),
+    (lambda: Engine(trace_dir=b"traces"), "trace_dir must be a directory path"),
+    (lambda: Engine(strict_build="no"), "strict_build must be True or False, got 'no'"),
+])
+def test_replay_build_and_engine_take_only_what_they_can_use(call, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        call()
+
+
+@pytest.mark.parametrize("rank", ["/../../../evil", "1", True, -1, 1.0])
+def test_a_rank_is_a_number_so_no_trace_name_leaves_the_trace_dir(rank, tmp_path):
+    trace_dir = tmp_path / "traces"
+    with pytest.raises(InputError, match=re.escape(f"rank must be None or an integer >= 0 (this process's rank), got {rank!r}")):
+        Engine([LayerSpec("l0", MoELayer())], trace_dir=trace_dir, rank=rank, platform=preset("cpu"), env={}).load()
+    assert list(tmp_path.rglob("*")) == []
+    loaded = Engine([LayerSpec("l0", MoELayer())], trace_dir=trace_dir, rank=2, platform=preset("cpu"), env={},
+                    build=False).load()
+    assert loaded[0].trace_path == trace_dir / "layer000-l0.rank2.json" and loaded[0].trace_path.is_file()
+
+
+@pytest.mark.parametrize("device", ["junk", "cuda:x", "cuda:", "tpu", "meta", "cpu ", 0])
+def test_build_refuses_a_device_it_cannot_run_on_naming_those_it_can(device):
+    with pytest.raises(InputError, match=re.escape("device must be None (CUDA when torch sees it, else the CPU), 'cpu', "
+                                                   f"'cuda', 'cuda:N' or a torch.device of those; got {device!r}")):
+        build(CPU_DECISION, device=device)
+    with pytest.raises(InputError, match="device must be None"):
+        Engine(device=device)
+
+
+def test_build_takes_every_device_spelling_it_names():
+    import torch
+
+    for device in (None, "cpu", torch.device("cpu")):
+        assert type(build(CPU_DECISION, device=device).experts).__name__ == "TorchExperts"
+    # the type is what counts: a GPU of any number makes a CUDA-only kernel buildable (here: none is decided)
+    assert [runtime.device_type(d) for d in ("cuda", "cuda:3", torch.device("cuda", 1))] == ["cuda"] * 3

@@ -17,7 +17,7 @@ from typing import Optional
 
 from moe_fsm import runtime
 from moe_fsm.decision import Decision, DecisionInputs
-from moe_fsm.errors import BackendUnavailableError, TraceWriteError
+from moe_fsm.errors import BackendUnavailableError, InputError, TraceWriteError
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.plan.decider import LayerDecider, LayerSpec
 from moe_fsm.trace import document as trace_doc
@@ -50,6 +50,13 @@ class Engine(LayerDecider):
         which decides whether CUDA-only kernels can be built (None: CUDA when torch sees it).
         """
         super().__init__(**settings)
+        if layers is not None and not (isinstance(layers, (list, tuple)) and all(isinstance(s, LayerSpec) for s in layers)):
+            raise InputError(f"layers must be a list of LayerSpec(name, MoELayer), got {_describe(layers)}")
+        for name, flag in (("build", build), ("strict_build", strict_build)):
+            if not isinstance(flag, bool):
+                raise InputError(f"{name} must be True or False, got {flag!r}")
+        if device is not None:
+            runtime.device_type(device)  # refused here, before any layer is decided
         self.strict_build = strict_build
         self.device = device
         self.layers = list(layers or [])
@@ -98,6 +105,14 @@ class Engine(LayerDecider):
             return runtime.build(decision, self.registry, strict=self.strict_build, device=self.device)
         except BackendUnavailableError as err:
             raise BackendUnavailableError(f"layer {index} ({spec.name}): {err}") from err
+
+
+def _describe(layers) -> str:
+    """What stood where a list of LayerSpec was expected: the list's first stranger, or the whole value's type."""
+    if isinstance(layers, (list, tuple)):
+        index, item = next((i, s) for i, s in enumerate(layers) if not isinstance(s, LayerSpec))
+        return f"{type(item).__name__} at index {index}"
+    return type(layers).__name__
 
 
 def route(hidden, router, top_k: int):

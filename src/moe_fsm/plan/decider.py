@@ -14,6 +14,7 @@ its trace first and the error names the layer and the file.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Mapping, Optional, Union
 
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.decision import Decision, DecisionInputs, decide, make_inputs
-from moe_fsm.errors import SelectionError, TraceWriteError
+from moe_fsm.errors import InputError, SelectionError, TraceWriteError
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
@@ -38,6 +39,13 @@ SLUG_MAX = 120  # file names stay well under the 255 bytes file systems allow
 class LayerSpec:
     name: str
     layer: MoELayer
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise InputError(f"a layer's name must be a string (its module, e.g. 'model.layers.0.mlp.experts'), "
+                             f"got {self.name!r}")
+        if not isinstance(self.layer, MoELayer):
+            raise InputError(f"layer {self.name!r} must be a MoELayer, got {type(self.layer).__name__}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,11 @@ class LayerDecider:
         registry: Optional[Registry] = None,
         policy: Union[str, ProfileChoice, None] = None,
     ) -> None:
+        if not isinstance(trace_dir, (str, os.PathLike)) or not isinstance(os.fspath(trace_dir), str):
+            raise InputError(f"trace_dir must be a directory path (a str or a pathlib.Path), got {trace_dir!r}")
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            # the rank goes into trace file names: anything but a number could point them out of trace_dir
+            raise InputError(f"rank must be None or an integer >= 0 (this process's rank), got {rank!r}")
         defaults = make_inputs(MoELayer(), parallel, request, env, platform, policy)  # select()'s defaults, one layer aside
         self.parallel = defaults.parallel
         self.request = defaults.request
