@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import time
 from pathlib import Path
 
+from moe_fsm import profiles
 from moe_fsm.cli.inputs import POLICY_HELP, Once
 from moe_fsm.engine.presets import DEFAULT_PRESET, PRESETS, preset
 from moe_fsm.errors import InputError, SelectionError
@@ -26,6 +28,12 @@ def register(subparsers) -> None:
         description="Load a model preset with random weights, let the state machine choose each layer's "
         "kernel, run every layer on a batch of tokens and check it against the float64 reference.",
     )
+    add_arguments(parser)
+    parser.set_defaults(func=main)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `run`; :func:`rank_argv` hands every one of them to the ranks of a launch."""
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help=f"model preset (default {DEFAULT_PRESET})")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per batch (default 64)")
     parser.add_argument("--layers", type=int, default=None, help="run only the first N MoE layers (default: all)")
@@ -49,7 +57,34 @@ def register(subparsers) -> None:
                         help="check every row of every layer against float64 (default: a sample of rows per layer)")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                         help=f"timed calls per layer; the table shows their median (default {DEFAULT_REPEATS})")
-    parser.set_defaults(func=main)
+
+
+# The launcher's own flags: a rank runs the rest of the command, and must not launch again.
+LAUNCHER_FLAGS = ("nproc",)
+
+
+def rank_argv(args: argparse.Namespace) -> list[str]:
+    """The command line every rank of ``run --nproc N`` parses back into ``args`` (less the launcher's flags).
+
+    Built from the parser's own actions, so no flag can be left behind (a rank that lost --platform or
+    --strict-build decided or built something else than asked); each value travels as ``--flag=value``,
+    so a value starting with '-' (``--trace-dir=-x``) stays a value.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    argv = []
+    for action in parser._actions:
+        if action.dest in LAUNCHER_FLAGS:
+            continue
+        flag, value = max(action.option_strings, key=len), getattr(args, action.dest)
+        if action.nargs == 0:  # a switch: given when it was given
+            if value != action.default:
+                argv.append(flag)
+        elif isinstance(action, argparse._AppendAction):
+            argv += [f"{flag}={item}" for item in value or ()]
+        elif value is not None:
+            argv.append(f"{flag}={value}")
+    return argv
 
 
 def check_args(args, model) -> None:
@@ -64,6 +99,10 @@ def check_args(args, model) -> None:
         raise InputError(f"--repeats must be from 1 to 1000, got {args.repeats}")
     if args.nproc < 1:
         raise InputError(f"--nproc must be 1 or more, got {args.nproc}")
+    if args.platform != "probe":
+        _platform(args.platform)
+    if args.policy is not None:
+        profiles.choose(args.policy)
     if args.nproc > 1:
         if args.all2all not in RUNNABLE_ALL2ALL:
             raise InputError(f"--all2all {args.all2all!r} is not one of {list(RUNNABLE_ALL2ALL)} (what --nproc runs)")
@@ -89,12 +128,12 @@ def main(args) -> int:
     if is_launched():
         from moe_fsm.engine.distributed_run import run_rank
 
-        return run_rank(args, model, request, env, run_options(args))
+        return run_rank(args, model, request, env, run_options(args), _platform(args.platform))
     device = _device(args.device, args.nproc)
     if args.nproc > 1:
         from moe_fsm.engine.distributed_run import launch_run
 
-        return launch_run(args)
+        return launch_run(args, rank_argv(args))
     return _run_here(args, model, request, env, device)
 
 

@@ -34,27 +34,19 @@ from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.trace.document import remove_stale_temp_files
 
 
-def launch_run(args) -> int:
-    """Start ``args.nproc`` ranks running the same command; the flags were checked here first."""
-    # The ranks run the package's __main__.py with the same flags minus --nproc: a rank knows it is
-    # one from the launcher's environment, and must not launch again.
+def launch_run(args, rank_flags: list[str]) -> int:
+    """Start ``args.nproc`` ranks running ``run`` with ``rank_flags`` (every flag but the launcher's, checked here first).
+
+    The ranks run the package's __main__.py: a rank knows it is one from the launcher's environment, and
+    must not launch again.
+    """
     script = str(Path(moe_fsm.__file__).parent / "__main__.py")
-    argv = [script, "run", "--preset", args.preset, "--tokens", str(args.tokens),
-            "--device", args.device, "--backend", args.backend, "--trace-dir", str(args.trace_dir),
-            "--seed", str(args.seed), "--all2all", args.all2all, "--repeats", str(args.repeats)]
-    if args.layers is not None:
-        argv += ["--layers", str(args.layers)]
-    if args.full_check:
-        argv.append("--full-check")
-    for item in args.env or ():
-        argv += ["--env", item]
     remove_stale_temp_files(args.trace_dir)
-    return launch(args.nproc, argv)
+    return launch(args.nproc, [script, "run", *rank_flags])
 
 
-def run_rank(args, model, request, env, options: RunOptions) -> int:
-    from moe_fsm.decision import probed_platform
-
+def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
+    """One rank's share of the run: ``platform`` is what the layers are decided for (``--platform``, or the probe)."""
     # A rank has no terminal: Ctrl-C reaches it only as a request to stop, and a rank blocked in a
     # collective would never see Python's KeyboardInterrupt. Dying at once lets the agent stop the rest.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -63,7 +55,6 @@ def run_rank(args, model, request, env, options: RunOptions) -> int:
     with distributed(backend) as ctx:
         parallel = ParallelConfig(dp_size=ctx.world_size, ep_size=ctx.world_size, all2all=args.all2all)
         device = ctx.device
-        platform = probed_platform()
         specs = list(model.layers[: args.layers or len(model.layers)])
         if ctx.rank == 0:
             parallel_line = (f"  parallel: dp={parallel.dp_size} ep={parallel.ep_size} all2all={parallel.all2all.value}; "
@@ -72,7 +63,8 @@ def run_rank(args, model, request, env, options: RunOptions) -> int:
                                 platform, request, env, (parallel_line, render_check_mode(options))), flush=True)
         engine = Engine(specs, parallel=parallel, request=request, env=env, platform=platform,
                         trace_dir=args.trace_dir, rank=ctx.rank,
-                        policy=getattr(args, "policy", None) or model.policy)
+                        policy=args.policy if args.policy is not None else model.policy,
+                        strict_build=args.strict_build, device=device.type)
         loaded = engine.load()
         generator = torch.Generator().manual_seed(args.seed)
         counts = [args.tokens + r for r in range(ctx.world_size)]

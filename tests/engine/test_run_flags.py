@@ -1,0 +1,77 @@
+"""Issue 39, item 3: every flag of `moe-fsm run` reaches every rank of `run --nproc N`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from moe_fsm.cli.main import build_parser, main
+from moe_fsm.cli.run_cmd import LAUNCHER_FLAGS, rank_argv
+
+# A value for every flag of `run`, none of them its default; a flag added to `run` without a value here fails
+# test_every_flag_of_run_reaches_the_ranks, so none can be left out of what the ranks are given.
+SET_EVERY_FLAG = {
+    "preset": ["--preset", "deepseek-v3"],
+    "tokens": ["--tokens", "7"],
+    "layers": ["--layers", "2"],
+    "device": ["--device", "cuda"],
+    "backend": ["--backend", "nvfp4=flashinfer_b12x,fp8=triton"],
+    "env": ["--env", "VLLM_USE_DEEP_GEMM=0", "--env", "VLLM_MOE_USE_DEEP_GEMM=-1"],
+    "policy": ["--policy", "vllm-0.33"],
+    "trace_dir": ["--trace-dir=-x"],  # a value that looks like a flag
+    "seed": ["--seed", "5"],
+    "platform": ["--platform", "sm90"],
+    "strict_build": ["--strict-build"],
+    "all2all": ["--all2all", "allgather_reducescatter"],
+    "full_check": ["--full-check"],
+    "repeats": ["--repeats", "2"],
+}
+
+
+def _run_flags() -> set[str]:
+    """The destinations of every option of `run`'s own parser (the one `moe-fsm run` parses with)."""
+    subcommands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {action.dest for action in subcommands.choices["run"]._actions if action.dest != "help"}
+
+
+def test_every_flag_of_run_reaches_the_ranks():
+    flags = _run_flags()
+    assert set(SET_EVERY_FLAG) == flags - set(LAUNCHER_FLAGS)
+    given = build_parser().parse_args(["run", "--nproc", "2", *(word for words in SET_EVERY_FLAG.values() for word in words)])
+    defaults = build_parser().parse_args(["run"])
+    assert [f for f in flags if getattr(given, f) == getattr(defaults, f)] == []
+    argv = rank_argv(given)
+    assert all(word.startswith("--") for word in argv)  # --flag or --flag=value: no value stands alone
+    rank = build_parser().parse_args(["run", *argv])
+    assert {f: getattr(rank, f) for f in flags - {"nproc"}} == {f: getattr(given, f) for f in flags - {"nproc"}}
+    assert rank.nproc == 1  # a rank never launches again
+
+
+def test_a_run_of_defaults_hands_the_ranks_its_defaults():
+    given = build_parser().parse_args(["run", "--nproc", "2"])
+    rank = build_parser().parse_args(["run", *rank_argv(given)])
+    assert vars(rank) == {**vars(given), "nproc": 1}
+
+
+@pytest.mark.distributed
+def test_every_rank_decides_for_the_platform_and_policy_asked_and_builds_strictly(tmp_path, monkeypatch, capfd):
+    """The repro: --platform sm90 and --policy reached no rank (they decided for this CPU under seeds), and
+    --strict-build exited 0 with --nproc 2 where a single process exits 3."""
+    monkeypatch.chdir(tmp_path)
+    flags = ["--preset", "deepseek-v3", "--layers", "1", "--tokens", "4", "--platform", "sm90", "--policy", "vllm-0.33",
+             "--strict-build"]
+    assert main(["run", *flags, "--trace-dir", "single"]) == 3
+    assert main(["run", *flags, "--nproc", "2", "--trace-dir=-x"]) == 3
+    err = capfd.readouterr().err
+    assert err.count("a strict build refuses the stand-in moe-fsm torch experts") == 3  # the single run, each rank
+    single = json.loads(next((tmp_path / "single").glob("layer000-*.json")).read_text())
+    assert single["inputs"]["platform"]["capability"] == [9, 0] and single["inputs"]["profile"]["name"] == "vllm-0.33"
+    for rank in (0, 1):
+        trace = json.loads(next((tmp_path / "-x").glob(f"layer000-*.rank{rank}.json")).read_text())
+        # the same inputs as the single process's but for the parallel config (dp = ep = 2)
+        assert {k: v for k, v in trace["inputs"].items() if k != "parallel"} == \
+            {k: v for k, v in single["inputs"].items() if k != "parallel"}
+        assert trace["inputs"]["parallel"]["ep_size"] == 2
+        assert trace["outcome"]["backend"] == "FLASHINFER_CUTLASS"  # sm90's choice under vllm-0.33 with ep=2
