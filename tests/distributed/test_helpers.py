@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -268,6 +269,36 @@ def test_backend_and_timeout_from_env(monkeypatch) -> None:
         resolve_timeout()
     monkeypatch.setenv("MOE_FSM_DIST_TIMEOUT", "12.5")
     assert resolve_timeout() == 12.5
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "1e308", "604801", "0", "-3", "soon"])
+def test_dist_timeout_is_a_positive_finite_number_of_seconds_up_to_a_week(raw, monkeypatch, capsys, tmp_path) -> None:
+    """Issue 39, item 8: nan and 1e308 passed the old check (nan <= 0 is false) and broke timedelta in every rank."""
+    monkeypatch.setenv("MOE_FSM_DIST_TIMEOUT", raw)
+    accepted = "accepted values: a positive finite number of seconds, at most 604800 (7 days)"
+    with pytest.raises(EnvVarError, match=re.escape(f"MOE_FSM_DIST_TIMEOUT={raw!r} is not valid; {accepted}")):
+        resolve_timeout()
+    launched = []
+    monkeypatch.setattr("moe_fsm.engine.distributed_run.launch", lambda *a, **k: launched.append(a) or 0)
+    from moe_fsm.cli.main import main
+
+    assert main(["run", "--nproc", "2", "--trace-dir", str(tmp_path)]) == 2  # refused by the launcher, before any rank
+    err = capsys.readouterr().err
+    assert err == f"moe-fsm run: error: MOE_FSM_DIST_TIMEOUT={raw!r} is not valid; {accepted}\n" and not launched
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), 1e308, 0, True, "60"])
+def test_a_timeout_given_in_code_is_held_to_the_same_bounds(seconds) -> None:
+    with pytest.raises(InputError, match="timeout_s must be a positive finite number of seconds, at most 604800"):
+        resolve_timeout(seconds)
+    with pytest.raises(InputError, match="timeout_s must be a positive finite number of seconds, at most 604800"):
+        launch(2, ["true"], timeout_s=seconds)
+
+
+def test_the_largest_dist_timeout_is_accepted(monkeypatch) -> None:
+    monkeypatch.setenv("MOE_FSM_DIST_TIMEOUT", "604800")
+    assert resolve_timeout() == 604800.0
+    assert resolve_timeout(0.5) == 0.5
 
 
 def test_torchrun_command_line_keeps_rank_arguments_out_of_its_parser() -> None:

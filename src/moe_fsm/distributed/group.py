@@ -97,21 +97,25 @@ def device_for(backend: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: longer is a typo, and past ~1e9 s timedelta and the backends overflow
+TIMEOUT_ACCEPTED = f"a positive finite number of seconds, at most {MAX_TIMEOUT_S:.0f} (7 days)"
+
+
 def resolve_timeout(timeout_s: Optional[float] = None) -> float:
-    """Seconds the process group waits for a rendezvous or a collective before failing."""
+    """Seconds the process group waits for a rendezvous or a collective before failing (``TIMEOUT_ACCEPTED``)."""
     if timeout_s is None:
         raw = os.environ.get(TIMEOUT_ENV)
         if raw is None or not raw.strip():
             return DEFAULT_TIMEOUT_S
         try:
-            timeout_s = float(raw)
+            seconds = float(raw)
         except ValueError:
-            raise EnvVarError(TIMEOUT_ENV, raw, "a positive number of seconds") from None
-        if timeout_s <= 0:
-            raise EnvVarError(TIMEOUT_ENV, raw, "a positive number of seconds")
-        return timeout_s
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-        raise InputError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+            raise EnvVarError(TIMEOUT_ENV, raw, TIMEOUT_ACCEPTED) from None
+        if not 0 < seconds <= MAX_TIMEOUT_S:  # also false for nan
+            raise EnvVarError(TIMEOUT_ENV, raw, TIMEOUT_ACCEPTED)
+        return seconds
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise InputError(f"timeout_s must be {TIMEOUT_ACCEPTED}, got {timeout_s!r}")
     return float(timeout_s)
 
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
-from moe_fsm.distributed.group import is_launched
+from moe_fsm.distributed.group import is_launched, resolve_timeout
 from moe_fsm.errors import InputError
 from moe_fsm.launch_trampoline import AGENT_FLAG, ARGV_ENV, LAUNCHER_PID_ENV
 
@@ -95,8 +95,8 @@ def launch(
             "launch() was called inside a rank that torch.distributed.run already started "
             f"(RANK={os.environ.get('RANK')}); run the per-rank command directly instead"
         )
-    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
-        raise InputError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+    if timeout_s is not None:
+        timeout_s = resolve_timeout(timeout_s)  # the bounds of a process group's timeout hold for a launch's too
     proc = subprocess.Popen(torchrun_command(nproc), env=launch_env(argv, env), start_new_session=True)
     try:
         with _stop_signals_raise():

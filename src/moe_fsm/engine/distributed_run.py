@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import moe_fsm
 from moe_fsm.distributed.expert_map import ExpertPlacement
-from moe_fsm.distributed.group import distributed
+from moe_fsm.distributed.group import distributed, resolve_timeout
 from moe_fsm.distributed.launch import launch
 from moe_fsm.distributed.sharding import shard_experts
 from moe_fsm.engine.engine import Engine, route
@@ -38,8 +38,10 @@ def launch_run(args, rank_flags: list[str]) -> int:
     """Start ``args.nproc`` ranks running ``run`` with ``rank_flags`` (every flag but the launcher's, checked here first).
 
     The ranks run the package's __main__.py: a rank knows it is one from the launcher's environment, and
-    must not launch again.
+    must not launch again. The process group's timeout is read here first, so a bad one stops the launch
+    with one line instead of failing in every rank.
     """
+    resolve_timeout()
     script = str(Path(moe_fsm.__file__).parent / "__main__.py")
     remove_stale_temp_files(args.trace_dir)
     return launch(args.nproc, [script, "run", *rank_flags])
