@@ -140,3 +140,44 @@ def test_no_import_circles():
         if module not in index:
             visit(module)
     assert not circles, "import circles:\n" + "\n".join(", ".join(c) for c in circles)
+
+
+def _loaded_after(statement: str) -> set[str]:
+    """The modules a fresh interpreter has loaded after ``statement`` (a subprocess: this one has loaded everything)."""
+    import json
+    import subprocess
+    import sys
+
+    probe = f"import sys, json\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_the_package_face_loads_nothing_of_the_runtime_until_asked():
+    """Every module imports ``moe_fsm/__init__.py`` first: it must not pull the runtime (torch included) into the
+    core. Its names are loaded on first use."""
+    runtime = {"moe_fsm.engine", "moe_fsm.runtime", "moe_fsm.modular", "moe_fsm.kernels", "torch"}
+    for statement in ("import moe_fsm", "import moe_fsm.trace.document", "from moe_fsm import select, __version__",
+                      "import moe_fsm.decision"):
+        assert not runtime & _loaded_after(statement), statement
+    assert {"moe_fsm.runtime", "moe_fsm.engine.engine"} <= _loaded_after("from moe_fsm import build, Engine")
+
+
+def test_the_package_face_names_every_public_name_and_refuses_others():
+    import importlib
+
+    import moe_fsm
+
+    for name in moe_fsm.__all__:
+        assert getattr(moe_fsm, name) is not None, name
+    assert set(moe_fsm.__all__) <= set(dir(moe_fsm))
+    from importlib import metadata
+
+    assert moe_fsm.__version__ == metadata.version("moe-fsm")
+    try:
+        moe_fsm.no_such_name
+    except AttributeError as err:
+        assert "no_such_name" in str(err)
+    else:
+        raise AssertionError("an unknown name must raise AttributeError")
+    assert importlib.import_module("moe_fsm").select is moe_fsm.select
