@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from moe_fsm.trace.document import write_atomic
+
 MODULE_NAME = "moe_fsm_fused_moe_90"
 ARCH = "9.0a"
 GB = 1e9
@@ -696,7 +698,7 @@ def build(dtype_sets: list[str], out: Optional[Path] = None, jobs: Optional[int]
     def fail(reason: str) -> BuildError:
         manifest["installed"] = False
         manifest["failure"] = reason
-        (out / "build-failed.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        write_atomic(out / "build-failed.json", json.dumps(manifest, indent=2) + "\n")
         return BuildError(f"{reason} (details: {out / 'build-failed.json'}, ninja's log: {log_path})")
 
     if returncode != 0:
@@ -755,7 +757,7 @@ def build(dtype_sets: list[str], out: Optional[Path] = None, jobs: Optional[int]
         manifest["smoke"] = {"ok": None, "reason": "skipped (--no-smoke)"}
     manifest["installed"] = True
     os.replace(staging / so_target.name, so_target)
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    write_atomic(manifest_path, json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(staging, ignore_errors=True)
     (out / "build-failed.json").unlink(missing_ok=True)
     log(f"installed {so_target} ({manifest['so_bytes'] / 2**20:.1f} MiB) and {manifest_path}")

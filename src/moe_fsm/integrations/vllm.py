@@ -260,9 +260,9 @@ def record(family: str, where: str, arguments: dict, result, error) -> dict:
 
 
 def _write(path: Path, doc: dict) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    from moe_fsm.trace import document as trace_doc
+
+    trace_doc.write_atomic(path, json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------------

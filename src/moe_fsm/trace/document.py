@@ -13,11 +13,14 @@ import json
 import os
 import platform as host_platform
 import re
+import stat
 import sys
 import tempfile
 import time
 from functools import lru_cache
 from pathlib import Path
+
+from moe_fsm.errors import TraceWriteError
 
 SCHEMA_ID = "moe-fsm/decision-trace"
 DEFAULT_TRACE_DIR = "moe-fsm-traces"  # where select and run write traces unless told otherwise
@@ -68,44 +71,77 @@ def dumps(document: dict, *, include_volatile: bool = True) -> str:
 def write_atomic(path: Path, text: str) -> Path:
     """Write through a temporary file and rename, so a reader never sees half a trace.
 
+    Every file moe-fsm writes where a user says (traces, manifests, golden files,
+    ``diagram --update``, tuned config tables) goes through here, and only into a
+    new path or a regular file: a device, FIFO, socket or directory standing at
+    ``path`` is refused (TraceWriteError) rather than replaced by a regular file.
+    A symlink is written through: its target gets the text, the link stays.
+
     The file gets the mode an ordinary ``open(path, "w")`` would (0666 less the
     umask), not the temporary file's 0600. The temporary name carries the
     writer's pid (``.NAME.tmpPID.XXXX``), so :func:`remove_stale_temp_files` can
     tell a killed writer's leftovers from a live writer's file.
     """
-    path = Path(path)
+    path = target = Path(path)
     try:
-        if path.is_dir():
-            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:NAME_MAX_KEPT]}{_TEMP_MARK}{os.getpid()}.", dir=path.parent)
+        path.parent.mkdir(parents=True, exist_ok=True)  # the user's path; never the missing folders of a link's target
+        target = _write_target(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:NAME_MAX_KEPT]}{_TEMP_MARK}{os.getpid()}.", dir=target.parent)
+    except TraceWriteError:
+        raise
     except OSError as err:
-        raise _write_error(path, err) from None
+        raise write_error(path, err, target) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(err, OSError):
-            raise _write_error(path, err) from None
+            raise write_error(path, err, target) from None
         raise
     return path
+
+
+def _write_target(path: Path) -> Path:
+    """The file a write to ``path`` replaces: ``path`` itself, or the file its symlink names (the link stays).
+
+    TraceWriteError when something other than a regular file stands there.
+    """
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        mode = os.stat(target).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return target  # a new file (a parent that is a file is named when the write fails)
+    if not stat.S_ISREG(mode):
+        via = f" (the target of symlink {path})" if target != path else ""
+        raise TraceWriteError(f"cannot write {target}{via}: it is {file_kind(mode)}, not a regular file; "
+                              f"moe-fsm writes only to a regular file or a new path")
+    return target
+
+
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words (for errors about files that are not regular)."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+    return next((words for test, words in kinds if test(mode)), "not a regular file")
 
 
 NAME_MAX_KEPT = 200  # of a file name, in its temporary name (which adds about 20 characters)
 
 
-def _write_error(path: Path, err: OSError):
-    from moe_fsm.errors import TraceWriteError
-
+def write_error(path: Path, err: OSError, link_target: Path | None = None) -> TraceWriteError:
+    """The TraceWriteError for an OSError met while writing ``path`` (through a symlink to ``link_target``):
+    its reason, in words that name the culprit."""
     reason = err.strerror or str(err)
     if err.errno == errno.ENAMETOOLONG:
         reason += f" (the file name has {len(path.name)} characters)"
     elif err.errno == errno.ENOTDIR or (err.errno == errno.EEXIST and not path.parent.is_dir()):
         reason = f"{_first_file_ancestor(path)} is a file, not a directory"
+    if link_target is not None and link_target != path:
+        reason += f" (writing through the symlink to {link_target})"
     error = TraceWriteError(f"cannot write {path}: {reason}")
     error.errno = err.errno
     return error

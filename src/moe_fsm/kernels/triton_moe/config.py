@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Optional
 
 from moe_fsm.errors import InputError, KernelInputError
-from moe_fsm.trace.document import parse_json
+from moe_fsm.trace.document import parse_json, write_atomic
 
 FP8_GROUP = 128  # DeepSeek-V3 block size: 128x128 weight blocks, 1x128 activation groups
 HOPPER_SMEM_BYTES = 232448  # the shared memory one sm_90 program may opt into
@@ -408,9 +408,7 @@ def write_user_table(device_name: str, key: str, entries: dict[int, MoEConfig], 
     data.update({k: v for k, v in meta.items() if k != "configs"})
     data["device"] = device_name
     data.setdefault("configs", {})[key] = {str(t): c.to_json() for t, c in sorted(entries.items())}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=1) + "\n")
     clear_caches()
     return path
 
