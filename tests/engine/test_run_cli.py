@@ -214,9 +214,9 @@ def test_trace_files_get_the_umask_mode_not_0600(tmp_path):
 def test_run_removes_temporary_files_of_killed_writers(tmp_path, capsys):
     from moe_fsm.trace.document import remove_stale_temp_files
 
-    dead = tmp_path / ".layer000-x.json.tmp999999999.ab12cd"  # no such pid
-    live = tmp_path / f".layer000-x.json.tmp{os.getppid()}.ef34gh"
-    old_live = tmp_path / f".layer001-x.json.tmp{os.getppid()}.ij56kl"
+    dead = tmp_path / ".moe-fsm-tmp.999999999.layer000-x.json.ab12cd"  # no such pid
+    live = tmp_path / f".moe-fsm-tmp.{os.getppid()}.layer000-x.json.ef34gh"
+    old_live = tmp_path / f".moe-fsm-tmp.{os.getppid()}.layer001-x.json.ij56kl"
     for path in (dead, live, old_live):
         path.write_text("{")
     os.utime(old_live, (time.time() - 7200, time.time() - 7200))

@@ -78,15 +78,16 @@ def write_atomic(path: Path, text: str) -> Path:
     A symlink is written through: its target gets the text, the link stays.
 
     The file gets the mode an ordinary ``open(path, "w")`` would (0666 less the
-    umask), not the temporary file's 0600. The temporary name carries the
-    writer's pid (``.NAME.tmpPID.XXXX``), so :func:`remove_stale_temp_files` can
-    tell a killed writer's leftovers from a live writer's file.
+    umask), not the temporary file's 0600. The temporary file is named
+    ``.moe-fsm-tmp.PID.NAME.XXXX``: a prefix only moe-fsm uses, so
+    :func:`remove_stale_temp_files` never takes a user's file for one, and the
+    writer's pid, so it can tell a killed writer's leftovers from a live writer's.
     """
     path = target = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)  # the user's path; never the missing folders of a link's target
         target = _write_target(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:NAME_MAX_KEPT]}{_TEMP_MARK}{os.getpid()}.", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{os.getpid()}.{target.name[:NAME_MAX_KEPT]}.", dir=target.parent)
     except TraceWriteError:
         raise
     except OSError as err:
@@ -129,7 +130,7 @@ def file_kind(mode: int) -> str:
     return next((words for test, words in kinds if test(mode)), "not a regular file")
 
 
-NAME_MAX_KEPT = 200  # of a file name, in its temporary name (which adds about 20 characters)
+NAME_MAX_KEPT = 200  # of a file name, in its temporary name (which adds about 30 characters)
 
 
 def write_error(path: Path, err: OSError, link_target: Path | None = None) -> TraceWriteError:
@@ -154,8 +155,8 @@ def _first_file_ancestor(path: Path) -> Path:
     return path.parent
 
 
-_TEMP_MARK = ".tmp"
-_TEMP_NAME = re.compile(r"^\..+\.tmp(\d+)\.[^.]+$")
+TEMP_PREFIX = ".moe-fsm-tmp."  # only moe-fsm's temporary files start so
+_TEMP_NAME = re.compile(r"^\.moe-fsm-tmp\.(\d{1,9})\.")  # the pid: 9 digits at most, so it is a valid pid_t
 
 
 def _umask() -> int:
@@ -165,22 +166,28 @@ def _umask() -> int:
 
 
 def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files of writers that died mid-write (SIGKILL); returns what was removed.
+    """Remove the temporary files of moe-fsm writers that died mid-write (SIGKILL); returns what was removed.
 
-    A temporary file is stale when the pid in its name is no longer running
-    here, or when it is older than an hour (a pid reused since, or another host).
+    Only regular files named with moe-fsm's own prefix (``.moe-fsm-tmp.PID.``) are
+    candidates; any other name is the user's and stays. One is stale when its pid is
+    no longer running here, or when it is older than an hour (a pid reused since, or
+    another host).
     """
     directory = Path(directory)
-    if not directory.is_dir():
-        return []
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []  # no directory yet (or none that can be listed): nothing of ours to clean
     removed = []
-    for entry in directory.iterdir():
+    for entry in entries:
         match = _TEMP_NAME.match(entry.name)
-        if match is None or not entry.is_file():
+        if match is None:
             continue
         try:
-            stale = not _running(int(match.group(1))) or time.time() - entry.stat().st_mtime > 3600
-            if stale:
+            facts = entry.lstat()
+            if not stat.S_ISREG(facts.st_mode):
+                continue
+            if not _running(int(match.group(1))) or time.time() - facts.st_mtime > 3600:
                 entry.unlink()
                 removed.append(entry)
         except OSError:
