@@ -105,10 +105,10 @@ def test_trace_out_under_a_file_or_on_a_directory(tmp_path, capsys):
     assert code == 4 and "is a directory" in err
 
 
-def test_run_trace_dir_that_is_a_file_names_the_layer(tmp_path, capsys):
+def test_run_trace_dir_that_is_a_file_is_refused_before_any_layer(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
-    code, _, err = run(capsys, "run", "--layers", "1", "--tokens", "1", "--repeats", "1", "--trace-dir", str(tmp_path / "afile"))
-    assert code == 4 and "layer 0 (model.layers.0.mlp.experts)" in err and "afile is a file, not a directory" in err
+    code, out, err = run(capsys, "run", "--layers", "1", "--tokens", "1", "--repeats", "1", "--trace-dir", str(tmp_path / "afile"))
+    assert code == 4 and "afile is a file, not a directory" in err and "model.layers.0" not in out + err
 
 
 def test_a_full_disk_is_a_trace_write_error(tmp_path):

@@ -130,11 +130,14 @@ def main(args) -> int:
 
         return run_rank(args, model, request, env, run_options(args), _platform(args.platform))
     device = _device(args.device, args.nproc)
-    if args.nproc > 1:
-        from moe_fsm.engine.distributed_run import launch_run
+    from moe_fsm.trace.dir_lock import trace_dir_lock
 
-        return launch_run(args, rank_argv(args))
-    return _run_here(args, model, request, env, device)
+    with trace_dir_lock(args.trace_dir):  # one run at a time owns the directory's traces (ranks: under the launcher's)
+        if args.nproc > 1:
+            from moe_fsm.engine.distributed_run import launch_run
+
+            return launch_run(args, rank_argv(args))
+        return _run_here(args, model, request, env, device)
 
 
 def _run_here(args, model, request, env, device) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -37,30 +38,58 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def first_free(directory: Path, stem: str) -> Path:
-    """``stem.json``, else ``stem-2.json``, ``stem-3.json``, ...: the first name not taken."""
-    path, n = directory / f"{stem}.json", 1
-    while path.exists():
-        n += 1
-        path = directory / f"{stem}-{n}.json"
-    return path
+def claim_free_name(directory: Path, stem: str) -> Path:
+    """Create ``stem.json``, else ``stem-2.json``, ``stem-3.json``, ...: the first name not taken, as an empty file.
+
+    The name is claimed by creating it (``O_EXCL``), not by looking first, so
+    selects running at once each get their own file; the trace then replaces
+    the empty one.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise trace_doc.write_error(directory / f"{stem}.json", err) from None
+    n = 1
+    while True:
+        path = directory / (f"{stem}.json" if n == 1 else f"{stem}-{n}.json")
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+            return path
+        except FileExistsError:
+            n += 1
+        except OSError as err:
+            raise trace_doc.write_error(path, err) from None
+
+
+def _release(claimed: Path) -> None:
+    """Remove the empty file claim_free_name made, unless something has been written to it since."""
+    try:
+        if claimed.lstat().st_size == 0:
+            claimed.unlink()
+    except OSError:
+        pass  # already gone, or the directory cannot be changed: an empty file is all that stays
 
 
 def run(args) -> int:
     inputs = inputs_from_args(args)
     family = inputs.layer.family.value
+    claimed: Path | None = None  # the empty file claim_free_name made, until the trace replaces it
     if args.trace_out:
         trace_path: Path | None = Path(args.trace_out)
     elif args.json:
         trace_path = None
     else:
-        trace_path = first_free(Path(DEFAULT_TRACE_DIR), f"decision-{family}")
+        trace_path = claimed = claim_free_name(Path(DEFAULT_TRACE_DIR), f"decision-{family}")
 
     try:
         decision = decide(inputs, layer_name=args.layer_name, trace_path=trace_path)
     except SelectionError as err:
         document, written = err.trace, err.trace_path
         code = EXIT_NO_BACKEND
+    except BaseException:  # no trace came (the write failed, Ctrl-C): the claimed name goes back
+        if claimed is not None:
+            _release(claimed)
+        raise
     else:
         document, written = decision.trace, (str(trace_path) if trace_path else None)
         code = 0

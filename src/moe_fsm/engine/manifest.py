@@ -1,6 +1,7 @@
 """The run manifest: which run wrote which trace files of a trace directory, and what it found.
 
-Several runs may share one trace directory (the default is ``moe-fsm-traces/``).
+Several runs may share one trace directory (the default is ``moe-fsm-traces/``),
+one at a time (``trace.dir_lock``: a second run while one writes is refused).
 A run writes one trace per distinct decision, named after the first layer that
 got it, so a later run overwrites some of an earlier run's files and leaves
 others; ``run.manifest`` says which files the last run wrote, maps each layer

@@ -9,6 +9,7 @@ row of the plan with its reason, never a missing one.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Union
@@ -24,6 +25,7 @@ from moe_fsm.plan.decider import DEFAULT_TRACE_DIR, LayerDecider, LayerSpec
 from moe_fsm.plan.model_config import ModelConfig, read_model_config
 from moe_fsm.plan.quant_config import LayerQuant, Mapped, QuantReader
 from moe_fsm.profiles import ProfileChoice
+from moe_fsm.trace.dir_lock import trace_dir_lock
 from moe_fsm.trace.manifest import write_plan_manifest
 
 
@@ -98,17 +100,21 @@ def plan_model(
         raise InputError(f"model config {model.path}: {err}") from None
     decider = LayerDecider(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir,
                            policy=policy)
-    rows = [_plan_layer(decider, model, quant, index, index)  # files: layerNNN = decoder layer
-            for index, quant in zip(model.moe_layers, quants)]
-    plan = Plan(model, rows, decider)
-    if any(row.trace_path is not None for row in rows):
-        write_plan_manifest(
-            decider.trace_dir, config=str(model.path), profile=decider.profile.to_json(),
-            platform=decider.platform.to_json(), parallel=decider.parallel.to_json(), request=decider.request.to_json(),
-            layers=[{"index": r.index, "name": r.name, "status": r.status, "backend": r.decision.backend if r.decision else None,
-                     "trace": r.trace_path.name if r.trace_path else None} for r in rows],
-        )
-    return plan
+    # One plan or run at a time writes into a directory (trace.dir_lock): held only where a layer is decided,
+    # so a plan that maps no layer leaves no directory behind.
+    decides = any(isinstance(quant, Mapped) for quant in quants)
+    with trace_dir_lock(decider.trace_dir) if decides else contextlib.nullcontext():
+        rows = [_plan_layer(decider, model, quant, index, index)  # files: layerNNN = decoder layer
+                for index, quant in zip(model.moe_layers, quants)]
+        if any(row.trace_path is not None for row in rows):
+            write_plan_manifest(
+                decider.trace_dir, config=str(model.path), profile=decider.profile.to_json(),
+                platform=decider.platform.to_json(), parallel=decider.parallel.to_json(), request=decider.request.to_json(),
+                layers=[{"index": r.index, "name": r.name, "status": r.status,
+                         "backend": r.decision.backend if r.decision else None,
+                         "trace": r.trace_path.name if r.trace_path else None} for r in rows],
+            )
+    return Plan(model, rows, decider)
 
 
 def _plan_layer(decider: LayerDecider, model: ModelConfig, quant: LayerQuant, index: int, trace_number: int) -> PlannedLayer:
