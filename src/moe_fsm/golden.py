@@ -16,7 +16,9 @@ decided with the built-in backends plus moe-fsm's own entry points
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -115,7 +117,7 @@ def load_scenarios(directory: str | Path | None = None, profile: str | None = No
 
 
 def _load_file(path: Path, profile: str, seen: set) -> list[Scenario]:
-    data = trace_doc.parse_toml(path.read_text(), str(path))
+    data = trace_doc.parse_toml(trace_doc.read_text(path, "scenario file"), str(path))
     tables = data.get("scenario")
     if not isinstance(tables, list) or not tables:
         raise InputError(f"{path} has no [[scenario]] tables")
@@ -192,10 +194,9 @@ def diff_against_golden(scenario: Scenario, directory: str | Path | None = None,
     """None when the scenario's trace equals its golden file, else a readable unified diff."""
     path = golden_path(directory, scenario)
     new = render(document if document is not None else decide_scenario(scenario))
-    try:
-        old = path.read_text()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return f"{path} does not exist (run moe-fsm golden --update)"
+    old = trace_doc.read_text(path, "golden trace")
     if old == new:
         return None
     diff = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
@@ -221,7 +222,8 @@ def _stale(directory: str | Path | None, scenarios: list[Scenario]) -> list[Path
     for profile in sorted({s.profile for s in scenarios}):
         folder = traces_dir(directory) / profile / GOLDEN_SUBDIR
         if folder.is_dir():
-            stale.extend(p for p in folder.glob("*.json") if f"{profile}/{p.stem}" not in keys)
+            stale.extend(p for p in folder.glob("*.json")  # regular files only: a folder named *.json is not ours
+                         if f"{profile}/{p.stem}" not in keys and stat.S_ISREG(p.lstat().st_mode))
     return sorted(stale)
 
 
@@ -262,7 +264,7 @@ def update(directory: str | Path | None = None, only: list[str] | None = None, p
             report.expectation_failures.append(failure)
         path = golden_path(directory, scenario)
         text = render(document)
-        if path.exists() and path.read_text() == text:
+        if os.path.lexists(path) and trace_doc.read_text(path, "golden trace") == text:
             report.unchanged += 1
             continue
         trace_doc.write_atomic(path, text)

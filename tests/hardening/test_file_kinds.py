@@ -1,8 +1,10 @@
-"""Issue 39, item 2: what stands at a path moe-fsm writes.
+"""Issue 39, items 2 and 8 (the file parts): what stands at a path moe-fsm writes or reads.
 
 A trace, manifest, golden file, ``diagram --update`` or tuned table is written only into a new path or a regular
 file: a device, FIFO or socket there is refused with one line (exit 4) and stays what it was, and a symlink is
-written through to its target.
+written through to its target. A file moe-fsm reads is opened only when it is a regular file (a FIFO would block
+the read forever). Odd files in a trace or golden directory, a 300-character trace directory and a standard
+output that cannot be written end in one line, never a traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +140,129 @@ def test_a_trace_written_through_a_symlink_keeps_the_link_and_makes_no_folders(t
     Path("dangling.json").symlink_to("missing/t.json")
     code, _, err = run(capsys, *SELECT, "--trace-out", "dangling.json")
     assert code == 4 and "writing through the symlink to" in err and not (tmp_path / "missing").exists()
+
+
+# -- item 8: files that are not regular, given to a reader ---------------------------------------------------------------
+
+
+def _unblock_after(fifo: Path, seconds: float) -> threading.Thread:
+    """Should a reader block on ``fifo`` (the bug), open it for writing after ``seconds`` so the test ends and fails."""
+    def unblock():
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass  # nobody is reading it: nothing blocked
+
+    thread = threading.Thread(target=unblock, daemon=True)
+    thread.start()
+    return thread
+
+
+READERS = {
+    "explain": lambda f: ["explain", str(f)],
+    "replay": lambda f: ["replay", str(f)],
+    "select --input": lambda f: ["select", "--input", str(f)],
+    "diff --input": lambda f: ["diff", "--input", str(f)],
+    "plan": lambda f: ["plan", str(f), "--platform", "sm90", "--no-env", "--trace-dir", "traces"],
+    "diagram --check": lambda f: ["diagram", "--check", str(f)],
+}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+@pytest.mark.parametrize("kind", ["fifo", "socket", "chardev"])
+def test_readers_refuse_a_file_that_is_not_regular_without_blocking(tmp_path, capsys, reader, kind):
+    special = tmp_path / "in.json"
+    message = make_special(special, kind)
+    if kind == "fifo":
+        _unblock_after(special, 5)
+    started = time.monotonic()
+    code, _, err = run(capsys, *READERS[reader](special))
+    assert code == 2 and message in err and err.count("\n") == 1, err
+    assert time.monotonic() - started < 5
+
+
+def test_a_manifest_naming_a_fifo_for_its_trace_is_refused(tmp_path, capsys):
+    assert run(capsys, *RUN, "--trace-dir", "traces")[0] == 0
+    trace = tmp_path / "traces" / LAYER0_TRACE
+    trace.unlink()
+    os.mkfifo(trace)
+    _unblock_after(trace, 5)
+    code, _, err = run(capsys, "explain", "traces/run.manifest", "--layer", "0")
+    assert code == 2 and "is a FIFO (named pipe), not a regular file" in err, err
+
+
+def _scenarios(directory: Path) -> Path:
+    folder = directory / "seeds" / "scenarios"
+    folder.mkdir(parents=True)
+    (folder / "one.toml").write_text('[[scenario]]\nname = "one"\nplatform = "cpu"\nlayer = { quant = "unquantized" }\n')
+    return folder
+
+
+@pytest.mark.parametrize("odd", ["not-utf8", "directory", "fifo"])
+def test_golden_refuses_an_odd_scenario_file_in_one_line(tmp_path, capsys, odd):
+    folder = _scenarios(tmp_path / "g")
+    path = folder / "odd.toml"
+    if odd == "not-utf8":
+        path.write_bytes(b"name = \"\x80\x81\"\n")
+        message = "is not UTF-8 text"
+    elif odd == "directory":
+        path.mkdir()
+        message = "is a directory, not a file"
+    else:
+        os.mkfifo(path)
+        _unblock_after(path, 5)
+        message = "is a FIFO (named pipe), not a regular file"
+    for verb in ("--check", "--update"):
+        code, _, err = run(capsys, "golden", verb, "--dir", "g")
+        assert code == 2 and f"scenario file {path.relative_to(tmp_path)} {message}" in err and err.count("\n") == 1, err
+
+
+def test_golden_leaves_a_directory_named_like_a_golden_trace_alone(tmp_path, capsys):
+    _scenarios(tmp_path / "g")
+    stray = tmp_path / "g" / "seeds" / "golden" / "notes.json"
+    stray.mkdir(parents=True)
+    (stray / "mine.txt").write_text("the user's")
+    code, out, err = run(capsys, "golden", "--update", "--dir", "g")
+    assert code == 0, err
+    assert (stray / "mine.txt").read_text() == "the user's"
+    assert run(capsys, "golden", "--check", "--dir", "g")[0] == 0
+    (tmp_path / "g" / "seeds" / "golden" / "one.json").unlink()
+    (tmp_path / "g" / "seeds" / "golden" / "one.json").mkdir()
+    code, _, err = run(capsys, "golden", "--check", "--dir", "g")
+    assert code == 2 and "golden trace g/seeds/golden/one.json is a directory, not a file" in err
+
+
+# -- item 8: a trace directory with a long name or a dangling symlink; standard output that cannot be written ----------
+
+
+def test_run_with_a_300_character_trace_dir_is_one_line(capsys):
+    code, out, err = run(capsys, *RUN, "--trace-dir", "d" * 300)
+    assert code == 4 and "File name too long (a directory name in it has 300 characters)" in err
+    assert err.count("\n") == 1 and "model.layers.0" not in out
+
+
+def test_a_dangling_symlink_in_the_trace_directory_does_not_cost_the_manifest(tmp_path, capsys):
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    (directory / "gone.json").symlink_to("nowhere.json")
+    code, _, err = run(capsys, *RUN, "--trace-dir", str(directory))
+    assert code == 0, err
+    manifest = json.loads((directory / "run.manifest").read_text())
+    assert manifest["earlier_files"] == [] and manifest["layers"][0]["trace_files"] == [LAYER0_TRACE]
+    assert (directory / "gone.json").is_symlink()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_output_to_a_full_device_is_one_line_and_exit_4(tmp_path, extra):
+    """A real process: the interpreter's own flush at exit must not add a second traceback."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "moe_fsm", *SELECT, *extra, "--trace-out", str(tmp_path / "t.json")],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 4, done.stderr
+    assert done.stderr == "moe-fsm select: error: cannot write to standard output: No space left on device\n"
+    assert json.loads((tmp_path / "t.json").read_text())["family"] == "unquantized"  # the trace itself was written
+

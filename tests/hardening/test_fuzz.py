@@ -704,3 +704,92 @@ def test_plan_of_configs_with_huge_integers_and_escape_sequences_ends_in_a_docum
                 *(["--json"] if json_output else [])]
         code = _run_checked(argv, Path(tmp), PLAN_STATUSES, huge)
     _count("hostile plan configs", f"exit {code}")
+
+
+# -- driver 6: files that are not regular files, given to every file reader (issue 39) -----------------------------------
+# A FIFO would block a reader forever and opening a device can act on it; a directory or a dangling symlink is no file.
+# Whatever its name and whichever command reads it (a trace, a manifest's trace, an --input spec, a plan config, a
+# diagram, a golden scenario), each is refused in one line (exit 2) without blocking.
+
+NON_REGULAR = {  # kind -> what the refusal says
+    "fifo": "is a FIFO (named pipe), not a regular file",
+    "socket": "is a socket, not a regular file",
+    "directory": "is a directory, not a file",
+    "dangling symlink": "does not exist",
+    "symlink to a fifo": "is a FIFO (named pipe), not a regular file",
+}
+FILE_READERS = {  # reader -> (where the odd file goes, argv)
+    "explain": ("{name}", ["explain", "{name}"]),
+    "replay": ("{name}", ["replay", "--strict", "{name}"]),
+    "select --input": ("{name}", ["select", "--input", "{name}", "--no-env"]),
+    "diff --input": ("{name}", ["diff", "--input", "{name}", "--no-env"]),
+    "plan": ("{name}", ["plan", "{name}", "--platform", "sm90", "--no-env", "--trace-dir", "traces"]),
+    "diagram --check": ("{name}", ["diagram", "--check", "{name}"]),
+    "golden scenario": ("g/seeds/scenarios/{name}.toml", ["golden", "--check", "--dir", "g"]),
+    "a manifest's trace": ("{name}", ["explain", "run.manifest", "--layer", "0"]),
+}
+file_names = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,11}", fullmatch=True).filter(lambda n: n != "run.manifest")
+
+
+def _make_non_regular(path: Path, kind: str) -> None:
+    import socket
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(os.path.relpath(path))  # relative: a socket's path must fit bind()'s 108 bytes
+        server.close()
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "dangling symlink":
+        path.symlink_to("no-such-file")
+    else:
+        os.mkfifo(path.with_name(path.name + "-target"))
+        path.symlink_to(path.name + "-target")
+
+
+def _unblock_later(fifo: Path, after: float):
+    """Should a reader block on ``fifo`` (the bug this driver guards against), open it for writing after ``after``
+    seconds, so the example ends (and fails on its message) rather than hangs. Returns the event that stops it."""
+    import threading
+
+    stop = threading.Event()
+
+    def unblock():
+        if not stop.wait(after):
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+
+    threading.Thread(target=unblock, daemon=True).start()
+    return stop
+
+
+@FUZZ
+@given(kind=st.sampled_from(sorted(NON_REGULAR)), reader=st.sampled_from(sorted(FILE_READERS)), name=file_names)
+def test_file_readers_refuse_files_that_are_not_regular_in_one_line(kind, reader, name):
+    where, argv = FILE_READERS[reader]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        odd = tmp / where.format(name=name)
+        if reader == "a manifest's trace":
+            (tmp / "run.manifest").write_text(json.dumps({"schema": "moe-fsm/run-manifest", "schema_version": 1, "layers": [
+                {"index": 0, "name": "model.layers.0.mlp.experts", "trace_files": [name]}]}))
+        _make_non_regular(odd, kind)
+        stop = _unblock_later(odd, 10)
+        out, err = io.StringIO(), io.StringIO()
+        old = os.getcwd()
+        os.chdir(tmp)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main([arg.format(name=name) for arg in argv])
+        finally:
+            os.chdir(old)
+            stop.set()
+    message = NON_REGULAR[kind] if not (reader == "plan" and kind == "directory") else "config.json does not exist"
+    assert "Traceback" not in out.getvalue() + err.getvalue()
+    assert code == 2 and err.getvalue().count("\n") == 1 and message in err.getvalue(), (reader, kind, name, err.getvalue())
+    _count("non-regular files", f"{reader}: {kind}")

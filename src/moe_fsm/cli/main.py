@@ -9,6 +9,7 @@ the problem and exits with its own status (``exit_codes.EXIT_STATUSES``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from moe_fsm import __version__
@@ -62,17 +63,71 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return 2
+    stdout = sys.stdout
+    sys.stdout = _CheckedStdout(stdout)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, not at exit: output that cannot be written is this command's error
+        return code
     except MoeFsmError as err:
         from moe_fsm.cli.text import printable
 
         print(printable(f"moe-fsm {args.command}: error: {err}"), file=sys.stderr)
+        if isinstance(err, StdoutWriteError):
+            _discard_output(stdout)
         return exit_status(err)
     except BrokenPipeError:  # `moe-fsm select --json | head`
+        _discard_output(stdout)
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    finally:
+        sys.stdout = stdout
+
+
+class StdoutWriteError(TraceWriteError):
+    """Standard output could not be written (a full disk: ``moe-fsm select > /dev/full``)."""
+
+
+class _CheckedStdout:
+    """sys.stdout, whose failed writes are a StdoutWriteError (exit 4, one line) instead of an OSError traceback.
+
+    A closed pipe stays a BrokenPipeError: the reader has all it wanted (``| head``).
+    """
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise StdoutWriteError(f"cannot write to standard output: {err.strerror or err}") from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise StdoutWriteError(f"cannot write to standard output: {err.strerror or err}") from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _discard_output(stdout) -> None:
+    """Point stdout at /dev/null, so the interpreter's own flush at exit has nowhere to fail and prints no second
+    traceback (what Python's documentation on SIGPIPE advises for a broken pipe)."""
+    try:
+        fileno = stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture): nothing is flushed at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fileno)
+    os.close(devnull)
 
 
 def exit_status(err: MoeFsmError) -> int:

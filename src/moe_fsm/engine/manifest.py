@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import time
 import uuid
 from dataclasses import asdict
@@ -50,10 +51,7 @@ def write_manifest(
     trace_dir = Path(trace_dir)
     results = list(results)
     ours = {Path(p).name for files in trace_files for p in files}
-    earlier = sorted(
-        p.name for p in trace_dir.glob("*.json")
-        if p.name not in ours and p.name != MANIFEST_NAME and p.stat().st_mtime < started_at
-    )
+    earlier = _earlier_traces(trace_dir, ours, started_at)
     document = {
         "schema": MANIFEST_SCHEMA,
         "schema_version": 1,
@@ -77,6 +75,19 @@ def write_manifest(
         "earlier_files": earlier,
     }
     return write_atomic(trace_dir / MANIFEST_NAME, json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+
+def _earlier_traces(trace_dir: Path, ours: set[str], started_at: float) -> list[str]:
+    """The trace files (regular ``*.json``) an earlier run left in ``trace_dir``; anything else there is not one."""
+    earlier = []
+    for path in trace_dir.glob("*.json"):
+        try:
+            facts = path.stat()
+        except OSError:
+            continue  # a dangling symlink, or removed meanwhile
+        if path.name not in ours and stat.S_ISREG(facts.st_mode) and facts.st_mtime < started_at:
+            earlier.append(path.name)
+    return sorted(earlier)
 
 
 def _finite(row: dict) -> dict:

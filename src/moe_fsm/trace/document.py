@@ -138,7 +138,9 @@ def write_error(path: Path, err: OSError, link_target: Path | None = None) -> Tr
     its reason, in words that name the culprit."""
     reason = err.strerror or str(err)
     if err.errno == errno.ENAMETOOLONG:
-        reason += f" (the file name has {len(path.name)} characters)"
+        longest = max(Path(path).parts, key=len)
+        what = "the file name" if longest == Path(path).name else "a directory name in it"
+        reason += f" ({what} has {len(longest)} characters)"
     elif err.errno == errno.ENOTDIR or (err.errno == errno.EEXIST and not path.parent.is_dir()):
         reason = f"{_first_file_ancestor(path)} is a file, not a directory"
     if link_target is not None and link_target != path:
@@ -211,19 +213,26 @@ MAX_FILE_BYTES = 4 << 20  # traces are tens of kB; validating one takes about 4 
 
 
 def read_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
-    """The UTF-8 text of a file the user named; InputError for anything else (a directory, a device, binary, too big)."""
+    """The UTF-8 text of a file the user named; InputError for anything else (a directory, a device, binary, too big).
+
+    Only a regular file is opened: a FIFO would block the read until a writer
+    came, and opening a device can act on it, so either is refused from its
+    ``stat`` (and, should one be swapped in meanwhile, from the opened file's,
+    opened without blocking).
+    """
     from moe_fsm.errors import InputError
 
     path = Path(path)
     if "\0" in str(path):
         raise InputError(f"{what} {str(path)!r} is not a file name (it holds a NUL character)")
     try:
-        with open(path, "rb") as handle:
+        _require_regular(os.stat(path).st_mode, path, what)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            _require_regular(os.fstat(fd).st_mode, path, what)
             data = handle.read(max_bytes + 1)
     except FileNotFoundError:
         raise InputError(f"{what} {path} does not exist") from None
-    except IsADirectoryError:
-        raise InputError(f"{what} {path} is a directory, not a file") from None
     except OSError as err:
         raise InputError(f"cannot read {what} {path}: {err.strerror or err}") from None
     if len(data) > max_bytes:
@@ -235,6 +244,15 @@ def read_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_FILE_BYTE
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise InputError(f"{what} {path} is not UTF-8 text (byte {err.start}): a binary file?") from None
+
+
+def _require_regular(mode: int, path: Path, what: str) -> None:
+    from moe_fsm.errors import InputError
+
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{what} {path} is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{what} {path} is {file_kind(mode)}, not a regular file; moe-fsm reads only regular files")
 
 
 def parse_json(text: str, what: str, *, non_finite: bool = False, not_json_hint: str = ""):
