@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import re
 
+from moe_fsm.backends.build_plan import SUBSTITUTE
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.decision import Decision
 from moe_fsm.errors import BackendUnavailableError, InputError, KernelInputError
@@ -23,7 +24,8 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
     the decided experts kernel, its own implementation refuses the layer, or the kernel needs a device this
     run lacks (``device``: where the run computes, one of ``DEVICES``), a stand-in of
     the same numerics runs instead (``backends.stand_ins``), named by the kernel's ``stand_in``; ``strict``
-    refuses stand-ins with ``BackendUnavailableError`` (the plan's reason). The decision never changes.
+    refuses stand-ins and the profile's substitutes alike with ``BackendUnavailableError`` (the plan's reason):
+    a strict build is the decided kernel itself or nothing. The decision never changes.
     """
     from moe_fsm.backends import stand_ins
     from moe_fsm.modular.kernel import ModularKernel
@@ -38,6 +40,10 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
     plan, layer = decision.plan, decision.inputs.layer
     if not plan.prepare_finalize_buildable:
         raise BackendUnavailableError(plan.prepare_finalize_because or plan.because)
+    if strict and plan.how == SUBSTITUTE:
+        decided = decision.kernel or f"{decision.backend} (the platform's own MoE path)"
+        raise BackendUnavailableError(
+            f"{plan.because}: a strict build runs only the decided {decided}, and refuses the substitute {plan.experts}")
     impl = registry.kernels[plan.experts].impl if plan.experts is not None else None
     stand_in = None
     if impl is None:

@@ -34,7 +34,7 @@ def test_run_prints_the_table_and_writes_one_trace_per_distinct_decision(tmp_pat
 
 def test_run_rejects_bad_flags_with_a_message(capsys):
     assert main(["run", "--tokens", "-1"]) == 2
-    assert "--tokens must be from 0 to 131072, got -1" in capsys.readouterr().err
+    assert "--tokens must be from 1 to 131072, got -1" in capsys.readouterr().err
     assert main(["run", "--env", "VLLM_USE_FLASHINFER_MOE_FP8=maybe", "--layers", "1"]) == 2
     assert "VLLM_USE_FLASHINFER_MOE_FP8='maybe' is not valid; accepted values: 0 or 1" in capsys.readouterr().err
     assert main(["run", "--device", "tpu"]) == 2
@@ -75,7 +75,7 @@ def test_run_across_two_processes(tmp_path, capfd):
     (["--nproc", "9", "--preset", "mixtral-8x7b"], "--nproc 9 spreads the experts over 9 ranks, but mixtral-8x7b has layers of 8 experts"),
     (["--nproc", "2", "--device", "tpu"], "--device 'tpu' is not one of: cpu, cuda, cuda:N"),
     (["--nproc", "2", "--device", "cuda"], "--device cuda was asked for, but torch sees no CUDA device here"),
-    (["--tokens", "1000000000"], "--tokens must be from 0 to 131072, got 1000000000"),
+    (["--tokens", "1000000000"], "--tokens must be from 1 to 131072, got 1000000000"),
     (["--seed", str(10**23)], "--seed must be from 0 to 2**63-1"),
     (["--seed", "-1"], "--seed must be from 0 to 2**63-1"),
     (["--layers", "1000000"], "--layers must be from 1 to 48 (the MoE layers of qwen3-30b-a3b), got 1000000"),

@@ -1,4 +1,4 @@
-"""Issue 39, item 3: every flag of `moe-fsm run` reaches every rank of `run --nproc N`."""
+"""Issue 39, items 3 and 10: every flag of `moe-fsm run` does what it says, in one process and in every rank."""
 
 from __future__ import annotations
 
@@ -75,3 +75,37 @@ def test_every_rank_decides_for_the_platform_and_policy_asked_and_builds_strictl
             {k: v for k, v in single["inputs"].items() if k != "parallel"}
         assert trace["inputs"]["parallel"]["ep_size"] == 2
         assert trace["outcome"]["backend"] == "FLASHINFER_CUTLASS"  # sm90's choice under vllm-0.33 with ep=2
+
+
+# -- item 10: --tokens 0, --strict-build and substitutes, the table's kernel column ---------------------------
+
+
+def test_run_refuses_zero_tokens_instead_of_checking_no_row(tmp_path, capsys):
+    assert main(["run", "--tokens", "0", "--trace-dir", str(tmp_path)]) == 2
+    assert "--tokens must be from 1 to 131072, got 0" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("preset,platform,message", [
+    ("gpt-oss-20b", "cpu-x86-amx", "moe-fsm runs CPUExpertsMxfp4's numerics with TorchExperts: a strict build runs only "
+                                   "the decided CPUExpertsMxfp4, and refuses the substitute TorchExperts"),
+    ("deepseek-v3", "cpu", "a strict build runs only the decided NONE (the platform's own MoE path), and refuses the "
+                           "substitute TorchExperts"),
+])
+def test_strict_build_refuses_a_substitute_as_it_refuses_a_stand_in(preset, platform, message, tmp_path, capsys):
+    assert main(["run", "--preset", preset, "--platform", platform, "--strict-build", "--layers", "1", "--tokens", "2",
+                 "--trace-dir", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(f"moe-fsm run: error: layer 0 (model.layers.{3 if preset == 'deepseek-v3' else 0}.mlp.experts): ")
+    assert err.rstrip().endswith(message) and err.count("\n") == 1
+
+
+def test_the_table_names_the_decided_kernel_beside_its_substitute(tmp_path, capsys):
+    assert main(["run", "--preset", "gpt-oss-20b", "--platform", "cpu-x86-amx", "--layers", "1", "--tokens", "2",
+                 "--repeats", "1", "--trace-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "CPU      CPUExpertsMxfp4 decided; runs as TorchExperts (substitute)  LocalPrepareFinalize" in out
+    assert "1 x mxfp4: CPU (CPUExpertsMxfp4 decided; runs as TorchExperts (substitute))" in out
+    assert main(["run", "--preset", "deepseek-v3", "--platform", "cpu", "--layers", "1", "--tokens", "2", "--repeats", "1",
+                 "--trace-dir", str(tmp_path / "ds")]) == 0
+    assert "fp8     NONE     left to the platform; runs as TorchExperts (substitute)" in capsys.readouterr().out

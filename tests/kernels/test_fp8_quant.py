@@ -103,6 +103,17 @@ def test_block_scales_cover_partial_edge_tiles() -> None:
             assert scale[0, rb, cb].item() == pytest.approx(tile.abs().max().item() / 448, rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,cols", [(256, 384), (200, 300)])
+def test_block_scales_of_whole_tiles_broadcast_to_the_same_bits_as_per_element_scales(rows, cols, dtype) -> None:
+    """The whole-tile path (issue 39: the per-element copy of the scales took seconds per DeepSeek-V3 layer)."""
+    w = (rand(3, rows, cols, seed=("tiles", rows, cols)) * 7).to(dtype)
+    q, scale = fp8.quantize_weight_block(w)
+    per_element = fp8.expand_block_scale(scale, rows, cols)
+    assert torch.equal(q.view(torch.uint8), fp8._divide_and_cast(w, per_element).view(torch.uint8))
+    assert torch.equal(fp8.dequantize_weight_block(q, scale), q.to(torch.float32) * per_element)
+
+
 def test_weight_quantization_of_fp8_values_is_exact() -> None:
     """Values already on the e4m3 grid times a power of two come back unchanged."""
     grid = torch.tensor([448.0, -448.0, 1.0, -0.5, 0.875, 2.0**-9, 0.0, 3.5])

@@ -35,7 +35,7 @@ def register(subparsers) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `run`; :func:`rank_argv` hands every one of them to the ranks of a launch."""
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS), help=f"model preset (default {DEFAULT_PRESET})")
-    parser.add_argument("--tokens", type=int, default=64, help="tokens per batch (default 64)")
+    parser.add_argument("--tokens", type=int, default=64, help=f"tokens per batch, 1 to {MAX_TOKENS} (default 64)")
     parser.add_argument("--layers", type=int, default=None, help="run only the first N MoE layers (default: all)")
     parser.add_argument("--device", default="cpu", help="torch device to run on: cpu or cuda (default cpu)")
     parser.add_argument("--backend", default="auto", help="auto, a backend name, or a per-family mapping like nvfp4=flashinfer_b12x,fp8=triton")
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decide for this platform preset (what-if: sm90, sm100, cpu-x86, ...) and run the numerics "
                              "here, with stand-ins where needed (default: probe this machine)")
     parser.add_argument("--strict-build", action="store_true",
-                        help="refuse stand-ins: exit 3 when a decided kernel cannot be loaded here")
+                        help="run the decided kernel itself or nothing: exit 3 where a stand-in or a substitute would run it")
     parser.add_argument("--nproc", type=int, default=1, help="run across N processes (gloo on CPU, NCCL on GPUs)")
     parser.add_argument("--all2all", default="torch_all2all",
                         help=f"with --nproc > 1: how tokens travel ({' or '.join(RUNNABLE_ALL2ALL)})")
@@ -89,8 +89,8 @@ def rank_argv(args: argparse.Namespace) -> list[str]:
 
 def check_args(args, model) -> None:
     """Every flag the ranks would otherwise trip over, checked before anything is loaded or launched."""
-    if not 0 <= args.tokens <= MAX_TOKENS:
-        raise InputError(f"--tokens must be from 0 to {MAX_TOKENS}, got {args.tokens}")
+    if not 1 <= args.tokens <= MAX_TOKENS:  # no token, no row checked: "within tolerance" would mean nothing
+        raise InputError(f"--tokens must be from 1 to {MAX_TOKENS}, got {args.tokens}")
     if args.layers is not None and not 1 <= args.layers <= len(model.layers):
         raise InputError(f"--layers must be from 1 to {len(model.layers)} (the MoE layers of {model.name}), got {args.layers}")
     if not 0 <= args.seed <= MAX_SEED:

@@ -46,7 +46,7 @@ class Engine(LayerDecider):
                  device: Optional[str] = None, **settings) -> None:
         """``settings``: the ``LayerDecider``'s (parallel, request, env, platform, trace_dir, rank, registry, policy).
 
-        ``strict_build`` refuses stand-ins (``runtime.build``); ``device`` is the run's device type (cpu, cuda),
+        ``strict_build`` refuses stand-ins and substitutes (``runtime.build``); ``device`` is where the run computes,
         which decides whether CUDA-only kernels can be built (None: CUDA when torch sees it).
         """
         super().__init__(**settings)

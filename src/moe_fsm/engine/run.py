@@ -26,6 +26,7 @@ from typing import Optional
 
 import torch
 
+from moe_fsm.backends.build_plan import SUBSTITUTE
 from moe_fsm.engine.engine import Engine, LoadedLayer, route
 from moe_fsm.engine.presets import ModelPreset
 from moe_fsm.errors import InputError
@@ -174,7 +175,7 @@ def run_model(
     """Load (decide + build) and run ``num_layers`` layers of ``model``; one row per layer.
 
     A decided kernel moe-fsm cannot load here runs as its stand-in (``backends.stand_ins``), named in the
-    row's kernel column and the trace's build section; ``strict_build`` refuses stand-ins instead.
+    row's kernel column and the trace's build section; ``strict_build`` refuses stand-ins and substitutes instead.
     """
     specs = list(model.layers[: num_layers or len(model.layers)])
     engine = Engine(
@@ -282,6 +283,17 @@ class KernelTimer:
         return out, statistics.median(times)
 
 
+def kernel_text(decision, stand_in) -> str:
+    """The table's kernel column: what ran, and the decided kernel beside it wherever moe-fsm built something else
+    (a profile's substitute, or a stand-in), so the table never passes a stand-in off as the decision."""
+    if stand_in is not None:
+        return stand_in.describe(decision.kernel or decision.backend)
+    if decision.plan.how == SUBSTITUTE:
+        decided = f"{decision.kernel} decided" if decision.kernel else "left to the platform"
+        return f"{decided}; runs as {decision.runner} (substitute)"
+    return decision.runner or "-"
+
+
 def _row(index: int, layer_state: LoadedLayer, elapsed_ms: float, err: float, *, checked_rows: int,
          nonfinite_rows: int) -> LayerResult:
     decision, layer = layer_state.decision, layer_state.spec.layer
@@ -290,8 +302,7 @@ def _row(index: int, layer_state: LoadedLayer, elapsed_ms: float, err: float, *,
         name=layer_state.spec.name,
         family=layer.family.value,
         backend=decision.backend,
-        kernel=(layer_state.stand_in.describe(decision.kernel or decision.backend) if layer_state.stand_in is not None
-                else decision.runner or "-"),
+        kernel=kernel_text(decision, layer_state.stand_in),
         prepare_finalize=decision.prepare_finalize.name,
         time_ms=elapsed_ms,
         rel_error=err,
