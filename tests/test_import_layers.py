@@ -181,3 +181,19 @@ def test_the_package_face_names_every_public_name_and_refuses_others():
     else:
         raise AssertionError("an unknown name must raise AttributeError")
     assert importlib.import_module("moe_fsm").select is moe_fsm.select
+
+
+def test_every_command_returns_its_exit_status_by_name():
+    """Exit statuses come from ``cli/exit_codes`` (one table, printed by ``moe-fsm --help``), not literals."""
+    literal = []
+    for path in sorted((SRC / "moe_fsm" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Return) and node.value is not None:
+                values, outcomes = [node.value], []
+                while values:  # the outcomes of nested conditional expressions
+                    value = values.pop()
+                    values += [value.body, value.orelse] if isinstance(value, ast.IfExp) else []
+                    outcomes += [] if isinstance(value, ast.IfExp) else [value]
+                literal += [f"{path.name}:{node.lineno}" for v in outcomes
+                            if isinstance(v, ast.Constant) and isinstance(v.value, int) and not isinstance(v.value, bool)]
+    assert not literal, "return exit statuses by their cli/exit_codes name: " + ", ".join(literal)

@@ -13,6 +13,7 @@ import difflib
 import sys
 from pathlib import Path
 
+from moe_fsm.cli.exit_codes import EXIT_DIFFERS, EXIT_OK
 from moe_fsm import profiles
 from moe_fsm.errors import InputError
 from moe_fsm.trace.document import read_text, write_atomic
@@ -80,11 +81,11 @@ def run(args) -> int:
         for name in profiles.names():
             p = profiles.get(name)
             print(f"{name:<14} {', '.join(f.value for f in p.policies)}  ({p.about})")
-        return 0
+        return EXIT_OK
     if args.profile and args.family and not (args.check or args.update):
         policy = profiles.get(args.profile).policy(QuantFamily(args.family))
         sys.stdout.write(mermaid(policy))
-        return 0
+        return EXIT_OK
     current = document(args.profile, args.family)
     if args.check:
         text = _read(args.check)
@@ -92,12 +93,12 @@ def run(args) -> int:
         embedded = text[start:end]
         if embedded.rstrip() == current.rstrip():
             print(f"{args.check}: the state diagrams match the machines")
-            return 0
+            return EXIT_OK
         diff = difflib.unified_diff(embedded.rstrip().splitlines(), current.rstrip().splitlines(),
                                     fromfile=f"{args.check} (embedded)", tofile="moe-fsm diagram", lineterm="")
         print(f"{args.check}: the state diagrams differ from the machines; run moe-fsm diagram --update {args.check}")
         print("\n".join(diff))
-        return 1
+        return EXIT_DIFFERS
     if args.update:
         text = _read(args.update)
         start, end = generated_part(text, args.update)
@@ -107,6 +108,6 @@ def run(args) -> int:
             print(f"{args.update}: state diagrams updated")
         else:
             print(f"{args.update}: already up to date")
-        return 0
+        return EXIT_OK
     sys.stdout.write(current)
-    return 0
+    return EXIT_OK

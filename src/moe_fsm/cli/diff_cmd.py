@@ -6,6 +6,7 @@ import json
 import sys
 from dataclasses import replace
 
+from moe_fsm.cli.exit_codes import EXIT_DIFFERS, EXIT_OK
 from moe_fsm import diff, profiles
 from moe_fsm.cli import render
 from moe_fsm.cli.inputs import Once, add_input_arguments, inputs_from_args
@@ -68,7 +69,7 @@ def run(args) -> int:
         sys.stdout.write(json.dumps([_json(names, d) for names, d in results], indent=2, sort_keys=True) + "\n")
     else:
         print("\n".join(_text(before, after, title, results)))
-    return 0 if all(d.same_decision for _, d in results) else 1
+    return EXIT_OK if all(d.same_decision for _, d in results) else EXIT_DIFFERS
 
 
 def _json(names, d: diff.LayerDiff) -> dict:

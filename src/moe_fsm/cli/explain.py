@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from moe_fsm.cli.exit_codes import EXIT_OK
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.backends.requirements import EnvEnabled
 from moe_fsm.backends.verdict import BackendVerdict, SupportContext
@@ -60,7 +61,7 @@ def run(args) -> int:
             lines[1:1] = shared_lines(source, layers)
         chunks.append("\n".join(lines))
     print(printable(("\n\n" + "=" * 100 + "\n\n").join(chunks)))
-    return 0
+    return EXIT_OK
 
 
 def shared_lines(source: str, layers) -> list[str]:

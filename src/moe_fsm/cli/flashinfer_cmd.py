@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from moe_fsm.cli.exit_codes import EXIT_OK
 from moe_fsm.errors import BackendUnavailableError, InputError
 
 
@@ -65,4 +66,4 @@ def main(args) -> int:
                  log=lambda line: print(line, flush=True))
     except fb.BuildError as err:
         raise BackendUnavailableError(f"the FlashInfer module was not installed: {err}") from None
-    return 0
+    return EXIT_OK

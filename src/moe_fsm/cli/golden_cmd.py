@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from moe_fsm.cli.exit_codes import EXIT_DIFFERS, EXIT_OK
 from moe_fsm import golden
 
 
@@ -29,7 +30,7 @@ def run(args) -> int:
         for scenario in golden._select(golden.load_scenarios(args.dir, args.profile), args.names):
             summary = golden.summarize(golden.decide_scenario(scenario))
             print(f"{scenario.key:<62} {summary['status']:<14} {summary['result']}")
-        return 0
+        return EXIT_OK
     if args.update:
         report = golden.update(args.dir, args.names, args.profile)
         for path in report.written:
@@ -39,7 +40,7 @@ def run(args) -> int:
         print(f"{len(report.written)} written, {report.unchanged} unchanged, {len(report.removed)} removed")
         for failure in report.expectation_failures:
             print(f"EXPECTATION NOT MET: {failure}")
-        return 1 if report.expectation_failures else 0
+        return EXIT_DIFFERS if report.expectation_failures else EXIT_OK
 
     report = golden.check(args.dir, args.names, args.profile)
     for name, diff in report.diffs.items():
@@ -52,8 +53,8 @@ def run(args) -> int:
     if report.ok:
         print(f"golden: {report.checked} scenarios match their golden traces "
               f"({', '.join(golden.profile_dirs(args.dir)) if not args.profile else args.profile})")
-        return 0
+        return EXIT_OK
     print(f"golden: {len(report.diffs)} of {report.checked} traces differ, "
           f"{len(report.expectation_failures)} expectations not met, {len(report.stale)} stale files; "
           f"if the change is intended: moe-fsm golden --update --dir {args.dir}")
-    return 1
+    return EXIT_DIFFERS

@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse's usage errors (exit 2) and --help/--version (exit 0)
-        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+        return exit_.code if isinstance(exit_.code, int) else (EXIT_OK if exit_.code is None else EXIT_BAD_INPUT)
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     stdout = sys.stdout
     sys.stdout = _CheckedStdout(stdout)
     try:

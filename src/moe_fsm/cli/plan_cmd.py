@@ -15,6 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from moe_fsm.cli.exit_codes import EXIT_DIFFERS, EXIT_OK
 from moe_fsm.cli import render
 from moe_fsm.cli.inputs import POLICY_HELP, Once, parse_env_flags
 from moe_fsm.cli.text import one_line, printable
@@ -73,7 +74,7 @@ def run(args) -> int:
         sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
     else:
         print(printable("\n".join(plan_lines(plan))))
-    return 0 if plan.ok else 1
+    return EXIT_OK if plan.ok else EXIT_DIFFERS
 
 
 def plan_lines(plan) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import sys
 
+from moe_fsm.cli.exit_codes import EXIT_DIFFERS, EXIT_OK
 from moe_fsm.cli.explain import add_trace_arguments, shared_lines, trace_documents
 from moe_fsm.decision import replay
 from moe_fsm.trace import document as trace_doc
@@ -57,13 +58,13 @@ def replay_one(document: dict, source: str, strict: bool) -> int:
     result = outcome.get("backend") or f"{outcome['error']['type']}: {outcome['error']['message']}"
     if identical:
         print(f"replay: same decision, byte-identical canonical trace ({' -> '.join(replayed['path'])}; {result})")
-        return 0
+        return EXIT_OK
     diff = canonical_diff(recorded, replayed, f"{source} (recorded)", "replayed")
     if same_decision and not strict:
         print(f"replay: same path and outcome ({' -> '.join(replayed['path'])}; {result}); "
               "the recorded events differ (a reason's wording?):")
         sys.stdout.write(diff)
-        return 0
+        return EXIT_OK
     print("replay: the decision changed" if not same_decision else "replay: the canonical trace changed (--strict)")
     sys.stdout.write(diff)
-    return 1
+    return EXIT_DIFFERS

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from moe_fsm.cli.exit_codes import EXIT_DIFFERS, EXIT_OK
 from moe_fsm import profiles
 from moe_fsm.cli.inputs import POLICY_HELP, Once
 from moe_fsm.engine.presets import DEFAULT_PRESET, PRESETS, preset
@@ -174,7 +175,7 @@ def _run_here(args, model, request, env, device) -> int:
         results=results, trace_files=[[layer.trace_path] for layer in engine.loaded],
     )
     print(render_results(results, engine, args.trace_dir))
-    return 0 if all(r.ok for r in results) else 1
+    return EXIT_OK if all(r.ok for r in results) else EXIT_DIFFERS
 
 
 WHAT_IF_PLATFORMS = ("sm90", "sm100", "sm80", "sm120", "cpu-x86-amx", "cpu-arm", "rocm-mi300")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from moe_fsm.cli.exit_codes import EXIT_OK
 from moe_fsm.errors import InputError
 
 FP8_CHOICES = ("tensor", "channel", "block")
@@ -61,7 +62,7 @@ def main(args) -> int:
         for name, shape in NAMED_SHAPES.items():
             print(f"{name:28s} E={shape.num_experts} N={shape.intermediate} K={shape.hidden} top_k={shape.top_k} "
                   f"{shape.dtype}{' fp8 ' + shape.fp8 if shape.fp8 else ''}")
-        return 0
+        return EXIT_OK
     shapes = _shapes(args)
     tokens = args.tokens or None
     if tokens is not None and any(t < 1 for t in tokens):
@@ -74,4 +75,4 @@ def main(args) -> int:
 
     path = tune_and_write(shapes, list(tokens or TOKENS), workers=args.workers, directory=args.config_dir)
     print(f"wrote {path}")
-    return 0
+    return EXIT_OK
