@@ -75,17 +75,24 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
     return kernel
 
 
-DEVICES = "None (CUDA when torch sees it, else the CPU), 'cpu', 'cuda', 'cuda:N' or a torch.device of those"
+DEVICES = ("None (CUDA when torch sees it, else the CPU), a device name torch reads ('cpu', 'cuda', 'cuda:N', 'mps', "
+           "...) or a torch.device")
 
 
 def device_type(device) -> str:
-    """The run's device type, "cpu" or "cuda", from what ``build(device=...)`` accepts (``DEVICES``)."""
+    """The run's device type ("cpu", "cuda", "mps", ...) from what ``build(device=...)`` accepts (``DEVICES``).
+
+    Any device torch knows is taken: where the decided kernel cannot run on it, ``build`` runs a stand-in, as
+    for a CUDA kernel on the CPU; a name torch cannot read is refused."""
     import torch
 
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if isinstance(device, str) and re.fullmatch(r"(cpu|cuda)(:\d+)?", device):
-        return device.partition(":")[0]
-    if isinstance(device, torch.device) and device.type in ("cpu", "cuda"):
+    if isinstance(device, torch.device):
         return device.type
+    if isinstance(device, str) and re.fullmatch(r"[a-z_]+(:\d+)?", device):
+        try:
+            return torch.device(device).type
+        except RuntimeError:
+            pass
     raise InputError(f"device must be {DEVICES}; got {device!r}")

@@ -161,10 +161,11 @@ def test_a_rank_is_a_number_so_no_trace_name_leaves_the_trace_dir(rank, tmp_path
     assert loaded[0].trace_path == trace_dir / "layer000-l0.rank2.json" and loaded[0].trace_path.is_file()
 
 
-@pytest.mark.parametrize("device", ["junk", "cuda:x", "cuda:", "tpu", "meta", "cpu ", 0])
+@pytest.mark.parametrize("device", ["junk", "cuda:x", "cuda:", "tpu", "cpu ", "CPU", 0])
 def test_build_refuses_a_device_it_cannot_run_on_naming_those_it_can(device):
-    with pytest.raises(InputError, match=re.escape("device must be None (CUDA when torch sees it, else the CPU), 'cpu', "
-                                                   f"'cuda', 'cuda:N' or a torch.device of those; got {device!r}")):
+    with pytest.raises(InputError, match=re.escape("device must be None (CUDA when torch sees it, else the CPU), a device "
+                                                   "name torch reads ('cpu', 'cuda', 'cuda:N', 'mps', ...) or a "
+                                                   f"torch.device; got {device!r}")):
         build(CPU_DECISION, device=device)
     with pytest.raises(InputError, match="device must be None"):
         Engine(device=device)
@@ -177,3 +178,6 @@ def test_build_takes_every_device_spelling_it_names():
         assert type(build(CPU_DECISION, device=device).experts).__name__ == "TorchExperts"
     # the type is what counts: a GPU of any number makes a CUDA-only kernel buildable (here: none is decided)
     assert [runtime.device_type(d) for d in ("cuda", "cuda:3", torch.device("cuda", 1))] == ["cuda"] * 3
+    # a device without moe-fsm kernels (a model on Apple's GPU, a meta model) builds the stand-in, as the CPU does
+    assert [runtime.device_type(d) for d in ("mps", "meta", torch.device("xpu"))] == ["mps", "meta", "xpu"]
+    assert type(build(CPU_DECISION, device="meta").experts).__name__ == "TorchExperts"
