@@ -271,7 +271,8 @@ def _scratch(tmp: Path) -> None:
     (tmp / "t.json").write_text(GOLDEN[0].read_text())
 
 
-def _run_cli(argv: list[str], cwd: Path) -> int:
+def _captured_main(argv: list[str], cwd: Path) -> tuple[int, str, str]:
+    """``main(argv)`` run in ``cwd``: its status, standard output and standard error."""
     out, err = io.StringIO(), io.StringIO()
     old = os.getcwd()
     os.chdir(cwd)
@@ -280,10 +281,15 @@ def _run_cli(argv: list[str], cwd: Path) -> int:
             code = main(argv)
     finally:
         os.chdir(old)
-    assert "Traceback" not in out.getvalue() + err.getvalue(), (argv, err.getvalue())
-    assert code in CLI_STATUSES, (argv, code, err.getvalue())
+    return code, out.getvalue(), err.getvalue()
+
+
+def _run_cli(argv: list[str], cwd: Path) -> int:
+    code, out, err = _captured_main(argv, cwd)
+    assert "Traceback" not in out + err, (argv, err)
+    assert code in CLI_STATUSES, (argv, code, err)
     if code == 2:
-        assert err.getvalue().strip(), argv
+        assert err.strip(), argv
     return code
 
 
@@ -582,21 +588,14 @@ def _edit(draw, document, values, edits: int) -> None:
 def _run_checked(argv: list[str], cwd: Path, statuses: set[int], huge: bool) -> int:
     """``main(argv)``: no traceback, a documented status, no control character printed raw, and a file holding a
     huge integer (``huge``) refused in one line that says so."""
-    out, err = io.StringIO(), io.StringIO()
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(argv)
-    finally:
-        os.chdir(old)
-    printed = out.getvalue() + err.getvalue()
-    assert "Traceback" not in printed and code in statuses, (argv, code, err.getvalue())
+    code, out, err = _captured_main(argv, cwd)
+    printed = out + err
+    assert "Traceback" not in printed and code in statuses, (argv, code, err)
     assert RAW_CONTROL.search(printed) is None, (argv, printed)
     if code == 2:
-        assert err.getvalue().strip(), argv
+        assert err.strip(), argv
     if huge:
-        assert code == 2 and err.getvalue().count("\n") == 1 and "holds an integer" in err.getvalue(), (argv, err.getvalue())
+        assert code == 2 and err.count("\n") == 1 and "holds an integer" in err, (argv, err)
     return code
 
 
