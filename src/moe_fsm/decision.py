@@ -208,7 +208,7 @@ def inputs_from_spec(spec: Mapping[str, Any]) -> DecisionInputs:
 
 def forget_input_caches() -> None:
     """Empty the caches moe-fsm keeps per distinct input (env readers, prepare/finalize choices), so that a
-    decision of new input objects is its first: what ``bench/bench_decision.py`` calls "first". Registries
+    decision of new input objects is its first: what ``bench/bench_decision_cost.py`` calls "first". Registries
     keep their own verdict memos (use a new ``Registry``), input objects their derived forms (make new ones)."""
     forget_choices()
     for profile in profiles.profiles().values():

@@ -56,8 +56,8 @@ WS_WRONG = pytest.mark.xfail(strict=True, reason="Triton 3.6 warp-specialized K 
 # The warp-specialized persistent grid over a gathered input at block_m 128 did not finish on the H100 (2026-11-25,
 # twice: pytest-timeout's 200 s never fired, the process waited on the device). The test that followed it in file
 # order (dropped slots, persistent + gathered, not warp-specialized) never started in those runs and was wrongly
-# counted with it: bench/hopper_hang_probe.py ran that call and seven other persistent gathered Qwen3 and Mixtral
-# calls in their own processes, and each finished, equal to the pointer-load kernel (docs/perf/hopper.md). Not run:
+# counted with it: that call and seven other persistent gathered Qwen3 and Mixtral calls, each run in a process of
+# its own with a deadline, finished, equal to the pointer-load kernel (docs/perf/hopper.md). Not run:
 # a hung kernel holds the device for every test after it. Warp specialization is refused outside tests anyway.
 WS_PERSISTENT_GATHER_HANGS = pytest.mark.xfail(run=False, reason="warp-specialized persistent grid over a gathered "
                                                "input (block_m 128) did not finish on the H100 (2026-11-25)")

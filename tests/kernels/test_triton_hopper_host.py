@@ -3,7 +3,7 @@
 Which configs ``validate_config`` takes (the combinations Triton 3.6 cannot compile are refused with the
 reason), and that every launch the Hopper layer makes binds to the kernel's parameters as Triton's own JIT
 binds it: the launches are recorded on CPU tensors and bound for an sm_90 target, so a renamed, missing or
-extra argument fails here and not at the first launch on a GPU. ``bench/hopper_compile_check.py`` goes on
+extra argument fails here and not at the first launch on a GPU. ``tools/sm90_compile_hopper_moe.py`` goes on
 to compile them.
 """
 

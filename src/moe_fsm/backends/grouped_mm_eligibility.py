@@ -3,7 +3,7 @@
 A pure rule on the layer, a compute capability and a torch version string, so
 the decision core can judge it from recorded platform facts (no torch import)
 and the runtime can ask it of the live device (``kernels/grouped_mm.py``,
-``experts/grouped_mm_experts.py``, ``bench/bench_gpu.py``).
+``experts/grouped_mm_experts.py``, ``bench/bench_experts_roofline.py``).
 """
 
 from __future__ import annotations

@@ -210,7 +210,7 @@ def _check_gluon(config: MoEConfig, block_fp8: bool) -> None:
         raise KernelInputError("gluon needs hopper and gather_input (every operand through the copy engine) and "
                                "no fold_topk (its w2 writes one row per pair)")
     # wider tiles (a 256-wide wgmma) need more than 255 registers for the sum and the two product sets: they spill,
-    # and ptxas then serializes every wgmma (bench/hopper_compile_check.py --only gluon --force)
+    # and ptxas then serializes every wgmma (tools/sm90_compile_hopper_moe.py --only gluon --force)
     for name, g, widths in (("w1", config.w1, (32, 64)), ("w2", config.w2, (64, 128))):
         if g.block_k != FP8_GROUP or g.block_n not in widths or config.block_m != 16 * g.num_warps:
             raise KernelInputError(
@@ -246,7 +246,7 @@ def warp_specialization_opted_in() -> bool:
 
 
 def _check_warp_specialization(config: MoEConfig, block_fp8: bool) -> None:
-    """Refuse the warp-specialized GEMMs Triton 3.6 cannot build (``bench/hopper_compile_check.py`` maps them).
+    """Refuse the warp-specialized GEMMs Triton 3.6 cannot build (``tools/sm90_compile_hopper_moe.py`` maps them).
 
     Triton's Hopper pass (NVGPUWarpSpecialization) turns a 4-warp K loop into 12 warps: a producer warpgroup
     issuing the loop's copy-engine loads and two consumer warpgroups, between which it splits the tile (its

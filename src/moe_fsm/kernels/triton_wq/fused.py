@@ -8,7 +8,7 @@ router weight fused, and sum over top-k. No device value is read on the host.
 ``relayout_nibbles`` is the one-time weight re-layout (``SPLIT``, see ``_kernels``):
 a permutation of the 4-bit codes inside each 64-column chunk, exact, done once per
 weight tensor by the experts class. ``WqConfig`` is the tile of one call; the
-tuned table (``configs/wq_<device>.json``, written by ``bench/bench_wq.py --tune``)
+tuned table (``configs/wq_<device>.json``, written by ``bench/bench_weight_quantized.py run --write-table``)
 is keyed by layer shape and token count, with ``default_wq_config`` elsewhere.
 """
 

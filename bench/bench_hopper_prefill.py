@@ -11,7 +11,7 @@ Every config of the plan goes through ``validate_config`` first (a refused one i
 then all are compiled in ``--workers`` processes, for at most ``--compile-timeout-s``; ``--budget-s`` stops
 starting new measurements once that many seconds have passed since the start.
 
-    python bench/bench_hopper.py [--shapes ...] [--tokens 2048 8192] [--json out.json] [--no-sweep | --gluon]
+    python bench/bench_hopper_prefill.py [--shapes ...] [--tokens 2048 8192] [--json out.json] [--no-sweep | --gluon]
                                  [--budget-s S] [--compile-timeout-s S] [--dry-run]
 
 ``--dry-run`` prints the plan (and the refusals) without a GPU.

@@ -10,7 +10,7 @@ graph replay and transformers' ``batched_mm``; then the whole MoE block (router 
 (``integrations/block_graphs.py``), its own forward (transformers' router, then the experts call above), and under
 ``batched_mm``. Ends with a cProfile of the module call. ``--json`` writes the rows.
 
-    python bench/host_cost.py [--calls 100] [--rounds 7] [--json host_path.json]
+    python bench/bench_host_path.py [--calls 100] [--rounds 7] [--json host_path.json]
 """
 
 from __future__ import annotations

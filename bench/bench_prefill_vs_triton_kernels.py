@@ -8,8 +8,8 @@ the gpt-oss activation (``swigluoai``, limit 7) because that is the gated activa
 FLOPs as SiLU-and-mul). Timed with ``tuning.time_graph`` (CUDA-graph replays over R routings, L2 flushed);
 TFLOP/s = 6 x pairs x N x K / time; "diff" = the two outputs' relative Frobenius difference.
 
-    python bench/bench_wq.py prepare --wheel vllm-0.33.0-...whl --extract .vllm_extract/tk   # no GPU
-    python bench/bench_prefill_peer.py --extract .vllm_extract/tk [--tokens 2048 8192] [--json PATH]  # GPU
+    python bench/bench_weight_quantized.py prepare --wheel vllm-0.33.0-...whl --extract .vllm_extract/tk   # no GPU
+    python bench/bench_prefill_vs_triton_kernels.py --extract .vllm_extract/tk [--tokens 2048 8192] [--json PATH]  # GPU
 """
 
 from __future__ import annotations

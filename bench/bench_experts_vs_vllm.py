@@ -122,7 +122,7 @@ def prepare(cache: Path, dest: Path) -> None:
             shutil.rmtree(dest)
         (dest / "configs").mkdir(parents=True)
         header = (
-            f"# Extracted at run time from vllm {VLLM_VERSION} ({FUSED_MOE}) by bench/bench_vs_vllm.py prepare.\n"
+            f"# Extracted at run time from vllm {VLLM_VERSION} ({FUSED_MOE}) by bench/bench_experts_vs_vllm.py prepare.\n"
             "# Not part of moe-fsm; never committed.\n"
             "import triton\nimport triton.language as tl\n\n\n"
         )
@@ -415,15 +415,15 @@ def main_run(args) -> None:
     import torch
     import triton
 
-    from bench_gpu import measure_ceilings, versions
-    from read_floor import read_floor
+    from bench_experts_roofline import measure_ceilings, versions
+    from bench_read_floor import read_floor
     from moe_fsm.kernels.triton_moe import get_config
     from moe_fsm.kernels.triton_moe.config import default_config
     from moe_fsm.kernels.triton_moe._runtime import device_name
     from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, layer_fn, make_weights, replays_per_graph, routings, time_graph
 
     if not torch.cuda.is_available():
-        sys.exit("bench_vs_vllm.py run needs a CUDA device")
+        sys.exit("bench_experts_vs_vllm.py run needs a CUDA device")
     dev_name = torch.cuda.get_device_name()
     columns = [c.strip() for c in args.columns.split(",") if c.strip()]
     vllm = None
@@ -431,7 +431,7 @@ def main_run(args) -> None:
         if (args.extract / "fused_moe_kernel.py").exists() or any(args.extract.glob("*.py")):
             vllm = VllmTriton(args.extract, dev_name, torch.cuda.get_device_capability(), use_tables=not args.untuned)
         else:
-            print(f"no vLLM column: {args.extract} holds no extracted kernel (bench_vs_vllm.py prepare)", flush=True)
+            print(f"no vLLM column: {args.extract} holds no extracted kernel (bench_experts_vs_vllm.py prepare)", flush=True)
     series_list = args.series or list(NAMED_SHAPES)
     start = time.time()
 
@@ -670,7 +670,7 @@ def write_markdown(path: Path, report: dict) -> None:
         "",
         f"µs: median per layer call, CUDA-graph replays of R calls on R routings / R, L2 flushed per replay; the median of "
         f"{ROUNDS} rounds taking the columns in turn. "
-        "All columns: same weights, routing and inputs (bench/bench_vs_vllm.py docstring).",
+        "All columns: same weights, routing and inputs (bench/bench_experts_vs_vllm.py docstring).",
     ]
     if report.get("untuned"):
         lines += ["", "**Untuned** (`--untuned`): both sides on their default rules, as for a shape no table holds: "
@@ -725,7 +725,7 @@ def write_markdown(path: Path, report: dict) -> None:
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## Headlines", "", f"- prefill TFLOP/s (ours): {s['prefill_TFLOPs']}", f"- decode, ours / memory roofline: {s['decode_x_roofline']}",
-              f"- decode, read-only kernels over the same bytes (bench/read_floor.py) / roofline, and ours / the two-kernel floor: "
+              f"- decode, read-only kernels over the same bytes (bench/bench_read_floor.py) / roofline, and ours / the two-kernel floor: "
               f"{s.get('decode_read_floors', {})}"]
     if has_fi:
         lines.append(f"- prefill TFLOP/s (FlashInfer): {s['flashinfer']['prefill_TFLOPs']}")

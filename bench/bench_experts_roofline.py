@@ -425,7 +425,7 @@ def main() -> None:
     parser.add_argument("--name", default="gpu_moe")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("bench_gpu.py needs a CUDA device")
+        sys.exit("bench_experts_roofline.py needs a CUDA device")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     ceilings = measure_ceilings()
     print(json.dumps(ceilings), flush=True)

@@ -12,7 +12,7 @@ warpgroups), whether the tensor-core instructions are wgmma, whether ptxas seria
 the copy-engine (TMA) and cp.async counts. The cases labelled ``gluon`` are the Gluon block-FP8 kernel
 (``MoEConfig.gluon``, ``_gluon_kernels.py``), launched the same way.
 
-    python bench/hopper_compile_check.py [--quick | --ws-grid] [--only SUBSTR ...] [--force] [--list]
+    python tools/sm90_compile_hopper_moe.py [--quick | --ws-grid] [--only SUBSTR ...] [--force] [--list]
 
 ``--force`` compiles the cases ``validate_config`` refuses too (to see why they are refused); ``--ws-grid``
 maps the warp-specialized tile shapes instead (what ``config._check_warp_specialization`` refuses).
@@ -81,7 +81,7 @@ def cfg(bm, w1, w2, *, pers=False, gather=False, paired=False, ws=False, fold=Fa
     return MoEConfig(bm, g1, g2, fold, True, gather, gluon)
 
 
-# the H100 table's 2048/8192-token tiles of each shape (as bench_hopper.py's "shipped+tma"), the sweep's tiles,
+# the H100 table's 2048/8192-token tiles of each shape (as bench_hopper_prefill.py's "shipped+tma"), the sweep's tiles,
 # and 4-warp tiles for warp specialization
 BF16_SHIPPED = (128, (128, 64, 8, 8, 4), (256, 64, 8, 8, 4))
 BF16_S3 = (128, (128, 64, 8, 8, 3), (256, 64, 8, 8, 3))

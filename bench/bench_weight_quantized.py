@@ -78,7 +78,7 @@ def prepare(wheel: Path, dest: Path) -> None:
         if isinstance(node, ast.FunctionDef) and node.name in ("write_zeros_to_output", "fused_moe_kernel_gptq_awq"):
             start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
             keep[node.name] = "".join(lines[start:node.end_lineno])
-    header = (f"# Extracted at run time from vllm {VLLM_VERSION} ({FUSED_MOE}) by bench/bench_wq.py prepare.\n"
+    header = (f"# Extracted at run time from vllm {VLLM_VERSION} ({FUSED_MOE}) by bench/bench_weight_quantized.py prepare.\n"
               "# Not part of moe-fsm; never committed.\nimport triton\nimport triton.language as tl\n\n\n")
     (dest / "vllm_gptq_awq_kernel.py").write_text(header + "\n\n".join(keep[k] for k in ("write_zeros_to_output", "fused_moe_kernel_gptq_awq")))
     print(f"extracted triton_kernels ({count} files) and fused_moe_kernel_gptq_awq into {dest}")
@@ -88,7 +88,7 @@ def prepare(wheel: Path, dest: Path) -> None:
 
 
 def _shapes():
-    from bench_gpu import Shape
+    from bench_experts_roofline import Shape
 
     from moe_fsm.inputs.quant import QuantScheme
 
@@ -182,7 +182,7 @@ class VllmGptqAwqPeer:
         module.__file__ = str(path)
         sys.modules[module.__name__] = module
         exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
-        from bench_vs_vllm import silu_and_mul_kernel
+        from bench_experts_vs_vllm import silu_and_mul_kernel
 
         self.kernel, self.act, self.torch, self.triton = module.fused_moe_kernel_gptq_awq, silu_and_mul_kernel(), torch, triton
         self.w1, self.w2, self.s1, self.s2 = w1q, w2q, scales.w1_scale, scales.w2_scale
@@ -279,7 +279,7 @@ def _reference(x, w1q, w2q, scales, scheme, g, ids, activation, limit, sample):
 
 def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, table, sink=None) -> list[dict]:
     import torch
-    from bench_gpu import time_graph
+    from bench_experts_roofline import time_graph
 
     if args.compile_only:  # warm Triton's on-disk cache: one call per candidate, nothing timed
         def time_graph(fn, inputs, rep_ms):
@@ -427,7 +427,7 @@ def markdown(report: dict) -> str:
         "MXFP4 rows `triton_kernels` matmul_ogs (as vLLM runs it on SM90), INT4 row vLLM's `fused_moe_kernel_gptq_awq`. "
         "`bf16` is moe-fsm's bf16 Triton experts on the same shape. `TB/s` is the weight bytes of the experts hit "
         "over moe-fsm's time; `err` moe-fsm's relative error against float64 (16 sampled tokens). "
-        "Produced by `bench/bench_wq.py run`.",
+        "Produced by `bench/bench_weight_quantized.py run`.",
         "",
         "| row | tokens | experts hit | moe-fsm µs | peer µs | bf16 µs | roofline µs | peer/moe-fsm | bf16/moe-fsm | "
         "% of roofline | weight TB/s | TFLOP/s (bf16's) | err | tile (m,n,k,warps,stages) |",
@@ -463,7 +463,7 @@ def markdown(report: dict) -> str:
 def run(args) -> None:
     import torch
     import triton
-    from bench_gpu import measure_ceilings
+    from bench_experts_roofline import measure_ceilings
 
     sys.path.insert(0, str(Path(args.extract)))
     out = Path(args.out)

@@ -2,9 +2,9 @@
 
 Not a test: run it and read the table.
 
-    python bench/bench_decision.py            # the table, then each target of issue 8 met or not
-    python bench/bench_decision.py --corpus   # plus the first decision of every golden scenario (both profiles)
-    python bench/bench_decision.py --profile  # plus a cProfile of the worst case (FP8 on a CPU, warm, traced)
+    python bench/bench_decision_cost.py            # the table, then each target of issue 8 met or not
+    python bench/bench_decision_cost.py --corpus   # plus the first decision of every golden scenario (both profiles)
+    python bench/bench_decision_cost.py --profile  # plus a cProfile of the worst case (FP8 on a CPU, warm, traced)
 
 Per decision (median of many, in microseconds), with tracing on and off:
   warm   the same inputs again: the registry's verdict memo already holds every verdict;

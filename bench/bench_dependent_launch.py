@@ -5,8 +5,8 @@ then ``tuning.time_graph`` (CUDA-graph replays, L2 flushed) three times per sett
 ``MOE_FSM_PDL`` is what switches (``moe_fsm.kernels.triton_moe._runtime``). Kernels are compiled first by
 ``tuning.precompile`` (14 worker processes, two-expert copies of the layers), once per setting.
 
-    python bench/bench_pdl.py [SERIES,SERIES,...] [TOKENS,TOKENS,...] [JSON]
-    python bench/bench_pdl.py qwen3-30b-a3b-tp2,mixtral-8x7b-fp8-tensor 1,8,32,128 pdl.json
+    python bench/bench_dependent_launch.py [SERIES,SERIES,...] [TOKENS,TOKENS,...] [JSON]
+    python bench/bench_dependent_launch.py qwen3-30b-a3b-tp2,mixtral-8x7b-fp8-tensor 1,8,32,128 pdl.json
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Needs only Triton (its bundled ptxas and cuobjdump): no CUDA device, no torch. F
 compiles ``wq_gemm_kernel`` exactly as ``fused_wq_experts`` launches it and reports registers,
 spills, shared memory and whether the tensor-core instructions are warpgroup ones (wgmma on sm_90a).
 
-    python bench/wq_compile_check.py [--quick] [--sass NAME]
+    python tools/sm90_compile_weight_quantized.py [--quick] [--sass NAME]
 
 Compile errors, spills and a missing wgmma show here in seconds, before a GPU call.
 """
