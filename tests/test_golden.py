@@ -68,6 +68,35 @@ def test_golden_trace_replays_from_its_own_inputs(scenario):
     assert golden.render(replay(recorded, registry=golden.registry(scenario.profile))) == golden.render(recorded)
 
 
+PLANS = golden.load_plans(TRACES)
+CONFIGS = ROOT / "tests" / "data" / "configs"
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=[p.key for p in PLANS])
+def test_plan_matches_golden_plan(plan):
+    """`moe-fsm plan` on a checkpoint config groups and decides its layers exactly as recorded."""
+    document = golden.decide_plan(plan, TRACES)
+    diff = golden._diff_text(golden.plan_golden_path(TRACES, plan), golden.render(document), plan.key)
+    if diff is not None:
+        pytest.fail(f"plan {plan.key} ({plan.about}) no longer plans as recorded:\n{diff}\n"
+                    "If this change is intended: moe-fsm golden --update, then review the diff.", pytrace=False)
+    failure = golden.plan_expectation_failure(plan, document)
+    assert failure is None, failure
+
+
+def test_every_checkpoint_config_has_golden_plans_on_three_platforms():
+    """Every fixture under tests/data/configs/ is planned under vllm-0.33 on an H100, a B200 and an AMX CPU, and no
+    layer of those plans is left NOT MAPPED (a layer is decided, fails as vLLM fails, or carries vLLM's refusal)."""
+    planned = {(p.config, p.platform) for p in PLANS if p.profile == "vllm-0.33" and not p.parallel}
+    for config in sorted(c for c in CONFIGS.iterdir() if (c / "config.json").is_file()):
+        for platform in ("sm90", "sm100", "cpu-x86-amx"):
+            assert (f"tests/data/configs/{config.name}", platform) in planned, (config.name, platform)
+    for plan in PLANS:
+        if not plan.parallel:
+            assert "not_mapped" not in plan.expect_statuses, plan.key
+    assert not golden._stale_plans(TRACES, PLANS, None)
+
+
 def test_every_golden_file_has_a_scenario():
     stale = golden._stale(TRACES, SCENARIOS)
     assert not stale, f"golden files without a scenario (moe-fsm golden --update removes them): {stale}"

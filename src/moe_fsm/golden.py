@@ -7,6 +7,11 @@ an ``expect`` written from that profile's source -- the seed functions, vLLM
 families without conflicts. ``traces/<profile>/golden/<name>.json`` holds each
 scenario's canonical trace (no volatile part), decided under that profile. :func:`check` decides every scenario again and reports each
 difference as a unified diff; :func:`update` rewrites the golden files.
+Golden *plans* pin ``moe-fsm plan`` the same way: ``traces/<profile>/plans/*.toml`` list ``[[plan]]``
+tables (a checkpoint config under tests/data/configs/, a platform preset, optionally a parallel layout,
+backend request and env), and ``traces/<profile>/plans/golden/<name>.json`` holds each plan's canonical
+document: every group of layers with its scheme, vLLM's MoE method, what the quantization_config says and
+the outcome. :func:`check` and :func:`update` cover both.
 Scenarios never read the process environment or probe the machine: env and
 platform are part of the scenario. Nor do they see third-party plugins: they are
 decided with the built-in backends plus moe-fsm's own entry points
@@ -34,6 +39,9 @@ from moe_fsm.trace import document as trace_doc
 
 SCENARIO_SUBDIR = "scenarios"
 GOLDEN_SUBDIR = "golden"
+PLAN_SUBDIR = "plans"  # traces/<profile>/plans/*.toml, and their golden documents in plans/golden/
+PLAN_KEYS = ("name", "about", "config", "platform", "parallel", "backend", "env", "expect_statuses")
+PLAN_STATUSES = ("selected", "fallback_none", "failed", "refused", "not_mapped")
 SPEC_KEYS = ("layer", "parallel", "backend", "env", "platform")
 SCENARIO_KEYS = ("name", "about", "expect", "expect_message", "expect_kernel", "expect_via", "expect_runs", *SPEC_KEYS)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -192,15 +200,18 @@ def expectation_failure(scenario: Scenario, document: dict) -> str | None:
 
 def diff_against_golden(scenario: Scenario, directory: str | Path | None = None, document: dict | None = None) -> str | None:
     """None when the scenario's trace equals its golden file, else a readable unified diff."""
-    path = golden_path(directory, scenario)
     new = render(document if document is not None else decide_scenario(scenario))
+    return _diff_text(golden_path(directory, scenario), new, scenario.key)
+
+
+def _diff_text(path: Path, new: str, key: str) -> str | None:
     if not os.path.lexists(path):
         return f"{path} does not exist (run moe-fsm golden --update)"
     old = trace_doc.read_text(path, "golden trace")
     if old == new:
         return None
     diff = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                fromfile=f"{path} (golden)", tofile=f"{scenario.key} (decided now)")
+                                fromfile=f"{path} (golden)", tofile=f"{key} (decided now)")
     return "".join(diff)
 
 
@@ -228,8 +239,20 @@ def _stale(directory: str | Path | None, scenarios: list[Scenario]) -> list[Path
 
 
 def check(directory: str | Path | None = None, only: list[str] | None = None, profile: str | None = None) -> CheckReport:
-    scenarios = _select(load_scenarios(directory, profile), only)
+    all_plans = load_plans(directory, profile)
+    scenarios, plans = _select(load_scenarios(directory, profile), only, all_plans)
     report = CheckReport()
+    for plan in plans:
+        document = decide_plan(plan, directory)
+        report.checked += 1
+        diff = _diff_text(plan_golden_path(directory, plan), render(document), plan.key)
+        if diff is not None:
+            report.diffs[plan.key] = diff
+        failure = plan_expectation_failure(plan, document)
+        if failure:
+            report.expectation_failures.append(failure)
+    if not only:
+        report.stale = _stale_plans(directory, all_plans, profile)
     for scenario in scenarios:
         document = decide_scenario(scenario)
         report.checked += 1
@@ -240,7 +263,7 @@ def check(directory: str | Path | None = None, only: list[str] | None = None, pr
         if failure:
             report.expectation_failures.append(failure)
     if not only:
-        report.stale = _stale(directory, scenarios)
+        report.stale = sorted(report.stale + _stale(directory, scenarios))
     return report
 
 
@@ -254,39 +277,51 @@ class UpdateReport:
 
 def update(directory: str | Path | None = None, only: list[str] | None = None, profile: str | None = None) -> UpdateReport:
     """Rewrite golden files that differ (and remove those of deleted scenarios)."""
-    all_scenarios = load_scenarios(directory, profile)
-    scenarios = _select(all_scenarios, only)
+    all_scenarios, all_plans = load_scenarios(directory, profile), load_plans(directory, profile)
+    scenarios, plans = _select(all_scenarios, only, all_plans)
     report = UpdateReport()
+    for plan in plans:
+        document = decide_plan(plan, directory)
+        failure = plan_expectation_failure(plan, document)
+        if failure:
+            report.expectation_failures.append(failure)
+        _write_if_changed(plan_golden_path(directory, plan), render(document), report)
     for scenario in scenarios:
         document = decide_scenario(scenario)
         failure = expectation_failure(scenario, document)
         if failure:
             report.expectation_failures.append(failure)
-        path = golden_path(directory, scenario)
-        text = render(document)
-        if os.path.lexists(path) and trace_doc.read_text(path, "golden trace") == text:
-            report.unchanged += 1
-            continue
-        trace_doc.write_atomic(path, text)
-        report.written.append(path)
+        _write_if_changed(golden_path(directory, scenario), render(document), report)
     if not only:
-        for path in _stale(directory, all_scenarios):
+        for path in sorted(_stale(directory, all_scenarios) + _stale_plans(directory, all_plans, profile)):
             path.unlink()
             report.removed.append(path)
     return report
 
 
-def _select(scenarios: list[Scenario], only: list[str] | None) -> list[Scenario]:
-    """``only`` names scenarios as NAME (in any profile) or PROFILE/NAME."""
+def _write_if_changed(path: Path, text: str, report: UpdateReport) -> None:
+    if os.path.lexists(path) and trace_doc.read_text(path, "golden trace") == text:
+        report.unchanged += 1
+        return
+    trace_doc.write_atomic(path, text)
+    report.written.append(path)
+
+
+def _select(scenarios: list[Scenario], only: list[str] | None, plans: list | None = None):
+    """``only`` names scenarios (and golden plans) as NAME (in any profile) or PROFILE/NAME (PROFILE/plans/NAME).
+
+    Without ``plans``: the chosen scenarios; with them: (chosen scenarios, chosen plans)."""
     if not only:
-        return scenarios
-    chosen = []
+        return scenarios if plans is None else (scenarios, plans)
+    chosen, chosen_plans = [], []
     for wanted in only:
         matches = [s for s in scenarios if wanted in (s.name, s.key)]
-        if not matches:
+        plan_matches = [p for p in plans or () if wanted in (p.name, p.key)]
+        if not matches and not plan_matches:
             raise InputError(f"no scenario named {wanted!r}")
         chosen.extend(m for m in matches if m not in chosen)
-    return chosen
+        chosen_plans.extend(m for m in plan_matches if m not in chosen_plans)
+    return chosen if plans is None else (chosen, chosen_plans)
 
 
 def summarize(document: dict) -> dict[str, Any]:
@@ -295,3 +330,138 @@ def summarize(document: dict) -> dict[str, Any]:
     if outcome["status"] == "failed":
         return {"status": "failed", "result": outcome["error"]["type"]}
     return {"status": outcome["status"], "result": outcome["backend"], "kernel": outcome["kernel"]}
+
+
+# -- golden plans: `moe-fsm plan` on the checkpoint configs of tests/data/configs/ ---------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanScenario:
+    """One golden plan: a checkpoint config planned on a platform (and parallel layout, request, env) under a profile."""
+
+    name: str
+    about: str
+    config: str  # relative to the directory holding the traces directory (the repository's root)
+    platform: str
+    profile: str
+    parallel: dict = field(default_factory=dict, hash=False)
+    backend: str = "auto"
+    env: dict = field(default_factory=dict, hash=False)
+    expect_statuses: tuple[str, ...] = ()  # the layer statuses the plan may have (empty: any)
+
+    @property
+    def key(self) -> str:
+        return f"{self.profile}/{PLAN_SUBDIR}/{self.name}"
+
+
+def load_plans(directory: str | Path | None = None, profile: str | None = None) -> list[PlanScenario]:
+    """The golden plans of one profile, or of every profile with a ``plans/`` directory (``profile=None``)."""
+    root = traces_dir(directory)
+    names = [profile] if profile is not None else sorted(p.parent.name for p in root.glob(f"*/{PLAN_SUBDIR}") if p.is_dir())
+    plans, seen = [], set()
+    for name in names:
+        profiles.get(name)
+        for path in sorted((root / name / PLAN_SUBDIR).glob("*.toml")):
+            plans.extend(_load_plan_file(path, name, seen))
+    return plans
+
+
+def _load_plan_file(path: Path, profile: str, seen: set) -> list[PlanScenario]:
+    data = trace_doc.parse_toml(trace_doc.read_text(path, "plan file"), str(path))
+    tables = data.get("plan")
+    if not isinstance(tables, list) or not tables:
+        raise InputError(f"{path} has no [[plan]] tables")
+    plans = []
+    for index, table in enumerate(tables):
+        name = table.get("name")
+        where = f"{path}: plan #{index + 1}" + (f" ({name})" if name else "")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise InputError(f"{where}: name must match {_NAME.pattern}")
+        if (profile, name) in seen:
+            raise InputError(f"{where}: duplicate name in traces/{profile}/{PLAN_SUBDIR}")
+        seen.add((profile, name))
+        unknown = sorted(set(table) - set(PLAN_KEYS))
+        if unknown:
+            raise InputError(f"{where}: unknown key(s) {unknown}; accepted: {list(PLAN_KEYS)}")
+        for key in ("config", "platform"):
+            if not isinstance(table.get(key), str):
+                raise InputError(f"{where}: {key} must be a string (a config path, a platform preset)")
+        statuses = table.get("expect_statuses", [])
+        if not isinstance(statuses, list) or any(s not in PLAN_STATUSES for s in statuses):
+            raise InputError(f"{where}: expect_statuses must be a list of {list(PLAN_STATUSES)}")
+        plans.append(PlanScenario(name=name, about=table.get("about", ""), config=table["config"],
+                                  platform=table["platform"], profile=profile, parallel=table.get("parallel", {}),
+                                  backend=table.get("backend", "auto"), env=table.get("env", {}),
+                                  expect_statuses=tuple(statuses)))
+    return plans
+
+
+def plan_golden_path(directory: str | Path | None, plan: PlanScenario) -> Path:
+    return traces_dir(directory) / plan.profile / PLAN_SUBDIR / GOLDEN_SUBDIR / f"{plan.name}.json"
+
+
+def decide_plan(plan: PlanScenario, directory: str | Path | None = None) -> dict:
+    """The plan's canonical document: the model's MoE facts and every group of layers with what decided it."""
+    import tempfile
+
+    from moe_fsm.inputs.parallel import ParallelConfig
+    from moe_fsm.inputs.platform import preset
+    from moe_fsm.plan.plan import layer_ranges, plan_model
+
+    config = traces_dir(directory).resolve().parent / plan.config
+    with tempfile.TemporaryDirectory(prefix="moe-fsm-golden-plan-") as traces:
+        result = plan_model(config, platform=preset(plan.platform), parallel=ParallelConfig.from_json(plan.parallel),
+                            backend=plan.backend, env=plan.env, trace_dir=traces,
+                            policy=profiles.ProfileChoice(plan.profile, f"golden plan of traces/{plan.profile}"))
+    model, g = result.model, result.model.geometry
+    groups = []
+    for (scheme, outcome), rows in result.groups():
+        first = rows[0]
+        groups.append({
+            "layers": layer_ranges([r.index for r in rows]),
+            "count": len(rows),
+            "status": first.status,
+            "scheme": scheme,
+            "vllm_method": getattr(first.quant, "method", None) or None,
+            "config_says": getattr(first.quant, "source", None) or first.quant.reason,
+            "outcome": outcome,
+        })
+    return {
+        "plan": plan.name,
+        "about": plan.about,
+        "config": plan.config,
+        "profile": plan.profile,
+        "platform": plan.platform,
+        "parallel": result.decider.parallel.to_json(),
+        "request": result.decider.request.to_json(),
+        "env": dict(result.decider.env.raw),
+        "model": {"architecture": model.architecture, "model_type": model.model_type, "layers": model.num_layers,
+                  "moe_layers": layer_ranges(list(model.moe_layers)), "experts": g.num_experts, "top_k": g.top_k,
+                  "hidden_size": g.hidden_size, "intermediate_size": g.intermediate_size,
+                  "activation": g.activation.value, "bias": g.bias, "router_weight_on_input": g.router_weight_on_input},
+        "quant_method": result.quant_method,
+        "ok": result.ok,
+        "groups": groups,
+    }
+
+
+def plan_expectation_failure(plan: PlanScenario, document: dict) -> str | None:
+    if not plan.expect_statuses:
+        return None
+    unexpected = sorted({g["status"] for g in document["groups"]} - set(plan.expect_statuses))
+    if unexpected:
+        return (f"{plan.key}: layers with status {unexpected}, expected only {list(plan.expect_statuses)}"
+                + (f" ({plan.about})" if plan.about else ""))
+    return None
+
+
+def _stale_plans(directory: str | Path | None, plans: list[PlanScenario], profile: str | None) -> list[Path]:
+    keys = {(p.profile, p.name) for p in plans}
+    root = traces_dir(directory)
+    folders = [root / profile / PLAN_SUBDIR / GOLDEN_SUBDIR] if profile else sorted(root.glob(f"*/{PLAN_SUBDIR}/{GOLDEN_SUBDIR}"))
+    stale = []
+    for folder in folders:
+        if folder.is_dir():
+            owner = folder.parent.parent.name
+            stale.extend(p for p in folder.glob("*.json") if (owner, p.stem) not in keys and stat.S_ISREG(p.lstat().st_mode))
+    return sorted(stale)

@@ -1,7 +1,7 @@
 """`moe-fsm plan` on the published config.json of real checkpoints (tests/data/configs/, see its README).
 
-Each expected table is written by hand from the checkpoint's config and the seed
-oracles (the ``seeds`` policy profile, asked for explicitly): which decoder layers are MoE (DeepSeek's first_k_dense_replace=3, Qwen's
+Each expected table is written by hand from the checkpoint's config and the oracles of the policy profile
+asked for (``seeds``, or ``vllm-0.33`` for the families only it has): which decoder layers are MoE (DeepSeek's first_k_dense_replace=3, Qwen's
 decoder_sparse_step=1), the scheme its quantization_config gives the experts, and
 the backend the oracle picks on the platform (e.g. block FP8 on sm90: FlashInfer's
 CUTLASS experts, the first in the FP8 priority list that runs on 9.0; on sm80 only
@@ -18,10 +18,9 @@ import pytest
 from moe_fsm.cli.main import main
 from moe_fsm.inputs.platform import preset
 from moe_fsm.inputs.quant import QuantScheme
-from moe_fsm.plan import quant_config
 from moe_fsm.plan.model_config import read_model_config
 from moe_fsm.plan.plan import layer_ranges, plan_model
-from moe_fsm.plan.quant_config import Mapped, Unmapped, layer_quant
+from moe_fsm.plan.quant_config import Refused, Unmapped, layer_quant
 
 CONFIGS = Path(__file__).parent.parent / "data" / "configs"
 
@@ -31,9 +30,9 @@ FP8_TENSOR_STATIC = "fp8 w=fp8_e4m3:static:tensor a=fp8_e4m3:static:tensor"
 NVFP4 = "nvfp4 w=nvfp4:static:group1x16 a=nvfp4:dynamic:group1x16"
 EVERY_4TH = ", ".join(str(i) for i in range(3, 48, 4))
 NOT_EVERY_4TH = "1-2, " + ", ".join(f"{i}-{i + 2}" for i in range(4, 48, 4))
-MXFP4_NOT_MAPPED = "NOT MAPPED: mxfp4 (gpt-oss): the MXFP4 family is not mapped yet (no mxfp4 policy in this moe-fsm)"
+MXFP4 = "mxfp4 w=fp4_e2m1:static:group1x32:e8m0 a=None"
 
-# (config, platform, backend request) -> [(layers, scheme, outcome)], in order of first appearance.
+# (config, platform, backend request[, policy]) -> [(layers, scheme, outcome)], in order of first appearance.
 EXPECTED = {
     ("deepseek-v3", "sm90", "auto"): [
         ("3-60", FP8_BLOCK, "FLASHINFER_CUTLASS (FlashInferExperts, via auto_scan, LocalPrepareFinalize)"),
@@ -53,8 +52,11 @@ EXPECTED = {
     ("mixtral-8x7b", "sm90", "auto"): [
         ("0-31", "unquantized", "TRITON (TritonExperts, via auto_scan, LocalPrepareFinalize)"),
     ],
-    ("gpt-oss-20b", "sm90", "auto"): [("0-23", "-", MXFP4_NOT_MAPPED)],
-    ("gpt-oss-120b", "sm100", "auto"): [("0-35", "-", MXFP4_NOT_MAPPED)],
+    # gpt-oss under vllm-0.33's MXFP4 oracle (the gpt-oss list; on 9.0 FlashInfer CUTLASS takes MXFP4 x BF16)
+    ("gpt-oss-20b", "sm90", "auto", "vllm-0.33"): [
+        ("0-23", MXFP4, "FLASHINFER_CUTLASS_MXFP4_BF16 (FlashInferExperts, via auto_scan, LocalPrepareFinalize)")],
+    ("gpt-oss-120b", "sm100", "auto", "vllm-0.33"): [
+        ("0-35", MXFP4, "FLASHINFER_TRTLLM_MXFP4_BF16 (TrtLlmMxfp4ExpertsMonolithic, via auto_scan, LocalPrepareFinalize)")],
     ("qwen3-30b-a3b-fp8-dynamic", "sm90", "auto"): [
         ("0-47", FP8_CHANNEL_TOKEN, "VLLM_CUTLASS (TritonOrCutlassExperts, via auto_scan, LocalPrepareFinalize)"),
     ],
@@ -81,8 +83,8 @@ EXPECTED = {
 
 @pytest.mark.parametrize("case", list(EXPECTED), ids=["-".join(c) for c in EXPECTED])
 def test_plan_matches_the_hand_written_table(case, tmp_path):
-    name, platform, backend = case
-    plan = plan_model(CONFIGS / name, platform=preset(platform), backend=backend, env={}, trace_dir=tmp_path, policy="seeds")
+    name, platform, backend, policy = (*case, "seeds")[:4]
+    plan = plan_model(CONFIGS / name, platform=preset(platform), backend=backend, env={}, trace_dir=tmp_path, policy=policy)
     got = [(layer_ranges([r.index for r in rows]), scheme, outcome) for (scheme, outcome), rows in plan.groups()]
     assert got == EXPECTED[case]
     decided = [r for r in plan.layers if r.decision is not None or r.error is not None]
@@ -117,34 +119,42 @@ def test_shapes_come_from_each_architectures_spelling():
 
 def test_quantization_readers_follow_vllms_rules():
     experts = "model.layers.7.mlp.experts"
-    # fp8: modules_to_not_convert, other block sizes, per-tensor
-    not_converted = {"quant_method": "fp8", "activation_scheme": "dynamic", "modules_to_not_convert": ["model.layers.7.mlp"]}
-    assert layer_quant(not_converted, experts).scheme == QuantScheme.unquantized()
+    # fp8: ignored_layers / modules_to_not_convert name a whole module exactly (is_layer_skipped, "exact")
+    exact = {"quant_method": "fp8", "activation_scheme": "dynamic", "modules_to_not_convert": [experts]}
+    assert layer_quant(exact, experts).scheme == QuantScheme.unquantized()
+    parent = {**exact, "modules_to_not_convert": ["model.layers.7.mlp"]}
+    assert layer_quant(parent, experts).scheme == QuantScheme.fp8("tensor", "tensor")
     assert isinstance(layer_quant({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [64, 64]}, experts), Unmapped)
     assert layer_quant({"quant_method": "fp8", "activation_scheme": "static"}, experts).scheme == QuantScheme.fp8("tensor", "tensor", True)
+    refused = layer_quant({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [128, 128]}, experts)
+    assert isinstance(refused, Refused) and "block-wise quantization only supports dynamic" in refused.reason
     # modelopt: flat or nested, wildcards, W4A16
     flat = {"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": ["model.layers.7.mlp*"]}
     assert "excluded by 'model.layers.7.mlp*'" in layer_quant(flat, experts).source
-    w4a16 = layer_quant({"quant_method": "modelopt", "quantization": {"quant_algo": "W4A16_NVFP4"}}, experts).scheme
+    nested = {"quant_algo": "W4A16_NVFP4", "group_size": 16, "kv_cache_quant_algo": None, "exclude_modules": []}
+    w4a16 = layer_quant({"quant_method": "modelopt", "quantization": nested}, experts).scheme
     assert w4a16.family.value == "nvfp4" and w4a16.activation is None
-    # compressed-tensors: ignore by regex, projections split across groups
+    del nested["kv_cache_quant_algo"]  # the hf_quant_config.json form must name all three (ModelOptNvFp4Config)
+    missing = layer_quant({"quant_method": "modelopt", "quantization": nested}, experts)
+    assert missing.reason == "NVFP4 quantization requires the following fields in hf_quant_config.json: ['kv_cache_quant_algo']"
+    # compressed-tensors: ignore by regex, projections split across groups with different args
     ct = json.loads((CONFIGS / "qwen3-30b-a3b-fp8-dynamic" / "config.json").read_text())["quantization_config"]
     mapped = layer_quant(ct, experts)
     assert mapped.allow_vllm_cutlass and mapped.scheme == QuantScheme.fp8("channel", "token")
     assert layer_quant({**ct, "ignore": ["re:.*experts.*"]}, experts).scheme == QuantScheme.unquantized()
-    split = {**ct, "config_groups": {**ct["config_groups"], "down": {**ct["config_groups"]["group_0"], "targets": ["re:.*down_proj$"]}}}
-    assert "different config groups" in layer_quant(split, experts).reason
-    int4 = {"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": {
-        "num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}}
-    assert "int W4A16 (group) is not mapped yet" in layer_quant(int4, experts).reason
-    assert "quant_method 'gptq' is not mapped" in layer_quant({"quant_method": "gptq"}, experts).reason
-
-
-def test_adding_the_mxfp4_family_is_one_table_entry(monkeypatch, tmp_path):
-    stand_in = QuantScheme.nvfp4()  # any scheme: what matters is that the entry alone maps the layers
-    monkeypatch.setitem(quant_config.FAMILY_SCHEMES, "mxfp4", lambda: stand_in)
-    plan = plan_model(CONFIGS / "gpt-oss-20b", platform=preset("sm100"), env={}, trace_dir=tmp_path)
-    assert all(isinstance(r.quant, Mapped) and r.layer.quant == stand_in for r in plan.layers)
+    group = ct["config_groups"]["group_0"]
+    split = {**ct, "config_groups": {**ct["config_groups"], "down": {**group, "targets": ["re:.*down_proj$"], "weights": {
+        **group["weights"], "strategy": "tensor"}}}}
+    assert layer_quant(split, experts).reason == "All MoE projections need to have same quantization scheme but found multiple"
+    same_args = {**ct, "config_groups": {**ct["config_groups"], "down": {**group, "targets": ["re:.*down_proj$"]}}}
+    assert layer_quant(same_args, experts).scheme == QuantScheme.fp8("channel", "token")  # equal args: one scheme
+    int4 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {"targets": ["Linear"],
+            "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}}
+    assert layer_quant(int4, experts).scheme == QuantScheme.int_wna16(4, 128, False, "compressed-tensors")
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+    assert layer_quant(gptq, experts).scheme == QuantScheme.int_wna16(4, 128, False, "gptq")
+    bnb = layer_quant({"quant_method": "bitsandbytes", "load_in_4bit": True}, experts)
+    assert isinstance(bnb, Refused) and bnb.reason.startswith("Unknown quantization method: bitsandbytes. Must be one of [")
 
 
 def test_cli_prints_the_grouped_table_and_exits_1_when_a_layer_fails(tmp_path, capsys):

@@ -111,7 +111,7 @@ def test_the_range_boundaries(tmp_path):
 
 
 @pytest.mark.parametrize("quantization, says", [
-    ({"quant_method": "fp8", "weight_block_size": "128x128"}, "weight_block_size must be a list of numbers"),
+    ({"quant_method": "fp8", "weight_block_size": "128x128"}, "weight_block_size must be a list of positive numbers"),
     ({"quant_method": "fp8", "modules_to_not_convert": "lm_head"}, "modules_to_not_convert must be a list of module names"),
     ({"quant_method": "fp8", "activation_scheme": 1}, "activation_scheme must be 'dynamic' or 'static'"),
     ({"quant_method": "modelopt", "quant_algo": ["NVFP4"]}, "quant_algo must be a quant_algo name"),
@@ -123,7 +123,16 @@ def test_the_range_boundaries(tmp_path):
     ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": "Linear"}}}, "config_groups['g'].targets must be a list"),
     ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": 8}}}, "config_groups['g'].weights must be an object"),
     ({"quant_method": "compressed-tensors", "ignore": ["re:(unclosed"]}, "is not a regular expression"),
-    ({"quant_method": "mxfp4", "modules_to_not_convert": {"a": 1}}, "modules_to_not_convert must be a list"),
+    ({"quant_method": "gptq", "bits": "4", "group_size": 128, "desc_act": False, "sym": True}, "bits must be an integer"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True, "dynamic": ["-:.*"]},
+     "dynamic must be an object of module regexes"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": "yes"}, "zero_point must be true or false"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": {
+        "type": "int", "num_bits": 4, "strategy": "group"}}}}, "weights.group_size must be a positive integer"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": {
+        "type": "int", "num_bits": 4, "strategy": "tiles"}}}}, "weights.strategy must be one of"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights": {
+        "type": "float", "num_bits": 8, "strategy": "token"}}}}, "'token' only with dynamic: true"),
 ])
 def test_wrongly_typed_quantization_fields_are_named(tmp_path, capsys, quantization, says):
     code, err = _plan(tmp_path, {**QWEN, "num_hidden_layers": 4, "quantization_config": quantization}, capsys)
@@ -132,7 +141,7 @@ def test_wrongly_typed_quantization_fields_are_named(tmp_path, capsys, quantizat
 
 FP8_PER_TENSOR_ARGS = {"type": "float", "num_bits": 8, "strategy": "tensor"}
 CT_FP8 = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-    "type": "float", "num_bits": 8, "strategy": "channel", "dynamic": False}, "input_activations": FP8_PER_TENSOR_ARGS}}}
+    "type": "float", "num_bits": 8, "strategy": "tensor", "dynamic": False}, "input_activations": FP8_PER_TENSOR_ARGS}}}
 
 
 def _ct_fp8(weights: dict | None = None, **activations) -> dict:
@@ -166,9 +175,12 @@ def test_values_vllm_refuses_are_refused_by_name(tmp_path, capsys, quantization,
     ({"dynamic": True}, False), ({"dynamic": 1}, False), ({"dynamic": 1.0}, False),  # pydantic's bool takes 0/1
 ])
 def test_compressed_tensors_dynamic_reads_as_vllm_reads_it(activations, static):
+    """Per-tensor FP8 weights: static per-tensor activations, or dynamic ones, which vLLM's
+    CompressedTensorsW8A8Fp8MoEMethod keys kFp8Dynamic128Sym (groups of 128)."""
     group = {**CT_FP8["config_groups"]["group_0"], "input_activations": {**FP8_PER_TENSOR_ARGS, **activations}}
     mapped = layer_quant({**CT_FP8, "config_groups": {"group_0": group}}, "model.layers.0.mlp.experts")
-    assert mapped.scheme == QuantScheme.fp8("channel", "tensor", static_activation=static)
+    assert mapped.scheme == (QuantScheme.fp8("tensor", "tensor", static_activation=True) if static
+                             else QuantScheme.fp8("tensor", "group"))
 
 
 def test_local_dynamic_goes_with_the_tensor_group_strategy():
@@ -276,11 +288,13 @@ def test_indexed_name_lists_answer_as_a_scan_would():
     assert "FP8 (model.layers.2.mlp.gate_proj)" in got[2].source
     assert got[3].source == "modelopt MIXED_PRECISION: not in quantized_layers"
     assert "FP8 (model.layers.10.mlp.experts.3.down_proj)" in got[10].source
-    # mxfp4's modules_to_not_convert: the module or a parent, by name or wildcard
-    for patterns, hit in ((["model.layers.4.mlp"], True), (["model.layers.4.ml"], False), (["*.4.mlp"], True),
-                          (["model.layers.4.mlp.experts"], True), (["model.layers.4.mlp.experts.0"], False)):
-        source = layer_quant({"quant_method": "mxfp4", "modules_to_not_convert": patterns}, "model.layers.4.mlp.experts")
-        assert (getattr(source, "source", "") or "").startswith("mxfp4: not converted") == hit, patterns
+    # AWQ's modules_to_not_convert: a substring of the experts module's name (is_layer_skipped, "substring")
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
+    context = quant_config.LayerContext(hidden_size=2048, intermediate_size=768)
+    for patterns, hit in ((["model.layers.4.mlp"], True), (["layers.4.ml"], True), (["*.4.mlp"], False),
+                          (["model.layers.4.mlp.experts.0"], False), (["gate"], False)):
+        source = layer_quant({**awq, "modules_to_not_convert": patterns}, "model.layers.4.mlp.experts", context)
+        assert source.source.startswith("awq: not converted") == hit, patterns
 
 
 def test_a_malformed_entry_of_a_late_layer_is_refused_before_any_trace_is_written(tmp_path, capsys):
@@ -354,21 +368,22 @@ ESCAPES = "\x1b[31mred\x1b]0;title\x07\x9b2J\nforged line\tx"
 
 def test_strings_from_the_config_are_shown_escaped(tmp_path, capsys):
     """Escape sequences in architectures, model_type and the quantization_config are shown, not obeyed (as explain)."""
-    ct = {**_ct_fp8(weights={"strategy": "chan" + ESCAPES}), "quant_method": "compressed-tensors"}
+    mixed = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+             "quantized_layers": {"model.layers.0.mlp.experts.0.up_proj" + ESCAPES: {"quant_algo": "FP8"}}}
     out = ""
-    for name, config in (("ct", {**QWEN, "architectures": ["Qwen3" + ESCAPES], "model_type": "m" + ESCAPES,
-                                 "quantization_config": ct}),
-                         ("method", {**QWEN, "quantization_config": {"quant_method": "q" + ESCAPES}})):
+    for name, config, code in (("mixed", {**QWEN, "architectures": ["Qwen3" + ESCAPES], "model_type": "m" + ESCAPES,
+                                          "quantization_config": mixed}, 0),
+                               ("method", {**QWEN, "quantization_config": {"quant_method": "q" + ESCAPES}}, 1)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 4}))
-        # exit 1: neither strategy nor quant_method maps, every layer is a NOT MAPPED row
-        assert main(["plan", str(tmp_path / name), "--platform", "sm90", "--no-env", "--trace-dir", str(tmp_path / "t")]) == 1
+        # exit 1 for the unknown quant_method: vLLM refuses it, every layer is a REFUSED row
+        assert main(["plan", str(tmp_path / name), "--platform", "sm90", "--no-env", "--trace-dir", str(tmp_path / "t")]) == code
         out += capsys.readouterr().out
     assert not any(c in out for c in "\x1b\x07\x9b\t"), out
     assert not any(line.startswith("forged line") for line in out.splitlines()), out
     shown = r"\x1b[31mred\x1b]0;title\x07\x9b2J\nforged line\tx"
     for what in (f"moe-fsm plan: Qwen3{shown} (m{shown})", f"quantization_config: q{shown}",
-                 f"FP8 weights by chan{shown}, activations by tensor", "quant_method 'q\\x1b[31m"):
+                 f"FP8 (model.layers.0.mlp.experts.0.up_proj{shown})", "Unknown quantization method: q\\x1b[31m"):
         assert what in out, (what, out)
 
 

@@ -11,7 +11,8 @@ def register(subparsers) -> None:
         "golden",
         help="check (default) or regenerate the golden traces of the scenario matrix",
         description="Decide every scenario of DIR/<profile>/scenarios/*.toml under that policy profile and compare "
-                    "with DIR/<profile>/golden/<name>.json, for every profile with a directory. --check "
+                    "with DIR/<profile>/golden/<name>.json, and plan every checkpoint of DIR/<profile>/plans/*.toml "
+                    "and compare with DIR/<profile>/plans/golden/<name>.json, for every profile with a directory. --check "
                     "(the default) exits 1 with a unified diff per changed decision, per unmet expectation and per "
                     "stale golden file; --update rewrites the golden files that differ and removes stale ones.",
     )
@@ -27,9 +28,15 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     if args.list:
-        for scenario in golden._select(golden.load_scenarios(args.dir, args.profile), args.names):
+        scenarios, plans = golden._select(golden.load_scenarios(args.dir, args.profile), args.names,
+                                          golden.load_plans(args.dir, args.profile))
+        for scenario in scenarios:
             summary = golden.summarize(golden.decide_scenario(scenario))
             print(f"{scenario.key:<62} {summary['status']:<14} {summary['result']}")
+        for plan in plans:
+            document = golden.decide_plan(plan, args.dir)
+            statuses = sorted({group["status"] for group in document["groups"]})
+            print(f"{plan.key:<62} {'plan':<14} {len(document['groups'])} group(s): {', '.join(statuses)}")
         return EXIT_OK
     if args.update:
         report = golden.update(args.dir, args.names, args.profile)

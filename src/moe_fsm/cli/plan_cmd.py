@@ -131,12 +131,15 @@ def plan_json(plan) -> dict:
         "parallel": plan.decider.parallel.to_json(),
         "request": plan.decider.request.to_json(),
         "profile": plan.decider.profile.to_json(),
+        "quant_method": plan.quant_method,
         "layers": [
             {
                 "index": r.index,
                 "module": r.name,
                 "layer": r.layer.to_json() if r.layer else None,
                 "status": r.status,
+                "vllm_method": getattr(r.quant, "method", None) or None,
+                "config_says": getattr(r.quant, "source", None),
                 "backend": r.decision.backend if r.decision else None,
                 "kernel": r.decision.kernel if r.decision else None,
                 "via": r.decision.via if r.decision else None,

@@ -26,8 +26,21 @@ DTYPE_KEYS = ("torch_dtype", "dtype")
 SHARED_EXPERTS_KEYS = ("n_shared_experts", "num_shared_experts")
 
 # Where the routed experts live under each decoder layer, by architecture (the module prefix quantization
-# configs name): most checkpoints use ``mlp``; Mixtral keeps its experts under ``block_sparse_moe``.
-MOE_BLOCK = {"MixtralForCausalLM": "block_sparse_moe", "PhimoeForCausalLM": "block_sparse_moe"}
+# configs name): most checkpoints use ``mlp``; Mixtral keeps its experts under ``block_sparse_moe``, Llama 4
+# under ``feed_forward``.
+MOE_BLOCK = {"MixtralForCausalLM": "block_sparse_moe", "PhimoeForCausalLM": "block_sparse_moe",
+             "Llama4ForCausalLM": "feed_forward", "Llama4ForConditionalGeneration": "feed_forward"}
+# vLLM's module prefix of the language model's decoder layers, where a multimodal wrapper nests it (mllama4.py
+# builds the text model under "language_model").
+LAYERS_PREFIX = {"Llama4ForConditionalGeneration": "language_model.model.layers"}
+# The experts' checkpoint names of the gate, up and down projections (vLLM's ckpt_names; compressed-tensors
+# matches its targets against "<experts>.0.<name>"), where an architecture differs from gate_proj/up_proj/down_proj.
+EXPERT_PROJECTIONS = {arch: ("w1", "w3", "w2") for arch in
+                      ("MixtralForCausalLM", "PhimoeForCausalLM", "MiniMaxM2ForCausalLM", "Lfm2MoeForCausalLM")}
+# What vLLM's model code passes its FusedMoE layer besides the shapes: gpt-oss's experts add biases (has_bias) and
+# compute SwiGLU-OAI on interleaved gate/up rows (ARCH_ACTIVATION); Llama 4 applies the router weight to the input.
+EXPERT_BIAS = frozenset({"GptOssForCausalLM"})
+ROUTER_WEIGHT_ON_INPUT = frozenset({"Llama4ForCausalLM", "Llama4ForConditionalGeneration"})
 
 # transformers' ``hidden_act`` names that moe-fsm's gated activations compute exactly (the config reader and the
 # transformers integration share it); architectures with their own gated activation override it.
@@ -37,7 +50,8 @@ ARCH_ACTIVATION = {"GptOssForCausalLM": Activation.SWIGLUOAI}
 
 @dataclass(frozen=True)
 class MoEGeometry:
-    """One MoE layer's shapes as the config states them (global: before any tensor/expert parallel split)."""
+    """One MoE layer's shapes as the config states them (global: before any tensor/expert parallel split), and
+    what the architecture adds (expert biases, router weight applied to the input)."""
 
     num_experts: int
     top_k: int
@@ -47,6 +61,8 @@ class MoEGeometry:
     swiglu_limit: Optional[float]
     dtype: str
     shared_experts: int
+    bias: bool = False
+    router_weight_on_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,9 +74,15 @@ class ModelConfig:
     moe_layers: tuple[int, ...]
     geometry: MoEGeometry
     quantization: Optional[dict]
+    quantization_file: Optional[str] = None  # where the quantization config was read (hf_quant_config.json), if not config.json
 
     def experts_module(self, index: int) -> str:
-        return f"model.layers.{index}.{MOE_BLOCK.get(self.architecture, 'mlp')}.experts"
+        """vLLM's module name (prefix) of layer ``index``'s routed experts, the name quantization configs match."""
+        return f"{LAYERS_PREFIX.get(self.architecture, 'model.layers')}.{index}.{MOE_BLOCK.get(self.architecture, 'mlp')}.experts"
+
+    @property
+    def projections(self) -> tuple[str, str, str]:
+        return EXPERT_PROJECTIONS.get(self.architecture, ("gate_proj", "up_proj", "down_proj"))
 
 
 # The sizes plan accepts: a config outside them is refused with the field and the range, before any layer is decided.
@@ -80,18 +102,18 @@ LIMITS = {  # name: (low, high, what the range is of)
 MAX_CONFIG_BYTES = 16 << 20  # real config.json files are kB; a MIXED_PRECISION quantization_config can reach MBs
 
 
-def load_config(path) -> dict:
+def load_config(path, what: str = "model config") -> dict:
     """Read ``config.json`` (a path, or a directory holding one); InputError when it is missing or malformed."""
     from moe_fsm.trace.document import parse_json, read_text
 
     path = Path(path)
     if "\0" not in str(path) and path.is_dir():
         path = path / "config.json"
-    text = read_text(path, "model config", MAX_CONFIG_BYTES).removeprefix("\ufeff")  # a UTF-8 byte-order mark is harmless
+    text = read_text(path, what, MAX_CONFIG_BYTES).removeprefix("\ufeff")  # a UTF-8 byte-order mark is harmless
     # NaN / Infinity as Python's json writes them are accepted; the sizes are checked below
-    data = parse_json(text, f"model config {path}", non_finite=True)
+    data = parse_json(text, f"{what} {path}", non_finite=True)
     if not isinstance(data, dict):
-        raise InputError(f"model config {path} must hold a JSON object, got {type(data).__name__}")
+        raise InputError(f"{what} {path} must hold a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -212,12 +234,29 @@ def read_model_config(path) -> ModelConfig:
         swiglu_limit=None if limit is None else float(limit),
         dtype=dtype,
         shared_experts=shared or (1 if config.get("shared_expert_intermediate_size") else 0),
+        bias=architecture in EXPERT_BIAS,
+        router_weight_on_input=architecture in ROUTER_WEIGHT_ON_INPUT,
     )
     num_layers = fields.sized(("num_hidden_layers",), "layer count", "layers")
-    quantization = raw.get("quantization_config") or config.get("quantization_config")
-    if quantization is not None and not isinstance(quantization, dict):
-        where = top if raw.get("quantization_config") else fields
-        raise where.fail("quantization_config", "an object", quantization)
+    quantization, source = _quantization(raw, top, fields, path)
     model_type = fields.text("model_type", None) or top.text("model_type", "?")
     return ModelConfig(path, architecture, model_type, num_layers, _moe_layers(fields, num_layers), geometry,
-                       quantization or None)
+                       quantization or None, source)
+
+
+def _quantization(raw: dict, top: _Fields, fields: _Fields, path: Path) -> tuple[Optional[dict], Optional[str]]:
+    """The checkpoint's quantization config where vLLM looks for it, in its order: config.json's
+    ``quantization_config``; else ``hf_quant_config.json`` beside config.json (ModelOpt 0.29 and older);
+    else ``compression_config`` (older compressed-tensors checkpoints); else the text config's."""
+    value = top.config.get("quantization_config")
+    if value is None:
+        beside = (path if path.is_dir() else path.parent) / "hf_quant_config.json"
+        if beside.is_file():
+            return load_config(beside, "quantization config"), str(beside)
+    for where, key in ((top, "quantization_config"), (top, "compression_config"), (fields, "quantization_config")):
+        value = where.config.get(key)
+        if value is not None:
+            if not isinstance(value, dict):
+                raise where.fail(key, "an object", value)
+            return value, None
+    return None, None

@@ -23,7 +23,7 @@ from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.plan.decider import DEFAULT_TRACE_DIR, LayerDecider, LayerSpec
 from moe_fsm.plan.model_config import ModelConfig, read_model_config
-from moe_fsm.plan.quant_config import LayerQuant, Mapped, QuantReader
+from moe_fsm.plan.quant_config import LATEST, LayerContext, LayerQuant, Mapped, QuantReader, Refused
 from moe_fsm.profiles import ProfileChoice
 from moe_fsm.trace.dir_lock import trace_dir_lock
 from moe_fsm.trace.manifest import write_plan_manifest
@@ -51,11 +51,17 @@ class PlannedLayer:
             return f"{d.backend} ({d.kernel or 'platform MoE'}, via {d.via}, {d.prepare_finalize.name})"
         if self.error is not None:
             return f"FAILED {self.error}"
+        if isinstance(self.quant, Refused):
+            return f"REFUSED by vLLM ({self.quant.error}): {self.quant.reason}"
         return f"NOT MAPPED: {self.quant.reason}"
 
     @property
     def status(self) -> str:
-        return self.decision.status if self.decision is not None else ("failed" if self.error is not None else "not_mapped")
+        if self.decision is not None:
+            return self.decision.status
+        if self.error is not None:
+            return "failed"
+        return "refused" if isinstance(self.quant, Refused) else "not_mapped"
 
     @property
     def group(self) -> tuple[str, str]:
@@ -67,6 +73,7 @@ class Plan:
     model: ModelConfig
     layers: list[PlannedLayer]
     decider: LayerDecider  # the parallel config, request, env, platform and profile it decided under
+    quant_method: Optional[str] = None  # vLLM's name for the checkpoint's quantization (its config class), if any
 
     def groups(self) -> list[tuple[tuple[str, str], list[PlannedLayer]]]:
         """Layers by distinct (scheme, outcome), in order of first appearance."""
@@ -93,13 +100,13 @@ def plan_model(
     """Read the config, derive each MoE layer's MoELayer, decide it; one row per layer, one trace per distinct
     decision, and ``plan.manifest`` (layer -> trace) in ``trace_dir`` when any trace was written."""
     model = read_model_config(config_path)
-    try:  # a malformed quantization_config, or a pattern that runs away on a name, is refused before any layer is decided
-        reader = QuantReader(model.quantization)
-        quants = [reader.layer(model.experts_module(index)) for index in model.moe_layers]
-    except InputError as err:
-        raise InputError(f"model config {model.path}: {err}") from None
     decider = LayerDecider(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir,
                            policy=policy)
+    try:  # a malformed quantization_config, or a pattern that runs away on a name, is refused before any layer is decided
+        reader = QuantReader(model.quantization, layer_context(model, decider))
+        quants = [reader.layer(model.experts_module(index)) for index in model.moe_layers]
+    except InputError as err:
+        raise InputError(f"model config {model.quantization_file or model.path}: {err}") from None
     # One plan or run at a time writes into a directory (trace.dir_lock): held only where a layer is decided,
     # so a plan that maps no layer leaves no directory behind.
     decides = any(isinstance(quant, Mapped) for quant in quants)
@@ -114,7 +121,23 @@ def plan_model(
                          "backend": r.decision.backend if r.decision else None,
                          "trace": r.trace_path.name if r.trace_path else None} for r in rows],
             )
-    return Plan(model, rows, decider)
+    return Plan(model, rows, decider, reader.method)
+
+
+def layer_context(model: ModelConfig, decider: LayerDecider) -> LayerContext:
+    """What vLLM's quantization configs read besides a layer's name, under the decider's platform, parallel layout,
+    env and policy profile (whose vLLM release picks the config rules; ``seeds`` reads as the latest)."""
+    from moe_fsm import profiles
+
+    profile = profiles.get(decider.profile.name)
+    release = tuple(profile.vllm_version[:2]) if profile.vllm_version else LATEST
+    variable = profile.env.get("VLLM_BATCH_INVARIANT")
+    raw = decider.env.raw_value("VLLM_BATCH_INVARIANT")
+    g = model.geometry
+    return LayerContext(model_type=model.model_type, projections=model.projections, hidden_size=g.hidden_size,
+                        intermediate_size=g.intermediate_size, platform=decider.platform, parallel=decider.parallel,
+                        batch_invariant=bool(variable.parse(raw)) if variable is not None and raw is not None else False,
+                        release=release)
 
 
 def _plan_layer(decider: LayerDecider, model: ModelConfig, quant: LayerQuant, index: int, trace_number: int) -> PlannedLayer:
@@ -126,7 +149,8 @@ def _plan_layer(decider: LayerDecider, model: ModelConfig, quant: LayerQuant, in
         layer = MoELayer(
             quant=quant.scheme, num_experts=g.num_experts, top_k=g.top_k, hidden_size=g.hidden_size,
             intermediate_size=g.intermediate_size, activation=g.activation, swiglu_limit=g.swiglu_limit,
-            dtype=g.dtype, allow_vllm_cutlass=quant.allow_vllm_cutlass,
+            dtype=g.dtype, allow_vllm_cutlass=quant.allow_vllm_cutlass, bias=g.bias,
+            router_weight_on_input=g.router_weight_on_input,
         )
     except InputError as err:
         return PlannedLayer(index, name, quant, error=f"InputError: {err}")

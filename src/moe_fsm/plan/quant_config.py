@@ -1,43 +1,45 @@
-"""A checkpoint's ``quantization_config`` to the QuantScheme of each MoE layer's experts.
+"""A checkpoint's ``quantization_config`` to the QuantScheme of each MoE layer's experts, as vLLM 0.31-0.33 read it.
 
-One reader per ``quant_method``, each following how vLLM resolves that format
-for a fused-MoE layer (``vllm/model_executor/layers/quantization/``):
+vLLM reads a checkpoint's quantization in three steps (docs/vllm-config-path.md says where each rule
+comes from), and this module follows each one as data:
 
-- ``fp8`` (DeepSeek-V3 style): ``weight_block_size`` [128, 128] -> block weights with
-  dynamic 1x128 activation groups; no block size -> per-tensor weights, activation
-  scales static or dynamic per ``activation_scheme`` (required, exactly "dynamic" or "static", as vLLM's
-  ``Fp8Config`` refuses anything else); ``modules_to_not_convert`` /
-  ``ignored_layers`` leave layers unquantized.
-- ``modelopt``: ``quant_algo`` (flat, or under ``quantization`` as in
-  ``hf_quant_config.json``); ``MIXED_PRECISION`` picks each layer's algo from
-  ``quantized_layers`` (the first key under the experts' prefix, as vLLM does);
-  ``exclude_modules`` are wildcards (fnmatch) or substrings.
-- ``compressed-tensors``: the experts' unfused linears ``<experts>.0.{gate,up,down}_proj``
-  are matched against ``ignore`` and each group's ``targets`` (``Linear``, exact names
-  or ``re:`` patterns); all three must agree; the group's weight and input-activation
-  args give the scheme, with vLLM's CUTLASS FP8 kernels allowed; each args' ``dynamic`` is read as
-  compressed-tensors' pydantic model reads it (``_ct_dynamic``).
-- ``mxfp4`` (gpt-oss): its family is a table entry below.
+1. **Which config class** (``vllm/config/model.py`` ``_verify_quantization``): the config's
+   ``quant_method`` (ModelOpt's ``hf_quant_config.json`` form gets one from its ``quant_algo``), then the
+   *override* classes in vLLM's order (``OVERRIDES``: GPTQ -> ``auto_gptq``, AWQ -> ``auto_awq`` except on
+   CPUs, ModelOpt algos -> ``modelopt``/``modelopt_fp4``/``modelopt_mxfp8``/``modelopt_mixed``, gpt-oss's
+   ``mxfp4`` -> ``gpt_oss_mxfp4``). A name vLLM does not know (``bitsandbytes``) or deprecates
+   (``fbgemm_fp8``), one the platform refuses (``verify_quantization``), and a GPU under the class's minimum
+   capability are refusals with vLLM's words (``Refused``).
+2. **Which MoE method per layer** (the class's ``get_quant_method`` for a ``RoutedExperts`` layer, reading the
+   layer's module name ``model.layers.N.mlp.experts``): exclusion lists, GPTQ's ``dynamic`` rules, the
+   compressed-tensors config groups matched on the experts' unfused projections, ModelOpt's
+   ``quantized_layers``, Quark's ``layer_quant_config`` -- and where vLLM falls back (GPTQ and AWQ to
+   ``MoeWNA16Method`` when Marlin's shape rule fails). One reader class per vLLM config class
+   (``CONFIG_READERS``).
+3. **The scheme the method hands its oracle**: the (weight, activation) keys and checkpoint facts, built
+   here as a ``QuantScheme`` (``Mapped``), whose family picks moe-fsm's policy for that oracle.
 
-A format or family moe-fsm has no scheme for becomes an ``Unmapped`` layer with
-the reason, never a skipped one. A field of the wrong type (a block size that is
-not a list, a group that is not an object) is an ``InputError`` naming it. The
-module-name lists (exclusions, ``quantized_layers``, ``targets``) are indexed once
-per config (:class:`QuantReader`), so a plan's cost does not grow with layers x
-list length, and lists of wildcard or regex patterns are capped (``MAX_PATTERNS``). Adding a scheme is one entry in ``ALGO_SCHEMES``
-or ``FAMILY_SCHEMES``.
+What vLLM refuses is a ``Refused`` layer with vLLM's message and exception type; what vLLM decides outside
+any oracle moe-fsm models (DeepSeek-V4's MXFP4 picker, compressed-tensors' MXFP4 W4A4 kernel choice, MXFP6)
+is ``Unmapped`` with the reason -- never a skipped layer. A field of the wrong type, or a value
+compressed-tensors' own schema refuses, is an ``InputError`` naming it. The few rules that differ between
+releases are ``RELEASE_RULES``. Name lists are indexed once per config (``QuantReader``) and pattern
+lists are capped (``MAX_PATTERNS``), so a plan's cost does not grow with layers x list length.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatch, translate
 from typing import Callable, Optional, Union
 
 import regex
 
 from moe_fsm.errors import InputError
+from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.inputs.platform import PlatformFacts, Vendor
 from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily, QuantScheme
 
 
@@ -46,31 +48,100 @@ class Mapped:
     scheme: QuantScheme
     source: str  # how the config said it, for the table
     allow_vllm_cutlass: bool = False
+    method: str = ""  # vLLM's FusedMoEMethodBase class for the layer
 
 
 @dataclass(frozen=True)
 class Unmapped:
+    """vLLM decides this layer by a rule moe-fsm has no policy for."""
+
     reason: str
 
 
-LayerQuant = Union[Mapped, Unmapped]
+@dataclass(frozen=True)
+class Refused:
+    """vLLM refuses this checkpoint (or this layer of it) before or while choosing the layer's method."""
 
-# Quantization families moe-fsm's policies do not have yet: name -> the experts' scheme once they do
-# (None: reported "not mapped yet"). When the MXFP4 family lands, its entry becomes its constructor
-# (gpt-oss: MXFP4 weights, bf16 activations).
-FAMILY_SCHEMES: dict[str, Optional[Callable[[], QuantScheme]]] = {
-    "mxfp4": None,
-    "mxfp8": None,
-}
+    reason: str  # vLLM's message
+    error: str = "ValueError"  # the exception vLLM raises
 
-# ModelOpt quant_algo -> the experts' scheme (vLLM's LINEAR_ALGOS, as the fused-MoE methods read them).
-ALGO_SCHEMES: dict[str, Callable[[], QuantScheme]] = {
-    "FP8": lambda: QuantScheme.fp8("tensor", "tensor", static_activation=True),
-    "FP8_PER_CHANNEL_PER_TOKEN": lambda: QuantScheme.fp8("channel", "token"),
-    "FP8_PB_WO": lambda: QuantScheme.fp8("block", "group"),
-    "NVFP4": QuantScheme.nvfp4,
-    "W4A16_NVFP4": lambda: QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None),
+
+LayerQuant = Union[Mapped, Unmapped, Refused]
+
+
+# -- what vLLM's config readers look at besides a layer's name ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReleaseRules:
+    """The config-path rules that differ between the vLLM releases moe-fsm has profiles for."""
+
+    ct_checkpoint_projection_names: bool  # compressed-tensors matches the model's own expert names (Mixtral's w1/w3/w2)
+    ct_mxfp4_w4a8: bool  # compressed-tensors' MXFP4 weights + dynamic FP8 activations method exists
+    fp8_batch_invariant_token: bool  # Fp8MoEMethod: VLLM_BATCH_INVARIANT turns dynamic per-tensor into per-token
+    modelopt_flat_exclude_modules: bool  # flat ModelOpt configs also read exclude_modules (not only ignore)
+    modelopt_b12x_codecs: bool  # ModelOpt MIXED_PRECISION knows the b12x block codecs
+    quark_mxfp8_moe: bool  # Quark MXFP8 experts have an MoE method
+
+
+RELEASE_RULES = {
+    (0, 31): ReleaseRules(False, False, False, False, False, False),
+    (0, 32): ReleaseRules(True, True, False, False, True, False),
+    (0, 33): ReleaseRules(True, True, True, True, True, True),
 }
+LATEST = max(RELEASE_RULES)
+
+# The checkpoint names of the experts' gate, up and down projections (vLLM's ckpt_names), where a model differs
+# from ("gate_proj", "up_proj", "down_proj"); compressed-tensors matches its targets against these.
+DEFAULT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LayerContext:
+    """The facts vLLM's quantization configs read besides the layer's module name.
+
+    ``release``: the vLLM release whose rules apply ((0, 33); the ``seeds`` profile reads as the latest);
+    ``batch_invariant``: VLLM_BATCH_INVARIANT, which FP8's per-tensor method reads. Platform and parallel
+    layout matter where vLLM's choice of method does: Marlin's shape rule (ROCm, the per-rank intermediate
+    size), AWQ on CPUs, a GPU's minimum capability, the platform's list of quantization methods.
+    """
+
+    model_type: str = "?"
+    projections: tuple[str, str, str] = DEFAULT_PROJECTIONS
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    platform: Optional[PlatformFacts] = None
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    batch_invariant: bool = False
+    release: tuple[int, int] = LATEST
+
+    @property
+    def rules(self) -> ReleaseRules:
+        return RELEASE_RULES.get(self.release[:2], RELEASE_RULES[LATEST])
+
+    @property
+    def capability(self) -> Optional[int]:
+        """vLLM's ``get_device_capability().to_int()`` (90 for 9.0); None where vLLM has none (CPU) or moe-fsm
+        records none (ROCm, XPU)."""
+        p = self.platform
+        return None if p is None or p.capability is None else p.capability[0] * 10 + p.capability[1]
+
+    @property
+    def vendor(self) -> Optional[Vendor]:
+        return None if self.platform is None else self.platform.vendor
+
+    @property
+    def tp_size(self) -> int:
+        """FusedMoEParallelConfig's tp_size: TP flattened across DP; 1 with expert parallelism."""
+        p = self.parallel
+        return 1 if p.use_ep else p.tp_size * p.dp_size
+
+    @property
+    def intermediate_per_partition(self) -> int:
+        return self.intermediate_size // self.tp_size
+
+
+# -- limits and typed reads ---------------------------------------------------------------------------------------
 
 # Wildcard and regex patterns are tried one by one against each layer's name, so a list holds at most this many
 # (published checkpoints list tens: one per excluded attention block); plain names are looked up, any number of them.
@@ -80,9 +151,6 @@ FP8_ACTIVATION_SCHEMES = ("dynamic", "static")
 REGEX_TIMEOUT_S = 0.5  # a re: pattern's match against one module name (~50 characters) takes microseconds
 MAX_GROUPS = 256  # compressed-tensors config_groups, each tried for every layer's three projections
 INDEX_DEPTH = 16  # quantized_layers keys are indexed by their first 16 dotted prefixes (module names have ~6)
-
-
-# -- typed reads ------------------------------------------------------------------------------------------------
 
 
 def _bad(where: str, wanted: str, value) -> InputError:
@@ -108,6 +176,47 @@ def _names(value, where: str) -> list[str]:
     return value
 
 
+def _int(value, where: str, *, low: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
+        raise _bad(where, "an integer" + (f" >= {low}" if low is not None else ""), value)
+    return value
+
+
+def _flag(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(where, "true or false", value)
+    return value
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _text(value) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _required(config: dict, keys: tuple[str, ...]):
+    """vLLM's ``get_from_keys``: the first key present, else its ValueError (raised as a Refused)."""
+    for key in keys:
+        if key in config:
+            return config[key]
+    raise _Refusal(f"Cannot find any of {list(keys)} in the model's quantization config.")
+
+
+class _Refusal(Exception):
+    """vLLM refuses: carried up to the layer (or the whole config) as a ``Refused``."""
+
+    def __init__(self, message: str, error: str = "ValueError") -> None:
+        super().__init__(message)
+        self.refused = Refused(message, error)
+
+
+# -- name matching, as each config class matches -------------------------------------------------------------------
+
+
 def _wild(pattern: str) -> bool:
     return any(c in pattern for c in "*?[")
 
@@ -126,8 +235,9 @@ def _substrings(name: str):
 class _SubstringOrGlob:
     """The first pattern (in list order) that is a substring of a name, or (``glob``) matches it as a wildcard.
 
-    ``glob``: ModelOpt's ``exclude_modules`` rule (fnmatch, or the pattern inside the name, or ``prefix*`` covering
-    the module's children). Without it: FP8's ``modules_to_not_convert`` (a name or a part of it).
+    ``glob``: ModelOpt's ``is_layer_excluded`` (the name itself, a pattern inside the name, or an fnmatch
+    wildcard; ``prefix*`` also covers the module's children). Without it: a plain substring test, the
+    ``match_mode="substring"`` of vLLM's ``is_layer_skipped`` (AWQ's and MoeWNA16's ``modules_to_not_convert``).
     """
 
     def __init__(self, patterns: list[str], where: str, glob: bool) -> None:
@@ -154,74 +264,71 @@ class _SubstringOrGlob:
         return self.patterns[min(hits)] if hits else None
 
 
-class _ModuleGlob:
-    """mxfp4's ``modules_to_not_convert``: the module itself or a parent of it, names or wildcards (fnmatch)."""
-
-    def __init__(self, patterns: list[str], where: str) -> None:
-        self.plain = {p: order for order, p in reversed(list(enumerate(patterns))) if not _wild(p)}
-        self.wild = _capped([(o, p, re.compile(translate(p)).match, re.compile(translate(p + ".*")).match)
-                             for o, p in enumerate(patterns) if _wild(p)], where, "wildcard")
-        self.patterns = patterns
-
-    def first(self, name: str) -> Optional[str]:
-        parts = name.split(".")
-        hits = [self.plain[q] for q in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if q in self.plain]
-        for order, _, whole, child in self.wild:
-            if hits and order > min(hits):
-                break
-            if whole(name) or child(name):
-                hits.append(order)
-                break
-        return self.patterns[min(hits)] if hits else None
-
-
-class _CtTargets:
-    """compressed-tensors names: exact module names, ``re:`` regexes (matched from the start), and the class ``Linear``.
+class _VllmRegex:
+    """Names as vLLM's compressed-tensors, Quark and GPTQ-``dynamic`` matching reads them: exact names, ``re:``
+    regexes (``re.match``: from the start), and for compressed-tensors the class target (``Linear``).
 
     vLLM matches a ``re:`` pattern with ``re.match``; a pattern that backtracks without end, such as
     ``re:(.|.)*Z``, would hang ``plan`` there. So a pattern must compile under ``re`` (it means what it means to
     vLLM) and is matched by the ``regex`` package in its re-compatible mode (VERSION0: same syntax, same match),
     whose repeat guards finish most such patterns at once and whose ``timeout`` bounds the rest
-    (``REGEX_TIMEOUT_S``, an InputError naming the pattern and the module name).
+    (``REGEX_TIMEOUT_S``, an InputError naming the pattern and the module name). ``prefix`` is the marker a
+    regex carries ("re:" for compressed-tensors and Quark; GPTQ's ``dynamic`` keys are all regexes).
     """
 
-    def __init__(self, patterns: list[str], where: str) -> None:
-        self.exact = {p: order for order, p in reversed(list(enumerate(patterns))) if not p.startswith("re:")}
+    def __init__(self, patterns: list[str], where: str, prefix: str = "re:") -> None:
+        self.exact = {p: order for order, p in reversed(list(enumerate(patterns))) if not p.startswith(prefix)}
         regexes = []
         for order, p in enumerate(patterns):
-            if p.startswith("re:"):
+            if p.startswith(prefix):
+                source = p[len(prefix):]
                 try:
-                    re.compile(p[3:])
+                    re.compile(source)
                 except (re.error, RecursionError, OverflowError) as err:
                     raise InputError(f"quantization_config: {where} pattern {p!r} is not a regular expression: {err}") from None
                 try:
-                    regexes.append((order, p, regex.compile(p[3:], flags=regex.VERSION0).match))
+                    regexes.append((order, p, regex.compile(source, flags=regex.VERSION0).match))
                 except (regex.error, RecursionError, OverflowError) as err:
                     raise InputError(f"quantization_config: {where} pattern {p!r} is one moe-fsm's bounded matcher "
                                      f"(the regex package) cannot compile: {err}") from None
         self.regexes = _capped(regexes, where, "regex")
         self.patterns = patterns
         self.where = where
-        self.linear = "Linear" in self.exact
 
-    def first(self, name: str, linear: bool = True) -> Optional[str]:
-        """The first pattern matching ``name`` (``linear``: the class target "Linear" counts)."""
+    def matches(self, order_pattern_match, name: str) -> bool:
+        _, pattern, match = order_pattern_match
+        try:
+            return match(name, timeout=REGEX_TIMEOUT_S) is not None
+        except TimeoutError:
+            raise InputError(f"quantization_config: {self.where} pattern {pattern!r} was still matching module "
+                             f"{name!r} after {REGEX_TIMEOUT_S} s (it backtracks without end, as nested "
+                             "repeats such as (.|.)* can); write it without repeats inside repeats") from None
+
+    def first(self, name: str) -> Optional[str]:
+        """The first pattern, in list order, equal to ``name`` or whose regex matches it."""
         hits = [self.exact[name]] if name in self.exact else []
-        if linear and self.linear:
-            hits.append(self.exact["Linear"])
-        for order, pattern, match in self.regexes:
-            if hits and order > min(hits):
+        for entry in self.regexes:
+            if hits and entry[0] > min(hits):
                 break
-            try:
-                matched = match(name, timeout=REGEX_TIMEOUT_S)
-            except TimeoutError:
-                raise InputError(f"quantization_config: {self.where} pattern {pattern!r} was still matching module "
-                                 f"{name!r} after {REGEX_TIMEOUT_S} s (it backtracks without end, as nested "
-                                 "repeats such as (.|.)* can); write it without repeats inside repeats") from None
-            if matched is not None:
-                hits.append(order)
+            if self.matches(entry, name):
+                hits.append(entry[0])
                 break
         return self.patterns[min(hits)] if hits else None
+
+    def first_containing(self, class_name: str) -> Optional[str]:
+        """compressed-tensors' match of a module's class name: a regex matching it, or a target it contains."""
+        for order, pattern in enumerate(self.patterns):
+            if pattern.startswith("re:"):
+                entry = next(e for e in self.regexes if e[0] == order)
+                if self.matches(entry, class_name):
+                    return pattern
+            elif pattern.lower() in class_name.lower():
+                return pattern
+        return None
+
+
+# Kept under its old name: the compressed-tensors reader's matcher (the hostile-input tests build it directly).
+_CtTargets = _VllmRegex
 
 
 class _PrefixIndex:
@@ -244,30 +351,333 @@ class _PrefixIndex:
         return next((k for k in self.keys if k.startswith(prefix)), None)
 
 
-def _family(name: str, where: str) -> LayerQuant:
-    make = FAMILY_SCHEMES.get(name)
-    if make is None:
-        return Unmapped(f"{where}: the {name.upper()} family is not mapped yet (no {name} policy in this moe-fsm)")
-    return Mapped(make(), where)
-
-
 def _unquantized(why: str) -> Mapped:
-    return Mapped(QuantScheme.unquantized(), why)
+    return Mapped(QuantScheme.unquantized(), why, method="UnquantizedFusedMoEMethod")
 
 
-# -- fp8 (DeepSeek-V3) ---------------------------------------------------------------
+def _not_modelled(why: str) -> Unmapped:
+    return Unmapped(why)
 
 
-class _Fp8:
-    def __init__(self, config: dict) -> None:
-        skipped = _names(config.get("modules_to_not_convert"), "modules_to_not_convert") + _names(
-            config.get("ignored_layers"), "ignored_layers")
-        self.skipped = _SubstringOrGlob(skipped, "modules_to_not_convert / ignored_layers", glob=False)
+# -- step 1: which vLLM config class reads the checkpoint --------------------------------------------------------
+
+# vLLM's QuantizationMethods: every name get_quantization_config accepts (identical in 0.31-0.33).
+VLLM_METHODS = (
+    "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8", "modelopt_mixed",
+    "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors", "experts_int8", "quark",
+    "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8", "online", "fp8_per_tensor",
+    "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only", "nvfp4_per_token", "mxfp8",
+)
+DEPRECATED_METHODS = ("fbgemm_fp8", "fp_quant")
+# The platforms that list the methods they take (Platform.supported_quantization; CUDA and CPU take all).
+PLATFORM_METHODS = {
+    Vendor.ROCM: ("awq", "auto_awq", "awq_marlin", "gptq", "auto_gptq", "fp8", "deepseek_v4_fp8", "compressed-tensors",
+                  "fbgemm_fp8", "inc", "quark", "mxfp4", "mxfp8", "torchao", "modelopt", "modelopt_fp4",
+                  "modelopt_mxfp8", "modelopt_mixed", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "online",
+                  "gpt_oss_mxfp4"),
+    Vendor.XPU: ("awq", "gptq", "moe_wna16", "auto_awq", "auto_gptq", "inc", "fp8", "deepseek_v4_fp8", "mxfp4", "mxfp8",
+                 "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "online", "gpt_oss_mxfp4", "modelopt",
+                 "compressed-tensors"),
+}
+PLATFORM_NAMES = {Vendor.ROCM: "rocm", Vendor.XPU: "xpu"}
+# ModelOpt hf_quant_config.json (producer modelopt): quant_algo -> quant_method (model_arch_config_convertor).
+MODELOPT_PRODUCER_METHODS = {"FP8": "modelopt", "FP8_PER_CHANNEL_PER_TOKEN": "modelopt", "FP8_PB_WO": "modelopt",
+                             "NVFP4": "modelopt_fp4", "MIXED_PRECISION": "modelopt_mixed"}
+
+
+def _modelopt_algo(config: dict) -> Optional[str]:
+    """ModelOptQuantConfigBase._extract_modelopt_quant_algo: the upper-cased quant_algo of a modelopt* config."""
+    method = config.get("quant_method", "")
+    if not isinstance(method, str) or not method.lower().startswith("modelopt"):
+        return None
+    if "quantization" in config:
+        body = config["quantization"]
+        return str(body.get("quant_algo", "")).upper() if isinstance(body, dict) else None
+    return str(config.get("quant_algo", "")).upper()
+
+
+def _gptq(config, ctx):
+    return "auto_gptq" if config.get("quant_method", "").lower() == "gptq" else None
+
+
+def _awq(config, ctx):
+    if ctx.vendor is Vendor.CPU:  # "Don't override on CPU - let cpu_awq handle it"
+        return None
+    return "auto_awq" if config.get("quant_method", "").lower() == "awq" else None
+
+
+def _algo_is(name: str, test: Callable[[str], bool]):
+    def override(config, ctx):
+        algo = _modelopt_algo(config)
+        return name if algo is not None and test(algo) else None
+    return override
+
+
+def _gpt_oss(config, ctx):
+    return "gpt_oss_mxfp4" if config.get("quant_method") in ("mxfp4", "gpt_oss_mxfp4") and ctx.model_type == "gpt_oss" else None
+
+
+def _deepseek_v4(config, ctx):
+    if config.get("quant_method") not in ("fp8", "deepseek_v4_fp8"):
+        return None
+    return "deepseek_v4_fp8" if ctx.model_type in ("deepseek_v4", "deepseek_v4_text", "deepseek_v41") else None
+
+
+# vLLM's override classes, in the order _verify_quantization asks them (each QuantizationConfig's
+# override_quantization_method; with no --quantization from the user). moe_wna16 and humming claim a checkpoint only
+# when the user asks for them, so they never do here.
+OVERRIDES: tuple[tuple[str, Callable], ...] = (
+    ("auto_gptq", _gptq),
+    ("auto_awq", _awq),
+    ("inc", lambda config, ctx: "inc" if config.get("quant_method") == "auto-round" else None),
+    ("modelopt", _algo_is("modelopt", lambda algo: algo == "FP8")),
+    ("modelopt_fp4", _algo_is("modelopt_fp4", lambda algo: "NVFP4" in algo or "FP4" in algo)),
+    ("modelopt_mxfp8", _algo_is("modelopt_mxfp8", lambda algo: "MXFP8" in algo)),
+    ("modelopt_mixed", _algo_is("modelopt_mixed", lambda algo: algo == "MIXED_PRECISION")),
+    ("gpt_oss_mxfp4", _gpt_oss),
+    ("deepseek_v4_fp8", _deepseek_v4),
+)
+
+
+def resolve_method(config: dict, ctx: LayerContext) -> Union[str, Refused, None]:
+    """vLLM's name for the checkpoint's quantization (None: unquantized), or its refusal."""
+    config = dict(config)
+    producer = config.get("producer")
+    body = config.get("quantization")
+    if isinstance(producer, dict) and producer.get("name") == "modelopt" or (
+            isinstance(body, dict) and "modelopt_quant_config" in body):
+        algo = body.get("quant_algo") if isinstance(body, dict) else None
+        if algo is not None:
+            if str(algo).upper() not in MODELOPT_PRODUCER_METHODS:
+                return Refused(f"Unknown ModelOpt quant algo: {_text(algo)}")
+            config["quant_method"] = MODELOPT_PRODUCER_METHODS[str(algo).upper()]
+    method = config.get("quant_method", "")
+    if not isinstance(method, str):
+        raise _bad("quant_method", "a string", method)
+    method = method.lower().replace("compressed_tensors", "compressed-tensors")
+    config["quant_method"] = method
+    for _, override in OVERRIDES:
+        claimed = override(config, ctx)
+        if claimed is not None:
+            method = claimed
+            break
+    if not method:
+        return None
+    if method not in VLLM_METHODS:
+        return Refused(f"Unknown quantization method: {_text(method)}. Must be one of {list(VLLM_METHODS)}.")
+    accepted = PLATFORM_METHODS.get(ctx.vendor)
+    if accepted is not None and method not in accepted:
+        return Refused(f"{method} quantization is currently not supported in {PLATFORM_NAMES[ctx.vendor]}.")
+    if method in DEPRECATED_METHODS:
+        return Refused(f"The quantization method {method} is deprecated and will be removed in future versions of "
+                       "vLLM. To bypass, set `--allow-deprecated-quantization`.")
+    return method
+
+
+# -- step 2 and 3: each config class's MoE method and the scheme it hands the oracle ----------------------------------
+
+
+class _Reader:
+    """One vLLM config class: ``MIN_CAPABILITY`` is its get_min_capability (checked before any layer)."""
+
+    MIN_CAPABILITY = 0
+
+    def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
+        self.config, self.ctx, self.method = config, ctx, method
+
+    def layer(self, experts: str) -> LayerQuant:
+        raise NotImplementedError
+
+
+def _marlin_fits(ctx: LayerContext, group_size: int) -> bool:
+    """check_moe_marlin_supports_config(allow_tile_padding=True): what GPTQ and AWQ ask before their Marlin method."""
+    if ctx.vendor is Vendor.ROCM:
+        return False
+    ispp = ctx.intermediate_per_partition
+    shape = ctx.hidden_size % 128 == 0 and (group_size <= 0 or ispp % group_size == 0)
+    return shape and group_size in (-1, 32, 64, 128)
+
+
+def _desc_act(desc_act, group_size, dynamic: dict) -> bool:
+    """normalize_and_validate_gptq_desc_act: act-order is a no-op per channel, and refused otherwise."""
+    base = desc_act
+    if desc_act and group_size == -1:
+        desc_act = False
+    if desc_act:
+        raise _Refusal("GPTQ group activation ordering (desc_act=True) is no longer supported. Use a checkpoint with "
+                       "static activation ordering or desc_act=False.")
+    for pattern, overrides in dynamic.items():
+        if pattern.startswith("-:") or not isinstance(overrides, dict):
+            continue
+        if overrides.get("desc_act", base) and overrides.get("group_size", group_size) != -1:
+            raise _Refusal("GPTQ group activation ordering (desc_act=True) is no longer supported, but is enabled by "
+                           f"dynamic rule {pattern!r}. Use a checkpoint with static activation ordering or desc_act=False.")
+    return desc_act
+
+
+class _MoeWNA16(_Reader):
+    """MoeWNA16Config (vLLM's fallback for GPTQ and AWQ layers Marlin cannot take): ``MoeWNA16Method``."""
+
+    MIN_CAPABILITY = 70
+
+    def __init__(self, config: dict, ctx: LayerContext, method: str = "moe_wna16") -> None:
+        super().__init__(config, ctx, method)
+        linear = _required(config, ("quant_method",))
+        self.bits = _int(_required(config, ("bits",)), "bits")
+        self.group_size = _int(_required(config, ("group_size",)), "group_size")
+        if linear == "gptq":
+            self.zero_point = not _flag(_required(config, ("sym",)), "sym")
+            self.skipped = _SubstringOrGlob([], "modules_to_not_convert", glob=False)
+            _desc_act(config.get("desc_act", False), self.group_size, config.get("dynamic") or {})
+        elif linear in ("awq", "awq_marlin"):
+            self.zero_point = _flag(_required(config, ("zero_point",)), "zero_point")
+            self.skipped = _SubstringOrGlob(_names(config.get("modules_to_not_convert"), "modules_to_not_convert"),
+                                            "modules_to_not_convert", glob=False)
+            cap = ctx.capability
+            if (-1 if cap is None else cap) < _AutoAWQ.MIN_CAPABILITY:
+                raise _Refusal("The quantization method moe_wna16 + awq is not supported for the current GPU. "
+                               f"Minimum capability: {_AutoAWQ.MIN_CAPABILITY}. Current capability: "
+                               f"{-1 if cap is None else cap}.")
+        else:
+            raise _Refusal("moe_wna16 only support gptq and awq.")
+        self.linear = linear
+
+    def layer(self, experts: str) -> LayerQuant:
+        hit = self.skipped.first(experts)
+        if hit:
+            return _unquantized(f"moe_wna16: not converted ({hit!r})")
+        if self.bits not in (4, 8):
+            return Refused("MoeWNA16Method only supports int4 and int8 now.")
+        scheme = QuantScheme.int_wna16(self.bits, self.group_size, self.zero_point, "moe_wna16")
+        return Mapped(scheme, f"{self.linear} {self.bits}-bit group {self.group_size} via MoeWNA16 (Marlin's shape rule "
+                      "fails)", method="MoeWNA16Method")
+
+
+class _AutoGPTQ(_Reader):
+    """AutoGPTQConfig (``gptq``, ``gptq_marlin``, ``auto_gptq``): ``AutoGPTQMoEMethod``, or MoeWNA16 where Marlin's
+    shape rule fails; ``dynamic`` rules (GPTQModel) skip a module (``-:``) or override its bits / group / sym."""
+
+    MIN_CAPABILITY = 60
+    TYPES = {(4, True), (8, True)}  # AutoGPTQConfig.TYPE_MAP
+
+    def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
+        super().__init__(config, ctx, method)
+        dynamic = config.get("dynamic") or {}
+        if not isinstance(dynamic, dict) or not all(isinstance(v, dict) for v in dynamic.values()):
+            raise _bad("dynamic", "an object of module regexes -> overrides (objects)", dynamic)
+        self.dynamic = dynamic
+        self.bits = _int(_required(config, ("bits",)), "bits")
+        self.group_size = _int(_required(config, ("group_size",)), "group_size")
+        self.desc_act = _flag(_required(config, ("desc_act",)), "desc_act")
+        self.sym = _flag(_required(config, ("sym",)), "sym")
+        _desc_act(self.desc_act, self.group_size, dynamic)
+        if (self.bits, self.sym) not in self.TYPES:
+            raise _Refusal(f"Unsupported quantization config: bits={self.bits}, sym={self.sym}")
+        # GPTQModel's rules, in order: "-:regex" skips the module, "+:regex" or a bare regex overrides its fields
+        self.rule_keys = list(dynamic)
+        self.rules = _VllmRegex(["re:" + k.removeprefix("-:").removeprefix("+:") for k in dynamic], "dynamic")
+        self.fallback = None
+
+    def _rule(self, experts: str) -> tuple[Optional[str], Optional[dict]]:
+        """get_dynamic_override: the first rule (in the config's order) whose regex matches the module."""
+        for entry in self.rules.regexes:
+            if self.rules.matches(entry, experts):
+                key = self.rule_keys[entry[0]]
+                return key, self.dynamic[key]
+        return None, None
+
+    def layer(self, experts: str) -> LayerQuant:
+        ctx = self.ctx
+        if not _marlin_fits(ctx, self.group_size):  # before the dynamic rules, with the base group size
+            if self.fallback is None:
+                self.fallback = _MoeWNA16(self.config, ctx)
+            return self.fallback.layer(experts)
+        pattern, values = self._rule(experts)
+        if pattern is not None and pattern.startswith("-:"):
+            return _unquantized(f"gptq: dynamic rule {pattern!r} skips it")
+        bits, group, desc_act, sym = self.bits, self.group_size, self.desc_act, self.sym
+        if values:
+            bits = values.get("bits", bits) if isinstance(values.get("bits", bits), int) else bits
+            group = values.get("group_size", group) if isinstance(values.get("group_size", group), int) else group
+            desc_act = values["desc_act"] if isinstance(values.get("desc_act"), bool) else desc_act
+            sym = values["sym"] if isinstance(values.get("sym"), bool) else sym
+            if (bits, sym) not in self.TYPES:
+                return Refused(f"Unsupported quantization config: bits={bits}, sym={sym}")
+        if desc_act and group != -1:
+            return Refused("GPTQ group activation ordering (desc_act=True) is no longer supported. Use a checkpoint "
+                           "with static activation ordering or desc_act=False.")
+        scheme = QuantScheme.int_wna16(bits, group, not sym, "gptq")
+        rule = f", dynamic rule {pattern!r}" if pattern else ""
+        return Mapped(scheme, f"gptq {bits}-bit group {group}{rule}", method="AutoGPTQMoEMethod")
+
+
+class _AutoAWQ(_Reader):
+    """AutoAWQConfig (``awq``, ``awq_marlin``, ``auto_awq``): ``AutoAWQMoEMethod``, or MoeWNA16 where Marlin's shape
+    rule fails; ``modules_to_not_convert`` by substring."""
+
+    MIN_CAPABILITY = 75
+
+    def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
+        super().__init__(config, ctx, method)
+        self.bits = _int(_required(config, ("w_bit", "bits")), "bits")
+        self.group_size = _int(_required(config, ("q_group_size", "group_size")), "group_size")
+        self.zero_point = _flag(_required(config, ("zero_point",)), "zero_point")
+        self.skipped = _SubstringOrGlob(_names(config.get("modules_to_not_convert"), "modules_to_not_convert"),
+                                        "modules_to_not_convert", glob=False)
+        if self.bits != 4:
+            raise _Refusal(f"Unsupported num_bits = {self.bits}. Supported: 4. For 8-bit AWQ, use Marlin backend by "
+                           "setting backend='awq:marlin' or backend='marlin'.")
+        self.fallback = None
+
+    def layer(self, experts: str) -> LayerQuant:
+        hit = self.skipped.first(experts)
+        if hit:
+            return _unquantized(f"awq: not converted ({hit!r})")
+        if not _marlin_fits(self.ctx, self.group_size):
+            if self.fallback is None:  # MoeWNA16Config.from_config(full_config), quant_method normalised to "awq"
+                self.fallback = _MoeWNA16({**self.config, "quant_method": "awq"}, self.ctx)
+            return self.fallback.layer(experts)
+        scheme = QuantScheme.int_wna16(4, self.group_size, self.zero_point, "awq")
+        return Mapped(scheme, f"awq 4-bit group {self.group_size}{' zero-point' if self.zero_point else ''}",
+                      method="AutoAWQMoEMethod")
+
+
+# fp8 -------------------------------------------------------------------------------------------------------------
+
+
+def _fp8_block_scheme(ctx: LayerContext, block: list, source: str, method: str) -> LayerQuant:
+    """Fp8MoEMethod with weight blocks: vLLM fits the blocks to the TP shard (refine_fp8_moe_block_shape) and keys
+    the weights by the fitted shape; moe-fsm's FP8 block scheme is 128x128."""
+    bn, bk = block
+    ispp = ctx.intermediate_per_partition
+    shape = list(block)
+    if not (ispp % bn == 0 and (ctx.tp_size == 1 or ispp % bk == 0)):
+        refine = math.gcd(int(bn), int(bk), ispp, ctx.hidden_size)
+        if refine >= 32:
+            shape = [refine, refine]
+    if shape != [128, 128]:
+        fitted = "" if shape == list(block) else f" (refined from {_short(block)} to fit the per-rank intermediate size {ispp})"
+        return _not_modelled(f"{source}: weight blocks {_short(shape)}{fitted}; moe-fsm's FP8 schemes take 128x128 "
+                             "blocks only")
+    return Mapped(QuantScheme.fp8("block", "group"), f"{source} block 128x128, dynamic 1x128 activations",
+                  method=method)
+
+
+class _Fp8(_Reader):
+    """Fp8Config: ``Fp8MoEMethod`` (block or per-tensor); ``ignored_layers`` (else ``modules_to_not_convert``)
+    name whole modules exactly; ``store_dtype: mxfp4`` is DeepSeek-V4's MXFP4 method."""
+
+    MIN_CAPABILITY = 75
+
+    def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
+        super().__init__(config, ctx, method)
+        ignored = _names(config.get("ignored_layers"), "ignored_layers") or _names(
+            config.get("modules_to_not_convert"), "modules_to_not_convert")
+        self.ignored = {name: name for name in ignored}
         block = config.get("weight_block_size")
         if block is not None and (not isinstance(block, list) or not all(
-                isinstance(b, (int, float)) and not isinstance(b, bool) for b in block)):
-            raise _bad("weight_block_size", "a list of numbers such as [128, 128]", block)
-        self.block = block
+                isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 for b in block)):
+            raise _bad("weight_block_size", "a list of positive numbers such as [128, 128]", block)
         if "activation_scheme" not in config:
             raise InputError("quantization_config: activation_scheme is missing; vLLM's fp8 reader requires it "
                              f"(one of {', '.join(map(repr, FP8_ACTIVATION_SCHEMES))})")
@@ -276,87 +686,206 @@ class _Fp8:
             raise _bad("activation_scheme", "'dynamic' or 'static', in lower case (vLLM's fp8 reader takes no other "
                        "spelling)", scheme)
         self.dynamic = scheme == "dynamic"
+        if block is not None:
+            if len(block) != 2:
+                raise _Refusal("The quantization block size of weight must have 2 dimensions, but got "
+                               f"{len(block)} dimensions")
+            if not self.dynamic:
+                raise _Refusal("The block-wise quantization only supports dynamic activation scheme for now, but got "
+                               "static activation scheme.")
+        self.block = block
+        self.store_dtype = config.get("store_dtype")
 
     def layer(self, experts: str) -> LayerQuant:
-        hit = self.skipped.first(experts)
-        if hit:
-            return _unquantized(f"fp8: not converted ({hit!r})")
-        block, dynamic = self.block, self.dynamic
-        if block is None:
-            return Mapped(QuantScheme.fp8("tensor", "tensor", static_activation=not dynamic),
-                          f"fp8 per-tensor, {'dynamic' if dynamic else 'static'} activations")
-        if block != [128, 128]:
-            return Unmapped(f"fp8 weight_block_size {_short(block)}: moe-fsm's FP8 schemes take 128x128 blocks only")
-        if not dynamic:
-            return Unmapped("fp8 with 128x128 weight blocks and static activation scales: no such scheme in vLLM's oracles")
-        return Mapped(QuantScheme.fp8("block", "group"), "fp8 block 128x128, dynamic 1x128 activations")
+        if experts in self.ignored:
+            return _unquantized(f"fp8: ignored ({experts!r})")
+        if self.store_dtype == "mxfp4":
+            return _not_modelled("fp8 with store_dtype mxfp4: vLLM's Mxfp4MoEMethod picks DeepSeek-V4's MXFP4 backend "
+                                 "list, which moe-fsm does not model")
+        if self.block is not None:
+            return _fp8_block_scheme(self.ctx, self.block, "fp8", "Fp8MoEMethod")
+        if not self.dynamic:
+            return Mapped(QuantScheme.fp8("tensor", "tensor", static_activation=True),
+                          "fp8 per-tensor, static activations", method="Fp8MoEMethod")
+        if self.ctx.rules.fp8_batch_invariant_token and self.ctx.batch_invariant:
+            return Mapped(QuantScheme.fp8("tensor", "token"), "fp8 per-tensor, dynamic per-token activations "
+                          "(VLLM_BATCH_INVARIANT)", method="Fp8MoEMethod")
+        return Mapped(QuantScheme.fp8("tensor", "tensor"), "fp8 per-tensor, dynamic activations", method="Fp8MoEMethod")
 
 
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+# modelopt --------------------------------------------------------------------------------------------------------
+
+MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8", "MIXED_PRECISION")
+MODELOPT_OWNED = {  # the quant_algos each ModelOpt config class accepts (algos_owned_by)
+    "modelopt": ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"),
+    "modelopt_fp4": ("NVFP4", "W4A16_NVFP4"),
+    "modelopt_mxfp8": ("MXFP8",),
+}
+BLOCK_FP8_MOE_ALGOS = ("FP8_PB_WO", "FP8_BLOCK_SCALES")
+B12X_BLOCK_CODECS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")  # vllm.utils.b12x, MIXED_PRECISION entries (0.32+)
+VISION_MODULES = ("vision_tower", "vision_model", "vit_large_projector")
 
 
-def _text(value) -> str:
-    text = str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+def _modelopt_fixed(algo: str) -> tuple[QuantScheme, str]:
+    """The scheme and method of the non-mixed ModelOpt MoE methods."""
+    if algo in MODELOPT_OWNED["modelopt"]:  # ModelOptFp8MoEMethod keys every FP8 algo static per-tensor
+        return QuantScheme.fp8("tensor", "tensor", static_activation=True), "ModelOptFp8MoEMethod"
+    if algo == "NVFP4":
+        return QuantScheme.nvfp4(), "ModelOptNvFp4FusedMoE"
+    if algo == "W4A16_NVFP4":
+        return QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None), "ModelOptNvFp4FusedMoE"
+    return QuantScheme.mxfp8(), "ModelOptMxFp8FusedMoE"
 
 
-# -- modelopt ----------------------------------------------------------------------------
+class _ModelOpt(_Reader):
+    """ModelOptFp8Config / ModelOptNvFp4Config / ModelOptMxFp8Config / ModelOptMixedPrecisionConfig."""
 
+    MIN_CAPABILITIES = {"modelopt": 80, "modelopt_fp4": 75, "modelopt_mxfp8": 80, "mxfp8": 80, "modelopt_mixed": 75}
 
-def _algo(value, where: str) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise _bad(where, "a quant_algo name (a string)", value)
-    return value.upper()
-
-
-class _ModelOpt:
-    def __init__(self, config: dict) -> None:
-        body = config.get("quantization") if isinstance(config.get("quantization"), dict) else config
-        self.algo = _algo(body.get("quant_algo"), "quant_algo")
-        for key, source in (("exclude_modules", body), ("ignore", body), ("ignore", config)):
-            if source.get(key):
-                excluded = _names(source.get(key), key)
-                break
+    def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
+        super().__init__(config, ctx, method)
+        self.MIN_CAPABILITY = self.MIN_CAPABILITIES[method]
+        if method == "mxfp8":  # the MiniMax-style quant_method: the same class as modelopt_mxfp8
+            method = "modelopt_mxfp8"
+        if method == "modelopt_mxfp8" and "quantization" not in config and not config.get("quant_algo"):
+            # ModelOptMxFp8Config.from_config reads a config without quant_algo as the ModelOpt MXFP8 schema
+            config = {"quantization": {"quant_algo": "MXFP8", "exclude_modules": _names(
+                config.get("ignored_layers"), "ignored_layers")}}
+        nested = "quantization" in config
+        if nested:
+            body = config["quantization"]
+            if not isinstance(body, dict):
+                raise _Refusal("Expected 'quantization' to be a dictionary in config")
+            algo = body.get("quant_algo")
+            excluded = body.get("exclude_modules", [])
         else:
-            excluded = []
-        self.excluded = _SubstringOrGlob(excluded, "exclude_modules", glob=True)
-        self.layers = _obj(body.get("quantized_layers"), "quantized_layers", {}) if self.algo == "MIXED_PRECISION" else {}
-        for key, entry in self.layers.items():  # every entry checked up front: no layer is decided from a malformed config
-            _algo(_obj(entry, f"quantized_layers[{key!r}]").get("quant_algo"), f"quantized_layers[{key!r}].quant_algo")
-        self.index = _PrefixIndex(self.layers)
+            body = config
+            algo = config.get("quant_algo")
+            excluded = config.get("ignore", config.get("exclude_modules", []) if ctx.rules.modelopt_flat_exclude_modules
+                                  else [])
+        if not algo:
+            raise _Refusal("Missing 'quant_algo' in quantization config")
+        if not isinstance(algo, str):
+            raise _bad("quant_algo", "a quant_algo name (a string)", algo)
+        algo = algo.upper()
+        if not isinstance(excluded, list):
+            raise _Refusal(f"exclude_modules must be a list, got {type(excluded)}")
+        if algo not in MODELOPT_ALGOS:
+            raise _Refusal(f"ModelOpt currently only supports: {list(MODELOPT_ALGOS)} quantizations in vLLM. Please "
+                           "check the `hf_quant_config.json` file for your model's quant configuration.")
+        owned = MODELOPT_OWNED.get(method)
+        if owned is not None and algo not in owned:
+            label = {"modelopt": "ModelOpt FP8 quant_algo for vLLM", "modelopt_fp4": "ModelOpt NVFP4 quant_algo",
+                     "modelopt_mxfp8": "ModelOpt MXFP8 quant_algo"}[method]
+            raise _Refusal(f"Unsupported {label}: {algo}. Supported: {' / '.join(owned)}.")
+        if method == "modelopt_fp4":
+            groups = config.get("config_groups")
+            if algo == "NVFP4" and isinstance(groups, dict) and groups and all(
+                    isinstance(g, dict) and g.get("input_activations") is None for g in groups.values()):
+                algo = "W4A16_NVFP4"  # weight-only despite the name: vLLM routes it through W4A16
+            if "NVFP4" in algo and nested:
+                missing = [f for f in ("group_size", "kv_cache_quant_algo", "exclude_modules") if f not in body]
+                if missing:
+                    raise _Refusal(f"NVFP4 quantization requires the following fields in hf_quant_config.json: {missing}")
+        self.algo = algo
+        self.excluded = _SubstringOrGlob(_names(excluded, "exclude_modules"), "exclude_modules", glob=True)
+        self.layers: dict = {}
+        if method == "modelopt_mixed":
+            self._read_mixed(body)
+        self.method = method
+
+    def _read_mixed(self, body: dict) -> None:
+        layers = _obj(body.get("quantized_layers", {}), "quantized_layers", {})
+        if not layers:
+            raise _Refusal("MIXED_PRECISION quant_algo requires a non-empty 'quantized_layers' mapping in the "
+                           "quantization config.")
+        blocks = set()
+        for key, entry in layers.items():  # every entry checked up front: no layer is decided from a malformed config
+            entry = _obj(entry, f"quantized_layers[{key!r}]")
+            algo = entry.get("quant_algo", "")
+            if not isinstance(algo, str):
+                raise _bad(f"quantized_layers[{key!r}].quant_algo", "a quant_algo name (a string)", algo)
+            if self.ctx.rules.modelopt_b12x_codecs and algo.lower() in B12X_BLOCK_CODECS:
+                continue  # (the codec's block contract is b12x's; its MoE method is not modelled)
+            if algo.upper() in BLOCK_FP8_MOE_ALGOS:
+                blocks.add(_int(entry.get("group_size", 128), f"quantized_layers[{key!r}].group_size"))
+        if len(blocks) > 1:
+            raise _Refusal(f"MIXED_PRECISION currently requires all block-FP8 MoE layers to use one group_size, got "
+                           f"{sorted(blocks)}.")
+        self.block = next(iter(blocks), 128)
+        self.layers = layers
+        self.index = _PrefixIndex(layers)
+
+    def _candidates(self, prefix: str) -> tuple[str, ...]:
+        candidates = [prefix]
+        if prefix.startswith("language_model.model."):
+            candidates.append("model.language_model." + prefix[len("language_model.model."):])
+        elif prefix.startswith("model.language_model."):
+            candidates.append("language_model.model." + prefix[len("model.language_model."):])
+        return tuple(dict.fromkeys(candidates))
+
+    def _mixed_algo(self, experts: str) -> tuple[Optional[str], Optional[str]]:
+        """_resolve_quant_algo for an experts module: the key itself, a key under it, a key under its parent."""
+        for candidate in self._candidates(experts):
+            if candidate in self.layers:
+                return self.layers[candidate].get("quant_algo", "").upper(), candidate
+        for candidate in self._candidates(experts):
+            key = self.index.first(candidate + ".")
+            if key is not None:
+                return self.layers[key].get("quant_algo", "").upper(), key
+        if experts.endswith(".experts"):
+            key = self.index.first(experts.rsplit(".experts", 1)[0] + ".")
+            if key is not None:
+                return self.layers[key].get("quant_algo", "").upper(), key
+        return None, None
 
     def layer(self, experts: str) -> LayerQuant:
         excluded = self.excluded.first(experts)
         if excluded:
             return _unquantized(f"modelopt: excluded by {excluded!r}")
-        algo = self.algo
-        if algo == "MIXED_PRECISION":
-            parent = experts.rsplit(".experts", 1)[0] + "."
-            key = self.index.first(experts + ".") or self.index.first(parent)
-            if key is None:
-                return _unquantized("modelopt MIXED_PRECISION: not in quantized_layers")
-            entry = _obj(self.layers[key], f"quantized_layers[{key!r}]")
-            algo = _algo(entry.get("quant_algo", ""), f"quantized_layers[{key!r}].quant_algo")
-            where = f"modelopt MIXED_PRECISION: {algo} ({key})"
-        else:
-            where = f"modelopt {algo}"
-        if algo in ALGO_SCHEMES:
-            return Mapped(ALGO_SCHEMES[algo](), where)
-        if algo.lower() in FAMILY_SCHEMES:
-            return _family(algo.lower(), where)
-        return Unmapped(f"{where}: quant_algo {_short(algo) if algo else '(none)'} is not one of {sorted(ALGO_SCHEMES)}")
+        if self.method != "modelopt_mixed":
+            if any(v in experts for v in VISION_MODULES):
+                return Refused("a vision module's MoE layer gets UnquantizedLinearMethod from ModelOpt, which "
+                               "RoutedExperts asserts is a FusedMoEMethodBase", "AssertionError")
+            scheme, method = _modelopt_fixed(self.algo)
+            return Mapped(scheme, f"modelopt {self.algo}", method=method)
+        algo, key = self._mixed_algo(experts)
+        if algo is None:
+            return _unquantized("modelopt MIXED_PRECISION: not in quantized_layers")
+        where = f"modelopt MIXED_PRECISION: {algo} ({key})"
+        if self.ctx.rules.modelopt_b12x_codecs and algo.lower() in B12X_BLOCK_CODECS:
+            return _not_modelled(f"{where}: vLLM's ModelOptBlockQuantMoEMethod (b12x GGML blocks) is not modelled")
+        if algo in BLOCK_FP8_MOE_ALGOS:
+            return _fp8_block_scheme(self.ctx, [self.block, self.block], where, "Fp8MoEMethod")
+        if algo in ("FP8", "NVFP4", "W4A16_NVFP4", "MXFP8"):
+            scheme, method = _modelopt_fixed(algo)
+            return Mapped(scheme, where, method=method)
+        return _unquantized(f"{where}: no MoE method for it (vLLM leaves the experts unquantized)")
 
 
-# -- compressed-tensors ---------------------------------------------------------------
+# compressed-tensors ---------------------------------------------------------------------------------------------
 
 
-def _args(group: dict, key: str, name: str) -> Optional[dict]:
-    value = group.get(key)
-    return None if value is None else _obj(value, f"config_groups[{name!r}].{key}")
+@dataclass(frozen=True)
+class _CtArgs:
+    """compressed-tensors' QuantizationArgs, validated as its pydantic model is (the fields vLLM reads)."""
+
+    num_bits: int
+    type: str
+    symmetric: bool
+    group_size: Optional[int]
+    strategy: str
+    block_structure: Optional[tuple[int, int]]
+    dynamic: bool
+    actorder: Optional[str]
+    scale_dtype: Optional[str]
+
+    def text(self) -> str:
+        return (f"{self.type} {self.num_bits}-bit {self.strategy}"
+                + (f" group {self.group_size}" if self.group_size else "") + (" dynamic" if self.dynamic else ""))
+
+
+STRATEGIES = ("tensor", "channel", "group", "block", "token", "tensor_group", "attn_head")
 
 
 def _ct_dynamic(args: dict, where: str) -> bool:
@@ -378,125 +907,456 @@ def _ct_dynamic(args: dict, where: str) -> bool:
                value)
 
 
-def _ct_scheme(group: dict, name: str = "group") -> tuple[Optional[Mapped], str]:
-    """A compressed-tensors group's (weights, input_activations) as an experts scheme, or why not."""
-    w, a = _args(group, "weights", name) or {}, _args(group, "input_activations", name)
-    kind = f"{_text(w.get('type'))} W{_text(w.get('num_bits'))}" + (f"A{_text(a.get('num_bits'))}" if a else "A16")
-    if w.get("type") == "float" and w.get("num_bits") == 8 and a and a.get("type") == "float" and a.get("num_bits") == 8:
-        strategy, act = w.get("strategy"), a.get("strategy")
-        dynamic = _ct_dynamic(a, f"config_groups[{name!r}].input_activations")
-        weight_scale = {"tensor": "tensor", "channel": "channel", "block": "block"}.get(strategy) if isinstance(strategy, str) else None
-        act_scale = {"tensor": "tensor", "token": "token", "group": "group"}.get(act) if isinstance(act, str) else None
-        structure = w.get("block_structure") or [128, 128]
-        if strategy == "block" and structure != [128, 128]:
-            return None, f"FP8 block {_short(structure)}: moe-fsm takes 128x128 blocks only"
-        if weight_scale and act_scale:
-            scheme = QuantScheme.fp8(weight_scale, act_scale, static_activation=not dynamic)
-            return Mapped(scheme, f"compressed-tensors FP8 {strategy} weights, {act} {'dynamic' if dynamic else 'static'} activations",
-                          allow_vllm_cutlass=True), ""
-        return None, f"FP8 weights by {_text(strategy)}, activations by {_text(act)}: no such FP8 scheme"
-    if w.get("type") == "float" and w.get("num_bits") == 4 and w.get("strategy") == "tensor_group" and w.get("group_size") == 16:
-        if a is None:
-            return Mapped(QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None), "compressed-tensors NVFP4 W4A16"), ""
-        if a.get("type") == "float" and a.get("num_bits") == 4:
-            return Mapped(QuantScheme.nvfp4(), "compressed-tensors NVFP4 W4A4"), ""
-    if w.get("type") == "float" and w.get("num_bits") == 4 and w.get("group_size") == 32:
-        mapped = _family("mxfp4", "compressed-tensors MXFP4")
-        return (mapped, "") if isinstance(mapped, Mapped) else (None, mapped.reason)
-    return None, f"{kind} ({_text(w.get('strategy'))}) is not mapped yet"
+def _ct_args(value, where: str) -> Optional[_CtArgs]:
+    if value is None:
+        return None
+    args = _obj(value, where)
+    kind = args.get("type", "int")
+    if not isinstance(kind, str) or kind.lower() not in ("int", "float"):
+        raise _bad(f"{where}.type", "'int' or 'float'", kind)
+    bits = _int(args.get("num_bits", 8), f"{where}.num_bits", low=1)
+    symmetric = args.get("symmetric", True)
+    symmetric = True if symmetric is None else _flag(symmetric, f"{where}.symmetric")
+    group = args.get("group_size")
+    if group is not None:
+        group = _int(group, f"{where}.group_size", low=-1)
+    strategy = args.get("strategy")
+    if strategy is not None and (not isinstance(strategy, str) or strategy.lower() not in STRATEGIES):
+        raise _bad(f"{where}.strategy", f"one of {list(STRATEGIES)}", strategy)
+    strategy = strategy.lower() if strategy else ("tensor" if group is None else "group" if group > 0 else "channel"
+                                                  if group == -1 else None)
+    if strategy is None:
+        raise _bad(f"{where}.group_size", "a positive group size, or -1 (per channel)", group)
+    dynamic = _ct_dynamic(args, where)
+    if strategy == "token" and not dynamic:
+        raise _bad(f"{where}.strategy", "'token' only with dynamic: true (compressed-tensors: no static token "
+                   "quantization)", strategy)
+    if strategy in ("group", "tensor_group") and (group is None or group <= 0):
+        raise _bad(f"{where}.group_size", f"a positive integer with strategy {strategy}", group)
+    if group is not None and group > 0 and strategy not in ("group", "tensor_group"):
+        raise _bad(f"{where}.strategy", "'group' (or 'tensor_group') when group_size is set", strategy)
+    block = args.get("block_structure")
+    if block is not None:
+        if isinstance(block, str) and re.fullmatch(r"\d+x\d+", block):
+            block = [int(x) for x in block.split("x")]
+        if not isinstance(block, list) or len(block) != 2 or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block):
+            raise _bad(f"{where}.block_structure", "a list of two positive integers [rows, cols]", block)
+    if (strategy == "block") != (block is not None):
+        raise _bad(f"{where}.block_structure", "given exactly when strategy is 'block'", block)
+    if dynamic and strategy not in ("token", "tensor", "tensor_group", "group"):
+        raise _bad(f"{where}.dynamic", f"false with strategy {strategy} (dynamic takes token, tensor, tensor_group or "
+                   "group)", args.get("dynamic"))
+    actorder = args.get("actorder")
+    if actorder is not None and not (isinstance(actorder, bool) or isinstance(actorder, str)):
+        raise _bad(f"{where}.actorder", "null, false or an ordering name", actorder)
+    if actorder is True or (isinstance(actorder, str) and actorder.lower() in ("group", "dynamic")):
+        raise _Refusal("Compressed-tensors group/dynamic activation ordering "
+                       f"(actorder={'group' if actorder is True else actorder.lower()!r}) is no longer supported. Use a "
+                       "checkpoint with static/weight activation ordering or without activation ordering.")
+    scale = args.get("scale_dtype")
+    scale = scale.lower().removeprefix("torch.") if isinstance(scale, str) else None
+    return _CtArgs(bits, kind.lower(), symmetric, group, strategy, tuple(block) if block else None, dynamic,
+                   actorder.lower() if isinstance(actorder, str) else None, scale)
 
 
-class _CompressedTensors:
-    def __init__(self, config: dict) -> None:
-        self.ignore = _CtTargets(_names(config.get("ignore"), "ignore"), "ignore")
+@dataclass(frozen=True)
+class _CtScheme:
+    weights: Optional[_CtArgs]
+    input_activations: Optional[_CtArgs]
+    format: Optional[str]
+
+
+ACTIVATION_FORMATS = ("naive-quantized", "int-quantized", "float-quantized", "nvfp4-pack-quantized")
+
+
+def _is_fp8_w8a8(w: _CtArgs, a: Optional[_CtArgs]) -> bool:
+    if w is None or a is None or not (w.type == a.type == "float") or not w.symmetric or w.dynamic:
+        return False
+    if w.strategy not in ("tensor", "channel", "block"):
+        return False
+    return a.dynamic or (a.symmetric and a.strategy == "tensor")
+
+
+def _ct_method(s: _CtScheme, ctx: LayerContext) -> LayerQuant:
+    """CompressedTensorsMoEMethod.get_moe_method's dispatch, in its order: the first scheme test that holds."""
+    w, a = s.weights, s.input_activations
+    mxfp4 = w.type == "float" and w.num_bits == 4 and w.strategy == "group" and w.group_size == 32 and w.symmetric
+    if ctx.rules.ct_mxfp4_w4a8 and mxfp4 and a is not None and a.type == "float" and a.num_bits == 8 and not w.dynamic \
+            and a.dynamic and a.strategy in ("token", "group") and a.symmetric:
+        return _not_modelled("compressed-tensors MXFP4 weights, dynamic FP8 activations: vLLM's "
+                             "CompressedTensorsW4A8Mxfp4MoEMethod picks DeepSeek-V4's MXFP4 backend list, not modelled")
+    if mxfp4:
+        return _not_modelled("compressed-tensors MXFP4: vLLM's CompressedTensorsW4A4Mxfp4MoEMethod picks its experts "
+                             "outside the MXFP4 oracle (CUTLASS MXFP4 where compiled for the GPU, XPU, else Marlin); "
+                             "moe-fsm has no policy for that choice")
+    if w.type == "float" and w.num_bits == 8 and w.strategy == "group" and w.group_size == 32 and w.symmetric \
+            and w.scale_dtype == "uint8":
+        return Mapped(QuantScheme.mxfp8(), "compressed-tensors MXFP8", method="CompressedTensorsW8A8Mxfp8MoEMethod")
+    if w.strategy in ("channel", "group") and a is None and not w.dynamic:
+        if not (2 <= w.num_bits <= 8 and s.format == "pack-quantized"):
+            return Refused("For Fused MoE layers, only format: pack-quantized and bits: [2, 3, 4, 5, 6, 7, 8] is "
+                           f"supported but got format: pack-quantized and bits: {w.num_bits}")
+        group = -1 if w.group_size is None else w.group_size
+        if w.num_bits not in (4, 8):
+            return _not_modelled(f"compressed-tensors W{w.num_bits}A16: moe-fsm's WNA16 schemes are 4- or 8-bit")
+        scheme = QuantScheme.int_wna16(w.num_bits, group, not w.symmetric, "compressed-tensors")
+        return Mapped(scheme, f"compressed-tensors W{w.num_bits}A16 {w.strategy}"
+                      + (f" {group}" if group > 0 else "") + ("" if w.symmetric else " asymmetric"),
+                      method="CompressedTensorsWNA16MoEMethod")
+    nvfp4 = lambda q: q is not None and q.strategy == "tensor_group" and q.type == "float" and q.num_bits == 4 \
+        and q.group_size == 16 and q.symmetric  # noqa: E731
+    if nvfp4(w):
+        if not (a is None or nvfp4(a)):
+            return Refused(f"For NVFP4 weights, input quantization must also be NVFP4 format or None for NVFP4A16, "
+                           f"found {a.text()}")
+        scheme = QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None) if a is None else QuantScheme.nvfp4()
+        return Mapped(scheme, f"compressed-tensors NVFP4 {'W4A16' if a is None else 'W4A4'}",
+                      method="CompressedTensorsW4A4Nvfp4MoEMethod")
+    if _is_fp8_w8a8(w, a):
+        per_tensor = w.strategy == "tensor" and a.strategy == "tensor"
+        per_channel = w.strategy == "channel" and a.strategy == "token"
+        if not (per_tensor or per_channel or w.strategy == "block"):
+            return Refused("CompressedTensorsW8A8Fp8MoEMethod asserts block weights when the scales are neither per "
+                           f"tensor nor channel x token (got {w.strategy} weights, {a.strategy} activations)",
+                           "AssertionError")
+        if per_channel and not a.dynamic:
+            return Refused("For FP8 Fused MoE layer, we require either per tensor or channelwise, dynamic per token "
+                           "quantization.")
+        if w.strategy == "block":  # kFp8Static128BlockSym whatever block_structure says, dynamic 1x128 activations
+            scheme, text = QuantScheme.fp8("block", "group"), "128x128 blocks, dynamic 1x128 activations"
+        elif per_channel:
+            scheme, text = QuantScheme.fp8("channel", "token"), "channel weights, dynamic per-token activations"
+        elif a.dynamic:  # vLLM's ct2vllm_act: a dynamic per-tensor activation is keyed kFp8Dynamic128Sym
+            scheme, text = QuantScheme.fp8("tensor", "group"), "tensor weights, dynamic activations (keyed 1x128)"
+        else:
+            scheme, text = QuantScheme.fp8("tensor", "tensor", static_activation=True), "tensor weights, static activations"
+        return Mapped(scheme, f"compressed-tensors FP8 {text}", allow_vllm_cutlass=True,
+                      method="CompressedTensorsW8A8Fp8MoEMethod")
+    if a is not None and w.num_bits == a.num_bits == 8 and w.strategy in ("tensor", "channel") and a.strategy == "token" \
+            and w.symmetric and not w.dynamic and a.dynamic:
+        if w.strategy != "channel":
+            return Refused("For INT8 Fused MoE layers, we require channelwise, dynamic per token quantization. Found "
+                           f"{w.text()}, {a.text()}")
+        return Mapped(QuantScheme.int8("channel", "token"), "compressed-tensors INT8 W8A8 channel x dynamic token",
+                      method="CompressedTensorsW8A8Int8MoEMethod")
+    if a is not None and w.type == "int" and a.type == "float" and w.num_bits == 4 and a.num_bits == 8 \
+            and w.strategy == "group" and a.strategy == "token" and w.symmetric and a.symmetric and not w.dynamic \
+            and a.dynamic:
+        if w.group_size != 128:
+            return Refused("Only group size 128 supported for W4A8 MoE", "AssertionError")
+        return Mapped(QuantScheme.w4a8(128), "compressed-tensors W4A8 (INT4 group 128, dynamic FP8 per token)",
+                      method="CompressedTensorsW4A8Fp8MoEMethod")
+    if a is not None and w.type == a.type == "int" and w.num_bits == 4 and a.num_bits == 8 \
+            and w.strategy in ("group", "channel") and a.strategy == "token" and w.symmetric and not w.dynamic and a.dynamic:
+        group = -1 if w.group_size is None else w.group_size
+        ispp = ctx.intermediate_per_partition
+        if group != -1 and (ctx.hidden_size % group or ispp % group):
+            return Refused(f"Group size ({group}) must evenly divide both hidden size ({ctx.hidden_size}) and "
+                           f"intermediate size per partition ({ispp}).")
+        return Mapped(QuantScheme.w4a8_int8(group), f"compressed-tensors W4A8-INT8 group {group}",
+                      method="CompressedTensorsW4A8Int8MoEMethod")
+    return Refused(f"Unsupported FusedMoe scheme: {w.text()}, {a.text() if a else None}", "RuntimeError")
+
+
+class _CompressedTensors(_Reader):
+    """CompressedTensorsConfig: the experts' unfused projections ``<experts>.0.<gate|up|down>`` matched against
+    ``ignore`` and each target (exact, ``re:``, then the class ``RoutedExperts``, which a ``Linear`` target also
+    names); all three must agree; the group's args pick the MoE method."""
+
+    MIN_CAPABILITY = 70
+
+    def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
+        super().__init__(config, ctx, method)
+        self.ignore = _VllmRegex(_names(config.get("ignore"), "ignore"), "ignore")
         groups = _obj(config.get("config_groups"), "config_groups", {})
         if len(groups) > MAX_GROUPS:
             raise InputError(f"quantization_config: config_groups holds {len(groups)} groups; moe-fsm takes at most "
                              f"{MAX_GROUPS} (published checkpoints have one to three)")
-        self.groups = []
+        fmt = config.get("format")
+        self.targets: dict[str, _CtScheme] = {}
         for name, group in groups.items():
             group = _obj(group, f"config_groups[{name!r}]")
-            for key in ("weights", "input_activations"):  # checked up front, as vLLM validates every group
-                args = _args(group, key, name)
-                if args is not None:
-                    _ct_dynamic(args, f"config_groups[{name!r}].{key}")
-            targets = _CtTargets(_names(group.get("targets"), f"config_groups[{name!r}].targets"),
-                                 f"config_groups[{name!r}].targets")
-            self.groups.append((name, group, targets))
-        _capped([r for _, _, t in self.groups for r in t.regexes] + self.ignore.regexes, "config_groups and ignore", "regex")
+            targets = _names(group.get("targets"), f"config_groups[{name!r}].targets")
+            if len(targets) == 1 and targets[0].endswith("Attention"):
+                continue  # attention quantization goes with the KV cache in vLLM (skipped before its args are read)
+            weights = _ct_args(_obj(group.get("weights"), f"config_groups[{name!r}].weights"),
+                               f"config_groups[{name!r}].weights")
+            inputs = _ct_args(group.get("input_activations"), f"config_groups[{name!r}].input_activations")
+            group_format = group.get("format")
+            act_format = (group_format if group_format is not None else fmt) in ACTIVATION_FORMATS
+            for target in targets:
+                self.targets[target] = _CtScheme(weights, inputs if (act_format or inputs) else None,
+                                                 group_format if group_format is not None else fmt)
+        if "Linear" in self.targets and "RoutedExperts" not in self.targets:  # _add_fused_moe_to_target_scheme_map
+            self.targets["RoutedExperts"] = self.targets["Linear"]
+        self.matcher = _VllmRegex(list(self.targets), "config_groups targets")
+        _capped(self.matcher.regexes + self.ignore.regexes, "config_groups and ignore", "regex")
 
-    def layer(self, experts: str) -> LayerQuant:
-        names = [f"{experts}.0.{proj}" for proj in ("gate_proj", "up_proj", "down_proj")]
-        ignored = [self.ignore.first(n, linear=False) for n in names]
-        if all(ignored):
-            return _unquantized(f"compressed-tensors: ignored ({ignored[0]!r})")
-        if any(ignored):
-            return Unmapped("compressed-tensors: the ignore list covers only some of the experts' projections")
-        chosen = []
-        for module in names:
-            # exact names and patterns win over the class target "Linear", as in compressed-tensors
-            match = sorted((g for g in self.groups if g[2].first(module)), key=lambda g: g[2].linear)
-            chosen.append(match[0] if match else None)
-        if any(c is None for c in chosen):
-            return _unquantized("compressed-tensors: no config group targets the experts")
-        if any(c is not chosen[0] for c in chosen):
-            return Unmapped("compressed-tensors: the experts' projections fall in different config groups (vLLM refuses this)")
-        name, group, _ = chosen[0]
-        mapped, why = _ct_scheme(group, name)
-        return mapped if mapped is not None else Unmapped(f"compressed-tensors: {why}")
-
-
-# -- mxfp4 (gpt-oss) ------------------------------------------------------------------
-
-
-class _Mxfp4:
-    def __init__(self, config: dict) -> None:
-        self.skipped = _ModuleGlob(_names(config.get("modules_to_not_convert"), "modules_to_not_convert"),
-                                   "modules_to_not_convert")
-
-    def layer(self, experts: str) -> LayerQuant:
-        hit = self.skipped.first(experts)
+    def _scheme(self, module: str) -> tuple[Optional[_CtScheme], str]:
+        hit = self.ignore.first(module)
         if hit:
-            return _unquantized(f"mxfp4: not converted ({hit!r})")
-        return _family("mxfp4", "mxfp4 (gpt-oss)")
+            return None, f"ignored ({hit!r})"
+        target = self.matcher.first(module) or self.matcher.first_containing("RoutedExperts")
+        return (self.targets[target], target) if target is not None else (None, "")
+
+    def layer(self, experts: str) -> LayerQuant:
+        names = self.ctx.projections if self.ctx.rules.ct_checkpoint_projection_names else DEFAULT_PROJECTIONS
+        found = [self._scheme(f"{experts}.0.{proj}") for proj in names]
+        last = found[-1][0]
+        if any(scheme != last for scheme, _ in found):
+            return Refused("All MoE projections need to have same quantization scheme but found multiple")
+        if last is None:
+            why = found[0][1]
+            return _unquantized(f"compressed-tensors: {why}" if why else "compressed-tensors: no config group targets "
+                                "the experts")
+        mapped = _ct_method(last, self.ctx)
+        if isinstance(mapped, Mapped):
+            return Mapped(mapped.scheme, f"{mapped.source} (target {found[-1][1]!r})", mapped.allow_vllm_cutlass,
+                          mapped.method)
+        return mapped
 
 
-QUANT_METHODS: dict[str, Callable[[dict], object]] = {
+# quark ------------------------------------------------------------------------------------------------------------
+
+
+def _quark_tensor(value):
+    """_unwrap_single_quant_config: a one-entry list is its entry; a longer list stays a list."""
+    if isinstance(value, list):
+        return value[0] if len(value) == 1 else value
+    return value
+
+
+class _Quark(_Reader):
+    """QuarkConfig: ``exclude`` (a child of the experts excluded excludes them all), then ``layer_quant_config``
+    (fnmatch, or the name inside the pattern), else ``global_quant_config``; the weight/input pair picks the method."""
+
+    MIN_CAPABILITY = 70
+
+    def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
+        super().__init__(config, ctx, method)
+        if config.get("export") is None:
+            raise _Refusal("The export key should be included in the configurations of Quark quantized model")
+        _obj(config["export"], "export")
+        self.exclude = _names(config.get("exclude"), "exclude")
+        self.exclude_regex = _VllmRegex(self.exclude, "exclude")
+        self.layer_configs = _obj(config.get("layer_quant_config") or {}, "layer_quant_config", {})
+        if config.get("layer_type_quant_config") is None:
+            raise _Refusal("QuarkConfig reads layer_type_quant_config with .get(), and the config has none "
+                           "('NoneType' object has no attribute 'get')", "AttributeError")
+        self.global_config = _obj(config.get("global_quant_config"), "global_quant_config", {})
+        _capped([p for p in self.layer_configs if "*" in p], "layer_quant_config", "wildcard")
+
+    def _excluded(self, experts: str) -> Optional[str]:
+        for target in self.exclude:
+            if not target.startswith("re:") and (target == experts or target.startswith(experts + ".")):
+                return target
+        return self.exclude_regex.first(experts)
+
+    def _config_for(self, experts: str) -> dict:
+        for pattern, entry in self.layer_configs.items():
+            if (fnmatch(experts, pattern) if "*" in pattern else experts in pattern):
+                return _obj(entry, f"layer_quant_config[{pattern!r}]")
+        return self.global_config
+
+    def layer(self, experts: str) -> LayerQuant:
+        hit = self._excluded(experts)
+        if hit:
+            return _unquantized(f"quark: excluded by {hit!r}")
+        chosen = self._config_for(experts)
+        if chosen.get("output_tensors") or chosen.get("bias"):
+            return Refused("Currently, Quark models with output_tensors and bias quantized are not supported",
+                           "NotImplementedError")
+        weight, inputs = _quark_tensor(chosen.get("weight")), _quark_tensor(chosen.get("input_tensors"))
+        if isinstance(weight, list) or isinstance(inputs, list):
+            return _not_modelled("quark with several weight or input specs (W4A8 FP8, NVFP4): not modelled")
+        if weight is not None and not isinstance(weight, dict) or inputs is not None and not isinstance(inputs, dict):
+            raise _bad("weight / input_tensors", "objects", (weight, inputs))
+        fp8 = self._fp8(weight, inputs)
+        if fp8 is not None:
+            return fp8
+        if isinstance(weight, dict) and weight.get("dtype") in ("int4", "uint4", "int8", "uint8"):
+            return _not_modelled(f"quark {_text(weight['dtype']).upper()} weights (QuarkW4A16Int4MoEMethod / "
+                                 "QuarkW8A8Int8MoEMethod): not modelled")
+        mx = self._ocp_mx(weight, inputs)
+        if mx is not None:
+            return mx
+        return Refused("Unsupported FusedMoe scheme", "RuntimeError")
+
+    @staticmethod
+    def _fp8(w: Optional[dict], a: Optional[dict]) -> Optional[LayerQuant]:
+        """QuarkConfig._is_fp8_w8a8 -> QuarkW8A8Fp8MoEMethod."""
+        if not isinstance(w, dict) or not isinstance(a, dict):
+            return None
+        if not (w.get("dtype") == "fp8_e4m3" and a.get("dtype") == "fp8_e4m3") or w.get("is_dynamic"):
+            return None
+        if w.get("qscheme") == "per_block" and list(w.get("block_size") or []) == [128, 128] and w.get("symmetric") is True:
+            if not (a.get("is_dynamic") and a.get("qscheme") == "per_group" and a.get("group_size") == 128
+                    and a.get("symmetric") is True):
+                return None
+            if w.get("scale_type") == "float8_e8m0fnu":
+                return _not_modelled("quark FP8 128x128 blocks with E8M0 scales: no such FP8 scheme in moe-fsm")
+            return Mapped(QuantScheme.fp8("block", "group"), "quark FP8 128x128 blocks", method="QuarkW8A8Fp8MoEMethod")
+        if w.get("qscheme") not in ("per_tensor", "per_channel"):
+            return None
+        weight = "channel" if w.get("qscheme") == "per_channel" else "tensor"
+        if a.get("is_dynamic"):
+            act = "token" if a.get("qscheme") == "per_channel" else "tensor"
+            static = False
+        elif a.get("qscheme") == "per_tensor":
+            act, static = "tensor", True
+        else:
+            return None
+        if (weight, act) not in (("tensor", "tensor"), ("channel", "token")):
+            return Refused("For FP8 Fused MoE layers, only per-tensor, per-channel and per-block scales for weights and "
+                           f"activations are supported. Found per_{weight}, "
+                           f"{'per_channel' if act == 'token' else 'per_tensor'}")
+        return Mapped(QuantScheme.fp8(weight, act, static_activation=static),
+                      f"quark FP8 {weight} weights, {'static' if static else 'dynamic'} {act} activations",
+                      method="QuarkW8A8Fp8MoEMethod")
+
+    def _ocp_mx(self, w: Optional[dict], a: Optional[dict]) -> Optional[LayerQuant]:
+        """QuarkConfig._is_w_ocp_mx_a_x -> QuarkOCP_MX_MoEMethod (MXFP4; MXFP6 is not modelled)."""
+        if not isinstance(w, dict) or not isinstance(w.get("dtype"), str):
+            return None
+        dtype = w["dtype"].replace("fp", "mxfp")
+        if dtype not in ("mxfp4", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp8_e4m3"):
+            return None
+        if w.get("qscheme") == "per_group":
+            if w.get("group_size") != 32 or w.get("scale_format") != "e8m0":
+                return None
+        elif w.get("qscheme") == "per_block":
+            if dtype != "mxfp8_e4m3" or len(list(w.get("block_size") or [])) != 2 or list(w["block_size"])[1] != 32:
+                return None
+        else:
+            return None
+        if a is None:
+            act = None
+        elif not a.get("is_dynamic"):
+            if a.get("dtype") == "fp8_e4m3" and a.get("qscheme") == "per_tensor" and a.get("symmetric") is True:
+                act = "fp8-static"
+            else:
+                return None
+        elif a.get("dtype") == "fp8_e4m3" and a.get("qscheme") == "per_group" and a.get("group_size") == 32:
+            act = "mxfp8"
+        elif a.get("dtype") == "fp8_e4m3":
+            act = "fp8-dynamic"
+        elif isinstance(a.get("dtype"), str) and a["dtype"].replace("fp", "mxfp") in ("mxfp4", "mxfp6_e3m2", "mxfp6_e2m3"):
+            act = a["dtype"].replace("fp", "mxfp")
+        else:
+            return Refused(f"Unsupported input_dtype={_text(a.get('dtype'))} in Quark's vLLM integration. Supported "
+                           "activation dtypes are mxfp4, mxfp6_e3m2, mxfp6_e2m3, mxfp8_e4m3, or None for weight-only "
+                           "quantization.")
+        if dtype == "mxfp8_e4m3":
+            if not self.ctx.rules.quark_mxfp8_moe:
+                return Refused("Unsupported OCP MX dtype combination for MoE: MXFP8 experts are not supported through "
+                               "the MoE path; only the linear path handles MXFP8.")
+            if w.get("qscheme") != "per_group":
+                return Refused("Quark MXFP8 MoE experts support only the 1-D per_group (group_size=32, e8m0) weight "
+                               "spelling", "NotImplementedError")
+            return Mapped(QuantScheme.mxfp8(), "quark MXFP8", method="QuarkW8A8Mxfp8MoEMethod")
+        if dtype != "mxfp4":
+            return _not_modelled(f"quark {dtype.upper()} weights: MXFP6 has no scheme in moe-fsm")
+        if act in ("mxfp6_e3m2", "mxfp6_e2m3"):
+            return _not_modelled(f"quark MXFP4 weights with {act.upper()} activations: no such scheme in moe-fsm")
+        if act == "fp8-dynamic":
+            return Refused("QuarkOCP_MX_MoEMethod with dynamic input scales is currently not implemented for OCP MX "
+                           "scheme w_mxfp4_a_fp8. Please open an issue.", "NotImplementedError")
+        if act == "mxfp8":
+            return _not_modelled("quark MXFP4 weights with MXFP8 activations: vLLM's QuarkOCP_MX_MoEMethod asks no "
+                                 "oracle for it and runs its emulation; not modelled")
+        activation = {None: "none", "fp8-static": "fp8-tensor", "mxfp4": "mxfp4"}[act]
+        return Mapped(QuantScheme.mxfp4(activation), f"quark MXFP4 weights, {'16-bit' if act is None else act} "
+                      "activations", method="QuarkOCP_MX_MoEMethod")
+
+
+# mxfp4 (gpt-oss) --------------------------------------------------------------------------------------------------
+
+
+class _GptOssMxfp4(_Reader):
+    """GptOssMxfp4Config (``quant_method: mxfp4`` on a gpt_oss model): every experts layer is MXFP4 with 16-bit
+    activations (``GptOssMxfp4MoEMethod``); vLLM reads no exclusion list for the experts."""
+
+    MIN_CAPABILITY = 80
+
+    def layer(self, experts: str) -> LayerQuant:
+        return Mapped(QuantScheme.mxfp4(), "mxfp4 (gpt-oss), 16-bit activations", method="GptOssMxfp4MoEMethod")
+
+
+NOT_MODELLED = {  # vLLM config classes whose MoE method moe-fsm has no policy for, with why
+    "mxfp4": "mxfp4 on a model that is not gpt_oss: vLLM's Mxfp4MoEMethod picks DeepSeek-V4's MXFP4 backend list "
+             "(select_deepseek_v4_mxfp4_moe_backend), which moe-fsm does not model",
+    "deepseek_v4_fp8": "DeepSeek-V4's FP8 config chooses its own MoE methods; not modelled",
+    "inc": "INC / auto-round checkpoints: not modelled",
+    "torchao": "torchao checkpoints: not modelled",
+    "humming": "Humming's own quantization config: not modelled (ask for the Humming backend instead)",
+    "experts_int8": "experts_int8 quantizes online: not modelled",
+    "online": "online quantization: not modelled",
+}
+
+# vLLM's config class per resolved method name (get_quantization_config's method_to_config, the MoE-bearing ones).
+CONFIG_READERS: dict[str, type[_Reader]] = {
+    "awq": _AutoAWQ, "awq_marlin": _AutoAWQ, "auto_awq": _AutoAWQ,
+    "gptq": _AutoGPTQ, "gptq_marlin": _AutoGPTQ, "auto_gptq": _AutoGPTQ,
+    "moe_wna16": _MoeWNA16,
     "fp8": _Fp8,
-    "modelopt": _ModelOpt,
+    "modelopt": _ModelOpt, "modelopt_fp4": _ModelOpt, "modelopt_mxfp8": _ModelOpt, "modelopt_mixed": _ModelOpt,
+    "mxfp8": _ModelOpt,
     "compressed-tensors": _CompressedTensors,
-    "mxfp4": _Mxfp4,
+    "quark": _Quark,
+    "gpt_oss_mxfp4": _GptOssMxfp4,
 }
 
 
 class QuantReader:
     """A checkpoint's quantization_config, read (and its name lists indexed) once; ``layer(experts)`` per layer.
 
-    InputError (naming the field) when a field the reader needs has the wrong type; an unknown
-    ``quant_method`` maps every layer to ``Unmapped`` with the reason.
+    InputError (naming the field) when a field the reader needs has the wrong type; what vLLM refuses for the
+    whole checkpoint makes every layer that ``Refused``.
     """
 
-    def __init__(self, quantization: Optional[dict]) -> None:
-        self.reader, self.unmapped = None, None
+    def __init__(self, quantization: Optional[dict], context: Optional[LayerContext] = None) -> None:
+        self.ctx = context or LayerContext()
+        self.reader: Optional[_Reader] = None
+        self.whole: Optional[LayerQuant] = None
+        self.method: Optional[str] = None
         if not quantization:
             return
         quantization = _obj(quantization, "quantization_config")
-        method = quantization.get("quant_method", "")
-        method = method.lower() if isinstance(method, str) else _short(method)
-        make = QUANT_METHODS.get(method)
-        if make is None:
-            self.unmapped = Unmapped(f"quant_method {method or '(none)'!r} is not mapped (moe-fsm reads {sorted(QUANT_METHODS)})")
-        else:
-            self.reader = make(quantization)
+        try:
+            method = resolve_method(quantization, self.ctx)
+            if isinstance(method, Refused):
+                self.whole = method
+                return
+            self.method = method
+            if method is None:
+                return
+            if method in NOT_MODELLED:
+                self.whole = _not_modelled(NOT_MODELLED[method])
+                return
+            if method not in CONFIG_READERS:
+                self.whole = _not_modelled(f"quant_method {method!r}: vLLM's config class has no MoE method moe-fsm "
+                                           "models")
+                return
+            self.reader = CONFIG_READERS[method](quantization, self.ctx, method)
+            cap = self.ctx.capability
+            if cap is not None and cap < self.reader.MIN_CAPABILITY:
+                self.whole = Refused(f"The quantization method {method} is not supported for the current GPU. Minimum "
+                                     f"capability: {self.reader.MIN_CAPABILITY}. Current capability: {cap}.")
+        except _Refusal as refusal:
+            self.whole = refusal.refused
 
     def layer(self, experts: str) -> LayerQuant:
-        if self.unmapped is not None:
-            return self.unmapped
+        if self.whole is not None:
+            return self.whole
         if self.reader is None:
             return _unquantized("unquantized")
-        return self.reader.layer(experts)
+        try:
+            return self.reader.layer(experts)
+        except _Refusal as refusal:
+            return refusal.refused
 
 
-def layer_quant(quantization: Optional[dict], experts: str) -> LayerQuant:
+def layer_quant(quantization: Optional[dict], experts: str, context: Optional[LayerContext] = None) -> LayerQuant:
     """The scheme of the experts module ``experts`` under a checkpoint's quantization_config."""
-    return QuantReader(quantization).layer(experts)
+    return QuantReader(quantization, context).layer(experts)
