@@ -1,6 +1,6 @@
 """Dispatch + combine time of moe-fsm's distributed prepare/finalize, next to plain collectives of the same bytes.
 
-    python bench/bench_distributed.py [--nproc N] [--out docs/perf] [--tokens 128 4096] [--quant none fp8]
+    python bench/bench_distributed.py [--nproc N] [--out bench-out] [--tokens 128 4096] [--quant none fp8]
                                       [--pf all2all fixed fixed_graph allgather] [--profile]
 
 Starts itself on N ranks through ``moe_fsm.distributed.launch`` (NCCL with one
@@ -85,7 +85,7 @@ REDUCE_SCATTER_SINGLE = getattr(dist, "reduce_scatter_single", None) or dist.red
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, default=None, help="ranks to launch (default: GPUs with CUDA, else 2)")
-    p.add_argument("--out", default="docs/perf", help="directory for the JSON and Markdown report")
+    p.add_argument("--out", default="bench-out", help="directory for the JSON and Markdown report (docs/perf/distributed.md shows the latest)")
     p.add_argument("--tokens", type=int, nargs="+", default=[128, 4096], help="tokens per rank")
     p.add_argument("--quant", nargs="+", default=list(QUANTS), choices=list(QUANTS), help="dispatch payload")
     p.add_argument("--pf", nargs="+", default=list(PF_KINDS), choices=list(PF_KINDS))

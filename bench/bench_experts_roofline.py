@@ -19,7 +19,8 @@ by R: that is the time a serving engine running graphs would see. Their eager
 time (Python launches included) is reported too. The torch loop synchronizes
 with the host every call, so it is timed eagerly.
 
-Writes JSON, a Markdown table and a PNG plot (default ``docs/perf/gpu_moe.*``).
+Writes JSON, a Markdown table and a PNG plot (default ``bench-out/gpu_moe.*``; docs/perf/experts_roofline.md shows
+the latest table).
 """
 
 from __future__ import annotations
@@ -421,7 +422,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     parser.add_argument("--torch-max-tokens", type=int, default=8192, help="skip the torch loop above this many tokens")
-    parser.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "perf")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "bench-out")
     parser.add_argument("--name", default="gpu_moe")
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -43,7 +43,7 @@ round is reported. At 8192 tokens the card runs at its power limit (700 W on the
 docs/perf/hopper.md) and its clock follows its temperature, so a column timed right
 after another inherits its heat; turns and rounds spread that over every column. At one
 token the eager (no graph) call is timed too, for the host cost. Writes JSON, Markdown
-and PNG (default ``docs/perf/vs_vllm_<gpu>.*``).
+and PNG (default ``bench-out/vs_vllm_<gpu>.*``; docs/perf/vs_vllm.md shows the latest tables).
 """
 
 from __future__ import annotations
@@ -779,7 +779,7 @@ def main() -> None:
     r.add_argument("--series", nargs="*", default=None)
     r.add_argument("--tokens", nargs="*", type=int, default=[1, 8, 32, 128, 512, 2048, 8192])
     r.add_argument("--workers", type=int, default=12, help="processes compiling every kernel first (0: none)")
-    r.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "perf")
+    r.add_argument("--out-dir", type=Path, default=ROOT / "bench-out")
     r.add_argument("--name", default=None)
     r.add_argument("--columns", default="ours,vllm,flashinfer",
                    help="which kernels to time beside moe-fsm's Triton (ours): vllm, flashinfer (default all three)")

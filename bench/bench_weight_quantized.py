@@ -503,7 +503,7 @@ def main() -> None:
     p.add_argument("--extract", default=str(ROOT / ".xfer" / "wq_peers"))
     r = sub.add_parser("run")
     r.add_argument("--extract", default=str(ROOT / ".xfer" / "wq_peers"))
-    r.add_argument("--out", default=str(ROOT / "docs" / "perf"))
+    r.add_argument("--out", default=str(ROOT / "bench-out"))
     r.add_argument("--rows", nargs="*")
     r.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     r.add_argument("--rep-ms", type=float, default=60.0)

@@ -48,7 +48,7 @@ FP8_VS_EMULATION_TOL = 2e-2
 # FlashInfer's DeepSeek block-FP8 path sits a steady 1.76e-2..2.17e-2 from the torch emulation on the H100 (1, 5,
 # 200 and 300 tokens; the most at 1 token), the same whether the emulation rounds activations as vLLM does
 # (x / (amax / 448)) or as TensorRT-LLM's 1x128 quantizer does (x * (448 / amax)): a difference the emulation does
-# not model, not tie rounding; its cause is not yet known (docs/perf/gpu_runs.md). Against float64 it stays 4.3e-2.
+# not model, not tie rounding; its cause is not yet known (docs/perf/flashinfer.md). Against float64 it stays 4.3e-2.
 FP8_BLOCK_VS_EMULATION_TOL = 3e-2
 FP8_VS_FLOAT_TOL = 8e-2
 SMALL_DEEPSEEK = Shape("deepseek-v3-32e", 32, 7168, 2048, 8)  # the V3 layer's sizes, fewer experts

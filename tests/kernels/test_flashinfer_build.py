@@ -3,7 +3,7 @@
 What is kept (a generated file holding ANY wanted pair; fp8_blockscale_gemm.cu always; dispatch
 files per set), which undefined symbols fail a build (those of kept dtype pairs), how -j follows
 free memory, and the CLI's refusals. The build itself runs on the GPU machine
-(docs/perf/flashinfer_sm90_build.md).
+(docs/perf/flashinfer.md).
 """
 
 from __future__ import annotations

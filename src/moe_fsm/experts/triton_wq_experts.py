@@ -38,7 +38,7 @@ _LAYER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 class _TritonWeightQuantExperts(Experts):
     family: QuantFamily
     # MXFP4 only: checkpoint nibble order and Triton's tl.dot_scaled upcast instead of the SPLIT re-layout and the
-    # inline-PTX dequant (which of the two is faster on the H100: docs/perf/wq.md)
+    # inline-PTX dequant (which of the two is faster on the H100: docs/perf/weight_quantized.md)
     scaled_dot: bool = False
 
     def __init__(self, layer: MoELayer) -> None:

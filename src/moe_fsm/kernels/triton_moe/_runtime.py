@@ -16,7 +16,7 @@ H200 it cut the host time of a one-token Qwen3-30B-A3B call from 137 to 102 µs
 (``fused_experts``) and 180 to 131 µs (modular kernel), and kernels so launched
 were captured in CUDA graphs by the benchmark, but the modular-kernel capture
 test failed with it when the first launch ran on a side stream (not diagnosed;
-docs/perf/vs_vllm_notes.md), so Triton's launch stays the default.
+docs/perf/vs_vllm.md), so Triton's launch stays the default.
 
 On Hopper and later every kernel ``launch`` starts is a programmatic dependent launch (PDL;
 ``MOE_FSM_PDL=0`` turns it off): the GPU may start a kernel before the previous one in the stream has
