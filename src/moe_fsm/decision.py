@@ -134,6 +134,7 @@ class _PolicyLess:
 
     error: SelectionError
     selection: None = None
+    resolved: dict = field(default_factory=dict)
 
     @property
     def path(self) -> list[str]:
@@ -288,6 +289,8 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
             "prepare_finalize": run.prepare_finalize.to_json(),
         }
         plan = plan_build(registry, sel.backend, sel.kernel, ctx, run.prepare_finalize)
+    if run.resolved:  # the server arguments an engine's pipeline resolved on the way (SGLang's profiles)
+        outcome["resolved"] = dict(run.resolved)
     document = trace_doc.build_document(
         inputs=inputs.to_json(), family=family.value, path=run.path, events=recorder.events, outcome=outcome,
         build=plan.to_json() if plan is not None else None,

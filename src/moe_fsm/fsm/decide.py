@@ -53,6 +53,7 @@ class DecisionRun:
         self.prepare_finalize = None
         self.error: SelectionError | None = None
         self.path: list[str] = [START]
+        self.resolved: dict[str, object] = {}  # server arguments an engine's pipeline resolves (fsm/runner_steps.py)
 
     def run(self) -> None:
         """Pump the machine's one trigger until it rests in a terminal state."""
@@ -178,6 +179,13 @@ class DecisionRun:
                 return rejected
             rejected.append(verdict)
         return rejected
+
+    def resolve(self, name: str, value: object, because: str) -> None:
+        """Set a server argument the decision resolves (the runner, the all-to-all backend, ...), recording the change."""
+        was = self.resolved.get(name)
+        self.resolved[name] = value
+        if self.rec.enabled:
+            self.rec.emit("resolved", name=name, value=value, was=was, because=because)
 
     def prune(self, backends, because: str, **extra) -> None:
         for b in backends:

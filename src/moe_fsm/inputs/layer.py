@@ -8,6 +8,7 @@ from enum import Enum
 
 from moe_fsm.inputs.hashing import field_dict, hashed_once
 from moe_fsm.errors import InputError
+from moe_fsm.inputs.model_facts import ModelFacts
 from moe_fsm.inputs.quant import FLOAT_DTYPES, QuantFamily, QuantScheme
 
 
@@ -38,6 +39,8 @@ class MoELayer:
     ``bias``: the experts add a bias after each GEMM (gpt-oss; vLLM's ``has_bias``).
     ``dtype`` takes a name ("bfloat16") or an engine's dtype object (``torch.bfloat16``),
     stored as the name so the layer stays JSON-able and the core needs no torch.
+    ``model``: what an engine reads beyond the layer (architecture, declared quant method, server
+    ``--quantization``, speculative draft; ``inputs/model_facts.py``); None when not given.
     """
 
     quant: QuantScheme = field(default_factory=QuantScheme.unquantized)
@@ -52,8 +55,11 @@ class MoELayer:
     dtype: str = "bfloat16"
     allow_vllm_cutlass: bool = False
     bias: bool = False
+    model: ModelFacts | None = None
 
     def __post_init__(self) -> None:
+        if self.model is not None and not isinstance(self.model, ModelFacts):
+            raise InputError(f"model must be a ModelFacts or None, got {self.model!r:.80}")
         if not isinstance(self.quant, QuantScheme):
             raise InputError(
                 f"quant must be a QuantScheme (QuantScheme.unquantized(), .fp8(...), .nvfp4()), got {self.quant!r}"
@@ -116,6 +122,10 @@ class MoELayer:
         data["activation"] = self.activation.value
         if not self.bias:
             del data["bias"]  # recorded only when set, so traces of bias-free layers keep their form
+        if self.model is None:
+            del data["model"]  # likewise: only layers given model facts record them
+        else:
+            data["model"] = self.model.to_json()
         return data
 
     @classmethod
@@ -129,6 +139,8 @@ class MoELayer:
         values = dict(data)
         if "quant" in values:
             values["quant"] = QuantScheme.from_json(values["quant"])
+        if values.get("model") is not None:
+            values["model"] = ModelFacts.from_json(values["model"])
         if "activation" in values:
             values["activation"] = Activation(values["activation"]) if values["activation"] in [a.value for a in Activation] else values["activation"]
         return cls(**values)

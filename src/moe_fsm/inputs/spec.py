@@ -11,9 +11,10 @@ core, which the commands and golden use alike. A spec is a mapping with the sect
               checkpoint, act_order (integer weights), bias,
               num_experts (experts), top_k, hidden_size (hidden), intermediate_size
               (intermediate), activation, swiglu_limit, lora, router_weight_on_input,
-              dtype, allow_vllm_cutlass
+              dtype, allow_vllm_cutlass; what an engine reads beyond the layer: architecture,
+              quant_method, quantization, draft (or the trace's ``model`` table)
 ``parallel``  tp_size (tp), dp_size (dp), ep_size (ep), batched_activation_format
-              (batched), all2all
+              (batched), all2all; SGLang's a2a_backend (moe_a2a_backend), deepep_mode
 ``backend``   "auto", a name, "nvfp4=flashinfer_b12x,fp8=triton" or a table
               (``request`` is accepted too: it is what a trace calls it)
 ``env``       table of registered variable -> value
@@ -35,6 +36,7 @@ from typing import Any, Mapping
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.model_facts import ModelFacts
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import Library, PlatformFacts, preset, probed_platform
 from moe_fsm.inputs.quant import MXFP4_ACTIVATIONS, NVFP4_STATIC, QuantFamily, QuantScheme
@@ -54,15 +56,17 @@ LAYER_ALIASES = {
     "group-size": "group_size",
     "zero-point": "zero_point",
     "act-order": "act_order",
+    "quant-method": "quant_method",
 }
 QUANT_WORDS = (
     "weight_scale", "act_scale", "static_act", "weight_only", "act_quant", "asym_act", "bits", "group_size",
     "zero_point", "checkpoint", "act_order",
 )
+MODEL_WORDS = ("architecture", "quant_method", "quantization", "draft")  # ModelFacts, flat in the layer section
 LAYER_KEYS = (
     "quant", *QUANT_WORDS, "num_experts", "top_k", "hidden_size",
     "intermediate_size", "activation", "swiglu_limit", "lora", "router_weight_on_input", "dtype", "allow_vllm_cutlass",
-    "bias",
+    "bias", *MODEL_WORDS, "model",
 )
 QUANT_KEYS = ("quant", *QUANT_WORDS)
 # The quant words each new family takes (FP8 and NVFP4 keep their own checks below).
@@ -75,8 +79,9 @@ FAMILY_WORDS = {
     QuantFamily.W4A8_INT8: ("group_size",),
 }
 _BOOL_WORDS = ("static_act", "weight_only", "asym_act", "zero_point", "act_order")
-PARALLEL_ALIASES = {"tp": "tp_size", "dp": "dp_size", "ep": "ep_size", "batched": "batched_activation_format"}
-PARALLEL_KEYS = ("tp_size", "dp_size", "ep_size", "batched_activation_format", "all2all")
+PARALLEL_ALIASES = {"tp": "tp_size", "dp": "dp_size", "ep": "ep_size", "batched": "batched_activation_format",
+                    "moe_a2a_backend": "a2a_backend"}
+PARALLEL_KEYS = ("tp_size", "dp_size", "ep_size", "batched_activation_format", "all2all", "a2a_backend", "deepep_mode")
 PLATFORM_SPEC_KEYS = ("preset", "add_libraries", "remove_libraries")
 
 # The activation scale a weight scale usually comes with (the checkpoint formats vLLM sees).
@@ -252,10 +257,28 @@ def layer_from_spec(data: Mapping) -> MoELayer:
     for key in ("activation", "dtype", "swiglu_limit"):
         if key in layer:
             values[key] = layer[key]
+    model = _model_facts(layer)
+    if model is not None:
+        values["model"] = model
     try:
         return MoELayer(**values)
     except TypeError as err:
         raise InputError(f"layer is malformed: {err}") from None
+
+
+def _model_facts(layer: Mapping) -> ModelFacts | None:
+    """The layer's model facts: the trace's ``model`` table or the flat words, not both; None when neither is given."""
+    words = {k: layer[k] for k in MODEL_WORDS if k in layer}
+    table = layer.get("model")
+    if table is not None and words:
+        raise InputError(f"layer gives model as a table and also {sorted(words)}; use one form")
+    if table is not None:
+        return ModelFacts.from_json(dict(table) if isinstance(table, Mapping) else table)
+    if not words:
+        return None
+    if "draft" in words:
+        words["draft"] = _bool("draft", words["draft"])
+    return ModelFacts(**words)
 
 
 def parallel_from_spec(data: Mapping) -> ParallelConfig:

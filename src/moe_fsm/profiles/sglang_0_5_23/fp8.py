@@ -1,0 +1,74 @@
+"""SGLang 0.5.23's FP8 MoE methods and their runner choice.
+
+- ``fp8`` (``Fp8MoEMethod.create_moe_runner``, ``layers/quantization/fp8.py``): auto becomes deep_gemm when
+  ``is_deepgemm_moe_runner_backend_enabled`` (a DeepEP, Mooncake or NIXL all-to-all with DeepGEMM's JIT on),
+  else aiter on ROCm with SGLANG_USE_AITER or SGLANG_INT4_WEIGHT under an all-to-all AITER supports, else
+  triton; flashinfer_cutlass and flashinfer_cutedsl (pinned for NVFP4 experts) run its FP8 experts on triton;
+  deep_gemm, triton, aiter, the TRT-LLM runners, hpc_ops and flashinfer_megamoe build a ``MoeRunner``, any
+  other runner is a kernel the method calls directly. MXFP8 checkpoints use the same method (``mxfp8.py``).
+- ``compressed-tensors`` (``CompressedTensorsW8A8Fp8MoE``): auto becomes aiter for per-channel weights on ROCm
+  with SGLANG_USE_AITER, else triton; aiter, triton and the TRT-LLM runners build a runner; any other runner
+  builds none and the layer fails at its first forward.
+- ``modelopt_fp8`` (``ModelOptFp8MoEMethod``): flashinfer_cutlass builds FlashInfer CUTLASS, anything else
+  Triton (a declared routing method would report flashinfer_trtllm for the TRT-LLM runner; moe-fsm's inputs
+  declare none).
+"""
+
+from __future__ import annotations
+
+from moe_fsm.fsm.runner_steps import First, Rule, is_
+from moe_fsm.inputs.quant import QuantFamily
+from moe_fsm.profiles.sglang_0_5_23.facts import AITER, AITER_OR_HIP_INT4, FP8_CHANNEL_WEIGHTS, JIT_DEEPGEMM
+from moe_fsm.profiles.sglang_0_5_23.kernels import sglang_policy
+from moe_fsm.profiles.sglang_0_5_23.layer import (
+    A2A, AITER_A2A, AS_RESOLVED, KIND, MOE_RUNNER, RUNNER, direct, layer_is, runner_at,
+)
+
+FP8_RUNNER_BACKENDS = ("deep_gemm", "triton", "aiter", "flashinfer_trtllm", "experimental_sgl_trtllm",
+                       "flashinfer_trtllm_routed", "hpc_ops", "flashinfer_megamoe")
+_AUTO = is_(RUNNER, "auto")
+
+FP8_METHOD_RULES = (
+    First((
+        Rule("auto with a DeepEP, Mooncake or NIXL all-to-all and DeepGEMM's JIT on "
+             "(is_deepgemm_moe_runner_backend_enabled) -> deep_gemm",
+             when=(_AUTO, is_(A2A, "deepep", "mooncake", "nixl"), JIT_DEEPGEMM), sets=direct("deep_gemm")),
+        Rule("auto on ROCm with SGLANG_USE_AITER or SGLANG_INT4_WEIGHT, under an all-to-all AITER supports -> aiter",
+             when=(_AUTO, AITER_OR_HIP_INT4, is_(A2A, *AITER_A2A)), sets=direct("aiter")),
+        Rule("auto -> triton", when=(_AUTO,), sets=direct("triton")),
+        Rule("an explicit runner is taken as it is", sets=direct(AS_RESOLVED)),
+    )),
+    Rule("flashinfer_cutlass and flashinfer_cutedsl have no FP8 MoE path: this layer's FP8 experts run on triton",
+         when=(layer_is("flashinfer_cutlass", "flashinfer_cutedsl"),), sets=direct("triton")),
+    Rule("these runners build a MoeRunner; any other is a kernel the method calls directly",
+         when=(layer_is(*FP8_RUNNER_BACKENDS),), sets={KIND: MOE_RUNNER}),
+)
+
+COMPRESSED_TENSORS_RULES = (
+    First((
+        Rule("auto, per-channel weights, SGLANG_USE_AITER on ROCm, under an all-to-all AITER supports -> aiter",
+             when=(_AUTO, AITER, FP8_CHANNEL_WEIGHTS, is_(A2A, *AITER_A2A)), sets=runner_at("aiter")),
+        Rule("auto -> triton", when=(_AUTO,), sets=runner_at("triton")),
+        Rule("aiter, triton and the TRT-LLM runners are built as they are",
+             when=(is_(RUNNER, "aiter", "triton", "flashinfer_trtllm", "experimental_sgl_trtllm",
+                       "flashinfer_trtllm_routed"),), sets=runner_at(AS_RESOLVED)),
+        Rule("any other runner builds nothing (the method's TODO): the layer has no runner and fails at its "
+             "first forward", fail="CompressedTensorsW8A8Fp8MoE builds no MoE runner for --moe-runner-backend "
+                                   "{moe_runner_backend}: the layer has no runner and fails at its first forward"),
+    )),
+)
+
+MODELOPT_FP8_RULES = (
+    First((
+        Rule("flashinfer_cutlass -> FLASHINFER_CUTLASS", when=(is_(RUNNER, "flashinfer_cutlass"),),
+             sets=runner_at("flashinfer_cutlass")),
+        Rule("anything else -> TRITON", sets=runner_at("triton")),
+    )),
+)
+
+RUNNERS = ("triton", "deep_gemm", "aiter", "flashinfer_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutlass",
+           "hpc_ops", "flashinfer_megamoe", "cutlass", "marlin", "humming", "triton_kernel", "flashinfer_mxfp4",
+           "intel_xpu")
+
+POLICY = sglang_policy(QuantFamily.FP8, "FP8", {"fp8": FP8_METHOD_RULES, "compressed-tensors": COMPRESSED_TENSORS_RULES,
+                                                 "modelopt_fp8": MODELOPT_FP8_RULES}, RUNNERS)

@@ -1,0 +1,12 @@
+"""SGLang 0.5.23's MXFP8 MoE layers: ``Fp8MoEMethod`` with ``use_mxfp8`` (``--quantization mxfp8``), the same
+runner choice as FP8 (``fp8.py``); the server's mxfp8 quantization constraint (``pipeline.py``) has already
+narrowed the runner when ``--quantization mxfp8`` is given.
+"""
+
+from __future__ import annotations
+
+from moe_fsm.inputs.quant import QuantFamily
+from moe_fsm.profiles.sglang_0_5_23.fp8 import FP8_METHOD_RULES, RUNNERS
+from moe_fsm.profiles.sglang_0_5_23.kernels import sglang_policy
+
+POLICY = sglang_policy(QuantFamily.MXFP8, "MXFP8", {"mxfp8": FP8_METHOD_RULES, "fp8": FP8_METHOD_RULES}, RUNNERS)
