@@ -196,3 +196,51 @@ def test_plan_needs_no_torch(tmp_path):
     backends = {row["backend"] for row in json.loads(done.stdout)["layers"]}
     assert backends == {"TRITON", "FLASHINFER_B12X", "FLASHINFER_CUTLASS"}
     assert len(list(tmp_path.glob("*.json"))) == 3  # one trace per distinct decision, plan.manifest for the 48 layers
+
+
+# -- issue 41 item 4: the manifest hint, one meaning of --layer, --json as its help says, flags in messages --------------
+
+
+def test_the_explain_hint_is_printed_only_when_a_manifest_was_written(tmp_path, capsys):
+    assert main(["plan", str(CONFIGS / "llama-4-maverick-fp8"), "--platform", "sm90", "--policy", "vllm-0.33", "--no-env",
+                 "--trace-dir", str(tmp_path / "traces")]) == 1
+    out = capsys.readouterr().out
+    assert "REFUSED  -" in out and "moe-fsm explain" not in out
+    assert out.rstrip().endswith("traces: none written (no layer was decided, so there is no plan.manifest)")
+    assert not (tmp_path / "traces").exists()
+
+
+def test_layer_n_is_the_decoder_layer_in_run_and_plan_manifests(tmp_path, capsys):
+    """DeepSeek-V3's MoE layers start at decoder layer 3: `--layer 3` is model.layers.3 in both manifests, and both
+    name its trace file layer003-... (a run numbered it by MoE position: layer000-model.layers.3...)."""
+    assert main(["run", "--preset", "deepseek-v3", "--layers", "2", "--tokens", "4", "--device", "cpu",
+                 "--trace-dir", str(tmp_path / "run")]) == 0
+    assert main(["plan", str(CONFIGS / "deepseek-v3"), "--platform", "sm90", "--policy", "seeds", "--no-env",
+                 "--trace-dir", str(tmp_path / "plan")]) == 0
+    capsys.readouterr()
+    for folder, manifest in (("run", "run.manifest"), ("plan", "plan.manifest")):
+        assert (tmp_path / folder / "layer003-model.layers.3.mlp.experts.json").is_file()
+        assert main(["explain", str(tmp_path / folder / manifest), "--layer", "3"]) == 0
+        assert "MoE layer (model.layers.3.mlp.experts)" in capsys.readouterr().out.splitlines()[0], folder
+    run_manifest = json.loads((tmp_path / "run" / "run.manifest").read_text())
+    assert [(row["index"], row["name"]) for row in run_manifest["layers"]] == [
+        (3, "model.layers.3.mlp.experts"), (4, "model.layers.4.mlp.experts")]
+
+
+def test_plan_json_is_the_object_its_help_describes(tmp_path, capsys):
+    """plan --json's help promised "one object per layer"; it prints one object whose "layers" holds them."""
+    assert main(["plan", "--help"]) == 0
+    assert "print the plan as one JSON object" in " ".join(capsys.readouterr().out.split())
+    assert main(["plan", str(CONFIGS / "qwen3-30b-a3b-gptq-int4"), "--platform", "sm90", "--policy", "vllm-0.33",
+                 "--no-env", "--json", "--trace-dir", str(tmp_path)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"config", "platform", "parallel", "request", "profile", "quant_method", "layers"} <= set(data)
+    assert data["quant_method"] == "auto_gptq" and len(data["layers"]) == 48
+    assert data["layers"][0]["vllm_method"] == "AutoGPTQMoEMethod" and data["layers"][0]["config_says"] == "gptq 4-bit group 128"
+
+
+def test_a_parallel_layout_error_names_the_flags(tmp_path, capsys):
+    assert main(["plan", str(CONFIGS / "qwen3-30b-a3b"), "--platform", "sm90", "--dp", "8", "--ep", "8", "--all2all",
+                 "deepep_low_latency", "--no-env", "--trace-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "set --batched" in err and "--all2all 'deepep_low_latency'" in err and "batched_activation_format" not in err

@@ -47,8 +47,10 @@ def add_trace_arguments(parser) -> None:
     parser.add_argument("trace", metavar="TRACE.json|MANIFEST",
                         help="a decision trace, or a plan.manifest / run.manifest (which maps each layer to its trace)")
     parser.add_argument("--layer", metavar="N|MODULE",
-                        help="with a manifest: the layer (decoder index or module name) whose decision to take; "
-                             "without it, every distinct decision of the manifest in turn")
+                        help="with a manifest: the layer whose decision to take, by module name or by N, its decoder "
+                             "layer number (the N of model.layers.N, as plan's and run's tables and the trace file names "
+                             "layerNNN-... number it, in every manifest); without it, every distinct decision of the "
+                             "manifest in turn")
     parser.add_argument("--rank", type=int, default=0, metavar="R",
                         help="with a run.manifest of a multi-process run: whose traces (default 0)")
 

@@ -11,6 +11,7 @@ selection, its trace), 2 on bad input.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from moe_fsm.cli.exit_codes import EXIT_DIFFERS, EXIT_OK
 from moe_fsm.cli import render
 from moe_fsm.cli.inputs import POLICY_HELP, Once, parse_env_flags
 from moe_fsm.cli.text import one_line, printable
+from moe_fsm.errors import InputError
 from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
 from moe_fsm.inputs.platform import PRESETS
 
@@ -53,7 +55,9 @@ def register(subparsers) -> None:
     parser.add_argument("--policy", metavar="PROFILE", action=Once, help=POLICY_HELP)
     parser.add_argument("--trace-dir", type=Path, metavar="DIR",
                         help=f"where the traces (one per distinct decision) and plan.manifest go (default {DEFAULT_TRACE_ROOT}/plan-<config dir>/)")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON (one object per layer)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the plan as one JSON object: the config, platform, parallel layout, backend request, "
+                             "policy profile and vLLM's quantization method, and 'layers', one object per MoE layer")
     parser.set_defaults(func=run)
 
 
@@ -63,8 +67,11 @@ def run(args) -> int:
     from moe_fsm.plan.plan import plan_model
 
     platform = probed_platform() if args.platform == "probe" else preset(args.platform)
-    parallel = ParallelConfig(tp_size=args.tp, dp_size=args.dp, ep_size=args.ep,
-                              batched_activation_format=args.batched, all2all=args.all2all)
+    try:
+        parallel = ParallelConfig(tp_size=args.tp, dp_size=args.dp, ep_size=args.ep,
+                                  batched_activation_format=args.batched, all2all=args.all2all)
+    except InputError as err:  # the library names its fields; the command names its flags
+        raise InputError(flag_words(str(err))) from None
     env = parse_env_flags(args.env) if args.env else ({} if args.no_env else None)
     config = Path(args.config)
     trace_dir = args.trace_dir or DEFAULT_TRACE_ROOT / f"plan-{(config if config.is_dir() else config.parent).resolve().name}"
@@ -75,6 +82,16 @@ def run(args) -> int:
     else:
         print(printable("\n".join(plan_lines(plan))))
     return EXIT_OK if plan.ok else EXIT_DIFFERS
+
+
+# ParallelConfig's fields and the plan flags that set them.
+PARALLEL_FLAGS = {"tp_size": "--tp", "dp_size": "--dp", "ep_size": "--ep", "batched_activation_format": "--batched",
+                  "all2all": "--all2all"}
+
+
+def flag_words(message: str) -> str:
+    """A parallel-config message in the command's words: each field name it mentions becomes its flag."""
+    return re.sub(r"\b(" + "|".join(PARALLEL_FLAGS) + r")\b", lambda m: PARALLEL_FLAGS[m.group(1)], message)
 
 
 def plan_lines(plan) -> list[str]:
@@ -108,7 +125,7 @@ def plan_lines(plan) -> list[str]:
     for number, (_, rows) in enumerate(groups, 1):
         for r in rows:
             d = r.decision
-            backend = d.backend if d else ("FAILED" if r.error else "NOT MAPPED")
+            backend = d.backend if d else ("FAILED" if r.error else "REFUSED" if r.status == "refused" else "NOT MAPPED")
             kernel = (d.kernel or "platform MoE") if d else "-"
             cells = (f"[{number}]", str(r.index), r.name, backend, kernel,
                      getattr(r.quant, "source", None) or r.quant.reason, r.trace_path.name if r.trace_path else "-")
@@ -116,6 +133,9 @@ def plan_lines(plan) -> list[str]:
     lines += _table(header, table)
     lines.append("")
     written = len({r.trace_path for r in plan.layers if r.trace_path})
+    if not written:  # no layer reached a selection: no trace, no plan.manifest, nothing for explain to read
+        lines.append("traces: none written (no layer was decided, so there is no plan.manifest)")
+        return lines
     manifest = shlex.quote(str(decider.trace_dir / "plan.manifest"))  # a command the operator can paste as it stands
     lines.append(f"traces: {one_line(str(decider.trace_dir))}/ ({written} JSON file(s), one per distinct decision; "
                  f"plan.manifest maps each layer to its file: `moe-fsm explain {one_line(manifest)} --layer N` tells "

@@ -21,6 +21,7 @@ from moe_fsm.errors import BackendUnavailableError, InputError, TraceWriteError
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.plan.decider import LayerDecider, LayerSpec
 from moe_fsm.trace import document as trace_doc
+from moe_fsm.trace.manifest import layer_number
 
 
 @dataclass
@@ -78,7 +79,8 @@ class Engine(LayerDecider):
         """Decide (or reuse the decision of an identical layer) and build one more layer; writes its trace."""
         return self._load_layer(len(self.loaded), LayerSpec(name, layer))
 
-    def _load_layer(self, index: int, spec: LayerSpec) -> LoadedLayer:
+    def _load_layer(self, position: int, spec: LayerSpec) -> LoadedLayer:
+        index = layer_number(spec.name, position)  # the decoder layer: trace file names and messages go by it
         decided = self.decide_layer(index, spec)
         if not decided.cached:
             self._kernels[decided.inputs] = self._build(index, spec, decided.decision)

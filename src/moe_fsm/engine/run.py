@@ -36,6 +36,7 @@ from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.trace.manifest import layer_number
 from moe_fsm.kernels.reference import moe_reference
 from moe_fsm.modular.interfaces import ExpertScales
 from moe_fsm.plan.decider import DEFAULT_TRACE_DIR
@@ -298,7 +299,7 @@ def _row(index: int, layer_state: LoadedLayer, elapsed_ms: float, err: float, *,
          nonfinite_rows: int) -> LayerResult:
     decision, layer = layer_state.decision, layer_state.spec.layer
     return LayerResult(
-        index=index,
+        index=layer_number(layer_state.spec.name, index),  # the decoder layer, as the trace file and plan number it
         name=layer_state.spec.name,
         family=layer.family.value,
         backend=decision.backend,

@@ -61,7 +61,7 @@ from moe_fsm.plan.decider import DEFAULT_TRACE_DIR
 from moe_fsm.plan.model_config import ACTIVATIONS
 from moe_fsm.profiles import ProfileChoice
 from moe_fsm.runtime import build
-from moe_fsm.trace.manifest import MODEL_MANIFEST_NAME, MODEL_MANIFEST_SCHEMA, write_layer_manifest
+from moe_fsm.trace.manifest import MODEL_MANIFEST_NAME, MODEL_MANIFEST_SCHEMA, layer_number, write_layer_manifest
 
 IMPLEMENTATION = "moe_fsm"
 
@@ -226,7 +226,8 @@ def enable(
     write_layer_manifest(
         engine.trace_dir, MODEL_MANIFEST_NAME, MODEL_MANIFEST_SCHEMA,
         {"model": type(model).__name__, "profile": engine.profile.to_json(), "platform": engine.platform.to_json()},
-        [{"index": i, "name": name, "trace": path.name} for i, (name, path) in enumerate(engine.layer_traces)],
+        [{"index": layer_number(name, i), "name": name, "trace": path.name}
+         for i, (name, path) in enumerate(engine.layer_traces)],
     )
     return EnabledModel(type(model).__name__, engine, prepared, training, blocks)
 

@@ -7,19 +7,24 @@ layer to its file: ``plan.manifest``, ``run.manifest``, ``model.manifest``. Thei
 not *.json, so ``moe-fsm explain DIR/*.json`` still reads only traces.
 
 ``explain`` and ``replay`` take a manifest where they take a trace:
-``moe-fsm explain DIR/plan.manifest --layer 5`` (a decoder index or a module
+``moe-fsm explain DIR/plan.manifest --layer 5`` (a decoder layer number or a module
 name) tells layer 5's story from the trace it shares, under its own name;
-without ``--layer`` every distinct decision in turn. Torch-free, core.
+without ``--layer`` every distinct decision in turn. A layer's number means one thing
+in every manifest, table and trace file name (``layer_number``): the decoder layer,
+the N of ``model.layers.N``. Torch-free, core.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from moe_fsm.errors import InputError
+
+_DECODER_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 RUN_MANIFEST_NAME = "run.manifest"
 RUN_MANIFEST_SCHEMA = "moe-fsm/run-manifest"
@@ -37,6 +42,14 @@ class LayerEntry:
     index: int
     name: str
     trace: Optional[Path]
+
+
+def layer_number(name: str, position: int) -> int:
+    """The number a layer goes by in manifests, tables, trace file names and ``--layer N``: the decoder layer its
+    experts module belongs to (the N of ``model.layers.N.mlp.experts``, also under a multimodal model's
+    ``language_model.``), else, for a name without one, its position among the model's MoE layers."""
+    found = _DECODER_LAYER.search(name) if isinstance(name, str) else None
+    return int(found.group(1)) if found and len(found.group(1)) <= 9 else position
 
 
 def is_manifest(document) -> bool:
@@ -82,7 +95,7 @@ def layer_entries(document: dict, path: Path, rank: int = 0) -> list[LayerEntry]
 
 
 def pick(entries: Sequence[LayerEntry], layer: str, path: Path) -> LayerEntry:
-    """The layer ``layer`` names: a decoder index ("5") or a module name."""
+    """The layer ``layer`` names: a decoder layer number ("5", see ``layer_number``) or a module name."""
     text = layer.strip()
     found = [e for e in entries if (str(e.index) == text if text.isdigit() else e.name == text)]
     if not found:
