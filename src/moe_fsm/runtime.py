@@ -45,13 +45,16 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
         raise BackendUnavailableError(
             f"{plan.because}: a strict build runs only the decided {decided}, and refuses the substitute {plan.experts}")
     impl = registry.kernels[plan.experts].impl if plan.experts is not None else None
+    decided = registry.kernels.get(decision.kernel) if decision.kernel is not None else None
+    weight_only = decided is not None and decided.weight_only  # a stand-in computes as the decided kernel does
     stand_in = None
     if impl is None:
         stand_in = stand_ins.choose(layer, decision.activation_format, device,
-                                    decision.kernel or f"{decision.backend} (the platform's own MoE path)", plan.because)
+                                    decision.kernel or f"{decision.backend} (the platform's own MoE path)", plan.because,
+                                    weight_only)
     elif device != "cuda" and stand_ins.cuda_only(impl):
         stand_in = stand_ins.choose(layer, decision.activation_format, device, plan.experts,
-                                    f"{plan.experts} runs on CUDA; this run is on {device}")
+                                    f"{plan.experts} runs on CUDA; this run is on {device}", weight_only)
     if stand_in is not None:
         if strict:
             raise BackendUnavailableError(f"{stand_in.because} (a strict build refuses the stand-in {stand_in.label})")
@@ -63,8 +66,9 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
             # adapter and NVFP4 weights): a stand-in of the same numerics runs it, unless the build is strict
             if strict:
                 raise
-            stand_in = stand_ins.choose(layer, decision.activation_format, device, plan.experts, str(err))
+            stand_in = stand_ins.choose(layer, decision.activation_format, device, plan.experts, str(err), weight_only)
     if stand_in is not None:
+        layer = stand_ins.computed_layer(layer, stand_in.weight_only)  # the decided kernel's numerics
         module, _, attr = stand_in.impl.partition(":")
         experts = getattr(importlib.import_module(module), attr)(layer)
     prepare_finalize = build_prepare_finalize(

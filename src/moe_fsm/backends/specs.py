@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moe_fsm.backends.requirements import Requirement
+from moe_fsm.backends.requirements import QuantSchemes, Requirement
 from moe_fsm.inputs.formats import ActivationFormat
 from moe_fsm.inputs.quant import QuantFamily, QuantKey
 
@@ -18,6 +18,13 @@ class KernelSpec:
     requirements: tuple[Requirement, ...]
     impl: str | None = None
     library_note: str = ""
+
+    @property
+    def weight_only(self) -> bool:
+        """Whether the kernel computes with 16-bit activations whatever activation quantization the checkpoint
+        declares (vLLM's Marlin dequantizes the weights and quantizes nothing else): its scheme check takes any
+        activation key. A stand-in of the kernel computes so too (``stand_ins``)."""
+        return any(isinstance(r, QuantSchemes) and r.weight_only for r in self.requirements)
 
 
 class _LayerActivation:
