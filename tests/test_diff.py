@@ -114,15 +114,16 @@ def test_cli_needs_two_profiles_and_known_names(capsys):
     assert code == 2 and "unknown policy profile 'vllm-9.9'" in err
 
 
-def test_readme_diff_examples_are_true(capsys):
-    """Every line the README shows for a `moe-fsm diff` command is a line of that command's output ('...' elides)."""
+def test_readme_and_guide_diff_examples_are_true(capsys):
+    """Every line the README and the commands guide show for a `moe-fsm diff` command is a line of its output ('...' elides)."""
     import re
     import shlex
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```text\n(.*?)```", readme, re.DOTALL) if "$ moe-fsm diff" in b]
-    assert blocks, "the README shows no moe-fsm diff example"
+    root = Path(__file__).resolve().parents[1]
+    pages = "".join((root / page).read_text() for page in ("README.md", "docs/guide-commands.md"))
+    blocks = [b for b in re.findall(r"```text\n(.*?)```", pages, re.DOTALL) if "$ moe-fsm diff" in b]
+    assert blocks, "neither the README nor the guide shows a moe-fsm diff example"
     checked = 0
     for block in blocks:
         for command in re.split(r"^(?=\$ )", block, flags=re.M):

@@ -318,20 +318,24 @@ def test_cuda_model_runs_the_decided_kernel_and_trains_through_the_torch_experts
             assert rel_error(grad, reference_grads[f"{name}.gate_up_proj"]) < 1e-4
 
 
-def test_readme_transformers_example_runs_as_shown(tmp_path, monkeypatch, capsys):
+def test_integrations_transformers_example_runs_as_shown(tmp_path, monkeypatch, capsys):
+    """docs/integrations.md's transformers example prints what the page shows, and its `ls` lists what it wrote."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("\n## Real models: inside transformers, and `plan` from a config.json\n", 1)[1].split("\n## ", 1)[0]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
+    section = page.split("\n## Inside transformers\n", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    (shown,) = re.findall(r"```text\n(.*?)```", section, re.DOTALL)
+    printed, listing = shown.split("$ ls moe-fsm-traces/qwen3\n")
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/integrations.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
+    assert out[:2] == printed.splitlines()
     assert out[0] == "moe_fsm: 4 experts module(s) of Qwen3MoeForCausalLM, 1 distinct decision(s); traces in moe-fsm-traces/qwen3/"
     assert out[1] == "    4 x CPU (TorchExperts + LocalPrepareFinalize, float32): model.layers.0.mlp.experts ..."
-    assert len(list((tmp_path / "moe-fsm-traces" / "qwen3").glob("*.json"))) == 1  # one per distinct decision
-    assert (tmp_path / "moe-fsm-traces" / "qwen3" / "model.manifest").is_file()
+    written = sorted(p.name for p in (tmp_path / "moe-fsm-traces" / "qwen3").iterdir())
+    assert listing.split() == written  # one trace per distinct decision, and the manifest
 
 
 def test_cpu_models_do_not_replay_cuda_graphs(tmp_path):

@@ -40,7 +40,8 @@ class Engine(LayerDecider):
     Two ways in: the layers up front (``Engine(specs, ...).load()``), or one at a
     time as a model loads (``engine.load_layer("model.layers.3.mlp.experts", layer)``).
     Either way decisions are cached by ``DecisionInputs``, one trace per distinct
-    decision (``layer_traces`` maps every layer to its file). Unset arguments get an engine's defaults (see ``LayerDecider``).
+    decision (``layer_traces`` lists every layer with its trace file, in load order). Unset arguments get an
+    engine's defaults (see ``LayerDecider``).
     """
 
     def __init__(self, layers: Optional[list[LayerSpec]] = None, *, build: bool = True, strict_build: bool = False,
