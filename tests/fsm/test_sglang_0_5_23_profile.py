@@ -161,7 +161,8 @@ def test_mxfp8_overrides_a_runner_it_does_not_take_with_its_default():
     layer = MoELayer(quant=QuantScheme.mxfp8(), model=ModelFacts(quantization="mxfp8"))
     assert decide(layer, platform="sm100").backend == "FLASHINFER_TRTLLM"
     overridden = decide(layer, platform="sm100", backend="triton")
-    assert overridden.backend == "FLASHINFER_TRTLLM" and resolved(overridden)["moe_runner_backend"] == "flashinfer_trtllm"
+    assert overridden.backend == "FLASHINFER_TRTLLM"
+    assert resolved(overridden)["moe_runner_backend"] == "flashinfer_trtllm"
     assert decide(layer, platform="sm100", backend="deep_gemm").backend == "DEEP_GEMM"
 
 

@@ -20,7 +20,7 @@ from moe_fsm.decision import DecisionInputs, inputs_from_spec
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.env import known_env_vars
 from moe_fsm.inputs.layer import Activation
-from moe_fsm.inputs.parallel import AllToAllKind
+from moe_fsm.inputs.parallel import A2A_BACKENDS, DEEPEP_MODES, AllToAllKind
 from moe_fsm.inputs.platform import PRESETS
 from moe_fsm.inputs.quant import (
     FP8_ACTIVATION_SCALES, FP8_WEIGHT_SCALES, FLOAT_DTYPES, MXFP4_ACTIVATIONS, WNA16_CHECKPOINTS, QuantFamily,
@@ -76,6 +76,15 @@ def add_input_arguments(parser) -> None:
     layer.add_argument("--dtype", choices=list(FLOAT_DTYPES), help="activation dtype (default bfloat16)")
     layer.add_argument("--allow-vllm-cutlass", action="store_true", default=None,
                        help="the checkpoint allows vLLM's own CUTLASS FP8 kernels (compressed-tensors)")
+    model = parser.add_argument_group("the model and server, as an engine reads them beyond the layer (SGLang)")
+    model.add_argument("--architecture", metavar="NAME",
+                       help="config.json's architectures[0] (SGLang's model overrides read it), e.g. GptOssForCausalLM")
+    model.add_argument("--quant-method", metavar="NAME",
+                       help="the checkpoint's quantization_config.quant_method (default: the layer scheme's usual one)")
+    model.add_argument("--quantization", metavar="NAME",
+                       help="the server's --quantization flag (SGLang; default: not given)")
+    model.add_argument("--draft", action="store_true", default=None,
+                       help="the layer belongs to the speculative draft model")
 
     par = parser.add_argument_group("the parallel config")
     par.add_argument("--tp", type=_positive_int, metavar="N", help="tensor-parallel size (default 1)")
@@ -85,6 +94,8 @@ def add_input_arguments(parser) -> None:
                      help="experts take the batched activation format [E_local, T, K]")
     par.add_argument("--all2all", choices=[k.value for k in AllToAllKind],
                      help="how tokens travel with DP and EP both on (default allgather_reducescatter)")
+    par.add_argument("--a2a-backend", choices=list(A2A_BACKENDS), help="SGLang's --moe-a2a-backend (default none)")
+    par.add_argument("--deepep-mode", choices=list(DEEPEP_MODES), help="SGLang's --deepep-mode (default auto)")
 
     ctx = parser.add_argument_group("request, environment and platform")
     ctx.add_argument("--backend", metavar="SPEC",
@@ -163,10 +174,13 @@ def inputs_from_args(args) -> DecisionInputs:
         "allow_vllm_cutlass": args.allow_vllm_cutlass, "act_quant": args.act_quant, "asym_act": args.asym_act,
         "bits": args.bits, "group_size": args.group_size, "zero_point": args.zero_point,
         "checkpoint": args.checkpoint, "act_order": args.act_order, "bias": args.bias,
+        "architecture": args.architecture, "quant_method": args.quant_method, "quantization": args.quantization,
+        "draft": args.draft,
     }
     parallel_flags = {
         "tp_size": args.tp, "dp_size": args.dp, "ep_size": args.ep,
-        "batched_activation_format": args.batched, "all2all": args.all2all,
+        "batched_activation_format": args.batched, "all2all": args.all2all, "a2a_backend": args.a2a_backend,
+        "deepep_mode": args.deepep_mode,
     }
     layer = merge_layer(spec.get("layer"), {k: v for k, v in layer_flags.items() if v is not None})
     parallel = merge_parallel(spec.get("parallel"), {k: v for k, v in parallel_flags.items() if v is not None})

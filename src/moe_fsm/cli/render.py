@@ -88,6 +88,12 @@ def layer_text(layer: dict) -> str:
         options.append("expert biases")
     if options:
         parts.append(", ".join(options))
+    model = layer.get("model")
+    if model:
+        facts = [f"{name} {model[name]}" for name in ("architecture", "quant_method") if model[name] is not None]
+        facts += [f"--quantization {model['quantization']}"] if model["quantization"] is not None else []
+        facts += ["speculative draft"] if model["draft"] else []
+        parts.append("model: " + (", ".join(facts) or "nothing known"))
     return "; ".join(parts)
 
 
@@ -98,6 +104,10 @@ def parallel_text(parallel: dict) -> str:
         text += f", all2all={parallel['all2all']}"
     elif parallel["all2all"] != "allgather_reducescatter":
         text += f", all2all={parallel['all2all']} (unused without both DP and EP)"
+    if "a2a_backend" in parallel:
+        text += f", --moe-a2a-backend {parallel['a2a_backend']}"
+    if "deepep_mode" in parallel:
+        text += f", --deepep-mode {parallel['deepep_mode']}"
     return text
 
 
@@ -183,6 +193,10 @@ def guard_text(event: dict) -> str:
         return f"{inputs['source']} asks for {inputs['requested']!r}"
     if guard == "auto_scan":
         return "no earlier step decided"
+    if guard == "server_args":
+        return "the server arguments as given"
+    if guard == "layer_runner":
+        return f"the layer's quantization method ({inputs['method']}) builds its runner"
     if not inputs:
         return "the family has no such step"
     readings = "; ".join(reading_text(r) for r in inputs.get("env", ()))
@@ -247,8 +261,23 @@ def lines_of(event: dict, detail: bool = False) -> list[str]:
         return [f"    {reading_text(event['env'])} names the FlashInfer {event['family']} family"]
     if kind == "prepare_finalize":
         return [f"    prepare/finalize {event['name']}: {event['reason']}"]
+    if kind == "resolved":
+        return [f"    {event['name']} = {event['value']!r} ({event['because']})"]
+    if kind == "rule":
+        return rule_lines(event, detail)
     # an event this renderer does not know: show it raw rather than drop it
     return [f"    {kind}: " + ", ".join(f"{k}={v!r}" for k, v in event.items() if k != "event")]
+
+
+def rule_lines(event: dict, detail: bool = False) -> list[str]:
+    """A pipeline rule: the ones that fired, and with ``detail`` the others with the condition that failed."""
+    if event["fired"]:
+        return [f"    rule  {event['rule']}"]
+    if not detail:
+        return []
+    failed = next((c for c in event["when"] if not c["holds"]), None)
+    why = f": {failed['condition']}: no, {failed['reason']}" if failed else ""
+    return [f"    no    {event['rule']}{why}"]
 
 
 def decision_text(document: dict) -> str:
@@ -272,6 +301,8 @@ def outcome_lines(document: dict) -> list[str]:
         f"{outcome['activation_format']} activation format)",
         f"  prepare/finalize: {outcome['prepare_finalize']['name']}: {outcome['prepare_finalize']['reason']}",
     ]
+    if "resolved" in outcome:
+        lines.append("  resolved: " + ", ".join(f"{k}={v!r}" for k, v in outcome["resolved"].items()))
     build = document.get("build")
     if build is not None:
         lines.append(f"  here: {build_text(build)}")

@@ -12,13 +12,12 @@ and a trace records them only when given.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields
 
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.hashing import field_dict, hashed_once
 
-_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+MAX_NAME = 256
 
 
 @hashed_once
@@ -38,11 +37,10 @@ class ModelFacts:
 
     def __post_init__(self) -> None:
         for name in ("architecture", "quant_method", "quantization"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not _NAME.fullmatch(value)):
-                raise InputError(
-                    f"model {name} must be a name of letters, digits, '_', '-' or '.' (at most 128), or None; "
-                    f"got {value!r:.80}")
+            value = getattr(self, name)  # as a config.json spells it, control characters and all (JSON escapes them)
+            if value is not None and (not isinstance(value, str) or not 0 < len(value) <= MAX_NAME):
+                raise InputError(f"model {name} must be a non-empty string of at most {MAX_NAME} characters, or None; "
+                                 f"got {value!r:.80}")
         if not isinstance(self.draft, bool):
             raise InputError(f"model draft must be True or False, got {self.draft!r}")
 

@@ -132,6 +132,8 @@ def merge_layer(base: Any, flags: dict) -> dict:
         if "quant" in flags and flags["quant"] != layer.get("quant"):
             for key in QUANT_KEYS:
                 layer.pop(key, None)
+    if any(k in flags for k in MODEL_WORDS) and isinstance(layer.get("model"), Mapping):
+        layer.update(layer.pop("model"))  # a trace's model table, in words the flags amend
     layer.update(flags)
     return layer
 

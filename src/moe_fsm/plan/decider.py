@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Optional, Union
 
+from moe_fsm import profiles
 from moe_fsm.backends.registry import Registry, default_registry
 from moe_fsm.decision import Decision, DecisionInputs, decide, make_inputs
 from moe_fsm.errors import InputError, SelectionError, TraceWriteError
@@ -99,13 +100,19 @@ class LayerDecider:
         self.trace_dir = Path(trace_dir)
         self.rank = rank
         self.registry = registry or default_registry(self.profile.name)
+        self._reads_model_facts = profiles.get(self.profile.name).reads_model_facts
         self._decisions: dict[DecisionInputs, Decision] = {}
         self._paths: dict[DecisionInputs, Path] = {}  # where each distinct decision's trace was written
         self._failures: dict[DecisionInputs, SelectionError] = {}
         self.layer_traces: list[tuple[str, Path]] = []  # every layer asked for, in order, with its trace file
 
     def inputs_for(self, layer: MoELayer) -> DecisionInputs:
-        """The cache key of a layer under this decider's parallel config, request, env and platform."""
+        """The cache key of a layer under this decider's parallel config, request, env and platform.
+
+        A layer's model facts (its checkpoint's architecture and quant method) are left out under a profile
+        that does not read them, so its decisions and traces are those of the layer alone."""
+        if layer.model is not None and not self._reads_model_facts:
+            layer = replace(layer, model=None)
         return DecisionInputs(layer, self.parallel, self.request, self.env, self.platform, self.profile)
 
     def decide_layer(self, index: int, spec: LayerSpec) -> DecidedLayer:

@@ -18,6 +18,7 @@ from moe_fsm.decision import Decision
 from moe_fsm.errors import InputError, SelectionError
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.model_facts import MAX_NAME, ModelFacts
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.request import BackendRequest
@@ -150,7 +151,7 @@ def _plan_layer(decider: LayerDecider, model: ModelConfig, quant: LayerQuant, in
             quant=quant.scheme, num_experts=g.num_experts, top_k=g.top_k, hidden_size=g.hidden_size,
             intermediate_size=g.intermediate_size, activation=g.activation, swiglu_limit=g.swiglu_limit,
             dtype=g.dtype, allow_vllm_cutlass=quant.allow_vllm_cutlass, bias=g.bias,
-            router_weight_on_input=g.router_weight_on_input,
+            router_weight_on_input=g.router_weight_on_input, model=checkpoint_facts(model),
         )
     except InputError as err:
         return PlannedLayer(index, name, quant, error=f"InputError: {err}")
@@ -161,6 +162,22 @@ def _plan_layer(decider: LayerDecider, model: ModelConfig, quant: LayerQuant, in
         return PlannedLayer(index, name, quant, layer, error=f"{type(cause).__name__}: {cause.message}",
                             trace_path=Path(err.trace_path) if err.trace_path else None)
     return PlannedLayer(index, name, quant, layer, decided.decision, trace_path=decided.trace_path)
+
+
+def checkpoint_facts(model: ModelConfig) -> ModelFacts:
+    """What an engine reads of the checkpoint beyond a layer (SGLang's model overrides): the architecture and the
+    quant_method its quantization config declares (ModelOpt's hf_quant_config.json form declares modelopt)."""
+    quantization = model.quantization or {}
+    declared = quantization.get("quant_method")
+    if declared is None and "producer" in quantization:
+        declared = "modelopt"
+    return ModelFacts(architecture=None if model.architecture == "unknown" else _fact(model.architecture),
+                      quant_method=_fact(declared))
+
+
+def _fact(value):
+    """A name ModelFacts cannot hold (not a string, empty, too long) is not a fact any engine could match on."""
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_NAME else None
 
 
 def layer_ranges(indices: list[int]) -> str:

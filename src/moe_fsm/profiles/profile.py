@@ -26,6 +26,9 @@ class Profile:
     oracle leaves a layer to the platform (FP8's NONE); ``substitutes``, for a
     kernel class moe-fsm does not implement, the kernel spec that computes the
     same numerics (e.g. vLLM's NVFP4 emulation experts -> moe-fsm's torch emulation).
+    ``reads_model_facts``: the profile's rules read the layer's ``ModelFacts`` (architecture, declared quant
+    method; SGLang's model overrides do, vLLM's oracles do not). ``plan`` and ``run`` give every layer the facts
+    of its checkpoint or preset, and a profile that does not read them decides (and records) the layer without.
     """
 
     name: str
@@ -36,6 +39,7 @@ class Profile:
     env: EnvRegistry
     fallback_kernels: Mapping[Vendor, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     substitutes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    reads_model_facts: bool = False  # the decisions read MoELayer.model (SGLang's overrides); else it is left out
 
     def policy(self, family: QuantFamily) -> FamilyPolicy:
         from moe_fsm.errors import InputError

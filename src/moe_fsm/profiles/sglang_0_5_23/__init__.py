@@ -24,4 +24,5 @@ PROFILE = Profile(
     policies=family_policies(__name__),
     kernels=MappingProxyType(KERNELS),
     env=ENV,
+    reads_model_facts=True,
 )

@@ -18,6 +18,7 @@ from moe_fsm.errors import NoBackendError
 from moe_fsm.fsm.runner_steps import (
     DIRECT_KERNEL, LAYER_METHOD, LAYER_RUNNER, Resolved, Rule, Value, is_, is_not, resolved_value,
 )
+from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.profiles.sglang_0_5_23.facts import FP8_BLOCK_128, FP8_DYNAMIC_ACT, negated
 
 RUNNER, A2A = "moe_runner_backend", "moe_a2a_backend"
@@ -106,12 +107,22 @@ AFTER = (
 )
 
 
+# ModelConfig._verify_quantization's overrides: the method SGLang serves a declared quant_method with.
+SERVED_AS = {"gptq": "gptq_marlin", "awq": "awq_marlin"}
+# ModelOpt checkpoints (modelopt, and the mixed and per-format names) give each layer its format's method.
+MODELOPT = ("modelopt", "modelopt_mixed", "modelopt_fp4", "modelopt_fp8")
+MODELOPT_METHOD = {QuantFamily.NVFP4: "modelopt_fp4", QuantFamily.FP8: "modelopt_fp8"}
+
+
 def method_name(run) -> str:
-    """The layer's method: ``unquantized`` for BF16 experts, else the server's --quantization (resolved), else the
-    checkpoint's quant_method."""
+    """The layer's method: ``unquantized`` for BF16 experts, else the server's --quantization (resolved) or the
+    checkpoint's quant_method, as SGLang serves it."""
     if run.ctx.layer.quant.weight is None:
         return "unquantized"
-    return run.resolved.get("quantization") or run.resolved.get("quant_method")
+    name = run.resolved.get("quantization") or run.resolved.get("quant_method")
+    if name in MODELOPT:
+        return MODELOPT_METHOD.get(run.ctx.layer.family, name)
+    return SERVED_AS.get(name, name)
 
 
 METHOD_OF = Value("the layer's quantization method", method_name)

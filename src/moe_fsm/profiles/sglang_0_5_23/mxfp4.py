@@ -10,11 +10,11 @@ other runner is refused.
 
 from __future__ import annotations
 
+from moe_fsm.backends.requirements import CudaCapability
 from moe_fsm.errors import NoBackendError
 from moe_fsm.fsm.runner_steps import First, Rule, is_
 from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.profiles.sglang_0_5_23.facts import AITER, FLASHINFER, GFX95, HIP, SM90, negated
-from moe_fsm.backends.requirements import CudaCapability
 from moe_fsm.profiles.sglang_0_5_23.kernels import sglang_policy
 from moe_fsm.profiles.sglang_0_5_23.layer import A2A, AITER_A2A, AS_RESOLVED, RUNNER, no_runner, runner_at
 

@@ -77,24 +77,22 @@ OVERRIDE_ARCHS = GPT_OSS + QWEN3_FAMILY + GLM4_MOE + LLAMA4 + DEEPSEEK_FAMILY + 
 
 RUNNER, A2A, QUANT = "moe_runner_backend", "moe_a2a_backend", "quantization"
 
-# The method SGLang's ModelConfig gives a checkpoint's layers, from the scheme, when the caller names none.
+# The quant_method a checkpoint of each scheme usually declares, when the caller names none.
 DEFAULT_METHOD = {
     QuantFamily.UNQUANTIZED: None, QuantFamily.FP8: "fp8", QuantFamily.MXFP8: "mxfp8",
     QuantFamily.NVFP4: "modelopt_fp4", QuantFamily.MXFP4: "mxfp4", QuantFamily.W4A8: "w4afp8",
     QuantFamily.INT8: "w8a8_int8",
 }
-WNA16_METHOD = {"gptq": "gptq_marlin", "awq": "awq_marlin", "compressed-tensors": "compressed-tensors",
-                "moe_wna16": "moe_wna16"}
 
 
 def checkpoint_method(run) -> str | None:
-    """The checkpoint's quant_method as SGLang names it: given, else the layer scheme's usual one."""
+    """The quant_method the checkpoint declares: given, else the layer scheme's usual one."""
     facts = model(run.ctx)
     if facts.quant_method is not None:
         return facts.quant_method
     quant = run.ctx.layer.quant
     if quant.family is QuantFamily.INT_WNA16:
-        return WNA16_METHOD[quant.checkpoint]
+        return quant.checkpoint
     return DEFAULT_METHOD.get(quant.family)
 
 

@@ -1,0 +1,86 @@
+"""moe-fsm's commands under the sglang-0.5.23 profile: select with SGLang's flags, plan of every fixture of
+tests/data/configs, run of every preset on CPU, explain, replay, and diff against vllm-0.33."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moe_fsm.cli.main import main
+from moe_fsm.engine.presets import PRESETS
+from moe_fsm.inputs.platform import preset
+from moe_fsm.plan.plan import plan_model
+
+SGLANG = "sglang-0.5.23"
+CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
+FIXTURES = sorted(p.name for p in CONFIGS.iterdir() if (p / "config.json").is_file())
+
+
+def test_select_takes_sglang_flags_and_records_them(tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    code = main(["select", "--quant", "fp8", "--architecture", "DeepseekV3ForCausalLM", "--tp", "8",
+                 "--a2a-backend", "deepep_v2", "--platform", "sm90", "--no-env", "--policy", SGLANG,
+                 "--trace-out", str(trace)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "path: start -> server_args -> model_override -> a2a_constraint -> create_moe_runner -> selected" in out
+    assert "rule  deepep_v2 resolves auto to deep_gemm" in out and "SELECTED: DEEP_GEMM" in out
+    document = json.loads(trace.read_text())
+    assert document["inputs"]["layer"]["model"]["architecture"] == "DeepseekV3ForCausalLM"
+    assert document["inputs"]["parallel"]["a2a_backend"] == "deepep_v2"
+    assert main(["explain", str(trace)]) == 0
+    assert "resolved: " in capsys.readouterr().out
+    assert main(["replay", str(trace)]) == 0
+
+
+def test_a_trace_s_model_facts_can_be_amended_by_flags(tmp_path, capsys):
+    trace = tmp_path / "t.json"
+    assert main(["select", "--architecture", "Qwen3MoeForCausalLM", "--platform", "sm100", "--no-env",
+                 "--policy", SGLANG, "--trace-out", str(trace)]) == 0
+    assert "SELECTED: FLASHINFER_TRTLLM" in capsys.readouterr().out
+    assert main(["select", "--input", str(trace), "--architecture", "MixtralForCausalLM",
+                 "--trace-out", str(tmp_path / "u.json")]) == 0
+    assert "SELECTED: TRITON" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("platform", ["sm90", "sm100"])
+def test_plan_decides_every_fixture_or_says_why_not(platform, tmp_path):
+    for name in FIXTURES:
+        plan = plan_model(CONFIGS / name, platform=preset(platform), env={}, policy=SGLANG, trace_dir=tmp_path / name)
+        for row in plan.layers:
+            assert row.decision is not None or (row.error or str(row.quant)), (name, row.index)
+
+
+def test_plan_reads_the_checkpoint_s_architecture_and_quant_method(tmp_path):
+    """gpt_oss.py and qwen3_moe.py read config.json's architectures[0] and quantization_config.quant_method."""
+    gpt_oss = plan_model(CONFIGS / "gpt-oss-20b", platform=preset("sm100"), env={}, policy=SGLANG,
+                         trace_dir=tmp_path / "g")
+    assert {row.decision.backend for row in gpt_oss.layers} == {"FLASHINFER_MXFP4"}
+    qwen3 = plan_model(CONFIGS / "qwen3-30b-a3b", platform=preset("sm100"), env={}, policy=SGLANG,
+                       trace_dir=tmp_path / "q")
+    assert {row.decision.backend for row in qwen3.layers} == {"FLASHINFER_TRTLLM"}
+    vllm = plan_model(CONFIGS / "qwen3-30b-a3b", platform=preset("sm100"), env={}, policy="vllm-0.33",
+                      trace_dir=tmp_path / "v")
+    assert all("model" not in row.decision.trace["inputs"]["layer"] for row in vllm.layers)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_run_decides_every_preset_under_sglang_and_runs_it_on_cpu(name, tmp_path, capsys):
+    code = main(["run", "--preset", name, "--layers", "2", "--tokens", "8", "--policy", SGLANG, "--platform", "sm90",
+                 "--trace-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "2/2 layers within tolerance" in out and "(stand-in)" in out
+    trace = json.loads(sorted(tmp_path.glob("layer*.json"))[0].read_text())
+    assert trace["inputs"]["profile"]["name"] == SGLANG and "model" in trace["inputs"]["layer"]
+
+
+def test_diff_shows_where_vllm_and_sglang_part(capsys):
+    code = main(["diff", "--policy", "vllm-0.33", "--policy", SGLANG, "--preset", "gpt-oss-20b", "--platform", "sm100",
+                 "--no-env"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "FLASHINFER_MXFP4 (FlashInferMxfp4FusedMoE)" in out
+    assert "24 of 24 layers decide differently under sglang-0.5.23 than under vllm-0.33" in out
