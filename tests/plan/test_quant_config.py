@@ -325,3 +325,30 @@ def test_plan_decides_gpt_oss_as_select_does(tmp_path, capsys):
 def test_plan_decides_the_int4_checkpoints_the_issue_names(tmp_path, name, platform, method, backend):
     plan = plan_model(CONFIGS / name, platform=preset(platform), env={}, trace_dir=tmp_path, policy="vllm-0.33")
     assert plan.ok and {(r.quant.method, r.decision.backend) for r in plan.layers} == {(method, backend)}
+
+
+# -- found by the config-path parity run (tools/vllm_parity.py --config-path) -----------------------------------------------
+
+
+def test_an_activation_format_without_activations_needs_float_weights():
+    """compressed-tensors' reader asserts float weights (W8A16 FP8) for a group whose format quantizes activations."""
+    refused = layer_quant(_ct({**INT, "num_bits": 4, "group_size": 128}, None, "int-quantized"), EXPERTS, QWEN)
+    assert isinstance(refused, Refused) and refused.error == "AssertionError"
+
+
+def test_channelwise_compressed_tensors_int4_runs_on_marlin_only(tmp_path):
+    """CompressedTensorsWNA16MoEMethod asserts group scales once its oracle chose any backend but Marlin."""
+    config = json.loads((CONFIGS / "qwen3-30b-a3b" / "config.json").read_text())
+    config["quantization_config"] = _ct({"type": "int", "num_bits": 4, "strategy": "channel"})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    on_gpu = plan_model(tmp_path, platform=preset("sm90"), env={}, trace_dir=tmp_path / "a", policy="vllm-0.33")
+    assert on_gpu.ok and {r.decision.backend for r in on_gpu.layers} == {"MARLIN"}
+    on_xpu = plan_model(tmp_path, platform=preset("xpu"), env={}, trace_dir=tmp_path / "b", policy="vllm-0.33")
+    assert not on_xpu.ok and on_xpu.layers[0].error.startswith("AssertionError: CompressedTensorsWNA16MoEMethod asserts")
+    assert on_xpu.layers[0].error.endswith("(its oracle chose XPU)") and on_xpu.layers[0].status == "failed"
+
+
+def test_the_config_classes_read_the_normalised_quant_method():
+    """vLLM lower-cases quant_method in the dict its classes read: GPTQ's MoeWNA16 fallback takes "GPTQ" as gptq."""
+    fallback = layer_quant({**GPTQ, "quant_method": "GPTQ"}, EXPERTS, _ctx(parallel=ParallelConfig(tp_size=4)))
+    assert fallback.method == "MoeWNA16Method"

@@ -161,6 +161,10 @@ def _plan_layer(decider: LayerDecider, model: ModelConfig, quant: LayerQuant, in
         cause = err.__cause__ if isinstance(err.__cause__, SelectionError) else err
         return PlannedLayer(index, name, quant, layer, error=f"{type(cause).__name__}: {cause.message}",
                             trace_path=Path(err.trace_path) if err.trace_path else None)
+    after = quant.refusal_after(decided.decision.backend)  # vLLM's method refuses the backend its oracle chose
+    if after is not None:
+        return PlannedLayer(index, name, quant, layer, error=f"{after.error}: {after.reason} (its oracle chose "
+                            f"{decided.decision.backend})", trace_path=decided.trace_path)
     return PlannedLayer(index, name, quant, layer, decided.decision, trace_path=decided.trace_path)
 
 

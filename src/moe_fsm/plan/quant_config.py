@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatch, translate
 from typing import Callable, Optional, Union
 
@@ -49,6 +49,16 @@ class Mapped:
     source: str  # how the config said it, for the table
     allow_vllm_cutlass: bool = False
     method: str = ""  # vLLM's FusedMoEMethodBase class for the layer
+    # Backends the method goes on with once its oracle chose (empty: any); another one fails as vLLM's method
+    # fails after the oracle returned, with ``only_reason`` (an AssertionError in vLLM).
+    only_backends: tuple[str, ...] = ()
+    only_reason: str = ""
+
+    def refusal_after(self, backend: str) -> Optional["Refused"]:
+        """What vLLM's method raises after its oracle chose ``backend``, if it does."""
+        if self.only_backends and backend not in self.only_backends:
+            return Refused(self.only_reason, "AssertionError")
+        return None
 
 
 @dataclass(frozen=True)
@@ -441,7 +451,12 @@ OVERRIDES: tuple[tuple[str, Callable], ...] = (
 
 def resolve_method(config: dict, ctx: LayerContext) -> Union[str, Refused, None]:
     """vLLM's name for the checkpoint's quantization (None: unquantized), or its refusal."""
-    config = dict(config)
+    return _resolve(dict(config), ctx)
+
+
+def _resolve(config: dict, ctx: LayerContext) -> Union[str, Refused, None]:
+    """``resolve_method`` on a copy of the config that it normalises in place, as vLLM's convertor normalises the
+    dict its config classes then read (``quant_method`` lower-cased, ModelOpt's set from its ``quant_algo``)."""
     producer = config.get("producer")
     body = config.get("quantization")
     if isinstance(producer, dict) and producer.get("name") == "modelopt" or (
@@ -1001,9 +1016,14 @@ def _ct_method(s: _CtScheme, ctx: LayerContext) -> LayerQuant:
         if w.num_bits not in (4, 8):
             return _not_modelled(f"compressed-tensors W{w.num_bits}A16: moe-fsm's WNA16 schemes are 4- or 8-bit")
         scheme = QuantScheme.int_wna16(w.num_bits, group, not w.symmetric, "compressed-tensors")
+        # CompressedTensorsWNA16MoEMethod: off Marlin it asserts group scales ("channelwise is not supported")
+        channel = w.strategy == "channel"
         return Mapped(scheme, f"compressed-tensors W{w.num_bits}A16 {w.strategy}"
                       + (f" {group}" if group > 0 else "") + ("" if w.symmetric else " asymmetric"),
-                      method="CompressedTensorsWNA16MoEMethod")
+                      method="CompressedTensorsWNA16MoEMethod",
+                      only_backends=("MARLIN", "BATCHED_MARLIN") if channel else (),
+                      only_reason="CompressedTensorsWNA16MoEMethod asserts group-wise weights on every backend but "
+                                  "Marlin (channelwise is not supported by this kernel)" if channel else "")
     nvfp4 = lambda q: q is not None and q.strategy == "tensor_group" and q.type == "float" and q.num_bits == 4 \
         and q.group_size == 16 and q.symmetric  # noqa: E731
     if nvfp4(w):
@@ -1085,6 +1105,11 @@ class _CompressedTensors(_Reader):
             inputs = _ct_args(group.get("input_activations"), f"config_groups[{name!r}].input_activations")
             group_format = group.get("format")
             act_format = (group_format if group_format is not None else fmt) in ACTIVATION_FORMATS
+            if act_format and inputs is None and weights.type != "float":
+                # _quantization_scheme_map_from_config: an activation format without input_activations is W8A16 FP8
+                raise _Refusal("compressed-tensors asserts float weights for a group with an activation quantization "
+                               f"format ({group_format if group_format is not None else fmt}) and no input_activations",
+                               "AssertionError")
             for target in targets:
                 self.targets[target] = _CtScheme(weights, inputs if (act_format or inputs) else None,
                                                  group_format if group_format is not None else fmt)
@@ -1112,8 +1137,7 @@ class _CompressedTensors(_Reader):
                                 "the experts")
         mapped = _ct_method(last, self.ctx)
         if isinstance(mapped, Mapped):
-            return Mapped(mapped.scheme, f"{mapped.source} (target {found[-1][1]!r})", mapped.allow_vllm_cutlass,
-                          mapped.method)
+            return replace(mapped, source=f"{mapped.source} (target {found[-1][1]!r})")
         return mapped
 
 
@@ -1323,8 +1347,9 @@ class QuantReader:
         if not quantization:
             return
         quantization = _obj(quantization, "quantization_config")
+        quantization = dict(quantization)
         try:
-            method = resolve_method(quantization, self.ctx)
+            method = _resolve(quantization, self.ctx)
             if isinstance(method, Refused):
                 self.whole = method
                 return
