@@ -66,10 +66,11 @@ def test_every_rank_decides_for_the_platform_and_policy_asked_and_builds_strictl
     assert main(["run", *flags, "--nproc", "2", "--trace-dir=-x"]) == 3
     err = capfd.readouterr().err
     assert err.count("a strict build refuses the stand-in moe-fsm torch experts") == 3  # the single run, each rank
-    single = json.loads(next((tmp_path / "single").glob("layer000-*.json")).read_text())
+    # DeepSeek-V3's first MoE layer is decoder layer 3: traces are named by the decoder layer
+    single = json.loads(next((tmp_path / "single").glob("layer003-*.json")).read_text())
     assert single["inputs"]["platform"]["capability"] == [9, 0] and single["inputs"]["profile"]["name"] == "vllm-0.33"
     for rank in (0, 1):
-        trace = json.loads(next((tmp_path / "-x").glob(f"layer000-*.rank{rank}.json")).read_text())
+        trace = json.loads(next((tmp_path / "-x").glob(f"layer003-*.rank{rank}.json")).read_text())
         # the same inputs as the single process's but for the parallel config (dp = ep = 2)
         assert {k: v for k, v in trace["inputs"].items() if k != "parallel"} == \
             {k: v for k, v in single["inputs"].items() if k != "parallel"}
@@ -96,7 +97,8 @@ def test_strict_build_refuses_a_substitute_as_it_refuses_a_stand_in(preset, plat
     assert main(["run", "--preset", preset, "--platform", platform, "--strict-build", "--layers", "1", "--tokens", "2",
                  "--trace-dir", str(tmp_path)]) == 3
     err = capsys.readouterr().err
-    assert err.startswith(f"moe-fsm run: error: layer 0 (model.layers.{3 if preset == 'deepseek-v3' else 0}.mlp.experts): ")
+    layer = 3 if preset == "deepseek-v3" else 0  # the decoder layer, as trace names and manifests number it
+    assert err.startswith(f"moe-fsm run: error: layer {layer} (model.layers.{layer}.mlp.experts): ")
     assert err.rstrip().endswith(message) and err.count("\n") == 1
 
 
