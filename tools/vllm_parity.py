@@ -285,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-only", action="store_true", help="only vLLM's answers (no moe-fsm)")
     parser.add_argument("--json", type=Path, help="write every scenario with both answers to this file")
     parser.add_argument("--show", type=int, default=50, help="print at most N disagreements (default 50)")
+    parser.add_argument("--config-path", action="store_true",
+                        help="compare vLLM's reading of checkpoint quantization configs (tests/data/configs/ and "
+                             "variants) and the oracle after it with moe-fsm plan (parity_families/config_path.py)")
+    parser.add_argument("--fixture", action="append", help="with --config-path: only these fixtures")
     parser.add_argument("--write-golden", type=Path, metavar="TOML",
                         help="write golden scenarios whose expectations are vLLM's answers (see golden_scenarios)")
     args = parser.parse_args(argv)
@@ -297,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(source))
 
     vllm = parity_families.Faked(families=[FAMILIES[f].module for f in FAMILIES])
+    if args.config_path:
+        return config_path_main(vllm, args, source)
     chosen = args.family or sorted(FAMILIES)
     scenarios = parity_grid.grid([f for f in chosen if f in parity_grid.LAYERS]) + parity_families.grid(
         [f for f in chosen if f in parity_families.FAMILIES])
@@ -351,6 +357,29 @@ def main(argv: list[str] | None = None) -> int:
     used = Counter(r["declared"] for r in rows if r.get("declared"))
     for entry in declared:
         print(f"  declared {entry['id']} ({used.get(entry['id'], 0)} scenarios): {entry['reason']}")
+    return 1 if counts["disagree"] else 0
+
+
+def config_path_main(vllm, args, source: Path) -> int:
+    """--config-path: vLLM's own config reading and MoE method per layer against moe-fsm plan (one release)."""
+    from parity_families import config_path
+
+    declared = load_declared()
+    rows, counts, by_fixture, scenarios = config_path.run(
+        vllm, PROFILE, lambda scenario, theirs, ours: declared_reason(scenario, theirs, ours, declared),
+        limit=args.limit, show=args.show, only=args.fixture)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1, sort_keys=True))
+    print(f"\nvLLM {VLLM_VERSION} config path (source {source}) vs moe-fsm plan under {PROFILE}: {scenarios} scenarios, "
+          f"{len(rows)} layers compared")
+    for fixture, c in sorted(by_fixture.items()):
+        print(f"  {fixture:34s} agree {c['agree']:5d}   declared difference {c['declared']:4d}   disagree {c['disagree']:4d}")
+    print(f"  {'total':34s} agree {counts['agree']:5d}   declared difference {counts['declared']:4d}   "
+          f"disagree {counts['disagree']:4d}")
+    used = Counter(r["declared"] for r in rows if r.get("declared"))
+    for entry in declared:
+        if used.get(entry["id"]):
+            print(f"  declared {entry['id']} ({used[entry['id']]} layers): {entry['reason']}")
     return 1 if counts["disagree"] else 0
 
 

@@ -176,8 +176,11 @@ class FakedVllm:
 
         import vllm.utils.deep_gemm as deep_gemm
 
-        # functools.cache'd in vLLM (one machine per process): re-evaluated per scenario, uncached.
-        is_deep_gemm_supported = deep_gemm.is_deep_gemm_supported.__wrapped__
+        # functools.cache'd in vLLM (one machine per process): re-evaluated per scenario, uncached. Kept from the
+        # first call, so that patching again (after more of vLLM was imported) finds it.
+        if not hasattr(self, "_is_deep_gemm_supported"):
+            self._is_deep_gemm_supported = deep_gemm.is_deep_gemm_supported.__wrapped__
+        is_deep_gemm_supported = self._is_deep_gemm_supported
         special = {"cutlass_group_gemm_supported": cutlass_group_gemm_supported,
                    "cpu_has_amx_fp8": lambda *a: False,
                    "is_deep_gemm_supported": lambda: is_deep_gemm_supported()}

@@ -95,7 +95,9 @@ class Faked(base.FakedVllm):
     def _patch_family_probes(self) -> None:
         import vllm.model_executor.layers.quantization.utils.flashinfer_mxint4_moe as mxint4
 
-        mxint4_available = mxint4.is_flashinfer_mxint4_moe_available.__wrapped__
+        if not hasattr(self, "_mxint4_available"):  # the uncached original, kept for patching again
+            self._mxint4_available = mxint4.is_flashinfer_mxint4_moe_available.__wrapped__
+        mxint4_available = self._mxint4_available
 
         def has_zentorch_op(*args, **kwargs):
             return Library.ZENTORCH in _facts().libraries
