@@ -106,7 +106,9 @@ def plan_lines(plan) -> list[str]:
         f"moe-fsm plan: {one_line(m.architecture)} ({one_line(m.model_type)}) from {one_line(str(m.path))}",
         f"  {m.num_layers} layers, {len(m.moe_layers)} MoE ({layer_ranges(list(m.moe_layers))}): {g.num_experts} experts "
         f"top-{g.top_k}, hidden {g.hidden_size}, expert intermediate {g.intermediate_size}, {g.activation.value}"
-        f"{f' (limit {g.swiglu_limit})' if g.swiglu_limit else ''}, {g.dtype}{shared}",
+        f"{f' (limit {g.swiglu_limit})' if g.swiglu_limit else ''}, {g.dtype}"
+        f"{', expert biases' if g.bias else ''}{', router weight applied to the input' if g.router_weight_on_input else ''}"
+        f"{shared}",
         f"  quantization_config: {one_line(str(quant))}",
         f"  platform: {render.platform_text(decider.platform.to_json())}",
         f"  parallel: {render.parallel_text(decider.parallel.to_json())}",
