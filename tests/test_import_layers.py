@@ -198,3 +198,31 @@ def test_every_command_returns_its_exit_status_by_name():
                 literal += [f"{path.name}:{node.lineno}" for v in outcomes
                             if isinstance(v, ast.Constant) and isinstance(v.value, int) and not isinstance(v.value, bool)]
     assert not literal, "return exit statuses by their cli/exit_codes name: " + ", ".join(literal)
+
+
+def test_the_maintainer_tools_import_in_no_circle():
+    """``tools/`` runs as scripts with ``tools/`` on ``sys.path``: its modules import each other by top-level name."""
+    tools = SRC.parent / "tools"
+    names = {p.stem: p for p in tools.glob("*.py")} | {p.parent.name: p for p in tools.glob("*/__init__.py")}
+    for package in (p.parent for p in tools.glob("*/__init__.py")):
+        names |= {f"{package.name}.{p.stem}": p for p in package.glob("*.py") if p.stem != "__init__"}
+
+    def imports(path: Path) -> set[str]:
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                       if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found |= {t for t in targets if t in names}
+        return found
+
+    graph = {name: imports(path) - {name} for name, path in names.items()}
+    # a module naming its own package (``from parity_families.fakes import ...`` inside parity_families) finds the
+    # package initialized already: not an edge back to it
+    graph = {name: {t for t in targets if not name.startswith(t + ".")} for name, targets in graph.items()}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(t == goal or (t not in seen and reaches(t, goal, seen | {t})) for t in graph[start])
+
+    circles = sorted(name for name in graph if reaches(name, name, {name}))
+    assert not circles, f"tools/ modules in an import circle: {circles}"

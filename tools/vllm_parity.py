@@ -47,9 +47,9 @@ import subprocess
 import sys
 import zipfile
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+
+from parity_table import FamilyTable
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -104,23 +104,6 @@ def ensure_vllm_source(cache: Path | None) -> Path:
 # ---------------------------------------------------------------------------
 # One table row per family: which oracle, its arguments, its result
 # ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FamilyTable:
-    """How to ask vLLM's oracle for one family.
-
-    ``module``/``function``: the oracle function; ``arguments(vllm, inputs, config)``
-    returns its positional arguments after the FusedMoEConfig (quant keys,
-    flags), built from moe-fsm's DecisionInputs; ``result(value)`` maps the
-    oracle's return value to (backend name, experts class name).
-    """
-
-    family: str
-    module: str
-    function: str
-    arguments: Callable[[Any, Any, Any], tuple]
-    result: Callable[[Any], tuple[str, str | None]] = lambda value: (value[0].name, value[1].__name__ if value[1] else None)
-
 
 def _quant_keys(vllm, inputs):
     return vllm.quant_key(inputs.layer.quant.weight), vllm.quant_key(inputs.layer.quant.activation)

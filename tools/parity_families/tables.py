@@ -7,7 +7,7 @@ from moe-fsm's keys, so the parity run also checks moe-fsm's key construction.
 
 from __future__ import annotations
 
-from vllm_parity import FamilyTable
+from parity_table import FamilyTable
 
 ORACLE = "vllm.model_executor.layers.fused_moe.oracle."
 
