@@ -399,3 +399,10 @@ def test_explain_and_replay_work_without_jsonschema(capsys, monkeypatch):
         assert run(capsys, "replay", trace)[0] == 0
     finally:
         schema._validator.cache_clear()
+
+
+def test_select_names_the_flag_a_parallel_error_is_about(capsys):
+    """A parallel-config refusal speaks the command's flags (--batched), not ParallelConfig's fields."""
+    code = main(["select", "--dp", "8", "--ep", "8", "--all2all", "deepep_low_latency", "--platform", "sm90", "--no-env"])
+    err = capsys.readouterr().err
+    assert code == 2 and "set --batched" in err and "batched_activation_format" not in err, err

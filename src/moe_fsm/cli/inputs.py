@@ -13,6 +13,7 @@ import argparse
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +202,20 @@ def inputs_from_args(args) -> DecisionInputs:
         spec["env"] = env
     elif "env" not in spec and not args.no_env:
         spec["env"] = None  # the process environment
-    return inputs_from_spec(spec)
+    try:
+        return inputs_from_spec(spec)
+    except InputError as err:
+        raise InputError(flag_words(str(err))) from None
+
+
+# ParallelConfig's fields and the flags that set them.
+PARALLEL_FLAGS = {"tp_size": "--tp", "dp_size": "--dp", "ep_size": "--ep", "batched_activation_format": "--batched",
+                  "all2all": "--all2all", "a2a_backend": "--a2a-backend", "deepep_mode": "--deepep-mode"}
+
+
+def flag_words(message: str) -> str:
+    """A parallel-config message in the command's words: each field name it mentions becomes its flag."""
+    return re.sub(r"\b(" + "|".join(PARALLEL_FLAGS) + r")\b", lambda m: PARALLEL_FLAGS[m.group(1)], message)
 
 
 def parse_env_flags(flags: list[str]) -> dict[str, str]:

@@ -11,14 +11,13 @@ selection, its trace), 2 on bad input.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import sys
 from pathlib import Path
 
 from moe_fsm.cli.exit_codes import EXIT_DIFFERS, EXIT_OK
 from moe_fsm.cli import render
-from moe_fsm.cli.inputs import POLICY_HELP, Once, parse_env_flags
+from moe_fsm.cli.inputs import POLICY_HELP, Once, flag_words, parse_env_flags
 from moe_fsm.cli.text import one_line, printable
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
@@ -82,16 +81,6 @@ def run(args) -> int:
     else:
         print(printable("\n".join(plan_lines(plan))))
     return EXIT_OK if plan.ok else EXIT_DIFFERS
-
-
-# ParallelConfig's fields and the plan flags that set them.
-PARALLEL_FLAGS = {"tp_size": "--tp", "dp_size": "--dp", "ep_size": "--ep", "batched_activation_format": "--batched",
-                  "all2all": "--all2all"}
-
-
-def flag_words(message: str) -> str:
-    """A parallel-config message in the command's words: each field name it mentions becomes its flag."""
-    return re.sub(r"\b(" + "|".join(PARALLEL_FLAGS) + r")\b", lambda m: PARALLEL_FLAGS[m.group(1)], message)
 
 
 def plan_lines(plan) -> list[str]:
