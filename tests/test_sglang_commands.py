@@ -84,3 +84,14 @@ def test_diff_shows_where_vllm_and_sglang_part(capsys):
     assert code == 1, out
     assert "FLASHINFER_MXFP4 (FlashInferMxfp4FusedMoE)" in out
     assert "24 of 24 layers decide differently under sglang-0.5.23 than under vllm-0.33" in out
+
+
+def test_diff_on_a_config_json_compares_every_layer(capsys):
+    """moe-fsm diff --config: the checkpoint's layers, read as plan reads them, under both profiles."""
+    code = main(["diff", "--policy", "vllm-0.33", "--policy", SGLANG, "--config", str(CONFIGS / "qwen3-30b-a3b"),
+                 "--platform", "sm100", "--no-env"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "FLASHINFER_TRTLLM (TrtLlmBf16ExpertsMonolithic)" in out
+    assert "FLASHINFER_TRTLLM (FlashInferTrtllmFusedMoE)" in out
+    assert "server_args -> model_override" in out and "48 of 48 layers decide differently" in out

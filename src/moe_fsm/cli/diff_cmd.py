@@ -29,6 +29,9 @@ def register(subparsers) -> None:
                              "'nearest:vllm-X.Y'")
     parser.add_argument("--preset", metavar="NAME",
                         help="every MoE layer of a `moe-fsm run` preset instead of one layer (layer flags are ignored)")
+    parser.add_argument("--config", metavar="PATH",
+                        help="every MoE layer of a checkpoint's config.json (or its directory), as `moe-fsm plan` "
+                             "reads them, instead of one layer (layer flags are ignored)")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     add_input_arguments(parser)
     parser.add_argument("--policy", dest="policies", action="append", metavar="PROFILE",
@@ -52,7 +55,12 @@ def run(args) -> int:
         raise InputError(f"--to is needed: the only profiles are {profiles.names()}")
     after = profiles.choose(after).name
     base = inputs_from_args(args)
-    if args.preset:
+    if args.preset and args.config:
+        raise InputError("give --preset or --config, not both")
+    unmapped: list[str] = []
+    if args.config:
+        layers, unmapped, title = _config_layers(args.config, base, after)
+    elif args.preset:
         from moe_fsm.engine.presets import preset
 
         model = preset(args.preset)
@@ -68,8 +76,30 @@ def run(args) -> int:
     if args.json:
         sys.stdout.write(json.dumps([_json(names, d) for names, d in results], indent=2, sort_keys=True) + "\n")
     else:
-        print("\n".join(_text(before, after, title, results)))
-    return EXIT_OK if all(d.same_decision for _, d in results) else EXIT_DIFFERS
+        print("\n".join(_text(before, after, title, results) + unmapped))
+    return EXIT_OK if all(d.same_decision for _, d in results) and not unmapped else EXIT_DIFFERS
+
+
+def _config_layers(path, base, profile: str):
+    """Each MoE layer of a config.json with the base inputs (the platform, parallel layout, env and request),
+    read as `moe-fsm plan` reads them under ``profile``; layers it cannot map are listed with their reason."""
+    from moe_fsm.plan.decider import LayerDecider
+    from moe_fsm.plan.plan import checkpoint_layers, layer_of
+    from moe_fsm.plan.quant_config import Mapped
+
+    decider = LayerDecider(parallel=base.parallel, request=base.request, env=base.env, platform=base.platform,
+                           policy=profile)
+    model, _, quants = checkpoint_layers(path, decider)
+    layers, unmapped = [], []
+    for index, quant in zip(model.moe_layers, quants):
+        name = model.experts_module(index)
+        if isinstance(quant, Mapped):
+            layers.append((name, replace(base, layer=layer_of(model, quant))))
+        else:
+            unmapped.append(f"{name}: not compared: {quant}")
+    if not layers:
+        raise InputError(f"{path}: no MoE layer of the config could be read ({unmapped[0] if unmapped else 'none'})")
+    return layers, unmapped, f"{model.architecture} from {model.path}"
 
 
 def _json(names, d: diff.LayerDiff) -> dict:

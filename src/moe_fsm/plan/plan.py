@@ -100,14 +100,9 @@ def plan_model(
 ) -> Plan:
     """Read the config, derive each MoE layer's MoELayer, decide it; one row per layer, one trace per distinct
     decision, and ``plan.manifest`` (layer -> trace) in ``trace_dir`` when any trace was written."""
-    model = read_model_config(config_path)
     decider = LayerDecider(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir,
                            policy=policy)
-    try:  # a malformed quantization_config, or a pattern that runs away on a name, is refused before any layer is decided
-        reader = QuantReader(model.quantization, layer_context(model, decider))
-        quants = [reader.layer(model.experts_module(index)) for index in model.moe_layers]
-    except InputError as err:
-        raise InputError(f"model config {model.quantization_file or model.path}: {err}") from None
+    model, reader, quants = checkpoint_layers(config_path, decider)
     # One plan or run at a time writes into a directory (trace.dir_lock): held only where a layer is decided,
     # so a plan that maps no layer leaves no directory behind.
     decides = any(isinstance(quant, Mapped) for quant in quants)
@@ -123,6 +118,30 @@ def plan_model(
                          "trace": r.trace_path.name if r.trace_path else None} for r in rows],
             )
     return Plan(model, rows, decider, reader.method)
+
+
+def checkpoint_layers(config_path, decider: LayerDecider) -> tuple[ModelConfig, QuantReader, list[LayerQuant]]:
+    """The config's model, its quantization reader and each MoE layer's quantization (in ``model.moe_layers``
+    order), read under the decider's platform, parallel layout, env and profile. A malformed quantization_config,
+    or a pattern that runs away on a name, is refused before any layer is decided."""
+    model = read_model_config(config_path)
+    try:
+        reader = QuantReader(model.quantization, layer_context(model, decider))
+        quants = [reader.layer(model.experts_module(index)) for index in model.moe_layers]
+    except InputError as err:
+        raise InputError(f"model config {model.quantization_file or model.path}: {err}") from None
+    return model, reader, quants
+
+
+def layer_of(model: ModelConfig, quant: Mapped) -> MoELayer:
+    """The MoELayer of a mapped layer: the config's shapes, the layer's scheme, the checkpoint's facts."""
+    g = model.geometry
+    return MoELayer(
+        quant=quant.scheme, num_experts=g.num_experts, top_k=g.top_k, hidden_size=g.hidden_size,
+        intermediate_size=g.intermediate_size, activation=g.activation, swiglu_limit=g.swiglu_limit,
+        dtype=g.dtype, allow_vllm_cutlass=quant.allow_vllm_cutlass, bias=g.bias,
+        router_weight_on_input=g.router_weight_on_input, model=checkpoint_facts(model),
+    )
 
 
 def layer_context(model: ModelConfig, decider: LayerDecider) -> LayerContext:
@@ -145,14 +164,8 @@ def _plan_layer(decider: LayerDecider, model: ModelConfig, quant: LayerQuant, in
     name = model.experts_module(index)
     if not isinstance(quant, Mapped):
         return PlannedLayer(index, name, quant)
-    g = model.geometry
     try:
-        layer = MoELayer(
-            quant=quant.scheme, num_experts=g.num_experts, top_k=g.top_k, hidden_size=g.hidden_size,
-            intermediate_size=g.intermediate_size, activation=g.activation, swiglu_limit=g.swiglu_limit,
-            dtype=g.dtype, allow_vllm_cutlass=quant.allow_vllm_cutlass, bias=g.bias,
-            router_weight_on_input=g.router_weight_on_input, model=checkpoint_facts(model),
-        )
+        layer = layer_of(model, quant)
     except InputError as err:
         return PlannedLayer(index, name, quant, error=f"InputError: {err}")
     try:
