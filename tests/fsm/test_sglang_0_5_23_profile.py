@@ -287,3 +287,53 @@ def test_vllm_traces_do_not_record_the_engine_inputs():
     assert "model" not in decision.trace["inputs"]["layer"]
     assert "a2a_backend" not in decision.trace["inputs"]["parallel"]
     assert "resolved" not in decision.outcome
+
+
+# -- what the parity run against SGLang's own code found (tools/sglang_parity.py) -----------------------------------
+
+def test_nvfp4_off_blackwell_takes_only_the_marlin_fallback():
+    """ModelOptNvFp4FusedMoEMethod.__init__: off Blackwell, auto on SM80-9x or an explicit marlin."""
+    layer = MoELayer(quant=QuantScheme.nvfp4())
+    assert decide(layer, platform="sm90", backend="marlin").backend == "MARLIN"
+    for platform, backend in (("sm90", "triton"), ("rocm-mi300", "auto"), ("cpu", "auto")):
+        err = refusal(layer=layer, platform=platform, backend=backend)
+        assert err.message.startswith("Current platform does not support NVFP4 quantization"), (platform, backend)
+
+
+def test_fp8_cutlass_asserts_block_weights_and_its_gpus():
+    """Fp8MoEMethod.__init__: cutlass_fp8_supported(), block quantization, SM90/SM100/SM120."""
+    assert decide(MoELayer(quant=QuantScheme.fp8("block")), backend="cutlass").backend == "CUTLASS"
+    assert "requires block quantization" in refusal(layer=MoELayer(quant=QuantScheme.fp8("channel")),
+                                                    backend="cutlass").message
+    assert "CUDA 12.0+ with SM90" in refusal(layer=MoELayer(quant=QuantScheme.fp8("block")), platform="sm80",
+                                            backend="cutlass").message
+
+
+def test_moe_runner_refuses_intel_xpu_and_takes_hpc_ops_on_a_gfx9_gpu():
+    """runner.py: intel_xpu has no runner core; hpc_ops checks torch's capability major, which is 9 on gfx9 too."""
+    err = refusal(layer=MoELayer(quant=QuantScheme.nvfp4()), platform="sm100", backend="intel_xpu")
+    assert isinstance(err, NoBackendError) and "Unsupported runner backend" in err.message
+    assert decide(MoELayer(quant=QuantScheme.fp8()), platform="rocm-mi355", backend="hpc_ops").backend == "HPC_OPS"
+
+
+def test_megamoe_needs_a_hopper_or_blackwell_gpu_or_rocm():
+    """mega_moe_hook.check_mega_moe_compat."""
+    err = refusal(layer=MoELayer(quant=QuantScheme.nvfp4()), parallel=ParallelConfig(tp_size=4), platform="sm120",
+                  backend="megamoe")
+    assert err.message.startswith("--moe-a2a-backend megamoe needs a CUDA SM90 GPU")
+
+
+def test_block_fp8_with_sglang_int4_weight_on_rocm_is_sglang_s_crash():
+    err = refusal(layer=MoELayer(quant=QuantScheme.fp8("block")), platform="rocm-mi300",
+                  env={"SGLANG_INT4_WEIGHT": "1"})
+    assert "UnboundLocalError" in err.message
+
+
+def test_the_layer_is_paired_as_one_rank_and_built_only_for_one():
+    """SGLang's dispatcher is SGLang's: moe-fsm runs the layer as one rank."""
+    one = decide(MoELayer())
+    assert one.trace["build"]["prepare_finalize_buildable"]
+    many = decide(MoELayer(), ParallelConfig(tp_size=4, a2a_backend="deepep"))
+    assert many.prepare_finalize.name == "LocalPrepareFinalize"
+    assert "deepep dispatcher over tp_size=4, ep_size=4" in many.prepare_finalize.reason
+    assert not many.trace["build"]["prepare_finalize_buildable"]

@@ -147,6 +147,10 @@ class DecisionRun:
 
     def _choose_prepare_finalize(self) -> None:
         """The terminal pairing: how tokens reach the chosen experts, from the parallel config."""
+        if self.policy.pairing is not None:
+            self.prepare_finalize = self.policy.pairing(self)
+            self.rec.emit("prepare_finalize", name=self.prepare_finalize.name, reason=self.prepare_finalize.reason)
+            return
         try:
             self.prepare_finalize = choose_prepare_finalize(self.ctx.parallel, self.ctx.activation_format)
         except InputError as err:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from moe_fsm.errors import NoBackendError, SelectionError
 from moe_fsm.inputs.platform import Vendor
 from moe_fsm.inputs.quant import QuantFamily
 
 if TYPE_CHECKING:
+    from moe_fsm.backends.pf_choice import PrepareFinalizeChoice
     from moe_fsm.backends.requirements import Requirement
     from moe_fsm.backends.specs import BackendSpec
     from moe_fsm.fsm.steps import Step
@@ -64,7 +65,11 @@ class Reorder:
 
 @dataclass(frozen=True, eq=False)
 class FamilyPolicy:
-    """One family's oracle in one profile (compared by identity: its machine is cached by it)."""
+    """One family's oracle in one profile (compared by identity: its machine is cached by it).
+
+    ``pairing``: how a selection is paired with a prepare/finalize, given the decision in progress, where the
+    engine's token movement is not vLLM's (SGLang's dispatchers); None pairs it from the parallel config.
+    """
 
     family: QuantFamily
     label: str  # as vLLM's messages spell the family
@@ -83,6 +88,7 @@ class FamilyPolicy:
     gated_by_allow_vllm_cutlass: tuple[str, ...] = ()
     explicit_unavailable: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     none_on_vendors: frozenset[Vendor] = frozenset()
+    pairing: Callable[..., "PrepareFinalizeChoice"] | None = None  # None: from the parallel config (pf_choice)
 
     def priority_for(self, vendor: Vendor) -> tuple[str, ...]:
         return self.priority.get(vendor, self.priority.get(None, ()))

@@ -124,3 +124,8 @@ SWIGLU_OAI = Condition(
 OAI_ON_GFX95 = Condition("SwiGLU-OAI experts on a ROCm gfx95x GPU",
                          lambda ctx: GFX95.holds(ctx) and SWIGLU_OAI.holds(ctx),
                          "not SwiGLU-OAI experts on a ROCm gfx95x GPU")
+TORCH_CAPABILITY_9 = Condition(
+    "torch.cuda.get_device_capability() has major 9 (CUDA 9.x, or a ROCm gfx9 GPU, which torch reports as 9.x)",
+    lambda ctx: ctx.platform.is_capability_family(9)
+    or (ctx.platform.vendor is Vendor.ROCM and (ctx.platform.gcn_arch or "").startswith("gfx9")),
+    "torch's device capability major is not 9 (or torch has no CUDA device here)")

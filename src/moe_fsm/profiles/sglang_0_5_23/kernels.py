@@ -11,6 +11,7 @@ trace's build.
 
 from __future__ import annotations
 
+from moe_fsm.backends.pf_choice import PrepareFinalizeChoice, PrepareFinalizeKind
 from moe_fsm.backends.specs import BackendSpec, KernelSpec
 from moe_fsm.inputs.formats import ActivationFormat
 from moe_fsm.inputs.quant import QuantFamily
@@ -56,6 +57,21 @@ def family_backends(family: QuantFamily, runners: tuple[str, ...]) -> tuple[dict
     return backends, names
 
 
+def one_rank_pairing(run) -> PrepareFinalizeChoice:
+    """SGLang moves tokens with its own dispatcher (the resolved --moe-a2a-backend, over tp_size ranks with
+    ep_size of them holding experts), which moe-fsm's runtime does not reproduce: the layer is paired as one rank,
+    buildable only when the decision is for one."""
+    r = run.resolved
+    layout = (f"SGLang's {r.get('moe_a2a_backend')} dispatcher over tp_size={r.get('tp_size')}, "
+              f"ep_size={r.get('ep_size')}, attn_dp_size={r.get('attn_dp_size')}")
+    single = (r.get("tp_size"), r.get("ep_size"), r.get("attn_dp_size")) == (1, 1, 1)
+    return PrepareFinalizeChoice(
+        "LocalPrepareFinalize", PrepareFinalizeKind.LOCAL, ActivationFormat.STANDARD,
+        f"{layout}; moe-fsm runs the layer as one rank", uses_expert_map=False, group_size=1,
+        not_buildable_because=None if single else f"moe-fsm's runtime does not reproduce {layout}; decide it for "
+                                                  "one rank (--tp 1) to run it here")
+
+
 def sglang_policy(family: QuantFamily, label: str, methods: dict, runners: tuple[str, ...]):
     """A family's machine: the server-argument stages every family shares, then its methods' runner choice."""
     from moe_fsm.fsm.policy import FamilyPolicy, frozen
@@ -75,4 +91,5 @@ def sglang_policy(family: QuantFamily, label: str, methods: dict, runners: tuple
         priority=frozen({}),
         unsupported_message=f"SGLang's {{backend}} MoE runner cannot run this {label} layer: {{reason}}.",
         exhausted_message=f"SGLang builds no MoE runner for this {label} layer.",
+        pairing=one_rank_pairing,
     )

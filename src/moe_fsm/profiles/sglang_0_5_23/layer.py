@@ -19,7 +19,7 @@ from moe_fsm.fsm.runner_steps import (
     DIRECT_KERNEL, LAYER_METHOD, LAYER_RUNNER, Resolved, Rule, Value, is_, is_not, resolved_value,
 )
 from moe_fsm.inputs.quant import QuantFamily
-from moe_fsm.profiles.sglang_0_5_23.facts import FP8_BLOCK_128, FP8_DYNAMIC_ACT, negated
+from moe_fsm.profiles.sglang_0_5_23.facts import FP8_BLOCK_128, FP8_DYNAMIC_ACT, TORCH_CAPABILITY_9, negated
 
 RUNNER, A2A = "moe_runner_backend", "moe_a2a_backend"
 KIND, METHOD = "runner_kind", LAYER_METHOD
@@ -98,6 +98,11 @@ AFTER = (
          when=(is_(KIND, MOE_RUNNER), is_(A2A, "deepep_v2"), is_not(LAYER_RUNNER, "deep_gemm")),
          fail="--moe-a2a-backend deepep_v2 requires the deep_gemm MoE runner, but this MoE layer's quantization "
               "method selected the '{layer_runner}' runner."),
+    Rule("MoeRunner: the hpc_ops runner needs torch's device capability major 9 (the kernels ship sm90a only)",
+         when=(is_(KIND, MOE_RUNNER), is_(LAYER_RUNNER, "hpc_ops"), negated(TORCH_CAPABILITY_9)),
+         fail="--moe-runner-backend hpc_ops requires an SM90 (Hopper) GPU (the HPC-Ops kernels ship sm90a only)."),
+    Rule("MoeRunner: intel_xpu has no runner core", when=(is_(KIND, MOE_RUNNER), is_(LAYER_RUNNER, "intel_xpu")),
+         fail="Unsupported runner backend: MoeRunnerBackend.INTEL_XPU", error=NoBackendError),
     Rule("MoeRunner: a runner with only a fused path needs a fused function registered for the all-to-all",
          when=(is_(KIND, MOE_RUNNER), Resolved(
              "the runner has only a fused path and no fused function is registered for (all-to-all, runner)",

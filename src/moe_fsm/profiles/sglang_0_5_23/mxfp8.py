@@ -9,4 +9,8 @@ from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.profiles.sglang_0_5_23.fp8 import FP8_METHOD_RULES, RUNNERS
 from moe_fsm.profiles.sglang_0_5_23.kernels import sglang_policy
 
-POLICY = sglang_policy(QuantFamily.MXFP8, "MXFP8", {"mxfp8": FP8_METHOD_RULES, "fp8": FP8_METHOD_RULES}, RUNNERS)
+# Fp8MoEMethod's runners, less FlashInfer CUTLASS (it runs MXFP8's experts on triton), plus FlashInfer MegaMOE
+MXFP8_RUNNERS = (*(r for r in RUNNERS if r != "flashinfer_cutlass"), "flashinfer_megamoe")
+
+POLICY = sglang_policy(QuantFamily.MXFP8, "MXFP8", {"mxfp8": FP8_METHOD_RULES, "fp8": FP8_METHOD_RULES},
+                       MXFP8_RUNNERS)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from moe_fsm.backends.requirements import Condition, CudaCapability
 from moe_fsm.errors import NoBackendError
-from moe_fsm.fsm.runner_steps import First, Rule, is_
+from moe_fsm.fsm.runner_steps import First, Rule, is_, is_not
 from moe_fsm.inputs.quant import QuantFamily
-from moe_fsm.profiles.sglang_0_5_23.facts import AMPERE_TO_HOPPER, CUDA, negated
+from moe_fsm.profiles.sglang_0_5_23.facts import AMPERE_TO_HOPPER, BLACKWELL, CUDA, negated
 from moe_fsm.profiles.sglang_0_5_23.kernels import sglang_policy
 from moe_fsm.profiles.sglang_0_5_23.layer import (
     A2A, AS_RESOLVED, KIND, MEGAMOE_RUNS, MOE_RUNNER, RUNNER, direct, layer_is, runner_at,
@@ -27,7 +27,19 @@ W4A16 = Condition("weight-only NVFP4 (W4A16: no activation quantization)",
                   lambda ctx: ctx.layer.quant.activation is None, "NVFP4 activations (W4A4)")
 SM100_OR_NEWER = CudaCapability(minimum=(10, 0))
 
+NOT_BLACKWELL = negated(BLACKWELL, "not a Blackwell GPU (SM100, SM110 or SM120)")
+NVFP4_PLATFORM = ("Current platform does not support NVFP4 quantization with the selected MoE backend. Please use "
+                  "Blackwell and above, or use moe_runner_backend=marlin on SM80+.")
+
 MODELOPT_FP4_RULES = (
+    # ModelOptNvFp4FusedMoEMethod.__init__: off Blackwell only the Marlin fallback runs NVFP4
+    Rule("off Blackwell, auto on CUDA needs (8, 0) <= capability < (10, 0) for the Marlin fallback",
+         when=(NOT_BLACKWELL, _AUTO, CUDA, negated(AMPERE_TO_HOPPER)), fail=NVFP4_PLATFORM),
+    Rule("off Blackwell, auto elsewhere than CUDA has no NVFP4 runner", when=(NOT_BLACKWELL, _AUTO, negated(CUDA)),
+         fail=NVFP4_PLATFORM),
+    Rule("off Blackwell, an explicit runner must be marlin", when=(NOT_BLACKWELL, is_not(RUNNER, "auto", "marlin",
+                                                                                          "experimental_sgl_marlin")),
+         fail=NVFP4_PLATFORM),
     Rule("weight-only NVFP4 under ModelOpt (modelopt_mixed's W4A16_NVFP4 layers) is not modelled", when=(W4A16,),
          fail="moe-fsm's sglang-0.5.23 profile does not model ModelOpt W4A16 NVFP4 MoE layers", error=NoBackendError),
     First((
@@ -65,9 +77,10 @@ COMPRESSED_TENSORS_RULES = (
     )),
 )
 
+# What the NVFP4 methods can build (hpc_ops is refused before, intel_xpu by MoeRunner)
 RUNNERS = ("marlin", "flashinfer_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutlass", "flashinfer_cutedsl",
            "flashinfer_mxfp4", "flashinfer_megamoe", "triton", "triton_kernel", "deep_gemm", "aiter", "humming",
-           "hpc_ops", "intel_xpu", "megamoe")
+           "megamoe")
 
 POLICY = sglang_policy(QuantFamily.NVFP4, "NVFP4", {"modelopt_fp4": MODELOPT_FP4_RULES,
                                                      "compressed-tensors": COMPRESSED_TENSORS_RULES}, RUNNERS)

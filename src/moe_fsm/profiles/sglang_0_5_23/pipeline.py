@@ -18,7 +18,9 @@ no waterfill, no DSA context parallelism, no FlashInfer A2A dispatch type, token
 
 from __future__ import annotations
 
+from moe_fsm.backends.requirements import CudaCapability
 from moe_fsm.errors import NoBackendError
+from moe_fsm.inputs.platform import Vendor
 from moe_fsm.fsm.runner_steps import (
     First, Resolved, Rule, ServerArgs, Stage, Value, is_, is_not, resolved_value,
 )
@@ -126,9 +128,17 @@ EXPLICIT_RUNNER = Stage("explicit_runner", when=(is_not(RUNNER, "auto"),), rules
               "(SGLang validates it against LoRA and experimental-runner flags moe-fsm's inputs lack)"),
 ))
 
-RUNNER_ALIAS = Stage("runner_alias", when=(is_(RUNNER, "megamoe"),), rules=(
-    Rule("mega_moe_hook.handle_moe_runner_backend_alias: --moe-runner-backend megamoe is "
-         "--moe-a2a-backend megamoe with the runner on auto", sets={RUNNER: "auto", A2A: "megamoe"}),
+MEGA_MOE_GPUS = CudaCapability(families=(9, 10), also=(Vendor.ROCM,))
+MEGA_MOE = Stage("mega_moe", when=(Resolved("moe_runner_backend or moe_a2a_backend is megamoe", (RUNNER, A2A),
+                                            lambda runner, a2a: "megamoe" in (runner, a2a)),), rules=(
+    # mega_moe_hook.handle_mega_moe
+    Rule("handle_moe_runner_backend_alias: --moe-runner-backend megamoe is --moe-a2a-backend megamoe with the runner "
+         "on auto", when=(is_(RUNNER, "megamoe"),), sets={RUNNER: "auto", A2A: "megamoe"}),
+    Rule("check_mega_moe_compat: megamoe runs DeepGEMM on a CUDA SM90 or SM100-class GPU, or aiter on ROCm",
+         when=(is_(A2A, "megamoe"), negated(MEGA_MOE_GPUS, "not a CUDA SM90 or SM100-class GPU, nor ROCm")),
+         fail="--moe-a2a-backend megamoe needs a CUDA SM90 GPU (block-FP8 experts) or an SM100-class GPU (MXFP4 / "
+              "NVFP4 experts); it runs DeepGEMM kernels over CUDA symmetric memory. On ROCm, set "
+              "SGLANG_AMD_USE_FLYDSL_MEGA_MOE=1 to select aiter MegaMoEv2 instead."),
 ))
 
 _AUTO = is_(RUNNER, "auto")
@@ -401,5 +411,5 @@ LORA_LAYER = Stage("lora_layer", when=(LORA,), rules=(
               "lora_* runners and --enable-lora flags)", error=NoBackendError),
 ))
 
-STAGES = (SERVER_ARGS, LORA_LAYER, EXPLICIT_RUNNER, RUNNER_ALIAS, MODEL_OVERRIDE, QUANT_CONSTRAINT, RUNNER_QUANT_CHECK,
+STAGES = (SERVER_ARGS, LORA_LAYER, EXPLICIT_RUNNER, MEGA_MOE, MODEL_OVERRIDE, QUANT_CONSTRAINT, RUNNER_QUANT_CHECK,
           A2A_CONSTRAINT, SPECULATIVE_DEFAULT)
