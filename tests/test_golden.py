@@ -267,3 +267,12 @@ def test_matrix_has_the_pr_43334_pair():
     assert by_name["mixed-pr43334-nvfp4-layer-single-b12x"]["outcome"]["backend"] == "FLASHINFER_B12X"
     assert by_name["mixed-pr43334-nvfp4-layer-mapping"]["outcome"]["backend"] == "FLASHINFER_B12X"
     assert by_name["mixed-pr43334-fp8-layer-mapping"]["outcome"]["status"] == "selected"
+
+
+@pytest.mark.parametrize("kind, load", [("scenario", golden._load_file), ("plan", golden._load_plan_file)])
+def test_a_scenario_or_plan_entry_that_is_not_a_table_is_named(tmp_path, kind, load):
+    """`scenario = [1, 2]` is TOML too: each entry must be a table, refused by name (it was an AttributeError)."""
+    path = tmp_path / "bad.toml"
+    path.write_text(f"{kind} = [1, 2]\n")
+    with pytest.raises(golden.InputError, match=rf"{kind} #1 must be a \[\[{kind}\]\] table, got int"):
+        load(path, "vllm-0.33", set())

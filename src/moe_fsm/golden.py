@@ -124,17 +124,28 @@ def load_scenarios(directory: str | Path | None = None, profile: str | None = No
     return scenarios
 
 
-def _load_file(path: Path, profile: str, seen: set) -> list[Scenario]:
-    data = trace_doc.parse_toml(trace_doc.read_text(path, "scenario file"), str(path))
-    tables = data.get("scenario")
+def _named_tables(path: Path, kind: str, what: str) -> list[tuple[dict, str, str]]:
+    """(table, its name, where it stands) for each ``[[kind]]`` table of the TOML file ``path``; InputError for a file
+    without them, a ``kind`` that is not a list of tables, or a name that is missing or malformed."""
+    data = trace_doc.parse_toml(trace_doc.read_text(path, what), str(path))
+    tables = data.get(kind)
     if not isinstance(tables, list) or not tables:
-        raise InputError(f"{path} has no [[scenario]] tables")
-    scenarios = []
+        raise InputError(f"{path} has no [[{kind}]] tables")
+    named = []
     for index, table in enumerate(tables):
+        if not isinstance(table, dict):
+            raise InputError(f"{path}: {kind} #{index + 1} must be a [[{kind}]] table, got {type(table).__name__}")
         name = table.get("name")
-        where = f"{path}: scenario #{index + 1}" + (f" ({name})" if name else "")
+        where = f"{path}: {kind} #{index + 1}" + (f" ({name})" if name else "")
         if not isinstance(name, str) or not _NAME.match(name):
             raise InputError(f"{where}: name must match {_NAME.pattern}")
+        named.append((table, name, where))
+    return named
+
+
+def _load_file(path: Path, profile: str, seen: set) -> list[Scenario]:
+    scenarios = []
+    for table, name, where in _named_tables(path, "scenario", "scenario file"):
         if name in seen:
             raise InputError(f"{where}: duplicate name in traces/{profile}")
         seen.add(name)
@@ -367,16 +378,8 @@ def load_plans(directory: str | Path | None = None, profile: str | None = None) 
 
 
 def _load_plan_file(path: Path, profile: str, seen: set) -> list[PlanScenario]:
-    data = trace_doc.parse_toml(trace_doc.read_text(path, "plan file"), str(path))
-    tables = data.get("plan")
-    if not isinstance(tables, list) or not tables:
-        raise InputError(f"{path} has no [[plan]] tables")
     plans = []
-    for index, table in enumerate(tables):
-        name = table.get("name")
-        where = f"{path}: plan #{index + 1}" + (f" ({name})" if name else "")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise InputError(f"{where}: name must match {_NAME.pattern}")
+    for table, name, where in _named_tables(path, "plan", "plan file"):
         if (profile, name) in seen:
             raise InputError(f"{where}: duplicate name in traces/{profile}/{PLAN_SUBDIR}")
         seen.add((profile, name))
