@@ -4,6 +4,7 @@
 #   bench/gpu.sh SUBCOMMAND [ARGS...]      (from any directory: it runs from the repository root)
 #
 #   suite [WHEEL_DIR] [-- PYTEST_ARGS...]  `pytest -m gpu` with the carried wheels (below)
+#   step NAME LIMIT_S -- COMMAND...        COMMAND under a hard limit that ends every process it started (ranks too)
 #   distributed                            the multi-process tests and bench_distributed.py over NCCL, N GPUs
 #   experts-vs-vllm                        GPU tests, `moe-fsm tune` of the named shapes, the host path, then
 #                                          bench_experts_vs_vllm.py run with the fresh table
@@ -19,6 +20,21 @@
 set -u
 cd "$(dirname "$0")/.." || exit 3
 ROOT=$PWD
+
+# missing_wheels PY DIR: the wheels in DIR whose distribution PY does not have (a wheel's distribution name is its
+# file name up to the first '-').
+missing_wheels() {
+    "$1" - "$2" <<'EOF'
+import pathlib, re, sys
+from importlib import metadata
+for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    name = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        print(wheel)
+EOF
+}
 
 # suite: the GPU suite in one command, on a CUDA machine that has torch, Triton, pytest and pytest-timeout but
 # not moe-fsm's pure-Python dependencies, which travel as wheels.
@@ -55,20 +71,10 @@ suite() (
         done
     fi
 
-    # Which wheels the machine lacks: a wheel's distribution name is its file name up to the first '-'.
+    # Which wheels the machine lacks
     if [ -n "$WHEELS" ]; then
         [ -d "$WHEELS" ] || { say "wheel folder $WHEELS does not exist"; exit 3; }
-        mapfile -t missing < <("$PY" - "$WHEELS" <<'EOF'
-import pathlib, re, sys
-from importlib import metadata
-for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
-    name = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
-    try:
-        metadata.version(name)
-    except metadata.PackageNotFoundError:
-        print(wheel)
-EOF
-)
+        mapfile -t missing < <(missing_wheels "$PY" "$WHEELS")
         if [ ${#missing[@]} -gt 0 ]; then
             say "installing ${#missing[@]} wheel(s) into $SITE: $(for w in "${missing[@]}"; do basename "$w"; done | tr '\n' ' ')"
             "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${missing[@]}" 2>&1 | tee -a "$LOG" || { say "pip could not install the wheels"; exit 3; }
@@ -128,21 +134,106 @@ EOF
     exit "$status"
 )
 
-# distributed: the distributed checks and benchmark over NCCL on a machine of N GPUs (nvidia-h200-x2, -x4, -x8).
+# step NAME LIMIT_S -- COMMAND...: run COMMAND under a hard limit that ends every process it started.
 #
-#   OUT=/some/dir [NPROC=N] bench/gpu.sh distributed
+# COMMAND runs in a session of its own (setsid) with $MOE_FSM_STEP_TAG set to a tag unique to this step. Processes
+# that start sessions of their own (moe_fsm.distributed.launch's agent, ranks started with start_new_session=True)
+# escape a plain `timeout`, but they inherit the environment, so the tag finds them in /proc. Past LIMIT_S the step
+# prints which processes were still running (pid, RANK, command line), asks each rank for its Python stacks (SIGUSR1:
+# moe_fsm.distributed.init_from_env registers faulthandler for it), prints the tail of each rank's log file, then
+# SIGTERMs the step's session and every tagged process and SIGKILLs whatever is left 5 s later. Tagged processes
+# left running by a step that ended by itself (orphans) are ended the same way. Exit status: COMMAND's, or 124 when
+# the limit was reached (as coreutils' timeout).
+step() {
+    local name=${1:-} limit=${2:-}
+    shift $(( $# < 2 ? $# : 2 ))
+    [ "${1:-}" = "--" ] && shift
+    case "$limit" in ''|*[!0-9]*) echo "gpu.sh step: LIMIT_S is '$limit'; accepted: a whole number of seconds" >&2; return 2 ;; esac
+    [ $# -gt 0 ] || { echo "gpu.sh step: name the command to run after LIMIT_S (step NAME LIMIT_S -- COMMAND...)" >&2; return 2; }
+    local tag="moe-fsm-step-$$-$RANDOM-$name" start=$SECONDS pid status
+    MOE_FSM_STEP_TAG=$tag setsid "$@" &
+    pid=$!
+    while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - start)) -lt "$limit" ]; do sleep 1; done
+    if kill -0 "$pid" 2>/dev/null; then
+        echo "gpu.sh: step '$name' still running after $limit s: ending it and every process it started"
+        describe_tagged "$tag"
+        end_tagged "$tag" "$pid"
+        wait "$pid" 2>/dev/null
+        echo "gpu.sh: step '$name' ended after $((SECONDS - start)) s (limit $limit s)"
+        return 124
+    fi
+    wait "$pid"
+    status=$?
+    if [ -n "$(tagged_pids "$tag")" ]; then
+        echo "gpu.sh: step '$name' exited ($status) but left processes running: ending them"
+        describe_tagged "$tag"
+        end_tagged "$tag" ""
+    fi
+    return "$status"
+}
+
+# The pids whose environment holds MOE_FSM_STEP_TAG=TAG (this user's processes; others cannot be read).
+tagged_pids() {
+    grep -lzx "MOE_FSM_STEP_TAG=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | sort -n
+}
+
+rank_of() {
+    tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n 's/^RANK=//p'
+}
+
+# Which processes of the step are running (pid, RANK, command line); each rank's stacks and log tail.
+describe_tagged() {
+    local p rank log pids
+    pids=$(tagged_pids "$1")
+    for p in $pids; do
+        rank=$(rank_of "$p")
+        echo "  pid $p${rank:+ RANK=$rank}: $(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-300)"
+    done
+    for p in $pids; do
+        [ -n "$(rank_of "$p")" ] && kill -USR1 "$p" 2>/dev/null  # faulthandler: the rank's Python stacks to its stderr
+    done
+    sleep 2
+    for p in $pids; do
+        rank=$(rank_of "$p")
+        log=$(readlink "/proc/$p/fd/2" 2>/dev/null)
+        if [ -n "$rank" ] && [ -f "$log" ]; then
+            echo "  --- RANK=$rank (pid $p), the last lines of $log:"
+            tail -n 40 "$log" | sed 's/^/  | /'
+        fi
+    done
+}
+
+end_tagged() {
+    local tag=$1 session=$2 sig p
+    for sig in TERM KILL; do
+        [ -n "$session" ] && kill -s "$sig" -- "-$session" 2>/dev/null
+        for p in $(tagged_pids "$tag"); do kill -s "$sig" "$p" 2>/dev/null; done
+        if [ "$sig" = TERM ]; then
+            for _ in 1 2 3 4 5; do [ -z "$(tagged_pids "$tag")" ] && break; sleep 1; done
+        fi
+    done
+}
+
+# distributed: the distributed checks and benchmark over NCCL on a machine of N GPUs (nvidia-h100-x2, -x4, ...).
+#
+#   OUT=/some/dir [NPROC=N] [BENCH_ARGS="..."] bench/gpu.sh distributed
 #
 # NPROC defaults to every GPU of the machine. Writes into $OUT:
-#   env.txt     GPUs, topology, torch/NCCL versions, the NVLink-multicast variables as found
+#   env.txt     GPUs, topology, torch/NCCL versions, the NVLink-multicast and timeout variables as found
 #   tests.log   the multi-process suite over NCCL (one process per GPU: worlds 2 and 4 where there are that
 #               many GPUs) and the CUDA-graph capture test (2 GPUs)
-#   bench.log   bench/bench_distributed.py output at world NPROC
+#   bench.log   bench/bench_distributed.py output at world NPROC (BENCH_ARGS are added to its command line)
 #   perf/       distributed_nccl_w$NPROC.json and .md (the table docs/perf/distributed.md shows)
-# Each step has its own time limit (tests 250 s, benchmark 300 s), so one call fits in the device tool's 10 minutes.
+# Each step runs under `step` (above) with its own limit, TESTS_S (default 200 s) and BENCH_S (240 s), so the whole
+# ends inside the device tool's 10 minutes whatever hangs, and a hang names its step and ranks. Every process group
+# times out after MOE_FSM_DIST_TIMEOUT (default 60 s) and NCCL's watchdog aborts a rank whose collective timed out
+# (TORCH_NCCL_ASYNC_ERROR_HANDLING=1, heartbeat monitor TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=90), both below the steps'
+# limits; pytest gives each test TEST_TIMEOUT_S (150 s). The carried wheels (.whl) the machine lacks are installed
+# into $SITE (/tmp/moe-fsm-site). Python is $PYTHON, else python3.
 #
 # NVLink multicast stays off: the machine sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
 # NVSHMEM_DISABLE_NVLS=1; this only checks them (and refuses to run without them, exit 3), it never sets, unsets
-# or overrides them. Exit status 1 when the tests or the benchmark failed.
+# or overrides them. Exit status 1 when the tests or the benchmark failed, 124 when a step reached its limit.
 distributed() (
     set -uo pipefail
     [ -n "${OUT:-}" ] || { echo "gpu.sh distributed: set OUT to the directory for logs and results" >&2; exit 2; }
@@ -155,32 +246,54 @@ distributed() (
         fi
     done
     mkdir -p "$OUT/perf"
+    PY=${PYTHON:-python3}
+    SITE=${SITE:-/tmp/moe-fsm-site}
+    if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then
+        mapfile -t missing < <(missing_wheels "$PY" "$ROOT/.whl")
+        if [ ${#missing[@]} -gt 0 ]; then
+            mkdir -p "$SITE"
+            "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${missing[@]}" \
+                || { echo "gpu.sh distributed: pip could not install the carried wheels" >&2; exit 3; }
+        fi
+    fi
 
-    export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$SITE:$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
     export MOE_FSM_DIST_BACKEND=nccl
-    export MOE_FSM_DIST_TIMEOUT=120
+    export MOE_FSM_DIST_TIMEOUT=${MOE_FSM_DIST_TIMEOUT:-60}
+    export TORCH_NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=${TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC:-90}
     export PYTHONUNBUFFERED=1
-    NPROC=${NPROC:-$(python -c "import torch; print(torch.cuda.device_count())")}
+    TESTS_S=${TESTS_S:-200}
+    BENCH_S=${BENCH_S:-240}
+    NPROC=${NPROC:-$(timeout 60 "$PY" -c "import torch; print(torch.cuda.device_count())")}
 
     {
         date -u +%FT%TZ
-        nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
-        nvidia-smi topo -m
-        python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', '.'.join(map(str, torch.cuda.nccl.version())), 'gpus', torch.cuda.device_count())"
-        env | grep -E '^(NCCL_|TORCH_SYMM_MEM_|NVSHMEM_)' | sort
+        timeout 30 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
+        timeout 30 nvidia-smi topo -m
+        timeout 60 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', '.'.join(map(str, torch.cuda.nccl.version())), 'gpus', torch.cuda.device_count())"
+        env | grep -E '^(NCCL_|TORCH_NCCL_|TORCH_SYMM_MEM_|NVSHMEM_|MOE_FSM_DIST_)' | sort
     } > "$OUT/env.txt" 2>&1
 
     status=0
-    if python -c "import pytest" 2>/dev/null; then
-        timeout 250 python -m pytest tests/distributed -m distributed -v -rs -p no:cacheprovider > "$OUT/tests.log" 2>&1 || status=1
+    if "$PY" -c "import pytest, pytest_timeout" 2>/dev/null; then
+        step tests "$TESTS_S" -- "$PY" -m pytest tests/distributed -m distributed -v -rs -p no:cacheprovider \
+            --timeout "${TEST_TIMEOUT_S:-150}" > "$OUT/tests.log" 2>&1
     else
-        echo "pytest is not installed: running the same suite through tests/distributed/dist_harness.py (no graph test)" > "$OUT/tests.log"
-        timeout 250 python tests/distributed/dist_harness.py "$OUT/suite" 2 4 >> "$OUT/tests.log" 2>&1 || status=1
+        echo "pytest or pytest-timeout is not installed: running the same suite through tests/distributed/dist_harness.py (no graph test)" > "$OUT/tests.log"
+        step tests "$TESTS_S" -- "$PY" tests/distributed/dist_harness.py "$OUT/suite" 2 4 >> "$OUT/tests.log" 2>&1
     fi
+    rc=$?
+    [ $rc -eq 0 ] || status=$([ $rc -eq 124 ] && echo 124 || echo 1)
+    grep -E "^gpu.sh: |^  (pid|---)" "$OUT/tests.log" | tail -n 40
     tail -n 5 "$OUT/tests.log"
 
-    timeout 300 python bench/bench_distributed.py --nproc "$NPROC" --out "$OUT/perf" --timeout 290 > "$OUT/bench.log" 2>&1 || status=1
-    tail -n 20 "$OUT/bench.log"
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+    step bench "$BENCH_S" -- "$PY" bench/bench_distributed.py --nproc "$NPROC" --out "$OUT/perf" --timeout "$((BENCH_S - 15))" \
+        ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$([ $rc -eq 124 ] && echo 124 || echo 1)
+    grep -E "^gpu.sh: |^  (pid|---)" "$OUT/bench.log" | tail -n 20
+    tail -n 30 "$OUT/bench.log"
     exit $status
 )
 
@@ -410,11 +523,12 @@ flashinfer_build() (
     [ -n "${NO_BENCH:-}" ] || timeout "${BENCH_S:-240}" python3 bench/bench_experts_vs_vllm.py run ${BENCH_ARGS:---columns ours,flashinfer} --out-dir "$OUT" 2>&1 | tail -40 | tee "$OUT/log_bench.txt"
 )
 
-SUBCOMMANDS="suite, distributed, experts-vs-vllm, hopper-prefill, transformers, weight-quantized, flashinfer-build"
+SUBCOMMANDS="suite, step, distributed, experts-vs-vllm, hopper-prefill, transformers, weight-quantized, flashinfer-build"
 command=${1:-}
 shift $(( $# > 0 ? 1 : 0 ))
 case "$command" in
     suite) suite "$@" ;;
+    step) step "$@" ;;
     distributed) distributed "$@" ;;
     experts-vs-vllm) experts_vs_vllm "$@" ;;
     hopper-prefill) hopper_prefill "$@" ;;

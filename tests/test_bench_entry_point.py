@@ -36,7 +36,7 @@ def test_help_names_every_subcommand_the_script_dispatches():
     done = gpu_sh("--help")
     assert done.returncode == 0, done.stderr
     names = dispatched_subcommands()
-    assert names == ["suite", "distributed", "experts-vs-vllm", "hopper-prefill", "transformers",
+    assert names == ["suite", "step", "distributed", "experts-vs-vllm", "hopper-prefill", "transformers",
                      "weight-quantized", "flashinfer-build"]
     for name in names:
         assert re.search(rf"^  {name}\b", done.stdout, re.M), f"--help does not describe {name}"

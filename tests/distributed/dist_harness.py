@@ -66,8 +66,22 @@ def rank_env(rank: int, world: int, port: int, backend: str | None = None, group
         OMP_NUM_THREADS="1",
     )
     env[BACKEND_ENV] = backend or dist_backend()
-    env[TIMEOUT_ENV] = str(group_timeout_s)
+    env[TIMEOUT_ENV] = str(capped_group_timeout(group_timeout_s))
     return env
+
+
+def capped_group_timeout(seconds: int) -> int:
+    """``seconds``, or less where this process's own $MOE_FSM_DIST_TIMEOUT is lower.
+
+    A supervisor (``bench/gpu.sh distributed``) sets it below its step's limit, so that
+    a rank stuck in a collective fails, and says where, before the step is ended.
+    """
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        cap = int(float(raw)) if raw else seconds
+    except ValueError:
+        cap = seconds
+    return max(1, min(seconds, cap))
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:

@@ -10,7 +10,10 @@ instead of hanging forever.
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -150,6 +153,7 @@ def init_from_env(backend: Optional[str] = None, timeout_s: Optional[float] = No
         return DistContext(rank, world_size, local_rank, existing, device_for(existing, local_rank))
     backend = resolve_backend(backend)
     device = device_for(backend, local_rank)
+    _stacks_on_request()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(
@@ -160,6 +164,19 @@ def init_from_env(backend: Optional[str] = None, timeout_s: Optional[float] = No
         timeout=timedelta(seconds=resolve_timeout(timeout_s)),
     )
     return DistContext(rank, world_size, local_rank, backend, device)
+
+
+def _stacks_on_request() -> None:
+    """SIGUSR1 makes this rank print every thread's Python stack to stderr (and go on).
+
+    A supervisor that finds a rank hung (``bench/gpu.sh step``) asks it where it
+    waits before ending it. Left alone where the program handles SIGUSR1 itself.
+    """
+    usr1 = getattr(signal, "SIGUSR1", None)  # POSIX only
+    if usr1 is None or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(usr1) == signal.SIG_DFL:
+        faulthandler.register(usr1, all_threads=True)
 
 
 def destroy() -> None:
