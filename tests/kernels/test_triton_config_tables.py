@@ -76,10 +76,10 @@ def test_old_tables_without_the_new_fields_still_load():
 
 @pytest.mark.parametrize("tokens", [1, 8, 32, 64, 96, 128, 512, 513, 2048, 8192])
 @pytest.mark.parametrize("fp8", [None, "tensor", "block"])
-def test_default_takes_vllms_tile_rules_then_the_tuned_prefill_tile(tokens, fp8):
+def test_the_vllm_tiles_are_vllms_rule_then_the_tuned_prefill_tile(tokens, fp8):
     """Up to 512 tokens: vLLM's BLOCK_M/K, warps, stages (w1 reads the same weight tile: half the width, gate+up).
-    Past that (bf16 and row-wise FP8): the prefill tile the tuner keeps picking. Never a folded top-k sum."""
-    c = cfg.default_config(128, 768, 2048, 8, tokens, block_fp8=fp8 == "block", fp8=fp8 is not None)
+    Past that (bf16 and row-wise FP8): the prefill tile the tuner kept picking. Never a folded top-k sum."""
+    c = cfg.vllm_tile_config(128, tokens, block_fp8=fp8 == "block", fp8=fp8 is not None)
     cfg.validate_config(c, block_fp8=fp8 == "block")
     if fp8 == "block":
         assert c.block_m == (16 if tokens <= 64 else 64)
@@ -96,6 +96,41 @@ def test_default_takes_vllms_tile_rules_then_the_tuned_prefill_tile(tokens, fp8)
         assert c.w2.num_warps == (4 if tokens <= 128 else 8)
         assert 2 * c.w1.block_n == c.w2.block_n
     assert c.w1.swap_ab == c.w2.swap_ab == (c.block_m < 64)
+    assert not c.fold_topk
+
+
+# (E, N, K, top-k, FP8 granularity or None, tokens) -> what the fitted default takes (bench/sweep_default_rules.py)
+DEFAULT_CASES = [
+    ((256, 2048, 7168, 8, "block", 8), "vllm"),  # decode: vLLM's tiles
+    ((256, 2048, 7168, 8, "block", 128), "thin"),  # 4 rows per expert: 16-row blocks with swap-AB
+    ((384, 2048, 7168, 8, "block", 2048), "tma_mid"),  # 43 rows
+    ((256, 2048, 7168, 8, "block", 8192), "gluon"),  # 256 rows
+    ((128, 1536, 4096, 8, "block", 512), "vllm"),  # 32 rows: vLLM's 64-row pointer-load tile
+    ((512, 768, 4096, 8, None, 512), "thin"),  # 8 rows
+    ((8, 14336, 4096, 2, None, 512), "tma_mid"),  # 128 rows at 512 tokens
+    ((128, 768, 2048, 8, None, 8192), "tma_flat"),  # 512 rows, narrow N
+    ((8, 14336, 4096, 2, None, 8192), "tma"),  # wide N: not flattened
+    ((128, 1536, 4096, 8, "channel", 2048), "vllm"),  # row-wise FP8 below 4096 tokens: the pointer-load 128 tile
+    ((128, 1536, 4096, 8, "channel", 8192), "tma_flat"),
+    ((128, 2880, 2880, 4, None, 2048), "vllm"),  # 64 rows: vLLM's rule (the 128-row pointer tile past 512)
+]
+
+
+@pytest.mark.parametrize("case, kind", DEFAULT_CASES)
+def test_the_default_picks_by_rows_per_expert(case, kind):
+    e, n, k, top_k, fp8, tokens = case
+    c = cfg.default_config(e, n, k, top_k, tokens, block_fp8=fp8 == "block", fp8=fp8 is not None)
+    cfg.validate_config(c, block_fp8=fp8 == "block")
+    block_k = 64 if fp8 is None else 128
+    expected = {
+        "vllm": cfg.vllm_tile_config(e, tokens, block_fp8=fp8 == "block", fp8=fp8 is not None),
+        "thin": cfg.vllm_tile_config(e, 32, block_fp8=fp8 == "block", fp8=fp8 is not None),
+        "tma_mid": cfg.tma_mid_config(block_k),
+        "gluon": cfg.gluon_prefill_config(),
+        "tma_flat": cfg.tma_prefill_config(block_k, flatten=True),
+        "tma": cfg.tma_prefill_config(block_k, flatten=False),
+    }[kind]
+    assert c == expected
     assert not c.fold_topk
 
 

@@ -20,8 +20,7 @@ A shape found in the user's table is served from it alone. A lookup takes the
 tuned token count nearest to the actual one on a log scale (a 600-token batch
 uses the 512 entry), because the best tile mostly depends on the rows per
 expert, which scales with tokens. Shapes in no table get ``default_config``,
-whose tile choice follows the same rules as vLLM's default (so an untuned shape
-is never handed a worse tile than vLLM would use), mapped onto our kernels.
+a rule fitted on a sweep of untuned shapes against vLLM's kernel (its docstring).
 
 This module imports neither Triton nor CUDA so the tables can be read, written
 and checked anywhere.
@@ -288,24 +287,81 @@ def _check_warp_specialization(config: MoEConfig, block_fp8: bool) -> None:
 
 
 def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int, *, block_fp8: bool, fp8: bool = False) -> MoEConfig:
-    """The config for a shape no table holds: vLLM's default tile rules, mapped onto our kernels, then the
-    prefill tile our tuning keeps choosing.
+    """The config for a shape no table holds, from the token count and the expected rows per expert.
 
-    vLLM picks its tile from the token count M alone (its w1 and w2 share one
-    config). We take the same BLOCK_M, BLOCK_K, GROUP_M, warps and stages; our w1
-    tile reads gate and up rows together, so its ``block_n`` is half vLLM's (the
-    same weight tile), and swap-AB goes on where vLLM turns it on for Hopper FP8
-    (row blocks under 64 with weight tiles of 64 or more), here for every dtype
-    since thin row blocks waste the 64-row wgmma the same way in bf16.
+    The rule was fitted on a sweep (``bench/sweep_default_rules.py``, ``docs/perf/vs_vllm.md``, "Shapes no table
+    holds") of 16 layer shapes against vLLM 0.33's kernel and checked on 13 others. Decode calls (64 tokens or fewer)
+    take vLLM's tiles (``vllm_tile_config``). Past that the expected rows per expert, ``tokens x top-k / E``, decides,
+    because a row block is padded to ``block_m`` per expert: a many-expert layer at 128-512 tokens fills a 64-row
+    block a tenth, and thin 16-row blocks with swap-AB ran it faster; a layer whose experts get 96 rows or more runs
+    the Hopper paths the tuner picks for the named shapes (the TMA kernels, the Gluon kernel for block FP8). What the
+    sweep found per regime:
 
-    Past 512 tokens (row blocks of 128) the bf16 and per-tensor/per-channel FP8 layers take w1 128 wide
-    (256 gate and up columns), w2 256, 8 warps, 4 stages, group 16: the tiles of 13 of the 14 bf16 and row-wise
-    FP8 2048- and 8192-token entries ``moe-fsm tune`` had written into the H100 table, faster on an H100 than
-    vLLM's rule at 11 of those 12 shapes and counts (2% slower at the Qwen3 TP4 shard's 8192). The top-k sum is never
-    folded into w2: folded, the layer was slower in 26 of 28 comparisons (``docs/perf/hopper.md``, "The
-    default config").
+    - block FP8: 16 rows or fewer, thin blocks (x1.14-1.40 against vLLM at 128 tokens, where 64-row blocks gave
+      x0.90-1.17); 40-96 rows, 64-row TMA tiles; 96 rows and more, the Gluon kernel (x1.27-1.57 at 8192 tokens
+      where the pointer-load tiles gave x1.13-1.29);
+    - bf16 and row-wise FP8: 8 rows or fewer up to 512 tokens, thin blocks; 96 rows and more up to 512 tokens, 64-row
+      TMA tiles (Mixtral-like layers at 512 tokens: x0.71 -> x0.97-1.32); past 512 tokens the 128-row TMA tiles,
+      persistent with gate and up paired, the loop flattened where N <= 1536 (flattening won there, lost on the wide
+      layers); row-wise FP8 keeps the pointer-load 128-row tile below 4096 tokens, where it beat the TMA one
+      (x1.33-1.54 against x1.12-1.31 at 2048).
+
+    A ``hopper`` config runs the pointer-load kernels with the same tiles where the TMA kernels cannot
+    (``hopper.hopper_usable``); a ``gluon`` one the Triton kernels (``fused.py``). The top-k sum is never folded into
+    w2: folded, the layer was slower in 26 of 28 comparisons (``docs/perf/hopper.md``, "The default config").
     """
     m = num_tokens
+    rows = m * top_k / max(num_experts, 1)
+    if m <= 64:
+        return vllm_tile_config(num_experts, m, block_fp8=block_fp8, fp8=fp8)
+    if block_fp8:
+        if rows >= 96:
+            return gluon_prefill_config()
+        if rows >= 40:
+            return tma_mid_config(FP8_GROUP)
+        return vllm_tile_config(num_experts, 32 if rows <= 16 else m, block_fp8=True, fp8=True)
+    block_k = 128 if fp8 else 64
+    if rows >= 96:
+        if m <= 512:
+            return tma_mid_config(block_k)
+        if fp8 and m < 4096:
+            return vllm_tile_config(num_experts, m, block_fp8=False, fp8=True)
+        return tma_prefill_config(block_k, flatten=n <= 1536)
+    if rows <= 8 and m <= 512:
+        return vllm_tile_config(num_experts, 32, block_fp8=False, fp8=fp8)
+    return vllm_tile_config(num_experts, m, block_fp8=False, fp8=fp8)
+
+
+def tma_prefill_config(block_k: int, *, flatten: bool) -> MoEConfig:
+    """128-row blocks through the TMA kernels, one program per SM, w1's gate and up tiles loaded as one box (with
+    ``flatten`` the tile loop and the K loop fused, four stages): the tuner's prefill winners (``configs/``)."""
+    stages = 4 if flatten else 3
+    return MoEConfig(128, GemmConfig(128, block_k, 16, 8, stages, persistent=True, paired=True, flatten=flatten),
+                     GemmConfig(256, block_k, 16, 8, stages, persistent=True, flatten=flatten), hopper=True)
+
+
+def tma_mid_config(block_k: int) -> MoEConfig:
+    """64-row blocks through the TMA kernels, w1 128 / w2 256 wide (DeepSeek-V3's tuned 2048-token entry)."""
+    return MoEConfig(64, GemmConfig(128, block_k, 8, 8, 4), GemmConfig(256, block_k, 8, 8, 4), hopper=True)
+
+
+def gluon_prefill_config() -> MoEConfig:
+    """The Gluon block-FP8 kernel, warp-specialized and persistent, 128-row blocks (DeepSeek-V3's tuned 8192 entry)."""
+    w1 = GemmConfig(64, FP8_GROUP, 8, 8, 5, persistent=True, warp_specialize=True)
+    w2 = GemmConfig(128, FP8_GROUP, 8, 8, 5, persistent=True, warp_specialize=True)
+    return MoEConfig(128, w1, w2, fold_topk=False, hopper=True, gather_input=True, gluon=True)
+
+
+def vllm_tile_config(num_experts: int, m: int, *, block_fp8: bool, fp8: bool) -> MoEConfig:
+    """vLLM's default tile rule for ``m`` tokens, mapped onto our kernels (the whole default before the sweep).
+
+    vLLM picks its tile from the token count M alone (its w1 and w2 share one config). We take the same BLOCK_M,
+    BLOCK_K, GROUP_M, warps and stages; our w1 tile reads gate and up rows together, so its ``block_n`` is half
+    vLLM's (the same weight tile), and swap-AB goes on where vLLM turns it on for Hopper FP8 (row blocks under 64
+    with weight tiles of 64 or more), here for every dtype since thin row blocks waste the 64-row wgmma the same way
+    in bf16. Past 512 tokens (row blocks of 128) bf16 and row-wise FP8 take w1 128 wide (256 gate and up columns),
+    w2 256, 8 warps, 4 stages, group 16: the tuner's pick before the TMA kernels (``docs/perf/hopper.md``).
+    """
     if block_fp8:
         block_m = 16 if m <= 64 else 64
         block_n = 64 if m <= 8 else FP8_GROUP

@@ -1,0 +1,326 @@
+"""Which rule should pick the Triton MoE config of a shape no table holds: candidate rules timed side by side
+with vLLM 0.33.0's ``fused_moe_kernel`` on a grid of layer shapes, the rule fitted on one part of the grid and
+checked on the rest.
+
+``default_config`` (``triton_moe/config.py``) is what every untuned shape runs. This sweep times a few rules
+(not every tile: that is ``moe-fsm tune``'s job) on ``FIT`` shapes (E 8-512, K 2048-7168, N 256-16384, top-k
+1-10; bf16, FP8 per-tensor, per-channel and 128-block) at the token counts where the rules differ, and the same
+on ``HELD_OUT`` shapes that the choice of rule does not look at. Each point also times vLLM's kernel with its
+own config (its tuned table for the device where it ships one, else its default rule), on the same weights,
+routings, inputs and alignment (``bench_experts_vs_vllm.py``'s ``VllmPipeline``), so a rule is judged by the
+ratio the benchmark reports.
+
+The rules (``RULES``):
+
+- ``vllm_tiles``: the default before this sweep (``config.vllm_tile_config``: vLLM's tile rules by token count,
+  the pointer-load kernels; the first run's JSON calls it ``current``);
+- ``tma``: the same row blocks, the prefill tiles through the Hopper TMA kernels (persistent, paired gate/up
+  loads) and, for block FP8, the Gluon kernel at 128-row blocks;
+- ``rows``: the row block from the expected rows per expert (tokens x top-k / E) rather than from the token
+  count, so a many-expert layer is not padded to 128-row blocks it fills a third of; then ``tma``'s tiles;
+- ``rows_flat``: ``rows`` with the persistent loop flattened (the Qwen3 shapes' tuned winner) at 128-row blocks
+  and the pointer-load tile the tuner keeps at 64-row blocks;
+- ``default``: ``default_config`` as it is now, the rule fitted on the first run's ``FIT`` points.
+
+``score SWEEP.json`` (no GPU) reads a saved sweep and, for each point where ``default_config`` picks a config one of
+the timed rules picked, takes that rule's time: the fitted rule's figures on the fit and the held-out shapes without a
+new run.
+
+Runs on a CUDA GPU; carry ``.vllm_extract`` (``bench_experts_vs_vllm.py prepare``). Writes JSON (every point's
+µs per rule and vLLM's) and prints one line per point and the summary per rule over the fit and held-out sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from dataclasses import astuple
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from moe_fsm.kernels.triton_moe.config import (  # noqa: E402
+    GemmConfig, MoEConfig, default_config, gluon_prefill_config, tma_mid_config, tma_prefill_config, vllm_tile_config,
+)
+
+# (name, E, N, K, top-k, quant): quant None (bf16), "tensor", "channel" or "block"
+FIT = [
+    ("mixtral-8x7b", 8, 14336, 4096, 2, None),
+    ("llama4-scout-like", 16, 8192, 5120, 1, None),
+    ("e32-k4096-n2048", 32, 2048, 4096, 4, None),
+    ("deepseek-v2-lite-like", 64, 1408, 2048, 6, None),
+    ("e64-k4096-n1536-block", 64, 1536, 4096, 8, "block"),
+    ("qwen3-30b-a3b", 128, 768, 2048, 8, None),
+    ("qwen3-235b-like-block", 128, 1536, 4096, 8, "block"),
+    ("qwen3-235b-like-channel", 128, 1536, 4096, 8, "channel"),
+    ("deepseek-v2-like", 160, 1536, 5120, 6, None),
+    ("deepseek-v3-block", 256, 2048, 7168, 8, "block"),
+    ("e256-k2048-n512", 256, 512, 2048, 8, None),
+    ("deepseek-v3-tp8-block", 256, 256, 7168, 8, "block"),
+    ("mixtral-8x22b-like-tensor", 8, 16384, 6144, 2, "tensor"),
+    ("e64-k3072-n768-tensor", 64, 768, 3072, 8, "tensor"),
+    ("e512-k4096-n768", 512, 768, 4096, 8, None),
+    ("e32-k2048-n4096-channel", 32, 4096, 2048, 2, "channel"),
+]
+HELD_OUT = [
+    ("kimi-k2-like-block", 384, 2048, 7168, 8, "block"),
+    ("glm-4.5-air-like", 128, 1408, 4096, 8, None),
+    ("gpt-oss-120b-shaped", 128, 2880, 2880, 4, None),
+    ("qwen3-next-like", 512, 512, 2048, 10, None),
+    ("glm-4.5-like-block", 160, 1536, 5120, 8, "block"),
+    ("qwen3-235b-tp4-block", 128, 384, 4096, 8, "block"),
+    ("mixtral-8x22b-tp2", 8, 8192, 6144, 2, None),
+    ("llama4-maverick-like-channel", 128, 8192, 5120, 1, "channel"),
+    ("deepseek-v2-lite-like-tensor", 64, 1408, 2048, 6, "tensor"),
+    ("gpt-oss-20b-shaped", 32, 2880, 2880, 4, None),
+    ("qwen3-30b-ep2", 64, 768, 2048, 8, None),
+    ("kimi-k2-tp8-block", 384, 256, 7168, 8, "block"),
+    ("hunyuan-a13b-like", 64, 3072, 4096, 8, None),
+]
+TOKENS = (128, 512, 2048, 8192)
+
+
+def _pointer_mid(block_k: int) -> MoEConfig:
+    """64-row blocks on the pointer-load kernels (the 512-token entry the tuner wrote for most shapes)."""
+    return MoEConfig(64, GemmConfig(64, block_k, 8, 4, 3), GemmConfig(128, block_k, 8, 4, 3))
+
+
+def rule_vllm_tiles(e, n, k, top_k, m, fp8):
+    return vllm_tile_config(e, m, block_fp8=fp8 == "block", fp8=fp8 is not None)
+
+
+def rule_default(e, n, k, top_k, m, fp8):
+    return default_config(e, n, k, top_k, m, block_fp8=fp8 == "block", fp8=fp8 is not None)
+
+
+def rule_tma(e, n, k, top_k, m, fp8):
+    base = rule_vllm_tiles(e, n, k, top_k, m, fp8)
+    block_k = 64 if fp8 is None else 128
+    if fp8 == "block":
+        if m > 512 and m * top_k / e >= 96:
+            return gluon_prefill_config()
+        return tma_mid_config(128) if base.block_m == 64 else base
+    return tma_prefill_config(block_k, flatten=False) if base.block_m == 128 else base
+
+
+def _by_rows(e, n, k, top_k, m, fp8, flat: bool):
+    rows = m * top_k / e
+    block_k = 64 if fp8 is None else 128
+    if rows <= 16:  # thin blocks: the current rule's decode/swap-AB tiles
+        return rule_vllm_tiles(e, n, k, top_k, min(m, 32), fp8)
+    if rows <= 48:
+        return rule_vllm_tiles(e, n, k, top_k, 96, fp8)  # the 32-row block of the current rule
+    if rows <= 160:
+        if fp8 == "block":
+            return tma_mid_config(128)
+        return _pointer_mid(block_k) if flat else tma_mid_config(block_k)
+    if fp8 == "block":
+        return gluon_prefill_config()
+    return tma_prefill_config(block_k, flatten=flat)
+
+
+def rule_rows(e, n, k, top_k, m, fp8):
+    return _by_rows(e, n, k, top_k, m, fp8, False)
+
+
+def rule_rows_flat(e, n, k, top_k, m, fp8):
+    return _by_rows(e, n, k, top_k, m, fp8, True)
+
+
+RULES = {"vllm_tiles": rule_vllm_tiles, "tma": rule_tma, "rows": rule_rows, "rows_flat": rule_rows_flat, "default": rule_default}
+
+
+def _shape(entry):
+    from moe_fsm.kernels.triton_moe.tuning import LayerShape
+
+    _, e, n, k, top_k, fp8 = entry
+    return LayerShape(e, n, k, top_k, "bfloat16", fp8)
+
+
+def _compile_worker(jobs):
+    """Run each (shape tuple, tokens, ours config JSON or None, vLLM config or None) once on two experts."""
+    import torch
+
+    from bench_experts_vs_vllm import VllmPipeline, VllmTriton
+    from moe_fsm.kernels.triton_moe.tuning import LayerShape, layer_fn, make_weights
+
+    failures = []
+    for extract, shape_t, tokens, ours, theirs in jobs:
+        small = LayerShape(*shape_t).with_experts(2)
+        try:
+            weights = make_weights(small, init=False)
+            x = torch.randn(tokens, small.hidden, device="cuda", dtype=torch.bfloat16)
+            ids = torch.randint(0, 2, (tokens, small.top_k), device="cuda", dtype=torch.int32)
+            g = torch.full(ids.shape, 1.0 / small.top_k, device="cuda")
+            if ours is not None:
+                layer_fn(small, weights, MoEConfig.from_json(ours))(x, g, ids)
+            if theirs is not None:
+                pipe = VllmPipeline(VllmTriton(Path(extract), torch.cuda.get_device_name(),
+                                               torch.cuda.get_device_capability()), small, weights)
+                pipe.configs[tokens] = (theirs, "given")
+                pipe.force_naive = False
+                pipe(x, g, ids)
+            torch.cuda.synchronize()
+        except Exception as exc:
+            failures.append(f"{shape_t} T={tokens}: {type(exc).__name__}: {str(exc)[:160]}")
+    return failures
+
+
+def score(path: Path) -> dict:
+    """``default_config``'s ratio to vLLM at each saved point where it chose a config that some timed rule chose."""
+    report = json.loads(path.read_text())
+    out: dict[str, list] = {"fit": [], "held_out": []}
+    uncovered = []
+    for p in report["points"]:
+        fp8 = None if p["quant"] == "bf16" else p["quant"]
+        chosen = default_config(p["E"], p["N"], p["K"], p["top_k"], p["tokens"], block_fp8=fp8 == "block",
+                                fp8=fp8 is not None).to_json()
+        timed = [name for name, cfg in p["configs"].items() if cfg == chosen and name in p["us"]]
+        if not timed or "vllm" not in p["us"]:
+            uncovered.append(f"{p['shape']}/{p['tokens']}")
+            continue
+        out[p["part"]].append((f"{p['shape']}/{p['tokens']}", p["us"]["vllm"] / p["us"][timed[0]]))
+    summary = {}
+    for part, rows in out.items():
+        ratios = [r for _, r in rows]
+        if ratios:
+            summary[part] = {"points": len(ratios), "geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
+                             "min": round(min(ratios), 3), "below_1": [f"{n}: x{r:.2f}" for n, r in rows if r < 1]}
+    summary["not_timed"] = uncovered
+    return summary
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["score"]:
+        print(json.dumps(score(Path(sys.argv[2])), indent=1))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--extract", type=Path, default=ROOT / ".vllm_extract")
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    parser.add_argument("--only", nargs="*", default=None, help="shape names to run (default: every FIT and HELD_OUT)")
+    parser.add_argument("--workers", type=int, default=14)
+    parser.add_argument("--rep-ms", type=float, default=25.0)
+    parser.add_argument("--budget-s", type=float, default=240.0, help="no new shape is started after this long")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-out" / "sweep_default_rules.json")
+    args = parser.parse_args()
+
+    import torch
+
+    from bench_experts_vs_vllm import VllmPipeline, VllmTriton
+    from moe_fsm.kernels.triton_moe.tuning import layer_fn, make_weights, replays_per_graph, routings, time_graph
+
+    start = time.time()
+    vllm = VllmTriton(args.extract, torch.cuda.get_device_name(), torch.cuda.get_device_capability())
+    # fit and held-out shapes alternate, so a budget cut leaves both sets measured
+    fit, held = [(s, "fit") for s in FIT], [(s, "held_out") for s in HELD_OUT]
+    entries = [e for pair in zip(fit, held) for e in pair] + fit[len(held):] + held[len(fit):]
+    if args.only:
+        entries = [(s, part) for s, part in entries if s[0] in args.only]
+
+    def configs_at(entry, m):
+        _, e, n, k, top_k, fp8 = entry
+        return {name: rule(e, n, k, top_k, m, fp8) for name, rule in RULES.items()}
+
+    jobs = []
+    for entry, _ in entries:
+        shape = _shape(entry)
+        for m in args.tokens:
+            vcfg = vllm.config(m, shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, shape.fp8)[0]
+            jobs.append((str(args.extract), astuple(shape), m, None, vcfg))
+            for cfg in dict.fromkeys(configs_at(entry, m).values()):
+                jobs.append((str(args.extract), astuple(shape), m, cfg.to_json(), None))
+    # each distinct kernel once (the kernels specialize on the config and dtypes, not on the expert count)
+    unique = list({json.dumps([j[1][4:], j[1][1:3], j[2] > 64, j[3], j[4]], sort_keys=True): j for j in jobs}.values())
+    chunks = [c for c in (unique[i::args.workers] for i in range(args.workers)) if c]
+    with mp.get_context("spawn").Pool(len(chunks)) as pool:
+        failures = [f for fs in pool.map(_compile_worker, chunks) for f in fs]
+    print(f"precompiled {len(unique)} jobs in {time.time() - start:.0f} s; {len(failures)} failed", flush=True)
+    for f in failures:
+        print("  " + f, flush=True)
+
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rules": list(RULES),
+              "tokens": args.tokens, "points": [], "date": time.strftime("%Y-%m-%d")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for entry, part in entries:
+        if time.time() - start > args.budget_s:
+            print(f"budget of {args.budget_s:.0f} s spent: {entry[0]} and later shapes not run", flush=True)
+            break
+        shape = _shape(entry)
+        weights = make_weights(shape)
+        theirs = VllmPipeline(vllm, shape, weights)
+        for m in args.tokens:
+            routes = routings(m, shape.num_experts, shape.top_k, replays_per_graph(m), seed=m)
+            gen = torch.Generator(device="cuda").manual_seed(m + 1)
+            inputs = [(torch.randn(m, shape.hidden, device="cuda", dtype=torch.bfloat16, generator=gen), g, ids)
+                      for g, ids in routes]
+            point = {"shape": entry[0], "part": part, "E": shape.num_experts, "N": shape.intermediate, "K": shape.hidden,
+                     "top_k": shape.top_k, "quant": shape.fp8 or "bf16", "tokens": m,
+                     "flops": 2 * m * shape.top_k * 3 * shape.intermediate * shape.hidden, "us": {}, "configs": {}}
+            expected = theirs(*inputs[0]).float()
+            timed: dict[MoEConfig, float] = {}
+            fns = [("vllm", theirs)]
+            for name, cfg in configs_at(entry, m).items():
+                point["configs"][name] = cfg.to_json()
+                if cfg not in timed:
+                    timed[cfg] = None
+                    fns.append((name, layer_fn(shape, weights, cfg)))
+            times: dict[str, list[float]] = {}
+            for turn in range(2):  # two rounds, the order reversed in the second
+                for name, fn in fns if turn == 0 else fns[::-1]:
+                    if name in point.get("errors", {}):
+                        continue
+                    try:
+                        if turn == 0 and name != "vllm":
+                            out = fn(*inputs[0]).float()
+                            diff = float((out - expected).norm() / expected.norm())
+                            if not math.isfinite(diff) or diff > 5e-2:
+                                raise ValueError(f"relative difference {diff:.2e} from vLLM's output")
+                        times.setdefault(name, []).append(time_graph(fn, inputs, args.rep_ms))
+                    except Exception as exc:
+                        torch.cuda.synchronize()
+                        point.setdefault("errors", {})[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            for name, ts in times.items():
+                if name not in point.get("errors", {}):
+                    point["us"][name] = statistics.mean(ts)
+            for name, cfg in configs_at(entry, m).items():  # rules that chose the same config share its time
+                first = next(n for n, c in configs_at(entry, m).items() if c == cfg)
+                if first in point["us"]:
+                    point["us"][name] = point["us"][first]
+            report["points"].append(point)
+            v = point["us"].get("vllm", float("nan"))
+            print(f"{part:8s} {entry[0]:30s} T={m:5d} vllm {v:9.1f} | " + "  ".join(
+                f"{name} {v / point['us'][name]:5.2f}x" if name in point["us"] else f"{name} err" for name in RULES),
+                flush=True)
+            del inputs, routes
+        del weights, theirs
+        torch.cuda.empty_cache()
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    report["summary"] = summarize(report["points"])
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report["summary"], indent=1))
+    print(f"done in {time.time() - start:.0f} s")
+
+
+def summarize(points: list[dict]) -> dict:
+    """Per rule and part: geometric mean and minimum of vLLM µs / rule µs, and points below 1."""
+    out = {}
+    for part in ("fit", "held_out"):
+        for name in RULES:
+            ratios = [p["us"]["vllm"] / p["us"][name] for p in points
+                      if p["part"] == part and name in p["us"] and "vllm" in p["us"]]
+            if ratios:
+                out[f"{part}/{name}"] = {"points": len(ratios),
+                                         "geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
+                                         "min": round(min(ratios), 3), "below_1": sum(r < 1 for r in ratios)}
+    return out
+
+
+if __name__ == "__main__":
+    main()
