@@ -147,6 +147,7 @@ UNREACHABLE = {"vllm-0.33": {"fp8": {"CPU_W8A8", "HUMMING"}, "nvfp4": {"HUMMING"
                # 0.32's AiterMxfp8Experts takes only the uninterleaved SwiGLU-OAI activation, which moe-fsm's layers lack
                "vllm-0.32": {"fp8": {"CPU_W8A8", "HUMMING"}, "nvfp4": {"HUMMING", "B12X"}, "mxfp8": {"AITER_MXFP8"}},
                "vllm-0.31": {"fp8": {"CPU_W8A8", "HUMMING"}, "nvfp4": {"HUMMING", "B12X"}, "mxfp8": {"AITER_MXFP8"}}}
+UNREACHABLE["fastest-vllm-0.33"] = UNREACHABLE["vllm-0.33"]  # vLLM 0.33's support rules, ordered by measured speed
 
 
 @pytest.mark.parametrize("profile", PROFILES)

@@ -20,7 +20,7 @@ CORE_LAYERS = (
      "moe_fsm.backends.pf_choice", "moe_fsm.backends.build_plan", "moe_fsm.backends.grouped_mm_eligibility",
      "moe_fsm.backends.extensions"),
     ("moe_fsm.fsm.policy", "moe_fsm.fsm.activation_order", "moe_fsm.fsm.steps", "moe_fsm.fsm.candidate_steps",
-     "moe_fsm.fsm.runner_steps"),
+     "moe_fsm.fsm.runner_steps", "moe_fsm.fsm.measured_steps"),
     ("moe_fsm.profiles",),
     ("moe_fsm.backends.registry", "moe_fsm.backends"),
     ("moe_fsm.fsm.machine", "moe_fsm.fsm.decide", "moe_fsm.fsm"),

@@ -29,6 +29,7 @@ from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import PlatformFacts, probed_platform
 from moe_fsm.inputs.request import BackendRequest
+from moe_fsm.inputs.speed import SpeedTable, speed_table_from_spec, table_for_device
 from moe_fsm.inputs.formats import ActivationFormat
 from moe_fsm.inputs.spec import SECTIONS, env_from_spec, layer_from_spec, parallel_from_spec, platform_from_spec
 from moe_fsm.profiles import ProfileChoice
@@ -47,12 +48,16 @@ class DecisionInputs:
     env: EnvSnapshot
     platform: PlatformFacts
     profile: ProfileChoice = field(default_factory=profiles.resolve_default)
+    speed_table: SpeedTable | None = None  # measured figures, for a profile that reads them (fastest-*)
 
     def __post_init__(self) -> None:
         for name, cls, hint in _INPUT_TYPES:
             value = getattr(self, name)
             if not isinstance(value, cls):
                 raise InputError(f"{name} must be a {cls.__name__} ({hint}), got {type(value).__name__} {value!r:.80}")
+        if self.speed_table is not None and not isinstance(self.speed_table, SpeedTable):
+            raise InputError(f"speed_table must be a SpeedTable (read_speed_table(path)) or None, "
+                             f"got {type(self.speed_table).__name__}")
 
     @computed_once
     def to_json(self) -> dict:
@@ -64,6 +69,8 @@ class DecisionInputs:
             "request": self.request.to_json(),
             "env": self.env.to_json(),
             "platform": self.platform.to_json(),
+            # recorded only where a profile reads one, so every other trace keeps its form
+            **({"speed_table": self.speed_table.to_json()} if self.speed_table is not None else {}),
         }
 
     @classmethod
@@ -79,6 +86,7 @@ class DecisionInputs:
                 env=EnvSnapshot.from_json(data["env"]),
                 platform=PlatformFacts.from_json(data["platform"]),
                 profile=ProfileChoice.from_json(data["profile"]) if "profile" in data else PRE_PROFILE_TRACES,
+                speed_table=SpeedTable.from_json(data["speed_table"]) if "speed_table" in data else None,
             )
         except InputError:
             raise
@@ -148,6 +156,7 @@ def make_inputs(
     env: Union[EnvSnapshot, Mapping[str, str], None] = None,
     platform: PlatformFacts | None = None,
     policy: str | ProfileChoice | None = None,
+    speed_table: Union[str, os.PathLike, SpeedTable, None] = None,
 ) -> DecisionInputs:
     """Fill the defaults an engine would: the process env, the probed platform, the default profile.
 
@@ -155,7 +164,9 @@ def make_inputs(
     keeps the variables moe-fsm knows; any other mapping is what the caller
     means to set, so a name no profile reads is refused, as ``--env`` refuses
     it (a misspelt variable would otherwise silently change nothing). To pass a
-    whole environment, use ``EnvSnapshot.from_mapping(mapping)``.
+    whole environment, use ``EnvSnapshot.from_mapping(mapping)``. ``speed_table``:
+    a measured table (or its file) for a profile that reads one; None looks for
+    this device's in the user's config directory (``inputs/speed.py``).
     """
     if not isinstance(layer, MoELayer):
         raise InputError(f"layer must be a MoELayer, got {type(layer).__name__} {layer!r:.80}")
@@ -166,14 +177,27 @@ def make_inputs(
             f"platform must be a PlatformFacts (preset('sm90'), probe()) or None for this machine, "
             f"got {type(platform).__name__} {platform!r:.80}"
         )
+    platform = platform or probed_platform()
+    choice = profiles.choose(policy)
     return DecisionInputs(
         layer=layer,
         parallel=parallel or ParallelConfig(),
         request=BackendRequest.parse(backend),
         env=_env_snapshot(env),
-        platform=platform or probed_platform(),
-        profile=profiles.choose(policy),
+        platform=platform,
+        profile=choice,
+        speed_table=speed_table_for(choice, platform, speed_table),
     )
+
+
+def speed_table_for(choice: ProfileChoice, platform: PlatformFacts, given=None) -> SpeedTable | None:
+    """The speed table a decision under ``choice`` reads: the one given (a path or a table), else (None) the one
+    measured for this device in the user's config directory; False: none, without looking (golden scenarios,
+    tests). None for a profile that reads none, whatever was given."""
+    if not profiles.get(choice.name).reads_speed_table or given is False:
+        return None
+    table = speed_table_from_spec(given)
+    return table if table is not None else table_for_device(platform.device_name)
 
 
 def inputs_from_spec(spec: Mapping[str, Any]) -> DecisionInputs:
@@ -204,7 +228,8 @@ def inputs_from_spec(spec: Mapping[str, Any]) -> DecisionInputs:
         if policy is not None and not isinstance(policy, str):
             raise InputError(f"policy must be a profile name ({profiles.names()}) or 'default', got {policy!r}")
         choice = profiles.choose(policy)
-    return DecisionInputs(layer=layer, parallel=parallel, request=request, env=env, platform=platform, profile=choice)
+    return DecisionInputs(layer=layer, parallel=parallel, request=request, env=env, platform=platform, profile=choice,
+                          speed_table=speed_table_for(choice, platform, spec.get("speed_table")))
 
 
 def forget_input_caches() -> None:
@@ -264,7 +289,8 @@ def decide(inputs: DecisionInputs, *, registry: Registry | None = None, trace: b
             + _profiles_with(family)
         ))
     else:
-        run = DecisionRun(ctx, policy, request, inputs.request.source_for(family), registry, recorder)
+        run = DecisionRun(ctx, policy, request, inputs.request.source_for(family), registry, recorder,
+                          inputs.speed_table)
         run.run()
     if run.error is not None:
         outcome = {
@@ -317,12 +343,14 @@ def _write_trace(path, document: dict, layer_name: str | None, failure: Selectio
 
 
 def select(layer: MoELayer, parallel: ParallelConfig | None = None, backend=None, env=None,
-           platform: PlatformFacts | None = None, policy: str | ProfileChoice | None = None, **kwargs) -> Decision:
+           platform: PlatformFacts | None = None, policy: str | ProfileChoice | None = None, speed_table=None,
+           **kwargs) -> Decision:
     """The one-call form: ``select(layer, parallel, backend="auto", env=os.environ, platform=probe(), policy=None)``.
 
     ``policy``: a profile name (``"seeds"``, ``"vllm-0.33"``); None follows the installed vLLM.
+    ``speed_table``: a measured table or its file, for a profile that reads one (``"fastest-vllm-0.33"``).
     """
-    return decide(make_inputs(layer, parallel, backend, env, platform, policy), **kwargs)
+    return decide(make_inputs(layer, parallel, backend, env, platform, policy, speed_table), **kwargs)
 
 
 def replay(document: dict, *, registry: Registry | None = None) -> dict:

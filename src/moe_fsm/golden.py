@@ -35,6 +35,7 @@ from moe_fsm import profiles
 from moe_fsm.backends.registry import ENTRY_POINT_GROUP, Registry
 from moe_fsm.decision import DecisionInputs, decide, inputs_from_spec
 from moe_fsm.errors import InputError, SelectionError
+from moe_fsm.inputs.speed import read_speed_table
 from moe_fsm.trace import document as trace_doc
 
 SCENARIO_SUBDIR = "scenarios"
@@ -42,7 +43,7 @@ GOLDEN_SUBDIR = "golden"
 PLAN_SUBDIR = "plans"  # traces/<profile>/plans/*.toml, and their golden documents in plans/golden/
 PLAN_KEYS = ("name", "about", "config", "platform", "parallel", "backend", "env", "expect_statuses")
 PLAN_STATUSES = ("selected", "fallback_none", "failed", "refused", "not_mapped")
-SPEC_KEYS = ("layer", "parallel", "backend", "env", "platform")
+SPEC_KEYS = ("layer", "parallel", "backend", "env", "platform", "speed_table")
 SCENARIO_KEYS = ("name", "about", "expect", "expect_message", "expect_kernel", "expect_via", "expect_runs", *SPEC_KEYS)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _EXPECT = re.compile(r"^(selected|fallback_none):[A-Za-z0-9_]+$|^failed:(BackendUnsupportedError|NoBackendError)$")
@@ -63,6 +64,8 @@ class Scenario:
     def inputs(self) -> DecisionInputs:
         spec = dict(self.spec)
         spec.setdefault("env", {})  # never the process environment
+        spec.setdefault("speed_table", False)  # nor the user's measured speed table
+        spec["policy"] = self.profile  # so the inputs keep what this profile reads (a speed table)
         if "platform" not in spec:
             raise InputError(f"scenario {self.name!r} names no platform (scenarios never probe the machine)")
         try:
@@ -158,7 +161,7 @@ def _load_file(path: Path, profile: str, seen: set) -> list[Scenario]:
         scenarios.append(Scenario(
             name=name,
             about=table.get("about", ""),
-            spec={k: table[k] for k in SPEC_KEYS if k in table},
+            spec=_with_speed_table({k: table[k] for k in SPEC_KEYS if k in table}, path, where),
             expect=expect,
             expect_message=table.get("expect_message"),
             expect_kernel=table.get("expect_kernel"),
@@ -167,6 +170,19 @@ def _load_file(path: Path, profile: str, seen: set) -> list[Scenario]:
             profile=profile,
         ))
     return scenarios
+
+
+def _with_speed_table(spec: dict, path: Path, where: str) -> dict:
+    """A scenario's ``speed_table`` names a file relative to the repository's root (the directory holding the traces
+    directory), as a golden plan's config does; the trace records it by that name, so goldens do not depend on
+    where the repository is."""
+    name = spec.get("speed_table")
+    if name is None:
+        return spec
+    if not isinstance(name, str):
+        raise InputError(f"{where}: speed_table must be a file path relative to the repository's root")
+    root = path.resolve().parents[3]  # <root>/traces/<profile>/scenarios/<file>.toml
+    return {**spec, "speed_table": read_speed_table(root / name, source=name)}
 
 
 def decide_scenario(scenario: Scenario) -> dict:

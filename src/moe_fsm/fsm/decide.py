@@ -20,6 +20,7 @@ from moe_fsm.fsm.machine import machine_for
 from moe_fsm.fsm.policy import FALLBACK_NONE, SELECTED, START, TERMINAL_STATES, FamilyPolicy
 from moe_fsm.fsm.steps import Step
 from moe_fsm.inputs.formats import ActivationFormat
+from moe_fsm.inputs.speed import SpeedTable
 from moe_fsm.trace.recorder import Recorder
 
 
@@ -37,8 +38,9 @@ class DecisionRun:
     """The model the machine drives; one per decision."""
 
     def __init__(self, ctx: SupportContext, policy: FamilyPolicy, request: str, request_source: str,
-                 registry: Registry, recorder: Recorder) -> None:
+                 registry: Registry, recorder: Recorder, speed_table: SpeedTable | None = None) -> None:
         self.ctx = ctx
+        self.speed_table = speed_table  # measured figures, read by a profile's MeasuredScan (fsm/measured_steps.py)
         self.family = ctx.layer.family
         self.policy = policy
         self.request = request

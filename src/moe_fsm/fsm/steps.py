@@ -309,6 +309,12 @@ class AutoScan(Step):
         return True
 
     def act(self, run) -> None:
+        rejected = run.scan(self.scan_order(run))
+        if run.selection is None:
+            self.conclude_unselected(run, rejected)
+
+    def scan_order(self, run) -> list[str]:
+        """The candidates in the order the scan tries them (reordered, pruned, recorded as the ``scan`` event)."""
         policy, ctx = run.policy, run.ctx
         candidates = list(policy.priority_for(ctx.platform.vendor))
         for rule in policy.reorders:
@@ -326,9 +332,11 @@ class AutoScan(Step):
         if self.activation_order is not None:
             candidates = self.activation_order.apply(run, candidates)
         run.rec.emit("scan", candidates=candidates)
-        rejected = run.scan(candidates)
-        if run.selection is not None:
-            return
+        return candidates
+
+    def conclude_unselected(self, run, rejected) -> None:
+        """No candidate runs: the platform's own path (NONE), a last resort, or the policy's exhausted error."""
+        policy, ctx = run.policy, run.ctx
         if ctx.platform.vendor in policy.none_on_vendors:
             run.fall_back_to_platform()
             return

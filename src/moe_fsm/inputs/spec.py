@@ -22,6 +22,9 @@ core, which the commands and golden use alike. A spec is a mapping with the sect
               {preset = "sm90", add_libraries = [...], remove_libraries = [...]}
 ``policy``    a policy profile name ("seeds", "vllm-0.33") or "default" (the
               installed vLLM's); ``profile`` is the trace's {name, reason} form
+``speed_table`` a measured speed table's file path, the trace's table form, or false (none, and
+              no look in the user's config directory); read only by a profile that orders by
+              measured speed (``fastest-vllm-0.33``; ``inputs/speed.py``)
 
 A decision trace's recorded inputs are a spec as well. This module parses each
 section into its input object; ``moe_fsm.decision.inputs_from_spec`` joins them
@@ -41,7 +44,7 @@ from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import Library, PlatformFacts, preset, probed_platform
 from moe_fsm.inputs.quant import MXFP4_ACTIVATIONS, NVFP4_STATIC, QuantFamily, QuantScheme
 
-SECTIONS = ("layer", "parallel", "backend", "request", "env", "platform", "policy", "profile")
+SECTIONS = ("layer", "parallel", "backend", "request", "env", "platform", "policy", "profile", "speed_table")
 
 LAYER_ALIASES = {
     "experts": "num_experts",

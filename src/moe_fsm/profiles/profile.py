@@ -29,6 +29,8 @@ class Profile:
     ``reads_model_facts``: the profile's rules read the layer's ``ModelFacts`` (architecture, declared quant
     method; SGLang's model overrides do, vLLM's oracles do not). ``plan`` and ``run`` give every layer the facts
     of its checkpoint or preset, and a profile that does not read them decides (and records) the layer without.
+    ``reads_speed_table``: the profile orders candidates by a measured speed table (``inputs/speed.py``); the
+    inputs of any other profile never carry one, so its traces are unchanged.
     """
 
     name: str
@@ -40,6 +42,7 @@ class Profile:
     fallback_kernels: Mapping[Vendor, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     substitutes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     reads_model_facts: bool = False  # the decisions read MoELayer.model (SGLang's overrides); else it is left out
+    reads_speed_table: bool = False  # the decisions read a measured speed table (the fastest-* profiles); else none is kept
 
     def policy(self, family: QuantFamily) -> FamilyPolicy:
         from moe_fsm.errors import InputError
