@@ -28,15 +28,19 @@ class ModelFacts:
     ``modelopt_fp4``, ``mxfp4``, ``compressed-tensors``, ``gptq``, ``awq``, ...; None: the layer's scheme says it).
     ``quantization``: the server's ``--quantization`` flag (None: not given).
     ``draft``: the layer belongs to the speculative draft model (SGLang decides it with the speculative runner).
+    ``layer_method``: the quantization method the engine builds this layer with, as ``plan`` read it from the
+    checkpoint by that engine's rules (SGLang's ``fp8``, ``modelopt_fp4``, ``gptq_marlin``, ``moe_wna16``, ...; None:
+    the profile derives it from ``quant_method``). Left out of the JSON form when None.
     """
 
     architecture: str | None = None
     quant_method: str | None = None
     quantization: str | None = None
     draft: bool = False
+    layer_method: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("architecture", "quant_method", "quantization"):
+        for name in ("architecture", "quant_method", "quantization", "layer_method"):
             value = getattr(self, name)  # as a config.json spells it, control characters and all (JSON escapes them)
             if value is not None and (not isinstance(value, str) or not 0 < len(value) <= MAX_NAME):
                 raise InputError(f"model {name} must be a non-empty string of at most {MAX_NAME} characters, or None; "
@@ -50,7 +54,10 @@ class ModelFacts:
         return self != ModelFacts()
 
     def to_json(self) -> dict:
-        return field_dict(self)
+        data = field_dict(self)
+        if data["layer_method"] is None:  # traces from before the field, and every select, read the same
+            del data["layer_method"]
+        return data
 
     @classmethod
     def from_json(cls, data) -> "ModelFacts":

@@ -53,7 +53,7 @@ class PlannedLayer:
         if self.error is not None:
             return f"FAILED {self.error}"
         if isinstance(self.quant, Refused):
-            return f"REFUSED by vLLM ({self.quant.error}): {self.quant.reason}"
+            return f"REFUSED by {self.quant.by} ({self.quant.error}): {self.quant.reason}"
         return f"NOT MAPPED: {self.quant.reason}"
 
     @property
@@ -140,14 +140,17 @@ def layer_of(model: ModelConfig, quant: Mapped) -> MoELayer:
         quant=quant.scheme, num_experts=g.num_experts, top_k=g.top_k, hidden_size=g.hidden_size,
         intermediate_size=g.intermediate_size, activation=g.activation, swiglu_limit=g.swiglu_limit,
         dtype=g.dtype, allow_vllm_cutlass=quant.allow_vllm_cutlass, bias=g.bias,
-        router_weight_on_input=g.router_weight_on_input, model=checkpoint_facts(model),
+        router_weight_on_input=g.router_weight_on_input, model=checkpoint_facts(model, quant),
     )
 
 
 def layer_context(model: ModelConfig, decider: LayerDecider) -> LayerContext:
-    """What vLLM's quantization configs read besides a layer's name, under the decider's platform, parallel layout,
-    env and policy profile (whose vLLM release picks the config rules; ``seeds`` reads as the latest)."""
+    """What the engine's quantization configs read besides a layer's name, under the decider's platform, parallel
+    layout, env and policy profile: the profile names the engine's config rules (``Profile.config_rules``), and a
+    vLLM profile's release picks vLLM's per-release rules (``seeds`` reads as the latest)."""
     from moe_fsm import profiles
+    from moe_fsm.inputs.layer import Activation
+    from moe_fsm.plan.config_rules import config_rules
 
     profile = profiles.get(decider.profile.name)
     release = tuple(profile.vllm_version[:2]) if profile.vllm_version else LATEST
@@ -157,7 +160,8 @@ def layer_context(model: ModelConfig, decider: LayerDecider) -> LayerContext:
     return LayerContext(model_type=model.model_type, projections=model.projections, hidden_size=g.hidden_size,
                         intermediate_size=g.intermediate_size, platform=decider.platform, parallel=decider.parallel,
                         batch_invariant=bool(variable.parse(raw)) if variable is not None and raw is not None else False,
-                        release=release)
+                        release=release, config_rules=config_rules(profile.config_rules),
+                        router_weight_on_input=g.router_weight_on_input, gated_silu=g.activation is Activation.SILU)
 
 
 def _plan_layer(decider: LayerDecider, model: ModelConfig, quant: LayerQuant, index: int, trace_number: int) -> PlannedLayer:
@@ -181,15 +185,17 @@ def _plan_layer(decider: LayerDecider, model: ModelConfig, quant: LayerQuant, in
     return PlannedLayer(index, name, quant, layer, decided.decision, trace_path=decided.trace_path)
 
 
-def checkpoint_facts(model: ModelConfig) -> ModelFacts:
-    """What an engine reads of the checkpoint beyond a layer (SGLang's model overrides): the architecture and the
-    quant_method its quantization config declares (ModelOpt's hf_quant_config.json form declares modelopt)."""
+def checkpoint_facts(model: ModelConfig, quant: Optional[Mapped] = None) -> ModelFacts:
+    """What an engine reads of the checkpoint beyond a layer (SGLang's model overrides): the architecture, the
+    quant_method its quantization config declares (ModelOpt's hf_quant_config.json form declares modelopt), and the
+    method the engine builds the layer with where the profile's config rules name it (``Mapped.engine_method``)."""
     quantization = model.quantization or {}
     declared = quantization.get("quant_method")
     if declared is None and "producer" in quantization:
         declared = "modelopt"
     return ModelFacts(architecture=None if model.architecture == "unknown" else _fact(model.architecture),
-                      quant_method=_fact(declared))
+                      quant_method=_fact(declared),
+                      layer_method=(quant.engine_method or None) if quant is not None else None)
 
 
 def _fact(value):

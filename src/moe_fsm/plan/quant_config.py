@@ -33,7 +33,8 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatch, translate
-from typing import Callable, Optional, Union
+from types import MappingProxyType
+from typing import Callable, Mapping, Optional, Union
 
 import regex
 
@@ -53,6 +54,9 @@ class Mapped:
     # fails after the oracle returned, with ``only_reason`` (an AssertionError in vLLM).
     only_backends: tuple[str, ...] = ()
     only_reason: str = ""
+    # The engine's own name for the method it builds the layer with, where its profile reads it as a fact of the
+    # layer (SGLang's ``fp8``, ``modelopt_fp4``, ``gptq_marlin``, ``moe_wna16``, ...); empty for vLLM's readers.
+    engine_method: str = ""
 
     def refusal_after(self, backend: str) -> Optional["Refused"]:
         """What vLLM's method raises after its oracle chose ``backend``, if it does."""
@@ -72,8 +76,9 @@ class Unmapped:
 class Refused:
     """vLLM refuses this checkpoint (or this layer of it) before or while choosing the layer's method."""
 
-    reason: str  # vLLM's message
-    error: str = "ValueError"  # the exception vLLM raises
+    reason: str  # the engine's message
+    error: str = "ValueError"  # the exception the engine raises
+    by: str = "vLLM"  # whose rules refuse (the engine of the profile's config rules)
 
 
 LayerQuant = Union[Mapped, Unmapped, Refused]
@@ -124,6 +129,11 @@ class LayerContext:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     batch_invariant: bool = False
     release: tuple[int, int] = LATEST
+    # Whose config-reading rules apply: the profile's ``config_rules`` table (None: vLLM's, ``VLLM_CONFIG_RULES``).
+    config_rules: Optional["ConfigRules"] = None
+    # What SGLang's MoE Marlin check reads of the layer (check_moe_marlin_supports_layer).
+    router_weight_on_input: bool = False
+    gated_silu: bool = True
 
     @property
     def rules(self) -> ReleaseRules:
@@ -922,7 +932,9 @@ def _ct_dynamic(args: dict, where: str) -> bool:
                value)
 
 
-def _ct_args(value, where: str) -> Optional[_CtArgs]:
+def _ct_args(value, where: str, refuse_group_actorder: bool = True) -> Optional[_CtArgs]:
+    """compressed-tensors' QuantizationArgs of one group; ``refuse_group_actorder``: vLLM's refusal of group /
+    dynamic activation ordering (engines whose Marlin kernels take it, SGLang's, pass False)."""
     if value is None:
         return None
     args = _obj(value, where)
@@ -965,7 +977,7 @@ def _ct_args(value, where: str) -> Optional[_CtArgs]:
     actorder = args.get("actorder")
     if actorder is not None and not (isinstance(actorder, bool) or isinstance(actorder, str)):
         raise _bad(f"{where}.actorder", "null, false or an ordering name", actorder)
-    if actorder is True or (isinstance(actorder, str) and actorder.lower() in ("group", "dynamic")):
+    if refuse_group_actorder and (actorder is True or isinstance(actorder, str) and actorder.lower() in ("group", "dynamic")):
         raise _Refusal("Compressed-tensors group/dynamic activation ordering "
                        f"(actorder={'group' if actorder is True else actorder.lower()!r}) is no longer supported. Use a "
                        "checkpoint with static/weight activation ordering or without activation ordering.")
@@ -1085,6 +1097,7 @@ class _CompressedTensors(_Reader):
     names); all three must agree; the group's args pick the MoE method."""
 
     MIN_CAPABILITY = 70
+    REFUSE_GROUP_ACTORDER = True  # vLLM refuses group / dynamic activation ordering when it reads the groups
 
     def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
         super().__init__(config, ctx, method)
@@ -1101,8 +1114,9 @@ class _CompressedTensors(_Reader):
             if len(targets) == 1 and targets[0].endswith("Attention"):
                 continue  # attention quantization goes with the KV cache in vLLM (skipped before its args are read)
             weights = _ct_args(_obj(group.get("weights"), f"config_groups[{name!r}].weights"),
-                               f"config_groups[{name!r}].weights")
-            inputs = _ct_args(group.get("input_activations"), f"config_groups[{name!r}].input_activations")
+                               f"config_groups[{name!r}].weights", self.REFUSE_GROUP_ACTORDER)
+            inputs = _ct_args(group.get("input_activations"), f"config_groups[{name!r}].input_activations",
+                              self.REFUSE_GROUP_ACTORDER)
             group_format = group.get("format")
             act_format = (group_format if group_format is not None else fmt) in ACTIVATION_FORMATS
             if act_format and inputs is None and weights.type != "float":
@@ -1125,9 +1139,15 @@ class _CompressedTensors(_Reader):
         target = self.matcher.first(module) or self.matcher.first_containing("RoutedExperts")
         return (self.targets[target], target) if target is not None else (None, "")
 
+    def projection_names(self) -> tuple[str, str, str]:
+        """The unfused names matched: the model's own (0.32+), else gate/up/down_proj."""
+        return self.ctx.projections if self.ctx.rules.ct_checkpoint_projection_names else DEFAULT_PROJECTIONS
+
+    def method_of(self, scheme: _CtScheme) -> LayerQuant:
+        return _ct_method(scheme, self.ctx)
+
     def layer(self, experts: str) -> LayerQuant:
-        names = self.ctx.projections if self.ctx.rules.ct_checkpoint_projection_names else DEFAULT_PROJECTIONS
-        found = [self._scheme(f"{experts}.0.{proj}") for proj in names]
+        found = [self._scheme(f"{experts}.0.{proj}") for proj in self.projection_names()]
         last = found[-1][0]
         if any(scheme != last for scheme, _ in found):
             return Refused("All MoE projections need to have same quantization scheme but found multiple")
@@ -1135,7 +1155,7 @@ class _CompressedTensors(_Reader):
             why = found[0][1]
             return _unquantized(f"compressed-tensors: {why}" if why else "compressed-tensors: no config group targets "
                                 "the experts")
-        mapped = _ct_method(last, self.ctx)
+        mapped = self.method_of(last)
         if isinstance(mapped, Mapped):
             return replace(mapped, source=f"{mapped.source} (target {found[-1][1]!r})")
         return mapped
@@ -1332,15 +1352,38 @@ CONFIG_READERS: dict[str, type[_Reader]] = {
 }
 
 
+@dataclass(frozen=True)
+class ConfigRules:
+    """One engine's rules for reading a checkpoint's quantization_config, as data a profile names
+    (``Profile.config_rules``): how the config's name resolves to a config class (``resolve``: the engine's
+    registry, overrides and refusals), the reader of each class (``readers``), the classes moe-fsm does not
+    model with why (``not_modelled``), and the engine's minimum-capability refusal. The machinery that applies
+    them (``QuantReader``) is the same for every engine."""
+
+    engine: str  # whose words a refusal is in ("vLLM", "SGLang 0.5.23")
+    resolve: Callable[[dict, LayerContext], Union[str, Refused, None]]
+    readers: Mapping[str, type]
+    not_modelled: Mapping[str, str]
+    min_capability: Callable[["_Reader", str], int] = lambda reader, method: reader.MIN_CAPABILITY
+    capability_message: str = ("The quantization method {method} is not supported for the current GPU. Minimum "
+                               "capability: {minimum}. Current capability: {current}.")
+    unknown_reader: str = "quant_method {method!r}: vLLM's config class has no MoE method moe-fsm models"
+
+
+VLLM_CONFIG_RULES = ConfigRules("vLLM", _resolve, MappingProxyType(CONFIG_READERS), MappingProxyType(NOT_MODELLED))
+
+
 class QuantReader:
     """A checkpoint's quantization_config, read (and its name lists indexed) once; ``layer(experts)`` per layer.
 
-    InputError (naming the field) when a field the reader needs has the wrong type; what vLLM refuses for the
-    whole checkpoint makes every layer that ``Refused``.
+    InputError (naming the field) when a field the reader needs has the wrong type; what the engine refuses for
+    the whole checkpoint makes every layer that ``Refused``. The engine's rules are the context's
+    ``config_rules`` (vLLM's unless a profile names others).
     """
 
     def __init__(self, quantization: Optional[dict], context: Optional[LayerContext] = None) -> None:
         self.ctx = context or LayerContext()
+        self.config_rules = self.ctx.config_rules or VLLM_CONFIG_RULES
         self.reader: Optional[_Reader] = None
         self.whole: Optional[LayerQuant] = None
         self.method: Optional[str] = None
@@ -1348,28 +1391,28 @@ class QuantReader:
             return
         quantization = _obj(quantization, "quantization_config")
         quantization = dict(quantization)
+        rules = self.config_rules
         try:
-            method = _resolve(quantization, self.ctx)
+            method = rules.resolve(quantization, self.ctx)
             if isinstance(method, Refused):
-                self.whole = method
+                self.whole = replace(method, by=rules.engine)
                 return
             self.method = method
             if method is None:
                 return
-            if method in NOT_MODELLED:
-                self.whole = _not_modelled(NOT_MODELLED[method])
+            if method in rules.not_modelled:
+                self.whole = _not_modelled(rules.not_modelled[method])
                 return
-            if method not in CONFIG_READERS:
-                self.whole = _not_modelled(f"quant_method {method!r}: vLLM's config class has no MoE method moe-fsm "
-                                           "models")
+            if method not in rules.readers:
+                self.whole = _not_modelled(rules.unknown_reader.format(method=method))
                 return
-            self.reader = CONFIG_READERS[method](quantization, self.ctx, method)
-            cap = self.ctx.capability
-            if cap is not None and cap < self.reader.MIN_CAPABILITY:
-                self.whole = Refused(f"The quantization method {method} is not supported for the current GPU. Minimum "
-                                     f"capability: {self.reader.MIN_CAPABILITY}. Current capability: {cap}.")
+            self.reader = rules.readers[method](quantization, self.ctx, method)
+            cap, minimum = self.ctx.capability, rules.min_capability(self.reader, method)
+            if cap is not None and cap < minimum:
+                self.whole = Refused(rules.capability_message.format(method=method, minimum=minimum, current=cap),
+                                     by=rules.engine)
         except _Refusal as refusal:
-            self.whole = refusal.refused
+            self.whole = replace(refusal.refused, by=rules.engine)
 
     def layer(self, experts: str) -> LayerQuant:
         if self.whole is not None:
@@ -1377,9 +1420,10 @@ class QuantReader:
         if self.reader is None:
             return _unquantized("unquantized")
         try:
-            return self.reader.layer(experts)
+            found = self.reader.layer(experts)
         except _Refusal as refusal:
-            return refusal.refused
+            found = refusal.refused
+        return replace(found, by=self.config_rules.engine) if isinstance(found, Refused) else found
 
 
 def layer_quant(quantization: Optional[dict], experts: str, context: Optional[LayerContext] = None) -> LayerQuant:

@@ -29,6 +29,8 @@ class Profile:
     ``reads_model_facts``: the profile's rules read the layer's ``ModelFacts`` (architecture, declared quant
     method; SGLang's model overrides do, vLLM's oracles do not). ``plan`` and ``run`` give every layer the facts
     of its checkpoint or preset, and a profile that does not read them decides (and records) the layer without.
+    ``config_rules``: the engine rules ``plan`` reads a checkpoint's quantization_config by (``vllm``, or an
+    engine release's own, e.g. ``sglang-0.5.23``: its method registry, overrides, refusals and MoE methods).
     ``reads_speed_table``: the profile orders candidates by a measured speed table (``inputs/speed.py``); the
     inputs of any other profile never carry one, so its traces are unchanged.
     """
@@ -42,6 +44,8 @@ class Profile:
     fallback_kernels: Mapping[Vendor, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     substitutes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     reads_model_facts: bool = False  # the decisions read MoELayer.model (SGLang's overrides); else it is left out
+    # Whose rules ``plan`` reads a checkpoint's quantization_config by (plan/config_rules.py names them).
+    config_rules: str = "vllm"
     reads_speed_table: bool = False  # the decisions read a measured speed table (the fastest-* profiles); else none is kept
 
     def policy(self, family: QuantFamily) -> FamilyPolicy:

@@ -25,4 +25,5 @@ PROFILE = Profile(
     kernels=MappingProxyType(KERNELS),
     env=ENV,
     reads_model_facts=True,
+    config_rules="sglang-0.5.23",  # plan reads checkpoints by SGLang's rules (plan/sglang_quant_config.py)
 )

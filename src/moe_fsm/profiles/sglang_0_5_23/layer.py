@@ -120,10 +120,14 @@ MODELOPT_METHOD = {QuantFamily.NVFP4: "modelopt_fp4", QuantFamily.FP8: "modelopt
 
 
 def method_name(run) -> str:
-    """The layer's method: ``unquantized`` for BF16 experts, else the server's --quantization (resolved) or the
-    checkpoint's quant_method, as SGLang serves it."""
+    """The layer's method: ``unquantized`` for BF16 experts; else, with no --quantization flag, the method ``plan``
+    read from the checkpoint by SGLang's rules (``ModelFacts.layer_method``) where it did; else the server's
+    --quantization (resolved) or the checkpoint's quant_method, as SGLang serves it."""
     if run.ctx.layer.quant.weight is None:
         return "unquantized"
+    facts = run.ctx.layer.model
+    if facts is not None and facts.layer_method is not None and facts.quantization is None:
+        return facts.layer_method
     name = run.resolved.get("quantization") or run.resolved.get("quant_method")
     if name in MODELOPT:
         return MODELOPT_METHOD.get(run.ctx.layer.family, name)
