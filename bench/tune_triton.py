@@ -59,7 +59,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("tune_triton.py needs a CUDA device")
     with tempfile.TemporaryDirectory() as scratch:
-        tuned = tune_and_write([NAMED_SHAPES[s] for s in args.shapes], args.tokens, workers=args.workers, directory=Path(scratch))
+        tuned = tune_and_write([NAMED_SHAPES[s] for s in args.shapes], args.tokens, workers=args.workers, directory=Path(scratch)).path
         assert tuned.name == config_file_name(torch.cuda.get_device_name())
         print(f"merged into {merge_into_shipped(tuned)}")
 

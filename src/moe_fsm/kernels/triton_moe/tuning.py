@@ -8,10 +8,15 @@ timing each GEMM alone does not do. The winner per token count goes into the
 user's config directory (``config.write_user_table``), which the runtime reads
 before the shipped tables.
 
-Compiling every candidate serially would take minutes, so worker processes
-compile them first (``precompile``) on a copy of the shape with two experts: the
-kernels specialize on strides, dtypes and the config, never on the expert count,
-so Triton's on-disk cache then serves the main process.
+Every candidate first runs in a worker process (``screen.screen``, ``try_candidate``) on a
+copy of the shape with two experts, with a time limit: a tile that does not build, computes
+a wrong layer, crashes or hangs is refused there and never timed or written. That also
+compiles the kernels in parallel: they specialize on strides, dtypes and the config, never
+on the expert count, so Triton's on-disk cache then serves the main process. (``precompile``
+does the compiling alone, for the benchmarks.)
+
+``moe-fsm tune`` takes the shapes from its flags, a preset or a model's ``config.json``
+(``cli/tune_cmd.py``); ``budget_s`` bounds a run.
 """
 
 from __future__ import annotations
@@ -20,13 +25,16 @@ import itertools
 import json
 import math
 import multiprocessing as mp
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
-from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, default_config, validate_config
+from moe_fsm.kernels.triton_moe.config import (
+    FP8_GROUP, GemmConfig, MoEConfig, default_config, validate_config, vllm_tile_config,
+)
 from moe_fsm.kernels.triton_moe.fused import Fp8Spec, fused_experts
 
 FP8_ACTIVATION = {"tensor": "tensor", "channel": "token", "block": "group"}
@@ -315,34 +323,79 @@ def precompile(
             return [f"precompile stopped after {timeout_s:.0f} s ({len(payload)} jobs in {len(chunks)} workers)"]
 
 
+def try_candidate(candidate: tuple[LayerShape, int, MoEConfig]) -> None:
+    """A screening trial (``screen.screen`` runs it in a child process): the candidate computes the layer on a
+    two-expert copy of the shape at its token count, finite and within 2e-2 (relative) of vLLM's tiles on the
+    pointer-load kernels (``vllm_tile_config``, the plainest path); raises otherwise. The kernels specialize on
+    strides, dtypes and the config, never on the expert count, so this also compiles them for the main process."""
+    shape, num_tokens, config = candidate
+    small = shape.with_experts(2)
+    weights = make_weights(small, seed=7)
+    gen = torch.Generator(device="cuda").manual_seed(num_tokens)
+    x = torch.randn(num_tokens, shape.hidden, device="cuda", dtype=getattr(torch, shape.dtype), generator=gen)
+    # top-k slots over two experts repeat them, as a larger layer's slots share none: the kernels take both
+    ids = torch.randint(0, 2, (num_tokens, shape.top_k), device="cuda", dtype=torch.int32, generator=gen)
+    g = torch.rand(num_tokens, shape.top_k, device="cuda", generator=gen)
+    g = g / g.sum(1, keepdim=True)
+    reference = vllm_tile_config(2, num_tokens, block_fp8=shape.fp8 == "block", fp8=shape.fp8 is not None)
+    expected = layer_fn(small, weights, reference)(x, g, ids).float()
+    out = layer_fn(small, weights, config)(x, g, ids).float()
+    torch.cuda.synchronize()
+    diff = float((out - expected).norm() / expected.norm().clamp(min=1e-30))
+    if not bool(torch.isfinite(out).all()) or not diff <= 2e-2:
+        raise ValueError(f"wrong layer: {diff:.2e} relative difference from vLLM's tiles on the pointer-load kernels")
+
+
+def describe_candidate(candidate: tuple[LayerShape, int, MoEConfig]) -> str:
+    shape, num_tokens, config = candidate
+    return f"{shape_label(shape)} T={num_tokens} {json.dumps(config.to_json(), sort_keys=True)}"
+
+
+def shape_label(shape: LayerShape) -> str:
+    quant = f"fp8 {shape.fp8}" if shape.fp8 else shape.dtype
+    return f"E={shape.num_experts} N={shape.intermediate} K={shape.hidden} top-{shape.top_k} {quant}"
+
+
+@dataclass
+class TuneReport:
+    """What ``tune_and_write`` did: the table written, the winners' times, the candidates refused by their
+    trial (never timed, never written) and those the budget left untried or untimed."""
+
+    path: Optional[Path] = None
+    best_us: dict = field(default_factory=dict)  # (shape, tokens) -> µs of the winner
+    refused: list = field(default_factory=list)  # screen.Refusal, candidate = (shape, tokens, config)
+    not_tried: list = field(default_factory=list)  # candidates the budget left unscreened or untimed
+
+
 def tune_shape(
-    shape: LayerShape, tokens: list[int], *, workers: int = 8, rep_ms: float = 30.0, log: Callable[[str], None] = print
-) -> tuple[dict[int, MoEConfig], dict[int, float]]:
-    """The fastest candidate per token count, and its time (µs per layer call)."""
-    hopper, gluon = _tma_kernels_here(), _gluon_kernels_here()
-    plan = {t: candidate_configs(shape, t, hopper=hopper, gluon=gluon) for t in tokens}
-    failures = precompile([(shape, t, c) for t, cs in plan.items() for c in cs], workers) if workers > 0 else []
-    for f in failures:
-        log(f"  cannot build: {f}")
+    shape: LayerShape, plan: dict[int, list[MoEConfig]], *, rep_ms: float = 30.0, deadline: Optional[float] = None,
+    log: Callable[[str], None] = print,
+) -> tuple[dict[int, MoEConfig], dict[int, float], list[tuple[int, MoEConfig]]]:
+    """The fastest of ``plan``'s screened candidates per token count, its time (µs per layer call), and the
+    (tokens, config) the deadline left untimed. The first candidate of a count is the reference a candidate's full-size
+    output must match before its time counts."""
     weights = make_weights(shape)
     best: dict[int, MoEConfig] = {}
     best_us: dict[int, float] = {}
-    for num_tokens in tokens:
+    untimed: list[tuple[int, MoEConfig]] = []
+    for num_tokens, configs in plan.items():
         routes = routings(num_tokens, shape.num_experts, shape.top_k, replays_per_graph(num_tokens), seed=num_tokens)
         gen = torch.Generator(device="cuda").manual_seed(num_tokens + 1)
         xs = [torch.randn(num_tokens, shape.hidden, device="cuda", dtype=getattr(torch, shape.dtype), generator=gen) for _ in routes]
         inputs = [(x, g, ids) for x, (g, ids) in zip(xs, routes)]
         results = []
         expected = None
-        for config in plan[num_tokens]:
+        for index, config in enumerate(configs):
+            if deadline is not None and time.monotonic() >= deadline and results:
+                untimed += [(num_tokens, c) for c in configs[index:]]
+                break
             fn = layer_fn(shape, weights, config)
             try:
-                # a candidate must compute the layer the default computes before its time counts
                 out = fn(*inputs[0]).float()
                 if expected is None:
                     expected = out
                 elif not bool(torch.isfinite(out).all()) or float((out - expected).norm() / expected.norm()) > 2e-2:
-                    log(f"  T={num_tokens} wrong result, dropped: {config}")
+                    log(f"  T={num_tokens} wrong result at full size, dropped: {config}")
                     continue
                 us = time_graph(fn, inputs, rep_ms)
             except Exception as exc:
@@ -354,38 +407,68 @@ def tune_shape(
             continue
         results.sort(key=lambda r: r[0])
         best_us[num_tokens], best[num_tokens] = results[0]
-        log(f"T={num_tokens:5d}: best {results[0][0]:9.1f} us (default {next((u for u, c in results if c == plan[num_tokens][0]), float('nan')):9.1f} us, "
-            f"{len(results)} timed) {results[0][1]}")
+        default_us = next((u for u, c in results if c == configs[0]), float("nan"))
+        log(f"  T={num_tokens:5d}: best {results[0][0]:9.1f} us (first candidate {default_us:9.1f} us, {len(results)} "
+            f"timed) {results[0][1]}")
         del xs, routes, inputs
     del weights
     torch.cuda.empty_cache()
-    return best, best_us
+    return best, best_us, untimed
 
 
 def tune_and_write(
-    shapes: list[LayerShape], tokens: list[int], *, workers: int = 8, directory=None, log: Callable[[str], None] = print
-) -> Path:
-    """Tune each shape on the current device, merging each result into the user's table as it comes; returns its path.
+    shapes: list[LayerShape], tokens: list[int], *, workers: int = 8, directory=None, log: Callable[[str], None] = print,
+    budget_s: Optional[float] = None, candidate_timeout_s: float = 120.0, trial: Callable = try_candidate,
+) -> TuneReport:
+    """Tune each shape on the current device, merging each result into the user's table as it comes.
 
-    Every candidate of every shape is compiled first in one pool of ``workers`` processes.
+    Every candidate of every shape first runs in a child process (``screen.screen``: ``workers`` processes, at
+    most ``candidate_timeout_s`` each): what fails, computes a wrong layer, crashes or hangs is refused and never
+    timed. The rest are timed here. ``budget_s`` bounds the whole: screening stops starting trials at 60% of it
+    (the default and shipped tiles of every count first), timing stops after it with the fastest so far.
     """
     import triton
 
     from moe_fsm.kernels.triton_moe._runtime import device_name
     from moe_fsm.kernels.triton_moe.config import dtype_key, shape_key, write_user_table
+    from moe_fsm.kernels.triton_moe.screen import screen
 
+    start = time.monotonic()
+    deadline = None if budget_s is None else start + budget_s
     device = device_name(torch.device("cuda", torch.cuda.current_device()))
-    if workers > 0:
-        hopper, gluon = _tma_kernels_here(), _gluon_kernels_here()
-        jobs = [(s, t, c) for s in shapes for t in tokens for c in candidate_configs(s, t, hopper=hopper, gluon=gluon)]
-        for failure in precompile(jobs, workers):
-            log(f"  cannot build: {failure}")
-    path = None
+    hopper, gluon = _tma_kernels_here(), _gluon_kernels_here()
+    plans = {s: {t: candidate_configs(s, t, hopper=hopper, gluon=gluon) for t in tokens} for s in shapes}
+    # screening order: the first candidates of every (shape, count) before the rest, so a budget cut keeps them
+    ranked = sorted(((rank, s, t, c) for s, plan in plans.items() for t, cs in plan.items() for rank, c in enumerate(cs)),
+                    key=lambda r: r[0])
+    candidates = list(dict.fromkeys((s, t, c) for _, s, t, c in ranked))
+    log(f"tuning {len(shapes)} shape(s) x {len(tokens)} token count(s) on {device}: {len(candidates)} candidates "
+        f"(pointer-load{', TMA' if hopper else ''}{', Gluon' if gluon else ''}), screening in {workers} process(es)"
+        + (f", budget {budget_s:.0f} s" if budget_s else ""))
+    screen_deadline = None if budget_s is None else start + 0.6 * budget_s
+    passed, refused, not_screened = screen(candidates, trial, workers=max(1, workers), timeout_s=candidate_timeout_s,
+                                           deadline=screen_deadline, log=log, describe=describe_candidate)
+    log(f"screened in {time.monotonic() - start:.0f} s: {len(passed)} passed, {len(refused)} refused, "
+        f"{len(not_screened)} left untried by the budget")
+    ok = set(passed)
+    report = TuneReport(refused=refused, not_tried=list(not_screened))
     for shape in shapes:
         key = shape_key(shape.num_experts, shape.intermediate, shape.hidden, dtype_key(shape.dtype, shape.fp8))
-        log(f"tuning {key} top_k={shape.top_k} on {device}, tokens {tokens}")
-        best, best_us = tune_shape(shape, tokens, workers=0, log=log)
+        plan = {t: [c for c in cs if (shape, t, c) in ok] for t, cs in plans[shape].items()}
+        plan = {t: cs for t, cs in plan.items() if cs}
+        if deadline is not None and time.monotonic() >= deadline:
+            log(f"{key} top_k={shape.top_k}: not timed, the budget of {budget_s:.0f} s is spent")
+            report.not_tried += [(shape, t, c) for t, cs in plan.items() for c in cs]
+            continue
+        log(f"timing {key} top_k={shape.top_k}: " + ", ".join(f"T={t} {len(cs)}" for t, cs in plan.items())
+            + f" candidates ({time.monotonic() - start:.0f} s elapsed)")
+        best, best_us, untimed = tune_shape(shape, plan, deadline=deadline, log=log)
+        report.not_tried += [(shape, t, c) for t, c in untimed]
+        if not best:
+            log(f"{key}: no candidate passed; nothing written")
+            continue
         meta = {"torch": torch.__version__, "triton": triton.__version__, "generated_by": "moe-fsm tune"}
-        path = write_user_table(device, key, best, meta, directory)
-        log(f"{key}: " + ", ".join(f"T={t} {us:.1f} us" for t, us in sorted(best_us.items())) + f" -> {path}")
-    return path
+        report.path = write_user_table(device, key, best, meta, directory)
+        report.best_us.update({(shape, t): us for t, us in best_us.items()})
+        log(f"{key}: " + ", ".join(f"T={t} {us:.1f} us" for t, us in sorted(best_us.items())) + f" -> {report.path}")
+    return report

@@ -1,0 +1,157 @@
+"""Run every tuning candidate once in a child process, with a time limit, before the tuner times it.
+
+A tile the compiler cannot build, that computes a wrong layer, that crashes the CUDA context or that never
+finishes must not reach the table the runtime serves, and must not stop the tuner. So each candidate first runs
+in a worker process (``multiprocessing`` spawn: no CUDA state is inherited) through ``trial``; the parent waits
+at most ``timeout_s`` for it. A candidate whose trial raised, whose worker died, or that ran past the limit is
+refused with the reason; the worker is then replaced (a failed CUDA call can leave its context unusable), so the
+next candidate starts clean. Workers are reused between passing candidates, so each imports torch and compiles
+its kernels once.
+
+Torch-free: the trial function is the caller's (``tuning.try_candidate`` on a GPU; tests pass their own).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Callable, Hashable, Optional, Sequence
+
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A candidate that did not pass its trial, and why."""
+
+    candidate: Hashable
+    reason: str
+
+
+def _worker_loop(conn, trial: Callable) -> None:
+    """Child: run ``trial`` on each candidate received, answer ("ok", None) or ("error", why); stop on None."""
+    while True:
+        try:
+            candidate = conn.recv()
+        except EOFError:
+            return
+        if candidate is None:
+            return
+        try:
+            trial(candidate)
+        except BaseException as exc:  # the child reports everything; the parent decides
+            conn.send(("error", f"{type(exc).__name__}: {str(exc)[:300]}"))
+        else:
+            conn.send(("ok", None))
+
+
+class _Worker:
+    def __init__(self, ctx, trial: Callable) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_loop, args=(child, trial), daemon=True)
+        self.process.start()
+        child.close()
+        self.candidate: Optional[Hashable] = None
+        self.started = 0.0
+
+    def give(self, candidate: Hashable) -> None:
+        self.candidate, self.started = candidate, time.monotonic()
+        self.conn.send(candidate)
+
+    def stop(self, kill: bool = False) -> None:
+        if kill:
+            self.process.kill()
+        else:
+            try:
+                self.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        self.conn.close()
+
+
+def screen(
+    candidates: Sequence[Hashable],
+    trial: Callable[[Hashable], None],
+    *,
+    workers: int,
+    timeout_s: float,
+    deadline: Optional[float] = None,
+    log: Callable[[str], None] = print,
+    describe: Callable[[Hashable], str] = str,
+    progress_every_s: float = 10.0,
+) -> tuple[list[Hashable], list[Refusal], list[Hashable]]:
+    """(passed, refused, not tried): each candidate's trial in a child process, at most ``timeout_s`` each.
+
+    ``deadline`` (``time.monotonic()``): no trial starts after it; the candidates left are returned as not tried.
+    Passed candidates keep the input order. ``log`` gets a progress line every ``progress_every_s`` seconds and one
+    line per refusal.
+    """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    ctx = mp.get_context("spawn")
+    pending = list(candidates)
+    pending.reverse()  # pop() from the end takes them in order
+    ok: set = set()
+    refused: list[Refusal] = []
+    pool = [_Worker(ctx, trial) for _ in range(max(1, min(workers, len(pending))))] if pending else []
+    done = 0
+    start = last_report = time.monotonic()
+
+    def refuse(worker: _Worker, why: str) -> _Worker:
+        refused.append(Refusal(worker.candidate, why))
+        log(f"  refused: {describe(worker.candidate)}: {why}")
+        worker.stop(kill=True)
+        return _Worker(ctx, trial) if pending and not past_deadline() else None
+
+    def past_deadline() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    try:
+        while True:
+            for worker in pool:
+                if worker is not None and worker.candidate is None and pending and not past_deadline():
+                    worker.give(pending.pop())
+            busy = [w for w in pool if w is not None and w.candidate is not None]
+            if not busy:
+                break
+            now = time.monotonic()
+            wait_s = min(max(0.0, w.started + timeout_s - now) for w in busy)
+            ready = wait([w.conn for w in busy], timeout=min(wait_s, POLL_S) if wait_s > 0 else 0)
+            for i, worker in enumerate(pool):
+                if worker is None or worker.candidate is None:
+                    continue
+                if worker.conn in ready:
+                    try:
+                        status, why = worker.conn.recv()
+                    except (EOFError, OSError):
+                        worker.process.join(1)
+                        pool[i] = refuse(worker, f"the child process died (exit code {worker.process.exitcode})")
+                        done += 1
+                        continue
+                    done += 1
+                    if status == "ok":
+                        ok.add(worker.candidate)
+                        worker.candidate = None
+                    else:
+                        pool[i] = refuse(worker, why)
+                elif time.monotonic() - worker.started > timeout_s:
+                    done += 1
+                    pool[i] = refuse(worker, f"did not finish in {timeout_s:.0f} s (hung or too slow); its process was killed")
+            if time.monotonic() - last_report >= progress_every_s:
+                last_report = time.monotonic()
+                log(f"  screened {done}/{len(candidates)} candidates in {last_report - start:.0f} s, "
+                    f"{len(refused)} refused")
+    finally:
+        for worker in pool:
+            if worker is not None:
+                worker.stop(kill=worker.candidate is not None)
+    passed = [c for c in candidates if c in ok]
+    tried = ok | {r.candidate for r in refused}
+    not_tried = [c for c in candidates if c not in tried]
+    return passed, refused, not_tried
