@@ -92,9 +92,22 @@ def test_every_checkpoint_config_has_golden_plans_on_three_platforms():
         for platform in ("sm90", "sm100", "cpu-x86-amx"):
             assert (f"tests/data/configs/{config.name}", platform) in planned, (config.name, platform)
     for plan in PLANS:
-        if not plan.parallel:
+        if not plan.parallel and plan.profile == "vllm-0.33":
             assert "not_mapped" not in plan.expect_statuses, plan.key
     assert not golden._stale_plans(TRACES, PLANS, None)
+
+
+def test_every_checkpoint_config_has_sglang_golden_plans_read_by_sglang_s_rules():
+    """Every fixture is planned under sglang-0.5.23 on an H100, a B200, an AMX CPU and an MI300, its checkpoint read
+    by SGLang 0.5.23's config rules: no recorded group names a vLLM class or speaks vLLM's words."""
+    planned = {(p.config, p.platform) for p in PLANS if p.profile == "sglang-0.5.23"}
+    for config in sorted(c for c in CONFIGS.iterdir() if (c / "config.json").is_file()):
+        for platform in ("sm90", "sm100", "cpu-x86-amx", "rocm-mi300"):
+            assert (f"tests/data/configs/{config.name}", platform) in planned, (config.name, platform)
+    for plan in (p for p in PLANS if p.profile == "sglang-0.5.23"):
+        recorded = json.loads(golden.plan_golden_path(TRACES, plan).read_text())
+        for group in recorded["groups"]:
+            assert "vllm_method" not in group and "vLLM" not in json.dumps(group), (plan.key, group)
 
 
 def test_every_golden_file_has_a_scenario():

@@ -77,6 +77,32 @@ def test_run_decides_every_preset_under_sglang_and_runs_it_on_cpu(name, tmp_path
     assert trace["inputs"]["profile"]["name"] == SGLANG and "model" in trace["inputs"]["layer"]
 
 
+@pytest.mark.parametrize("platform", ["sm90", "cpu-x86-amx", "rocm-mi300"])
+def test_plan_command_on_every_fixture_speaks_sglang_s_words(platform, tmp_path, capsys):
+    """`moe-fsm plan --policy sglang-0.5.23` on every fixture: exit 0 (all decided) or 1 (a layer failed or was
+    refused / not mapped, with the reason), never a traceback or vLLM's wording."""
+    for name in FIXTURES:
+        code = main(["plan", str(CONFIGS / name), "--platform", platform, "--no-env", "--policy", SGLANG,
+                     "--trace-dir", str(tmp_path / name)])
+        out, err = capsys.readouterr()
+        assert code in (0, 1), (name, out + err)
+        assert "Traceback" not in out + err and "vLLM" not in out + err, (name, out + err)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_run_of_every_preset_on_a_cpu_platform_runs_or_gives_sglang_s_reason(name, tmp_path, capsys):
+    """Decided for a CPU (--platform cpu) and run on this CPU: it runs, or SGLang's (or the profile's) refusal is
+    one line, never vLLM's."""
+    code = main(["run", "--preset", name, "--layers", "2", "--tokens", "8", "--policy", SGLANG, "--platform", "cpu",
+                 "--device", "cpu", "--repeats", "1", "--trace-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and "vLLM" not in (out + err).replace("VLLM_* env set", ""), out + err
+    if code == 0:
+        assert "2/2 layers within tolerance" in out
+    else:
+        assert "moe-fsm run: error: layer 0" in err and len(err.strip().splitlines()) <= 2, err
+
+
 def test_diff_shows_where_vllm_and_sglang_part(capsys):
     code = main(["diff", "--policy", "vllm-0.33", "--policy", SGLANG, "--preset", "gpt-oss-20b", "--platform", "sm100",
                  "--no-env"])

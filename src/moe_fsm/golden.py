@@ -425,6 +425,7 @@ def decide_plan(plan: PlanScenario, directory: str | Path | None = None) -> dict
 
     from moe_fsm.inputs.parallel import ParallelConfig
     from moe_fsm.inputs.platform import preset
+    from moe_fsm.plan.config_rules import config_rules
     from moe_fsm.plan.plan import layer_ranges, plan_model
 
     config = traces_dir(directory).resolve().parent / plan.config
@@ -433,6 +434,7 @@ def decide_plan(plan: PlanScenario, directory: str | Path | None = None) -> dict
                             backend=plan.backend, env=plan.env, trace_dir=traces,
                             policy=profiles.ProfileChoice(plan.profile, f"golden plan of traces/{plan.profile}"))
     model, g = result.model, result.model.geometry
+    method_key = config_rules(profiles.get(plan.profile).config_rules).method_key  # whose MoE method class it names
     groups = []
     for (scheme, outcome), rows in result.groups():
         first = rows[0]
@@ -441,7 +443,7 @@ def decide_plan(plan: PlanScenario, directory: str | Path | None = None) -> dict
             "count": len(rows),
             "status": first.status,
             "scheme": scheme,
-            "vllm_method": getattr(first.quant, "method", None) or None,
+            method_key: getattr(first.quant, "method", None) or None,
             "config_says": getattr(first.quant, "source", None) or first.quant.reason,
             "outcome": outcome,
         })

@@ -1368,6 +1368,7 @@ class ConfigRules:
     capability_message: str = ("The quantization method {method} is not supported for the current GPU. Minimum "
                                "capability: {minimum}. Current capability: {current}.")
     unknown_reader: str = "quant_method {method!r}: vLLM's config class has no MoE method moe-fsm models"
+    method_key: str = "vllm_method"  # what a golden plan calls the engine's MoE method class of a layer
 
 
 VLLM_CONFIG_RULES = ConfigRules("vLLM", _resolve, MappingProxyType(CONFIG_READERS), MappingProxyType(NOT_MODELLED))

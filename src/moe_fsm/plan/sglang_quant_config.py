@@ -505,4 +505,5 @@ def _min_capability(reader: _Reader, method: str) -> int:
 SGLANG_0_5_23_CONFIG_RULES = ConfigRules(
     ENGINE, resolve, MappingProxyType(READERS), MappingProxyType(NOT_MODELLED), min_capability=_min_capability,
     unknown_reader="quant_method {method!r}: SGLang's config class has no MoE method moe-fsm models",
+    method_key="sglang_method",
 )
