@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from moe_fsm import profiles
-from moe_fsm.decision import DecisionInputs, decide
+from moe_fsm.decision import DecisionInputs, decide, speed_table_for
 from moe_fsm.errors import SelectionError
 
 
@@ -28,11 +28,18 @@ class Side:
 
     @property
     def decision_key(self) -> tuple:
-        """What 'the same decision' means: status, backend or error type, kernel, prepare/finalize."""
+        """What 'the same decision' means: the status, then the error type, or the runner (backend) and how tokens
+        reach it (prepare/finalize). The kernel class is compared apart (``LayerDiff.same_kernel``): two engines name
+        the same runner's class differently (vLLM's TrtLlmBf16ExpertsMonolithic, SGLang's FlashInferTrtllmFusedMoE),
+        and a release can swap a backend's class without deciding differently."""
         o = self.outcome
         if o["status"] == "failed":
             return ("failed", o["error"]["type"])
-        return (o["status"], o["backend"], o["kernel"], o["prepare_finalize"]["name"])
+        return (o["status"], o["backend"], o["prepare_finalize"]["name"])
+
+    @property
+    def kernel(self) -> str | None:
+        return self.outcome.get("kernel")
 
 
 @dataclass(frozen=True)
@@ -55,18 +62,31 @@ class LayerDiff:
     def same_decision(self) -> bool:
         return self.before.decision_key == self.after.decision_key
 
+    @property
+    def same_kernel(self) -> bool:
+        """Both sides name the same kernel class (or neither names one)."""
+        return self.before.kernel == self.after.kernel
 
-def decide_under(inputs: DecisionInputs, profile: str) -> dict:
-    """The trace of ``inputs`` decided under ``profile`` (an error's trace when it fails)."""
+    @property
+    def identical(self) -> bool:
+        """The same decision with the same kernel class."""
+        return self.same_decision and self.same_kernel
+
+
+def decide_under(inputs: DecisionInputs, profile: str, speed_table=None) -> dict:
+    """The trace of ``inputs`` decided under ``profile`` (an error's trace when it fails); ``speed_table`` (a table,
+    its path, None: this device's in the config directory, False: none) for a profile that reads one."""
     choice = profiles.ProfileChoice(profile, "moe-fsm diff")
+    table = speed_table_for(choice, inputs.platform, inputs.speed_table or speed_table)
     try:
-        return decide(replace(inputs, profile=choice)).trace
+        return decide(replace(inputs, profile=choice, speed_table=table)).trace
     except SelectionError as err:
         return err.trace
 
 
-def diff_layer(inputs: DecisionInputs, before: str, after: str) -> LayerDiff:
-    a, b = Side(before, decide_under(inputs, before)), Side(after, decide_under(inputs, after))
+def diff_layer(inputs: DecisionInputs, before: str, after: str, speed_table=None) -> LayerDiff:
+    a = Side(before, decide_under(inputs, before, speed_table))
+    b = Side(after, decide_under(inputs, after, speed_table))
     return LayerDiff(a, b, first_divergence(a.document, b.document), (_unread(inputs, before), _unread(inputs, after)))
 
 

@@ -72,12 +72,12 @@ def run(args) -> int:
     groups: dict = {}
     for name, inputs in layers:
         groups.setdefault(inputs, []).append(name)
-    results = [(names, diff.diff_layer(inputs, before, after)) for inputs, names in groups.items()]
+    results = [(names, diff.diff_layer(inputs, before, after, args.speed_table)) for inputs, names in groups.items()]
     if args.json:
         sys.stdout.write(json.dumps([_json(names, d) for names, d in results], indent=2, sort_keys=True) + "\n")
     else:
         print("\n".join(_text(before, after, title, results) + unmapped))
-    return EXIT_OK if all(d.same_decision for _, d in results) and not unmapped else EXIT_DIFFERS
+    return EXIT_OK if all(d.identical for _, d in results) and not unmapped else EXIT_DIFFERS
 
 
 def _config_layers(path, base, profile: str):
@@ -107,6 +107,7 @@ def _json(names, d: diff.LayerDiff) -> dict:
     return {
         "layers": [n for n in names if n is not None],
         "same_decision": d.same_decision,
+        "same_kernel": d.same_kernel,
         "from": {"profile": d.before.profile, "path": d.before.document["path"], "outcome": d.before.outcome,
                  "unread_env": list(d.unread_env[0])},
         "to": {"profile": d.after.profile, "path": d.after.document["path"], "outcome": d.after.outcome,
@@ -142,16 +143,23 @@ def _text(before: str, after: str, title: str | None, results) -> list[str]:
         out.extend(f"  {label:<15} {a:<{left}}  {b}" for label, a, b in rows)
         out.extend(_divergence_lines(d, before, after))
     same = sum(len(names) for names, d in results if d.same_decision)
+    other_class = sum(len(names) for names, d in results if d.same_decision and not d.same_kernel)
     total = sum(len(names) for names, _ in results)
     if title is not None:
         out.append("")
-        out.append(f"{total - same} of {total} layers decide differently under {after} than under {before}")
+        out.append(f"{total - same} of {total} layers decide differently under {after} than under {before}"
+                   + (f"; {other_class} more run the same runner with a different kernel class" if other_class else ""))
     return out
 
 
 def _divergence_lines(d: diff.LayerDiff, before: str, after: str) -> list[str]:
     part = d.divergence
-    verdict = "same decision" if d.same_decision else "DIFFERENT decision"
+    if not d.same_decision:
+        verdict = "DIFFERENT decision"
+    elif d.same_kernel:
+        verdict = "same decision"
+    else:  # the runner and prepare/finalize agree; the two sides name its class differently
+        verdict = f"same runner, different kernel class ({d.before.kernel} / {d.after.kernel})"
     if part is None:
         return [f"  {verdict}; the paths do not part"]
     state_a, state_b = part.state

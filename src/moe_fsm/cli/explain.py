@@ -140,6 +140,7 @@ def explain_lines(document: dict, trace_path: str | None = None) -> list[str]:
     lines.append(f"  path: {render.path_text(document)}")
     lines.extend(_story(document))
     lines.append("")
+    lines.extend(_measured_section(document))
 
     rejected = [e for e in document["events"] if e["event"] == "candidate" and not e["supported"]]
     if rejected:
@@ -164,6 +165,18 @@ def explain_lines(document: dict, trace_path: str | None = None) -> list[str]:
     lines.append("To get a different backend")
     lines.extend(alternatives_lines(document, trace_path))
     return lines
+
+
+def _measured_section(document: dict) -> list[str]:
+    """A profile that orders by measured speed: the figures it used, or why it decided as its base profile."""
+    measured = next((e for e in document["events"] if e["event"] == "measured"), None)
+    if measured is not None:
+        return ["Measured speed", *render.measured_lines(measured, indent="  "), ""]
+    guard = next((e for e in document["events"] if e["event"] == "guard" and e["guard"] == "speed_table"), None)
+    if guard is None:
+        return []
+    return ["Measured speed", f"  not used: {guard['inputs']['reason']} ({guard['inputs']['shape']} on "
+            f"{guard['inputs']['device']}); decided as the base profile", ""]
 
 
 def _wrong_family_hint(document: dict) -> str | None:
@@ -342,10 +355,10 @@ def alternatives_lines(document: dict, trace_path: str | None = None, registry: 
 
     redirected = [a for a in alts if a.user_name and a.would_select not in (None, a.backend)]
     if redirected:
+        why = get_profile(DecisionInputs.from_json(document["inputs"]).profile.name).redirect_hint
         lines.append("  Requests that end in another backend:")
         for a in redirected:
-            lines.append(f"    --backend {a.user_name}: selects {a.would_select} instead "
-                         "(an earlier step decides first, e.g. the FP8 LoRA shortcut)")
+            lines.append(f"    --backend {a.user_name}: selects {a.would_select} instead ({why})")
 
     blocked = [a for a in alts if a.user_name and a.would_select is None]
     if blocked:

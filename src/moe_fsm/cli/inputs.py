@@ -109,11 +109,17 @@ def add_input_arguments(parser) -> None:
                      help=f"'probe' (this machine, the default) or a preset: {', '.join(PRESETS)}")
     ctx.add_argument("--policy", metavar="PROFILE", action=Once,
                      help=POLICY_HELP)
+    ctx.add_argument("--speed-table", metavar="PATH", action=Once, help=SPEED_TABLE_HELP)
 
 
 POLICY_HELP = ("whose rules decide: a policy profile (seeds, vllm-0.33, ...; see moe-fsm diagram --list; an unknown name "
                "is refused), 'default' (the installed vLLM's profile, the nearest older one with a note, else seeds) or "
                "'nearest:vllm-X.Y' (the profile of that vLLM version, else the nearest older one)")
+
+
+SPEED_TABLE_HELP = ("a measured speed table (moe-fsm measure) for a profile that orders by it (fastest-vllm-0.33); "
+                    "default: this device's table in $MOE_FSM_SPEED_TABLE_DIR or ~/.config/moe_fsm/speed, if any; "
+                    "other profiles ignore it")
 
 
 class Once(argparse.Action):
@@ -195,6 +201,8 @@ def inputs_from_args(args) -> DecisionInputs:
     if args.policy is not None:
         spec["policy"] = args.policy
         spec.pop("profile", None)
+    if args.speed_table is not None:
+        spec["speed_table"] = args.speed_table
 
     if args.env:
         env = dict(spec.get("env") or {})

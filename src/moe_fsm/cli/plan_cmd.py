@@ -17,7 +17,7 @@ from pathlib import Path
 
 from moe_fsm.cli.exit_codes import EXIT_DIFFERS, EXIT_OK
 from moe_fsm.cli import render
-from moe_fsm.cli.inputs import POLICY_HELP, Once, flag_words, parse_env_flags
+from moe_fsm.cli.inputs import POLICY_HELP, SPEED_TABLE_HELP, Once, flag_words, parse_env_flags
 from moe_fsm.cli.text import one_line, printable
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.parallel import AllToAllKind, ParallelConfig
@@ -52,6 +52,7 @@ def register(subparsers) -> None:
                              "environment is ignored")
     parser.add_argument("--no-env", action="store_true", help="ignore the process environment")
     parser.add_argument("--policy", metavar="PROFILE", action=Once, help=POLICY_HELP)
+    parser.add_argument("--speed-table", metavar="PATH", action=Once, help=SPEED_TABLE_HELP)
     parser.add_argument("--trace-dir", type=Path, metavar="DIR",
                         help=f"where the traces (one per distinct decision) and plan.manifest go (default {DEFAULT_TRACE_ROOT}/plan-<config dir>/)")
     parser.add_argument("--json", action="store_true",
@@ -75,7 +76,7 @@ def run(args) -> int:
     config = Path(args.config)
     trace_dir = args.trace_dir or DEFAULT_TRACE_ROOT / f"plan-{(config if config.is_dir() else config.parent).resolve().name}"
     plan = plan_model(config, platform=platform, parallel=parallel, backend=args.backend, env=env, trace_dir=trace_dir,
-                      policy=args.policy)
+                      policy=args.policy, speed_table=args.speed_table)
     if args.json:
         sys.stdout.write(json.dumps(plan_json(plan), indent=2) + "\n")
     else:

@@ -156,6 +156,10 @@ def inputs_lines(document: dict, indent: str = "  ") -> list[str]:
     ]
     if "profile" in inputs:
         lines.append(f"{indent}policy:   {inputs['profile']['name']} ({inputs['profile']['reason']})")
+    table = inputs.get("speed_table")
+    if table is not None:
+        lines.append(f"{indent}speed:    table {table['source']} (measured on {table['device']}, "
+                     f"{table['measured']['date']}; sha256 {table['sha256'][:12]})")
     if document.get("layer_name"):
         lines.insert(0, f"{indent}name:     {document['layer_name']}")
     return lines
@@ -197,6 +201,8 @@ def guard_text(event: dict) -> str:
         return "the server arguments as given"
     if guard == "layer_runner":
         return f"the layer's quantization method ({inputs['method']}) builds its runner"
+    if guard == "speed_table":
+        return f"{inputs['reason']} ({inputs['shape']} on {inputs['device']})"
     if not inputs:
         return "the family has no such step"
     readings = "; ".join(reading_text(r) for r in inputs.get("env", ()))
@@ -265,8 +271,30 @@ def lines_of(event: dict, detail: bool = False) -> list[str]:
         return [f"    {event['name']} = {event['value']!r} ({event['because']})"]
     if kind == "rule":
         return rule_lines(event, detail)
+    if kind == "measured":
+        return measured_lines(event, detail)
     # an event this renderer does not know: show it raw rather than drop it
     return [f"    {kind}: " + ", ".join(f"{k}={v!r}" for k, v in event.items() if k != "event")]
+
+
+def measured_lines(event: dict, detail: bool = False, indent: str = "    ") -> list[str]:
+    """The measured scan's figures: one row per candidate (median µs per token count, geometric mean, verdict), the
+    base profile's choice and the one made. Without ``detail``, candidates the base profile's rules refuse and
+    that have no figure are left out (their refusal is on its own line)."""
+    tokens = event["tokens"]
+    lines = [f"{indent}measured: table {event['table']} ({event['device']}, {event['date']}; "
+             f"sha256 {event['sha256'][:12]}), shape {event['shape']}"]
+    rows = [r for r in event["figures"] if detail or r["supported"] or r["us"]]
+    width = max([len(r["backend"]) for r in rows] + [7])
+    heads = [f"{t} tok" for t in tokens] + ["geomean"]
+    lines.append(f"{indent}  {'backend':<{width}}  " + "  ".join(f"{h:>9}" for h in heads) + "  (µs)")
+    for row in rows:
+        cells = [f"{row['us'][str(t)]:>9.1f}" if str(t) in row["us"] else f"{'-':>9}" for t in tokens]
+        cells.append(f"{row['geomean_us']:>9.1f}" if row["geomean_us"] is not None else f"{'-':>9}")
+        mark = "chosen" if row["backend"] == event["chosen"] else ("eligible" if row["eligible"] else "no")
+        lines.append(f"{indent}  {row['backend']:<{width}}  " + "  ".join(cells) + f"  {mark}: {row['reason']}")
+    lines.append(f"{indent}chose {event['chosen']} (the base profile chooses {event['base']}): {event['because']}")
+    return lines
 
 
 def rule_lines(event: dict, detail: bool = False) -> list[str]:

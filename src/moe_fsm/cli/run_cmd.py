@@ -10,7 +10,7 @@ from pathlib import Path
 
 from moe_fsm.cli.exit_codes import EXIT_DIFFERS, EXIT_OK
 from moe_fsm import profiles
-from moe_fsm.cli.inputs import POLICY_HELP, Once
+from moe_fsm.cli.inputs import POLICY_HELP, SPEED_TABLE_HELP, Once
 from moe_fsm.engine.presets import DEFAULT_PRESET, PRESETS, preset
 from moe_fsm.errors import InputError, SelectionError
 from moe_fsm.trace.document import DEFAULT_TRACE_DIR
@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a VLLM_* variable for the decision (repeatable; default: the process environment)")
     parser.add_argument("--policy", default=None, metavar="PROFILE", action=Once,
                         help=POLICY_HELP + "; the MX and integer presets need vllm-0.33 (their default)")
+    parser.add_argument("--speed-table", metavar="PATH", action=Once,
+                        help=SPEED_TABLE_HELP + " (one process; the ranks of a --nproc run read the directory's)")
     parser.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR, help=f"where per-layer traces go (default {DEFAULT_TRACE_DIR}/)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and tokens")
     parser.add_argument("--platform", default="probe", metavar="NAME",
@@ -105,6 +107,9 @@ def check_args(args, model) -> None:
     if args.policy is not None:
         profiles.choose(args.policy)
     if args.nproc > 1:
+        if args.speed_table is not None:
+            raise InputError("--speed-table is not handed to the ranks of a --nproc run; put the table in "
+                             "$MOE_FSM_SPEED_TABLE_DIR (moe-fsm measure writes it there), where every rank finds it")
         if args.all2all not in RUNNABLE_ALL2ALL:
             raise InputError(f"--all2all {args.all2all!r} is not one of {list(RUNNABLE_ALL2ALL)} (what --nproc runs)")
         layers = model.layers[: args.layers or len(model.layers)]
@@ -159,7 +164,7 @@ def _run_here(args, model, request, env, device) -> int:
         engine, results = run_model(
             model, tokens=args.tokens, num_layers=args.layers, device=device, request=request, env=env,
             platform=platform, trace_dir=args.trace_dir, seed=args.seed, options=options, progress=progress,
-            policy=args.policy, strict_build=args.strict_build,
+            policy=args.policy, strict_build=args.strict_build, speed_table=args.speed_table,
         )
     except SelectionError as err:
         hint = _platform_hint(model, args, request, env)

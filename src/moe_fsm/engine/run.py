@@ -182,17 +182,19 @@ def run_model(
     progress=None,
     policy: Optional[str] = None,
     strict_build: bool = False,
+    speed_table=None,
 ) -> tuple[Engine, list[LayerResult]]:
     """Load (decide + build) and run ``num_layers`` layers of ``model``; one row per layer.
 
     A decided kernel moe-fsm cannot load here runs as its stand-in (``backends.stand_ins``), named in the
     row's kernel column and the trace's build section; ``strict_build`` refuses stand-ins and substitutes instead.
+    ``speed_table``: a measured table or its path, for a profile that orders by one (None: this device's, if any).
     """
     specs = list(model.layers[: num_layers or len(model.layers)])
     engine = Engine(
         specs, parallel=parallel, request=request, env=env if env is not None else EnvSnapshot.from_process(),
         platform=platform, trace_dir=trace_dir, policy=policy if policy is not None else model.policy,
-        strict_build=strict_build, device=torch.device(device).type,
+        strict_build=strict_build, device=torch.device(device).type, speed_table=speed_table,
     )
     loaded = engine.load()
     dev = torch.device(device)

@@ -92,11 +92,11 @@ class MeasuredScan(Step):
             reason, eligible = ("the base profile's choice" if backend == base_choice else "not compared"), backend == base_choice
         elif len(us) < len(points):
             missing = [t for t in points if str(t) not in us]
-            reason, eligible = f"no figure at {', '.join(map(str, missing))} tokens", False
+            reason, eligible = f"no figure at {_counts(missing)}", False
         else:
             slower = [t for t in points if figures[t][backend] > figures[t][base_choice]]
             eligible = not slower
-            reason = (f"slower than {base_choice} at {', '.join(map(str, slower))} tokens" if slower
+            reason = (f"slower than {base_choice} at {_counts(slower)}" if slower
                       else "the base profile's choice" if backend == base_choice else f"no slower than {base_choice}")
         complete = bool(points) and len(us) == len(points)
         mean = math.exp(sum(math.log(figures[t][backend]) for t in points) / len(points)) if complete else None
@@ -105,3 +105,11 @@ class MeasuredScan(Step):
 
     def guard_text(self) -> str:
         return "the speed table has figures for this device and layer shape"
+
+
+def _counts(tokens: list[int]) -> str:
+    """[1] -> '1 token'; [1, 128] -> '1 and 128 tokens'."""
+    if tokens == [1]:
+        return "1 token"
+    *rest, last = map(str, tokens)
+    return (", ".join(rest) + " and " + last if rest else last) + " tokens"

@@ -85,18 +85,22 @@ class LayerDecider:
         rank: Optional[int] = None,
         registry: Optional[Registry] = None,
         policy: Union[str, ProfileChoice, None] = None,
+        speed_table=None,
     ) -> None:
         if not isinstance(trace_dir, (str, os.PathLike)) or not isinstance(os.fspath(trace_dir), str):
             raise InputError(f"trace_dir must be a directory path (a str or a pathlib.Path), got {trace_dir!r}")
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
             # the rank goes into trace file names: anything but a number could point them out of trace_dir
             raise InputError(f"rank must be None or an integer >= 0 (this process's rank), got {rank!r}")
-        defaults = make_inputs(MoELayer(), parallel, request, env, platform, policy)  # select()'s defaults, one layer aside
+        # select()'s defaults, one layer aside; speed_table (a table, its path, None: this device's, False: none)
+        # is kept only under a profile that reads one
+        defaults = make_inputs(MoELayer(), parallel, request, env, platform, policy, speed_table)
         self.parallel = defaults.parallel
         self.request = defaults.request
         self.env = defaults.env
         self.platform = defaults.platform
         self.profile = defaults.profile
+        self.speed_table = defaults.speed_table
         self.trace_dir = Path(trace_dir)
         self.rank = rank
         self.registry = registry or default_registry(self.profile.name)
@@ -113,7 +117,7 @@ class LayerDecider:
         that does not read them, so its decisions and traces are those of the layer alone."""
         if layer.model is not None and not self._reads_model_facts:
             layer = replace(layer, model=None)
-        return DecisionInputs(layer, self.parallel, self.request, self.env, self.platform, self.profile)
+        return DecisionInputs(layer, self.parallel, self.request, self.env, self.platform, self.profile, self.speed_table)
 
     def decide_layer(self, index: int, spec: LayerSpec) -> DecidedLayer:
         """Decide (or reuse the decision of an identical layer) for one more layer.

@@ -97,11 +97,13 @@ def plan_model(
     env: Union[EnvSnapshot, Mapping[str, str], None] = None,
     trace_dir: Union[str, Path] = DEFAULT_TRACE_DIR,
     policy: Union[str, ProfileChoice, None] = None,
+    speed_table=None,
 ) -> Plan:
     """Read the config, derive each MoE layer's MoELayer, decide it; one row per layer, one trace per distinct
-    decision, and ``plan.manifest`` (layer -> trace) in ``trace_dir`` when any trace was written."""
+    decision, and ``plan.manifest`` (layer -> trace) in ``trace_dir`` when any trace was written.
+    ``speed_table``: a measured table or its path, for a profile that reads one (None: this device's, if any)."""
     decider = LayerDecider(parallel=parallel, request=backend, env=env, platform=platform, trace_dir=trace_dir,
-                           policy=policy)
+                           policy=policy, speed_table=speed_table)
     model, reader, quants = checkpoint_layers(config_path, decider)
     # One plan or run at a time writes into a directory (trace.dir_lock): held only where a layer is decided,
     # so a plan that maps no layer leaves no directory behind.
