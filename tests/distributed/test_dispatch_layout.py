@@ -18,6 +18,7 @@ from moe_fsm.prepare_finalize.dispatch_layout import (
     destinations,
     empty_row,
     send_order,
+    send_slots,
     slabs_for,
 )
 from moe_fsm.prepare_finalize.fixed_all2all import FixedCapacityAllToAllPrepareFinalize
@@ -46,11 +47,11 @@ def test_send_order_groups_tokens_by_destination_in_order(tokens: int, capacity:
 
     # Variable size: rank d's rows start where the previous ranks' end.
     counts = dest.sum(0)
-    order = send_order(dest, torch.cumsum(counts, 0) - counts, int(counts.sum()))
+    order = send_order(send_slots(dest, torch.cumsum(counts, 0) - counts, int(counts.sum())), int(counts.sum()))
     assert order.tolist() == [t for d in range(3) for t in range(tokens) if expected_dest[t][d]]
 
     # Fixed capacity: rank d's block starts at d * capacity; unfilled rows name the empty row (index M).
-    fixed = send_order(dest, torch.arange(3) * capacity, 3 * capacity).view(3, capacity).tolist()
+    fixed = send_order(send_slots(dest, torch.arange(3) * capacity, 3 * capacity), 3 * capacity).view(3, capacity).tolist()
     for d in range(3):
         mine = [t for t in range(tokens) if expected_dest[t][d]]
         assert fixed[d] == mine + [tokens] * (capacity - len(mine))

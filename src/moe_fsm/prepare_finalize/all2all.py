@@ -35,12 +35,12 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from moe_fsm.distributed.collectives import RowLayout, all_to_all_v, exchange_counts, pack_row_bytes, unpack_row_bytes
+from moe_fsm.distributed.collectives import RowLayout, all_to_all_v, exchange_counts, row_layout, unpack_row_bytes
 from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.distributed.group import group_rank_and_size
 from moe_fsm.errors import KernelInputError
 from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PrepareFinalize, PreparedTokens, WeightAndReduce
-from moe_fsm.prepare_finalize.dispatch_layout import add_returned_rows, destinations, empty_row, send_order
+from moe_fsm.prepare_finalize.dispatch_layout import destinations, empty_row, send_order, send_slots
 from moe_fsm.prepare_finalize.transport import (
     PlacementGuard,
     SourceRows,
@@ -50,6 +50,7 @@ from moe_fsm.prepare_finalize.transport import (
     receiving_quantizer,
     source_rows,
 )
+from moe_fsm.prepare_finalize.wire_kernels import combine_returned, pack_send_rows
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class DispatchState:
     """
 
     order: torch.Tensor  # [S] this rank's token index of each row sent, grouped by destination
+    slot: torch.Tensor  # [M, W] the send (and return) row of token t for rank d; S where t does not go to d
     send_counts: tuple[int, ...]
     recv_counts: tuple[int, ...]
     row_bytes: int
@@ -97,7 +99,7 @@ class ExpertParallelDispatch(PrepareFinalize):
             self._owner[device] = self.placement.owner_mask(device)
         return destinations(topk_ids, self._owner[device])
 
-    def _packed_source(
+    def _source(
         self,
         hidden_states: torch.Tensor,
         topk_weights: torch.Tensor,
@@ -105,8 +107,8 @@ class ExpertParallelDispatch(PrepareFinalize):
         *,
         apply_router_weight_on_input: bool,
         quantize: Optional[InputQuantizer],
-    ) -> tuple[SourceRows, torch.Tensor, RowLayout]:
-        """This rank's rows packed [M + 1, row_bytes]; the last row is the empty row (no expert computes it)."""
+    ) -> tuple[SourceRows, list[torch.Tensor], RowLayout]:
+        """This rank's rows as they leave (quantized where the scheme allows), their wire fields and row layout."""
         source = source_rows(
             hidden_states,
             topk_weights,
@@ -114,12 +116,15 @@ class ExpertParallelDispatch(PrepareFinalize):
             quantize=quantize,
             quantize_first=self.quantize_first,
         )
-        packed, layout = pack_row_bytes(source.wire_fields(topk_ids, topk_weights), spare_rows=1)
-        key = (layout, packed.device)
+        fields = source.wire_fields(topk_ids, topk_weights)
+        return source, fields, row_layout(fields)
+
+    def _send_rows(self, fields: list[torch.Tensor], layout: RowLayout, order: torch.Tensor) -> torch.Tensor:
+        """uint8 [S, row_bytes]: the packed row of token ``order[s]`` in send row s; the empty row where order is M."""
+        key = (layout, order.device)
         if key not in self._empty_rows:
-            self._empty_rows[key] = empty_row(layout, -2, packed.device)
-        packed[-1].copy_(self._empty_rows[key])
-        return source, packed, layout
+            self._empty_rows[key] = empty_row(layout, -2, order.device)
+        return pack_send_rows(fields, layout, order, self._empty_rows[key])
 
 
 class AllToAllPrepareFinalize(ExpertParallelDispatch):
@@ -169,14 +174,15 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         quantize: Optional[InputQuantizer],
     ) -> PreparedTokens:
         world = self._check_call(num_experts, expert_map)
-        source, packed, layout = self._packed_source(
+        source, fields, layout = self._source(
             hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
         )
         dest = self._destinations(topk_ids)
         send_counts = dest.sum(dim=0)
         records = torch.cat([send_counts.unsqueeze(1), self._layout_records(layout, send_counts.device, world)], dim=1)
         received = exchange_counts(records, group=self.group)
-        # The one host synchronisation: all_to_all_single takes its splits as Python integers.
+        # The one host synchronisation: all_to_all_single takes its splits as Python integers. Only the
+        # quantizer and a few small kernels are queued before it; the send rows are packed after it.
         counts = torch.cat([send_counts, received.reshape(-1)]).tolist()
         send = tuple(counts[:world])
         check_row_layouts(
@@ -184,9 +190,10 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         )
         recv = tuple(counts[world + 3 * s] for s in range(world))
 
-        starts = torch.cumsum(send_counts, 0) - send_counts
-        order = send_order(dest, starts, sum(send))
-        wire = all_to_all_v(packed.index_select(0, order), send, recv, group=self.group)
+        total = sum(send)
+        slot = send_slots(dest, torch.cumsum(send_counts, 0) - send_counts, total)
+        order = send_order(slot, total)
+        wire = all_to_all_v(self._send_rows(fields, layout, order), send, recv, group=self.group)
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         local = self.local.prepare(
             rows,
@@ -203,7 +210,7 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
             topk_ids=local.topk_ids,
             topk_weights=local.topk_weights,
             expert_num_tokens=local.expert_num_tokens,
-            state=DispatchState(order, send, recv, layout.row_bytes, local),
+            state=DispatchState(order, slot, send, recv, layout.row_bytes, local),
         )
 
     def finalize(
@@ -233,4 +240,4 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
                 reduce=reduce,
             )
         returned = all_to_all_v(partial, state.recv_counts, state.send_counts, group=self.group)
-        output.copy_(add_returned_rows(returned, state.order, output.shape[0]))
+        combine_returned(output, returned, state.slot, state.order)

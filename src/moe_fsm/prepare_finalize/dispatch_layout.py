@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from moe_fsm.distributed.collectives import RowLayout
+from moe_fsm.prepare_finalize.wire_kernels import kernels_apply, reduce_from_slabs, scatter_to_slabs
 
 
 def destinations(topk_ids: torch.Tensor, owner_mask: torch.Tensor) -> torch.Tensor:
@@ -29,17 +30,23 @@ def destinations(topk_ids: torch.Tensor, owner_mask: torch.Tensor) -> torch.Tens
     return owner_mask[topk_ids.long()].any(dim=1)
 
 
-def send_order(dest: torch.Tensor, starts: torch.Tensor, total: int) -> torch.Tensor:
-    """int64 [total]: the token each send row carries; rows no token fills hold M (the packed empty row).
+def send_slots(dest: torch.Tensor, starts: torch.Tensor, total: int) -> torch.Tensor:
+    """int64 [M, W]: the send row of token t for rank d, or ``total`` where t does not go to d.
 
     Rank d's rows start at ``starts[d]`` and hold its tokens in order; ``total``
-    rows in all (the sum of the counts, or W times the capacity).
+    rows in all (the sum of the counts, or W times the capacity). The returned
+    rows come back in the same places, so this also says where to find them.
     """
-    num_tokens, world = dest.shape
-    slot = torch.where(dest, torch.cumsum(dest, dim=0) + (starts - 1).view(1, world), total)
-    order = torch.full((total + 1,), num_tokens, dtype=torch.int64, device=dest.device)
-    token = torch.arange(num_tokens, device=dest.device).unsqueeze(1)  # broadcast over the W destinations
-    order.index_put_((slot,), token)
+    world = dest.shape[1]
+    return torch.where(dest, torch.cumsum(dest, dim=0) + (starts - 1).view(1, world), total)
+
+
+def send_order(slot: torch.Tensor, total: int) -> torch.Tensor:
+    """int64 [total]: the token each send row carries (``slot`` from :func:`send_slots`); rows no token fills hold M."""
+    num_tokens, world = slot.shape
+    order = torch.full((total + 1,), num_tokens, dtype=torch.int64, device=slot.device)
+    token = torch.arange(num_tokens, device=slot.device).unsqueeze(1)  # broadcast over the W destinations
+    order.index_put_((slot,), token.expand(num_tokens, world))
     return order[:total]
 
 
@@ -82,6 +89,10 @@ class Slabs:
         num_rows, trailing = rows.shape[0], rows.shape[1:]
         wire = rows.view(torch.uint8) if rows.element_size() == 1 else rows  # index_copy_ has no float8 kernels
         slab = wire.new_empty((self.trash + 1, *trailing))
+        if kernels_apply(rows, self.flat):
+            scatter_to_slabs(slab, wire, self.flat, self.trash)
+            slab = slab[: self.trash].view(self.num_experts, self.capacity, *trailing)
+            return slab if slab.dtype == rows.dtype else slab.view(rows.dtype)
         for slots in slot_chunks(self.flat.shape[1], num_rows * wire[:1].numel() * wire.element_size()):
             width = slots.stop - slots.start
             pairs = wire.unsqueeze(1).expand(num_rows, width, *trailing).reshape(num_rows * width, *trailing)
@@ -101,6 +112,10 @@ class Slabs:
         if self.trash == 0:
             return total.to(out_dtype)
         flat_out = expert_output.reshape(self.trash, hidden)
+        if kernels_apply(flat_out, self.flat):
+            out = torch.empty((num_rows, hidden), dtype=out_dtype, device=expert_output.device)
+            reduce_from_slabs(out, flat_out, self.flat, weights, self.trash)
+            return out
         invalid = (self.flat >= self.trash).unsqueeze(-1)
         index = self.flat.clamp(max=self.trash - 1)
         if weights is None:

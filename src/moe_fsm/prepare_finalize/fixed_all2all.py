@@ -38,9 +38,10 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.grouping import local_expert_ids
 from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PreparedTokens, WeightAndReduce
 from moe_fsm.prepare_finalize.all2all import ExpertParallelDispatch
-from moe_fsm.prepare_finalize.dispatch_layout import Slabs, add_returned_rows, send_order, slabs_for
+from moe_fsm.prepare_finalize.dispatch_layout import Slabs, send_order, send_slots, slabs_for
 from moe_fsm.prepare_finalize.reduce import require_batched_reduce
 from moe_fsm.prepare_finalize.transport import check_row_layouts, layout_signature
+from moe_fsm.prepare_finalize.wire_kernels import combine_returned
 
 # vLLM's default batch for batched-format DP dispatch (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP).
 DEFAULT_MAX_TOKENS_PER_RANK = 256
@@ -54,6 +55,7 @@ class FixedDispatchState:
     """
 
     order: torch.Tensor
+    slot: torch.Tensor  # [M, W] the send (and return) row of token t for rank d; W * capacity where t does not go to d
     slabs: Slabs
     row_bytes: int
 
@@ -123,14 +125,15 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
                 f"{self.name} was built for at most {capacity} tokens per rank (max_tokens_per_rank) but was "
                 f"called with {num_tokens}; split the batch or build it with a larger capacity"
             )
-        source, packed, layout = self._packed_source(
+        source, fields, layout = self._source(
             hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
         )
         self._agree_on_layout(layout_signature(layout), hidden_states.device)
         dest = self._destinations(topk_ids)
         starts = torch.arange(world, device=dest.device) * capacity
-        order = send_order(dest, starts, world * capacity)
-        wire = all_to_all_equal(packed.index_select(0, order), group=self.group)
+        slot = send_slots(dest, starts, world * capacity)
+        order = send_order(slot, world * capacity)
+        wire = all_to_all_equal(self._send_rows(fields, layout, order), group=self.group)
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         if not source.quantized and quantize is not None:
             rows, row_scale = quantize(rows)  # the empty rows are zeros: a per-tensor amax does not see them
@@ -144,7 +147,7 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
             topk_ids=local_ids,
             topk_weights=weights,
             expert_num_tokens=slabs.counts,
-            state=FixedDispatchState(order, slabs, layout.row_bytes),
+            state=FixedDispatchState(order, slot, slabs, layout.row_bytes),
         )
 
     def finalize(
@@ -164,4 +167,4 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
         weights = None if apply_router_weight_on_input else prepared.topk_weights
         partial = state.slabs.reduce(expert_output, weights, output.dtype)
         returned = all_to_all_equal(partial, group=self.group)
-        output.copy_(add_returned_rows(returned, state.order, output.shape[0]))
+        combine_returned(output, returned, state.slot, state.order)

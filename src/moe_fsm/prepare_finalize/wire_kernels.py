@@ -1,0 +1,200 @@
+"""The passes around the wire of expert-parallel dispatch and combine, each one kernel on the GPU.
+
+Dispatch and combine move each token's bytes across the wire once; every other
+pass over those bytes is overhead, so on CUDA each is one Triton kernel that
+reads its input once and writes its output once:
+
+* :func:`pack_send_rows`: the send buffer, grouped by destination, written row by
+  row straight from the (quantized) payload and the small per-token fields (scale,
+  top-k ids, weights), instead of packing every token and then gathering the packed
+  rows (two passes, and ``index_select`` on bytes);
+* :func:`combine_returned`: each token's returned partial rows (at most one per
+  rank) summed in float32 and written to the output in its dtype, instead of zeros,
+  a float32 copy of every returned row, an atomic ``index_add_`` and a cast;
+* :func:`scatter_to_slabs` / :func:`reduce_from_slabs` (fixed capacity): each
+  received row written into the slabs of the experts it names, and each row's
+  weighted sum of its experts' output rows, without materialising a copy per
+  (row, top-k slot) pair.
+
+All of them take their sizes from tensor shapes and their indices from the device
+(no host synchronisation), so they replay in a CUDA graph. Off CUDA (gloo on the
+CPU) the same functions run torch operations that compute the same values;
+``TRITON_INTERPRET=1`` runs the kernels on CPU tensors through Triton's
+interpreter, which is how the tests check them without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Optional, Sequence
+
+import torch
+
+from moe_fsm.distributed.collectives import RowLayout
+from moe_fsm.kernels.triton_moe._runtime import HAS_TRITON, interpreter_enabled
+
+# Columns (of the word type the rows are viewed as) one program copies: 4 KiB of int32 words.
+BLOCK_COLUMNS = 1024
+
+@functools.lru_cache(maxsize=None)
+def _kernel_module(interpreted: bool) -> ModuleType:
+    """The kernels, JIT-compiled for CUDA, or a second copy made under TRITON_INTERPRET=1 for CPU tensors.
+
+    Triton fixes a kernel's mode when the module defining it is executed, so the
+    interpreted copy is executed afresh while the variable is set. (Helpers that
+    triton.language itself defines with ``@triton.jit``, such as ``tl.zeros``, keep
+    the mode of the first import of triton, so the kernels use only builtins.)
+    """
+    if not interpreted:
+        from moe_fsm.prepare_finalize import _wire_triton
+
+        return _wire_triton
+    path = Path(__file__).with_name("_wire_triton.py")
+    spec = importlib.util.spec_from_file_location("moe_fsm.prepare_finalize._wire_triton_interpreted", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # Triton's interpreter looks the kernels' globals up by module name
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    return module
+
+
+def _kernels(*tensors: torch.Tensor) -> ModuleType:
+    return _kernel_module(any(t.device.type != "cuda" for t in tensors))
+
+
+def kernels_apply(*tensors: torch.Tensor) -> bool:
+    """Whether the Triton kernels run for these tensors: all on CUDA, or anywhere under TRITON_INTERPRET=1."""
+    if not HAS_TRITON:
+        return False
+    return interpreter_enabled() or all(t.device.type == "cuda" for t in tensors)
+
+
+def _word_dtype(*byte_counts: int) -> torch.dtype:
+    """The widest of int32 / int16 / uint8 that divides every byte count (offsets, widths, row strides)."""
+    for dtype in (torch.int32, torch.int16):
+        if all(n % dtype.itemsize == 0 for n in byte_counts):
+            return dtype
+    return torch.uint8
+
+
+def _byte_rows(t: torch.Tensor) -> torch.Tensor:
+    """[R, ...] with contiguous trailing dimensions as uint8 [R, bytes per row] (a view where the strides allow)."""
+    rows = t.shape[0]
+    flat = t.reshape(rows, -1) if t.dim() != 2 else t
+    if flat.stride(-1) != 1:  # .contiguous() keeps a stride of 0 on a dimension of size 1, which view() refuses
+        flat = torch.empty(flat.shape, dtype=flat.dtype, device=flat.device).copy_(flat)
+    return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
+
+
+def _words(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.view(dtype)
+
+
+def _grid(rows: int, cols: int) -> tuple[int, int]:
+    return rows, -(-cols // BLOCK_COLUMNS)
+
+
+def pack_send_rows(fields: Sequence[torch.Tensor], layout: RowLayout, order: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
+    """uint8 [S, row_bytes]: send row s is the packed row of token ``order[s]``, or ``empty`` where order[s] == M.
+
+    ``fields`` are the row-aligned tensors [M, ...] of ``layout`` (the payload first),
+    ``empty`` the packed empty row (:func:`moe_fsm.prepare_finalize.dispatch_layout.empty_row`).
+    """
+    num_tokens = fields[0].shape[0]
+    total = order.shape[0]
+    if not kernels_apply(order, *fields):
+        packed = torch.empty((num_tokens + 1, layout.row_bytes), dtype=torch.uint8, device=order.device)
+        for t, f in zip(fields, layout.fields):
+            packed[:num_tokens, f.start : f.start + f.nbytes].copy_(_byte_rows(t))
+        packed[-1].copy_(empty)
+        return packed.index_select(0, order)
+    send = torch.empty((total, layout.row_bytes), dtype=torch.uint8, device=order.device)
+    if total == 0:
+        return send
+    # The payload (nearly all the bytes) straight from its tensor; zeros in the empty rows.
+    payload, first = _byte_rows(fields[0]), layout.fields[0]
+    word = _word_dtype(first.nbytes, payload.stride(0), payload.storage_offset(), layout.row_bytes)
+    src, dst = _words(payload, word), _words(send[:, : first.nbytes], word)
+    gather = _kernels(order).gather_rows_kernel
+    gather[_grid(total, src.shape[1])](dst, dst.stride(0), src, src.stride(0), order, num_tokens, src.shape[1], BLOCK=BLOCK_COLUMNS)
+    # The small fields (scale, ids, weights) packed per token with the empty row last, then gathered.
+    meta_start = layout.fields[1].start if len(layout.fields) > 1 else layout.row_bytes
+    if meta_start < layout.row_bytes:
+        width = layout.row_bytes - meta_start
+        meta = torch.empty((num_tokens + 1, width), dtype=torch.uint8, device=order.device)
+        for t, f in zip(fields[1:], layout.fields[1:]):
+            meta[:num_tokens, f.start - meta_start : f.start - meta_start + f.nbytes].copy_(_byte_rows(t))
+        meta[num_tokens].copy_(empty[meta_start:])
+        word = _word_dtype(meta_start, width, layout.row_bytes)  # meta is a fresh tensor: offset 0
+        src, dst = _words(meta, word), _words(send[:, meta_start:], word)
+        gather[_grid(total, src.shape[1])](
+            dst, dst.stride(0), src, src.stride(0), order, num_tokens + 1, src.shape[1], BLOCK=BLOCK_COLUMNS
+        )
+    return send  # alignment padding between fields is sent as it is: nobody reads it
+
+
+def combine_returned(output: torch.Tensor, returned: torch.Tensor, slot: torch.Tensor, order: torch.Tensor) -> None:
+    """``output`` [M, K] = per token, the float32 sum of its returned rows, in ``output``'s dtype.
+
+    ``slot`` [M, W] is where token t's row for rank d sits in ``returned`` (>= its row count: not sent);
+    ``order`` [S] the token of each returned row (M for an empty row), for the torch path.
+    """
+    num_tokens, hidden = output.shape
+    if not kernels_apply(output, returned, slot):
+        from moe_fsm.prepare_finalize.dispatch_layout import add_returned_rows
+
+        output.copy_(add_returned_rows(returned, order, num_tokens))
+        return
+    if num_tokens == 0:
+        return
+    if returned.stride(-1) != 1:
+        returned = returned.contiguous()
+    direct = output.stride(-1) == 1
+    target = output if direct else torch.empty_like(output, memory_format=torch.contiguous_format)
+    _kernels(returned).combine_kernel[_grid(num_tokens, hidden)](
+        target, target.stride(0), returned, returned.stride(0), slot.contiguous(), slot.shape[1], returned.shape[0],
+        hidden, BLOCK=BLOCK_COLUMNS,
+    )
+    if not direct:
+        output.copy_(target)
+
+
+def scatter_to_slabs(slab: torch.Tensor, rows: torch.Tensor, flat: torch.Tensor, trash: int) -> None:
+    """``slab[flat[r, j]] = rows[r]`` for every slot with ``flat[r, j] < trash`` (``slab`` [>= trash, ...], viewed flat)."""
+    num_rows, top_k = flat.shape
+    if num_rows == 0 or trash == 0:
+        return
+    src = _byte_rows(rows)
+    dst = slab.reshape(slab.shape[0], -1).view(torch.uint8)
+    word = _word_dtype(src.shape[1], src.stride(0), src.storage_offset(), dst.stride(0), dst.storage_offset())
+    src, dst = _words(src, word), _words(dst, word)
+    _kernels(rows).scatter_rows_kernel[_grid(num_rows, src.shape[1])](
+        dst, dst.stride(0), src, src.stride(0), flat.contiguous(), top_k, trash, src.shape[1], BLOCK=BLOCK_COLUMNS
+    )
+
+
+def reduce_from_slabs(
+    out: torch.Tensor, slab_rows: torch.Tensor, flat: torch.Tensor, weights: Optional[torch.Tensor], trash: int
+) -> None:
+    """``out[r]`` = sum over valid slots of ``weights[r, j] * slab_rows[flat[r, j]]`` in float32 (``out`` contiguous)."""
+    num_rows, top_k = flat.shape
+    hidden = out.shape[1]
+    if num_rows == 0:
+        return
+    w = weights if weights is not None else flat  # a placeholder pointer: HAS_WEIGHTS=False never reads it
+    _kernels(out).slab_reduce_kernel[_grid(num_rows, hidden)](
+        out, out.stride(0), slab_rows, slab_rows.stride(0), flat.contiguous(), w, w.stride(0), top_k, trash, hidden,
+        HAS_WEIGHTS=weights is not None, BLOCK=BLOCK_COLUMNS,
+    )

@@ -1,0 +1,137 @@
+"""The Triton passes around the wire (pack, combine, slab scatter and reduce) against references, on CPU.
+
+``TRITON_INTERPRET=1`` runs the kernels on CPU tensors; on a CUDA machine the same
+tests also run them on the GPU. Inputs are fresh random values, outputs are
+poisoned first (NaN or 0x5A bytes), sums are checked against float64.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from moe_fsm.distributed.collectives import row_layout  # noqa: E402
+from moe_fsm.prepare_finalize import wire_kernels  # noqa: E402
+from moe_fsm.prepare_finalize.dispatch_layout import empty_row, send_order, send_slots, slabs_for  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request, monkeypatch):
+    if request.param == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    return torch.device(request.param)
+
+
+def _routing(tokens: int, world: int, gen: torch.Generator) -> torch.Tensor:
+    dest = torch.rand(tokens, world, generator=gen) < 0.6
+    dest[::5] = False  # some tokens go nowhere
+    return dest
+
+
+@pytest.mark.parametrize("payload_dtype,hidden,with_scale", [(torch.bfloat16, 256, False), (torch.float8_e4m3fn, 384, True),
+                                                              (torch.uint8, 52, False)])
+@pytest.mark.parametrize("tokens", [0, 1, 37])
+def test_pack_send_rows_matches_the_packed_gather(device, payload_dtype, hidden, with_scale, tokens) -> None:
+    gen = torch.Generator().manual_seed(tokens * 7 + hidden)
+    if payload_dtype == torch.uint8:
+        payload = torch.randint(0, 256, (tokens, hidden), generator=gen, dtype=torch.uint8)
+    else:
+        payload = torch.randn(tokens, hidden, generator=gen).to(payload_dtype)
+    fields = [payload.view(torch.uint8) if payload.element_size() == 1 else payload]
+    if with_scale:
+        fields.append(torch.rand(tokens, hidden // 128, generator=gen))
+    fields += [torch.randint(0, 64, (tokens, 8), generator=gen, dtype=torch.int32), torch.rand(tokens, 8, generator=gen)]
+    fields = [f.to(device) for f in fields]
+    layout = row_layout(fields)
+    world = 3
+    dest = _routing(tokens, world, gen).to(device)
+    counts = dest.sum(0)
+    capacity = max(tokens, 1)  # fixed blocks: rows past the counts hold the empty row
+    total = world * capacity
+    slot = send_slots(dest, torch.arange(world, device=device) * capacity, total)
+    order = send_order(slot, total)
+    empty = empty_row(layout, -2, device)
+
+    sent = wire_kernels.pack_send_rows(fields, layout, order, empty)
+    assert sent.shape == (total, layout.row_bytes)
+    for d in range(world):
+        for i in range(capacity):
+            s = d * capacity + i
+            if i < int(counts[d]):
+                token = int(order[s])
+                for t, f in zip(fields, layout.fields):
+                    expect = t[token].contiguous().view(torch.uint8).reshape(-1)
+                    assert torch.equal(sent[s, f.start : f.start + f.nbytes], expect)
+            else:
+                for f in layout.fields:
+                    assert torch.equal(sent[s, f.start : f.start + f.nbytes], empty[f.start : f.start + f.nbytes])
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tokens,world", [(0, 2), (1, 2), (29, 4)])
+def test_combine_returned_sums_each_tokens_rows_in_float32(device, out_dtype, tokens, world) -> None:
+    gen = torch.Generator().manual_seed(tokens + world)
+    hidden = 1100  # not a multiple of the block: the last block is partial
+    dest = _routing(tokens, world, gen)
+    counts = dest.sum(0)
+    total = int(counts.sum())
+    slot = send_slots(dest, torch.cumsum(counts, 0) - counts, total)
+    order = send_order(slot, total)
+    returned = torch.randn(total, hidden, generator=gen).to(out_dtype)
+    output = torch.full((tokens, hidden), float("nan"), dtype=out_dtype)
+    expect = torch.zeros(tokens, hidden, dtype=torch.float64)
+    for s in range(total):
+        expect[int(order[s])] += returned[s].double()
+    output, returned, slot, order = (t.to(device) for t in (output, returned, slot, order))
+    wire_kernels.combine_returned(output, returned, slot, order)
+    tol = 1e-2 if out_dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(output.cpu().double(), expect, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float32])
+def test_slabs_scatter_and_weighted_reduce(device, dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    rows_n, top_k, num_experts, hidden = 23, 4, 5, 160
+    ids = torch.stack([torch.randperm(8, generator=gen)[:top_k] for _ in range(rows_n)]) - 3  # local ids, < 0: elsewhere
+    ids[::6] = -1
+    rows = torch.randn(rows_n, hidden, generator=gen).to(dtype)
+    slabs = slabs_for(ids.to(device), num_experts, rows_n)
+    flat = slabs.flat.cpu()
+
+    slab = slabs.scatter(rows.to(device)).cpu()
+    assert slab.shape == (num_experts, rows_n, hidden) and slab.dtype == dtype
+    flat_slab = slab.view(-1, hidden)
+    for r in range(rows_n):
+        for j in range(top_k):
+            if int(flat[r, j]) < slabs.trash:
+                assert torch.equal(flat_slab[int(flat[r, j])].view(torch.uint8), rows[r].view(torch.uint8))
+
+    expert_out = torch.randn(num_experts, rows_n, hidden, generator=gen).to(torch.bfloat16)
+    poison = expert_out.clone().view(-1, hidden)
+    used = set(int(v) for v in flat.reshape(-1) if int(v) < slabs.trash)
+    for i in range(poison.shape[0]):
+        if i not in used:
+            poison[i] = float("nan")  # rows no valid slot names must never be read
+    weights = torch.rand(rows_n, top_k, generator=gen)
+    for w in (weights, None):
+        got = slabs.reduce(poison.view(num_experts, rows_n, hidden).to(device), None if w is None else w.to(device),
+                           torch.bfloat16).cpu()
+        expect = torch.zeros(rows_n, hidden, dtype=torch.float64)
+        for r in range(rows_n):
+            for j in range(top_k):
+                if int(flat[r, j]) < slabs.trash:
+                    expect[r] += (1.0 if w is None else float(w[r, j])) * poison[int(flat[r, j])].double()
+        torch.testing.assert_close(got.double(), expect, atol=2e-2, rtol=1e-2)
+
+
+def test_the_kernels_apply_only_on_cuda_or_under_the_interpreter(monkeypatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not wire_kernels.kernels_apply(torch.zeros(1))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert wire_kernels.kernels_apply(torch.zeros(1))
