@@ -14,7 +14,6 @@ from moe_fsm.kernels.grouping import group_by_expert
 from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.prepare_finalize import dispatch_layout
 from moe_fsm.prepare_finalize.dispatch_layout import (
-    add_returned_rows,
     destinations,
     empty_row,
     send_order,
@@ -24,6 +23,7 @@ from moe_fsm.prepare_finalize.dispatch_layout import (
 from moe_fsm.prepare_finalize.fixed_all2all import FixedCapacityAllToAllPrepareFinalize
 from moe_fsm.prepare_finalize.local import LocalBatchedPrepareFinalize
 from moe_fsm.prepare_finalize.reduce import BatchedLayout, reduce_batched
+from moe_fsm.prepare_finalize.wire_kernels import add_returned_rows
 
 
 def _random_ids(rows: int, top_k: int, num_experts: int, gen: torch.Generator, hot: bool = False) -> torch.Tensor:

@@ -58,13 +58,6 @@ def empty_row(layout: RowLayout, ids_field: int, device: torch.device) -> torch.
     return row
 
 
-def add_returned_rows(returned: torch.Tensor, order: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """float32 [M, K]: each token's returned partial rows summed (rows of the empty token land in a trash row)."""
-    total = torch.zeros((num_tokens + 1, returned.shape[1]), dtype=torch.float32, device=returned.device)
-    total.index_add_(0, order, returned.to(torch.float32))
-    return total[:num_tokens]
-
-
 @dataclass(frozen=True)
 class Slabs:
     """Where each received (row, top-k slot) pair sits in the batched ``[E_local, capacity, ...]`` slabs.

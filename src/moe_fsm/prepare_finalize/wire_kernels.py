@@ -153,8 +153,6 @@ def combine_returned(output: torch.Tensor, returned: torch.Tensor, slot: torch.T
     """
     num_tokens, hidden = output.shape
     if not kernels_apply(output, returned, slot):
-        from moe_fsm.prepare_finalize.dispatch_layout import add_returned_rows
-
         output.copy_(add_returned_rows(returned, order, num_tokens))
         return
     if num_tokens == 0:
@@ -169,6 +167,13 @@ def combine_returned(output: torch.Tensor, returned: torch.Tensor, slot: torch.T
     )
     if not direct:
         output.copy_(target)
+
+
+def add_returned_rows(returned: torch.Tensor, order: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """float32 [M, K]: each token's returned partial rows summed (rows of the empty token land in a trash row)."""
+    total = torch.zeros((num_tokens + 1, returned.shape[1]), dtype=torch.float32, device=returned.device)
+    total.index_add_(0, order, returned.to(torch.float32))
+    return total[:num_tokens]
 
 
 def scatter_to_slabs(slab: torch.Tensor, rows: torch.Tensor, flat: torch.Tensor, trash: int) -> None:
