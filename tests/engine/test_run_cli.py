@@ -56,6 +56,11 @@ def test_run_across_two_processes(tmp_path, capfd):
     out = capfd.readouterr().out
     assert code == 0, out
     assert "AllToAllPrepareFinalize" in out and "2/2 layers within tolerance" in out
+    stage_table = out.split("stage times per layer", 1)[1].splitlines()
+    assert stage_table[1].split() == ["layer", "dispatch", "experts", "combine"]
+    for row in stage_table[2:4]:  # one row per layer, three positive times (ms)
+        name, *times = row.split()
+        assert name.startswith("model.layers.") and len(times) == 3 and all(float(t) > 0 for t in times), row
     assert sorted(p.name for p in tmp_path.glob("*.json")) == [  # the two layers decide alike: one trace per rank
         "layer000-model.layers.0.mlp.experts.rank0.json", "layer000-model.layers.0.mlp.experts.rank1.json",
     ]

@@ -6,7 +6,8 @@ and expert parallelism (dp = ep = N: each rank holds its own tokens and
 1/N of the experts), and writes its traces with its rank in the file name.
 Every rank draws the same weights from the seed, keeps its experts, and
 checks its tokens' outputs against the float64 reference over all experts;
-rank 0 gathers the rows and prints the table.
+rank 0 gathers the rows and prints the table, then each layer's dispatch,
+experts and combine times (:class:`moe_fsm.modular.kernel.StageClock`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -31,6 +33,7 @@ from moe_fsm.engine.report import make_progress, render_check_mode, render_heade
 from moe_fsm.engine.run import KernelTimer, RunOptions, WeightBank, rms_norm, run_layer
 from moe_fsm.experts.torch_experts import torch_dtype
 from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.modular.kernel import ModularKernel, StageClock
 from moe_fsm.trace.document import remove_stale_temp_files
 
 
@@ -76,7 +79,7 @@ def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
         bank = WeightBank(generator, device)
         timer = KernelTimer(options.repeats)
         progress = make_progress() if ctx.rank == 0 else None
-        results = []
+        results, stage_times = [], []
         for index, layer_state in enumerate(loaded):
             layer = layer_state.spec.layer
             # Calibrate static scales on every rank's first-layer tokens, so all ranks agree on them.
@@ -85,9 +88,11 @@ def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
             topk_weights, topk_ids = route(x, weights.router, layer.top_k)
             placement = ExpertPlacement(layer.num_experts, ctx.world_size, ctx.rank)
             shard = shard_experts(weights.w1, weights.w2, weights.scales, placement)
+            clock = _attach_clock(layer_state.kernel)
             out, result = run_layer(index, layer_state, x, weights, topk_weights, topk_ids,
                                     shard=shard, expert_map=placement.expert_map(device), options=options, timer=timer)
             results.append(result)
+            stage_times.append(_stage_medians(layer_state.kernel, clock, options.repeats))
             hidden = rms_norm(x + out).to(torch.float32).cpu()
             if progress is not None:
                 progress(index + 1, len(loaded), layer_state.spec.name, result)
@@ -103,6 +108,10 @@ def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
         worst, total = stacked.amax(dim=0), stacked.sum(dim=0)
         rows = [replace(r, rel_error=float(worst[i, 0]), time_ms=float(worst[i, 1]), nonfinite_rows=int(total[i, 2]),
                         checked_rows=int(total[i, 3])) for i, r in enumerate(results)]
+        stages = torch.tensor(stage_times, dtype=torch.float64, device=device).reshape(len(results), len(StageClock.STAGES))
+        everyone = [torch.empty_like(stages) for _ in range(ctx.world_size)]
+        dist.all_gather(everyone, stages)
+        slowest_stages = torch.stack(everyone).cpu().amax(dim=0)
         if ctx.rank == 0:
             write_manifest(
                 args.trace_dir, argv=sys.argv, preset=model.name, tokens=args.tokens, seed=args.seed,
@@ -113,7 +122,36 @@ def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
             print(render_results(rows, engine, args.trace_dir))
             print("(rel err and time: the worst rank per layer; checked and non-finite rows: all ranks; "
                   "traces carry .rank<r> in their names)")
+            print(render_stage_times([r.name for r in rows], slowest_stages.tolist(), options.repeats))
         return 0 if all(r.ok for r in rows) else 1
+
+
+def _attach_clock(kernel) -> Optional[StageClock]:
+    """A fresh stage clock on a modular kernel (None for anything else, whose stages are not visible)."""
+    if not isinstance(kernel, ModularKernel):
+        return None
+    kernel.stage_clock = StageClock()
+    return kernel.stage_clock
+
+
+def _stage_medians(kernel, clock: Optional[StageClock], repeats: int) -> list[float]:
+    """The layer's dispatch / experts / combine medians over its timed calls (NaN where not measured)."""
+    if clock is None:
+        return [float("nan")] * len(StageClock.STAGES)
+    kernel.stage_clock = None
+    medians = clock.medians(skip=max(clock.calls - repeats, 0))  # the warm-up call is not one of the timed ones
+    return [medians[stage] for stage in StageClock.STAGES]
+
+
+def render_stage_times(names: list[str], times: list[list[float]], repeats: int) -> str:
+    """Per layer: dispatch (prepare), experts, combine (finalize) in ms, each the slowest rank's median."""
+    lines = [f"stage times per layer (ms; median of {repeats} calls, slowest rank per stage; dispatch and combine "
+             "include waiting for the other ranks):",
+             f"  {'layer':<32} {'dispatch':>10} {'experts':>10} {'combine':>10}"]
+    for name, (dispatch, experts, combine) in zip(names, times):
+        cells = " ".join("         -" if t != t else f"{t:10.3f}" for t in (dispatch, experts, combine))  # NaN: not a modular kernel
+        lines.append(f"  {name[:32]:<32} {cells}")
+    return "\n".join(lines)
 
 
 def _rank_file(path: Path, rank: int, other: int) -> Path:

@@ -12,7 +12,9 @@ through the experts and reduces through finalize.
 
 from __future__ import annotations
 
-from typing import Optional
+import statistics
+import time
+from typing import Optional, Union
 
 import torch
 
@@ -46,6 +48,50 @@ def check_pairing(prepare_finalize: PrepareFinalize, experts: Experts, layer: Mo
         raise KernelInputError(f"{experts.name} was built for a different layer than this kernel's; build both from one MoELayer")
 
 
+class StageClock:
+    """Where a :class:`ModularKernel`'s calls spend their time: dispatch (prepare), experts, combine (finalize).
+
+    Set ``kernel.stage_clock = StageClock()`` and call the kernel: each call records
+    four marks, CUDA events on a GPU (recorded on the stream, so no host
+    synchronisation while the calls run) or ``perf_counter`` readings on the CPU.
+    :meth:`medians` reads them back. Leave it unset during a CUDA-graph capture.
+    """
+
+    STAGES = ("dispatch", "experts", "combine")
+
+    def __init__(self) -> None:
+        self._calls: list[list[Union[torch.cuda.Event, float]]] = []
+
+    def mark(self, device: torch.device) -> Union[torch.cuda.Event, float]:
+        if device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(device))
+            return event
+        return time.perf_counter()
+
+    def record(self, marks: list[Union[torch.cuda.Event, float]]) -> None:
+        self._calls.append(marks)
+
+    @property
+    def calls(self) -> int:
+        return len(self._calls)
+
+    def medians(self, skip: int = 0) -> dict[str, float]:
+        """Median milliseconds of each stage over the recorded calls, leaving out the first ``skip`` (warm-up)."""
+        calls = self._calls[skip:] if len(self._calls) > skip else self._calls
+        if not calls:
+            return {stage: float("nan") for stage in self.STAGES}
+        per_stage: list[list[float]] = [[] for _ in self.STAGES]
+        for marks in calls:
+            for i, (begin, end) in enumerate(zip(marks, marks[1:])):
+                if isinstance(begin, float):
+                    per_stage[i].append((end - begin) * 1e3)
+                else:
+                    end.synchronize()
+                    per_stage[i].append(begin.elapsed_time(end))
+        return {stage: statistics.median(times) for stage, times in zip(self.STAGES, per_stage)}
+
+
 class ModularKernel:
     """``kernel(hidden_states, w1, w2, topk_weights, topk_ids, *, scales, expert_map) -> [M, K]``."""
 
@@ -55,6 +101,7 @@ class ModularKernel:
         self.experts = experts
         self.layer = layer
         self._validated: set = set()  # call signatures already checked (validate_call)
+        self.stage_clock: Optional[StageClock] = None  # set to time dispatch, experts and combine
 
     @property
     def name(self) -> str:
@@ -90,6 +137,8 @@ class ModularKernel:
         validate_call(self.layer, hidden_states, w1, w2, topk_weights, topk_ids, scales, expert_map, self._validated,
                       values=check_values)
         on_input = self.layer.router_weight_on_input
+        clock, device = self.stage_clock, hidden_states.device
+        marks = [clock.mark(device)] if clock is not None else None
         prepared = self.prepare_finalize.prepare(
             hidden_states,
             topk_weights,
@@ -99,7 +148,11 @@ class ModularKernel:
             apply_router_weight_on_input=on_input,
             quantize=self.experts.input_quantizer(scales),
         )
+        if marks is not None:
+            marks.append(clock.mark(device))
         expert_output = self.experts.apply(prepared, w1, w2, scales, apply_router_weight_on_input=on_input)
+        if marks is not None:
+            marks.append(clock.mark(device))
         output = torch.empty(hidden_states.shape, dtype=hidden_states.dtype, device=hidden_states.device)
         self.prepare_finalize.finalize(
             output,
@@ -110,4 +163,7 @@ class ModularKernel:
             apply_router_weight_on_input=on_input,
             reduce=self.experts.weight_and_reduce,
         )
+        if marks is not None:
+            marks.append(clock.mark(device))
+            clock.record(marks)
         return output
