@@ -120,4 +120,21 @@ def test_diff_on_a_config_json_compares_every_layer(capsys):
     assert code == 1, out
     assert "FLASHINFER_TRTLLM (TrtLlmBf16ExpertsMonolithic)" in out
     assert "FLASHINFER_TRTLLM (FlashInferTrtllmFusedMoE)" in out
-    assert "server_args -> model_override" in out and "48 of 48 layers decide differently" in out
+    assert "server_args -> model_override" in out
+    # both engines run FlashInfer's TRT-LLM runner, locally: the same decision, its kernel class named differently
+    assert "same runner, different kernel class (TrtLlmBf16ExpertsMonolithic / FlashInferTrtllmFusedMoE)" in out
+    assert ("0 of 48 layers decide differently under sglang-0.5.23 than under vllm-0.33; 48 more run the same "
+            "runner with a different kernel class") in out
+
+
+def test_explain_s_hint_for_a_redirected_request_is_the_profile_s(tmp_path, capsys):
+    """A --backend request that ends in another runner: explain names SGLang's stages, not vLLM's LoRA shortcut."""
+    trace = tmp_path / "t.json"
+    assert main(["select", "--quant", "fp8", "--platform", "sm90", "--no-env", "--policy", SGLANG,
+                 "--trace-out", str(trace)]) == 0
+    capsys.readouterr()
+    assert main(["explain", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert ("--backend flashinfer_cutlass: selects TRITON instead (an earlier stage decides first: a model override, "
+            "the all-to-all constraint, or the layer's quantization method in create_moe_runner)") in out
+    assert "LoRA shortcut" not in out and "vLLM" not in out

@@ -46,6 +46,8 @@ class Profile:
     reads_model_facts: bool = False  # the decisions read MoELayer.model (SGLang's overrides); else it is left out
     # Whose rules ``plan`` reads a checkpoint's quantization_config by (plan/config_rules.py names them).
     config_rules: str = "vllm"
+    # What explain says when asking for a backend by name ends in another one: which earlier step decides first.
+    redirect_hint: str = "an earlier step decides first, e.g. the FP8 LoRA shortcut"
     reads_speed_table: bool = False  # the decisions read a measured speed table (the fastest-* profiles); else none is kept
 
     def policy(self, family: QuantFamily) -> FamilyPolicy:

@@ -26,4 +26,6 @@ PROFILE = Profile(
     env=ENV,
     reads_model_facts=True,
     config_rules="sglang-0.5.23",  # plan reads checkpoints by SGLang's rules (plan/sglang_quant_config.py)
+    redirect_hint="an earlier stage decides first: a model override, the all-to-all constraint, or the layer's "
+                  "quantization method in create_moe_runner",
 )
