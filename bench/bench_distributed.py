@@ -1,12 +1,15 @@
 """Dispatch + combine time of moe-fsm's distributed prepare/finalize, next to plain collectives of the same bytes.
 
-    python bench/bench_distributed.py [--nproc N] [--out bench-out] [--tokens 128 4096] [--quant none fp8]
-                                      [--pf all2all fixed fixed_graph allgather] [--profile]
+    python bench/bench_distributed.py [--nproc N] [--out bench-out] [--tokens 128 1024 4096] [--quant none fp8]
+                                      [--routing uniform skewed] [--pf all2all fixed fixed_graph allgather]
+                                      [--with-experts] [--profile]
 
 Starts itself on N ranks through ``moe_fsm.distributed.launch`` (NCCL with one
 process per GPU when CUDA is present, gloo on the CPU otherwise) unless it is
 already a launched rank. For the DeepSeek-V3 MoE shape (256 experts, hidden
-7168, top-8, uniform random routing, experts split evenly over the ranks) and
+7168, top-8, experts split evenly over the ranks), each routing (``uniform``:
+top-8 of uniform random scores; ``skewed``: experts drawn with Zipf weights
+1/(e+1), so the lower ranks' experts are hot and ranks receive unequal rows) and
 each token count per rank, it times
 
 * ``all2all``: AllToAllPrepareFinalize (Standard format) prepare + finalize (quantize,
@@ -21,7 +24,13 @@ each token count per rank, it times
 * ``allgather``: AllGatherReduceScatterPrepareFinalize (with the expert map) against
   a plain single-tensor all-gather + reduce-scatter of the same bytes.
 
-The experts are left out: the expert output handed to finalize is a preallocated
+``--with-experts`` also times a whole EP layer (AllToAllPrepareFinalize + TritonExperts
+on the rank's E/W experts, DeepSeek-V3's intermediate size 2048) next to the
+single-GPU layer of the same per-rank shape (LocalPrepareFinalize + TritonExperts,
+the same E/W experts, the same tokens, top-8 among them), with the EP layer's
+dispatch / experts / combine split (:class:`moe_fsm.modular.kernel.StageClock`).
+
+Otherwise the experts are left out: the expert output handed to finalize is a preallocated
 stand-in (already reduced for the Standard format, per-expert slabs for the
 Batched one), so the times are the token movement alone. FP8 payloads are
 quantized by the quantizer the experts would hand to prepare (the Triton 1x128
@@ -44,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import gc
 import json
 import os
 import platform
@@ -68,7 +78,9 @@ from moe_fsm.quantize.activations import input_quantizer
 NUM_EXPERTS = 256
 HIDDEN = 7168
 TOP_K = 8
+INTERMEDIATE = 2048  # DeepSeek-V3's moe_intermediate_size, for --with-experts
 DTYPE = torch.bfloat16
+ROUTINGS = ("uniform", "skewed")
 QUANTS = {
     "none": None,
     "fp8": QuantScheme.fp8("block", "group"),  # DeepSeek-V3: 1x128 dynamic activation groups
@@ -86,7 +98,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, default=None, help="ranks to launch (default: GPUs with CUDA, else 2)")
     p.add_argument("--out", default="bench-out", help="directory for the JSON and Markdown report (docs/perf/distributed.md shows the latest)")
-    p.add_argument("--tokens", type=int, nargs="+", default=[128, 4096], help="tokens per rank")
+    p.add_argument("--tokens", type=int, nargs="+", default=[128, 1024, 4096], help="tokens per rank")
+    p.add_argument("--routing", nargs="+", default=list(ROUTINGS), choices=list(ROUTINGS), help="how tokens pick experts")
+    p.add_argument("--with-experts", action="store_true",
+                   help="also time the whole EP layer (dispatch, Triton experts, combine) against the single-GPU layer "
+                        "of the same per-rank shape (CUDA only)")
+    p.add_argument("--layer-tokens", type=int, nargs="+", default=[128, 4096], help="tokens per rank of --with-experts")
     p.add_argument("--quant", nargs="+", default=list(QUANTS), choices=list(QUANTS), help="dispatch payload")
     p.add_argument("--pf", nargs="+", default=list(PF_KINDS), choices=list(PF_KINDS))
     p.add_argument("--fixed-max-gib", type=float, default=None,
@@ -119,9 +136,17 @@ def timed(fn: Callable[[], None], device: torch.device, warmup: int, iters: int)
     return times
 
 
-def routing(tokens: int, device: torch.device, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def routing(tokens: int, device: torch.device, seed: int, kind: str = "uniform",
+            num_experts: int = NUM_EXPERTS) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    scores = torch.rand(tokens, NUM_EXPERTS, generator=gen)
+    if kind == "skewed":
+        zipf = 1.0 / torch.arange(1, num_experts + 1, dtype=torch.float64)
+        ids = torch.multinomial(zipf.expand(tokens, num_experts), TOP_K, replacement=False, generator=gen) if tokens else \
+            torch.empty((0, TOP_K), dtype=torch.int64)
+        weights = torch.rand(tokens, TOP_K, generator=gen) + 0.1
+        weights = weights / weights.sum(dim=1, keepdim=True)
+        return ids.to(torch.int32).to(device), weights.to(torch.float32).to(device)
+    scores = torch.rand(tokens, num_experts, generator=gen)
     weights, ids = scores.topk(TOP_K, dim=1)
     weights = weights / weights.sum(dim=1, keepdim=True)
     return ids.to(torch.int32).to(device), weights.to(torch.float32).to(device)
@@ -283,7 +308,7 @@ def profile_table(fn: Callable[[], None], device: torch.device) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=20)
 
 
-def bench_case(pf_kind: str, quant: str, tokens: int, ctx, args, warmup: int, iters: int) -> Optional[dict]:
+def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, warmup: int, iters: int) -> Optional[dict]:
     device, rank, world = ctx.device, ctx.rank, ctx.world_size
     if pf_kind == "fixed_graph" and device.type != "cuda":
         return None  # CUDA graphs need CUDA
@@ -293,7 +318,7 @@ def bench_case(pf_kind: str, quant: str, tokens: int, ctx, args, warmup: int, it
     quantize = quantizer_for(quant, device)
     gen = torch.Generator(device="cpu").manual_seed(100 + rank)
     hidden = torch.randn(tokens, HIDDEN, generator=gen).to(DTYPE).to(device)
-    ids, weights = routing(tokens, device, seed=200 + rank)
+    ids, weights = routing(tokens, device, seed=200 + rank, kind=route)
     output = torch.empty_like(hidden)
     args_ = (ctx, tokens, hidden, ids, weights, quantize, output)
     if pf_kind == "all2all":
@@ -314,6 +339,7 @@ def bench_case(pf_kind: str, quant: str, tokens: int, ctx, args, warmup: int, it
         "pf": case.pf,
         "quant": quant,
         "tokens_per_rank": tokens,
+        "routing": route,
         "rank": rank,
         "dispatch_row_bytes": case.row_bytes,
         "rows_dispatched": case.rows_sent,
@@ -335,6 +361,7 @@ def summarize(per_rank: list[dict]) -> dict:
         "pf": first["pf"],
         "quant": first["quant"],
         "tokens_per_rank": first["tokens_per_rank"],
+        "routing": first["routing"],
         "dispatch_row_bytes": first["dispatch_row_bytes"],
         "rows_dispatched_per_rank": statistics.mean(r["rows_dispatched"] for r in per_rank),
         "bytes_per_rank": nbytes,
@@ -349,22 +376,116 @@ def summarize(per_rank: list[dict]) -> dict:
     }
 
 
+def target_lines(cases: list[dict]) -> list[str]:
+    """Issue 42's targets per (payload, routing, tokens): all-to-all over bare, fixed over variable, replay over eager."""
+    by = {(c["quant"], c["routing"], c["tokens_per_rank"], c["pf"]): c for c in cases}
+    keys = sorted({k[:3] for k in by}, key=lambda k: (k[0], k[1], k[2]))
+    variable, fixed = AllToAllPrepareFinalize.name, FixedCapacityAllToAllPrepareFinalize.name
+    rows = []
+    for key in keys:
+        a2a, eager, graph = by.get((*key, variable)), by.get((*key, fixed)), by.get((*key, fixed + " (CUDA graph)"))
+        if a2a is None:
+            continue
+        cell = lambda num, den: f"{num['pf_ms'] / den['pf_ms']:.2f}x" if num and den else "-"  # noqa: E731
+        best_fixed = min((c for c in (eager, graph) if c), key=lambda c: c["pf_ms"], default=None)
+        rows.append(f"| {key[0]} | {key[1]} | {key[2]} | {a2a['pf_ms'] * 1e3:.0f} | {a2a['pf_over_baseline']:.2f}x | "
+                    f"{cell(best_fixed, a2a)} | {cell(graph, eager)} |")
+    if not rows:
+        return []
+    return ["", "Targets (issue 42): all-to-all P/F over the bare collectives (<= 1.3x at 4096 tokens/rank; <= 3x and "
+            "<= 250 µs at 128), the faster fixed-capacity call (eager or replay) over the variable one (<= 1.2x), the "
+            "replay over the eager fixed-capacity call (<= 1x):", "",
+            "| payload | routing | tokens/rank | all-to-all µs | over bare | fixed / variable | replay / eager |",
+            "|---|---|---:|---:|---:|---:|---:|", *rows]
+
+
+def release_memory(device: torch.device) -> None:
+    """Return the last case's buffers (the fixed-capacity slabs reach tens of GiB) before the next one allocates."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def layer_case(quant: str, tokens: int, ctx, warmup: int, iters: int) -> dict:
+    """This rank's EP layer and the single-GPU layer of its shape: medians and the EP layer's stage split."""
+    from moe_fsm.experts.triton_experts import TritonExperts
+    from moe_fsm.inputs.layer import MoELayer
+    from moe_fsm.modular.kernel import ModularKernel, StageClock
+    from moe_fsm.prepare_finalize.local import LocalPrepareFinalize
+    from moe_fsm.quantize.weights import quantize_weights
+
+    device, rank, world = ctx.device, ctx.rank, ctx.world_size
+    scheme = QUANTS[quant] or QuantScheme.unquantized()
+    local_experts = NUM_EXPERTS // world
+    gen = torch.Generator(device=device).manual_seed(300 + rank)
+    w1 = (torch.randn(local_experts, 2 * INTERMEDIATE, HIDDEN, generator=gen, device=device) * 0.02).to(DTYPE)
+    w2 = (torch.randn(local_experts, HIDDEN, INTERMEDIATE, generator=gen, device=device) * 0.02).to(DTYPE)
+    w1, w2, scales = quantize_weights(w1, w2, scheme)
+    hidden = torch.randn(tokens, HIDDEN, generator=gen, device=device).to(DTYPE)
+
+    def layer(num_experts: int) -> MoELayer:
+        return MoELayer(quant=scheme, num_experts=num_experts, top_k=TOP_K, hidden_size=HIDDEN,
+                        intermediate_size=INTERMEDIATE, dtype="bfloat16")
+
+    placement = ExpertPlacement(NUM_EXPERTS, world, rank)
+    ep_layer = layer(NUM_EXPERTS)
+    ep = ModularKernel(AllToAllPrepareFinalize(placement), TritonExperts(ep_layer), ep_layer)
+    ep_ids, ep_weights = routing(tokens, device, seed=400 + rank)
+    expert_map = placement.expert_map(device)
+    single_layer = layer(local_experts)
+    single = ModularKernel(LocalPrepareFinalize(), TritonExperts(single_layer), single_layer)
+    ids, weights = routing(tokens, device, seed=500 + rank, num_experts=local_experts)
+
+    def ep_call() -> None:
+        ep(hidden, w1, w2, ep_weights, ep_ids, scales=scales, expert_map=expert_map, check_values=False)
+
+    def single_call() -> None:
+        single(hidden, w1, w2, weights, ids, scales=scales, check_values=False)
+
+    for _ in range(warmup):
+        ep_call()
+    ep.stage_clock = StageClock()
+    ep_times = timed(ep_call, device, 0, iters)
+    stages = ep.stage_clock.medians()
+    ep.stage_clock = None
+    single_times = timed(single_call, device, warmup, iters)
+    return {"quant": quant, "tokens_per_rank": tokens, "rank": rank, "ep_s": statistics.median(ep_times),
+            "single_s": statistics.median(single_times), **{f"{k}_ms": v for k, v in stages.items()}}
+
+
+def summarize_layer(per_rank: list[dict]) -> dict:
+    first = per_rank[0]
+    ep_s, single_s = max(r["ep_s"] for r in per_rank), max(r["single_s"] for r in per_rank)
+    return {"quant": first["quant"], "tokens_per_rank": first["tokens_per_rank"], "ep_ms": ep_s * 1e3,
+            "single_ms": single_s * 1e3, "ep_over_single": ep_s / single_s,
+            **{f"{k}_ms": max(r[f"{k}_ms"] for r in per_rank) for k in ("dispatch", "experts", "combine")},
+            "per_rank": per_rank}
+
+
+def render_layer_line(c: dict) -> str:
+    return (f"EP layer {c['quant']:<5} {c['tokens_per_rank']:>5} tok/rank: {c['ep_ms']:8.3f} ms (dispatch {c['dispatch_ms']:.3f}, "
+            f"experts {c['experts_ms']:.3f}, combine {c['combine_ms']:.3f}) | single-GPU layer {c['single_ms']:8.3f} ms "
+            f"| {c['ep_over_single']:.2f}x")
+
+
 def device_name(ctx) -> str:
     if ctx.device.type == "cuda":
         return torch.cuda.get_device_name(ctx.device)
     return f"{platform.processor() or platform.machine()} CPU ({os.cpu_count()} cores)"
 
 
-def write_report(out: Path, meta: dict, cases: list[dict], skipped: list[str]) -> Path:
+def write_report(out: Path, meta: dict, cases: list[dict], skipped: list[str], layers: list[dict]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"distributed_{meta['backend']}_w{meta['world_size']}"
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "cases": cases, "skipped": skipped}, indent=1))
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "cases": cases, "skipped": skipped, "layers": layers}, indent=1))
     lines = [
         f"# Distributed dispatch + combine: {meta['backend']}, {meta['world_size']} ranks",
         "",
         f"- device: {meta['device']}; torch {meta['torch']}" + (f"; NCCL {meta['nccl']}" if meta.get("nccl") else ""),
-        f"- shape: DeepSeek-V3 MoE, E={NUM_EXPERTS}, K={HIDDEN}, top-{TOP_K}, bf16 activations, uniform random routing, "
-        f"experts split evenly over the ranks",
+        f"- shape: DeepSeek-V3 MoE, E={NUM_EXPERTS}, K={HIDDEN}, top-{TOP_K}, bf16 activations, experts split evenly "
+        f"over the ranks; routing uniform (top-8 of uniform scores) or skewed (experts drawn with Zipf weights 1/(e+1): "
+        f"the lower ranks' experts are hot)",
         f"- timing: median of {meta['iters']} calls after {meta['warmup']} warm-up call(s), slowest rank; each call starts "
         f"after a barrier and ends with a device sync",
         "- GB/s: algorithm bandwidth (per-rank bytes of the larger buffer of each collective, dispatch + combine); "
@@ -375,15 +496,25 @@ def write_report(out: Path, meta: dict, cases: list[dict], skipped: list[str]) -
         f"- command: `{meta['command']}`",
         f"- run at {meta['date']}",
         "",
-        "| P/F | payload | tokens/rank | row bytes | rows sent/rank | MB/rank | P/F ms | quantize ms | P/F GB/s | baseline | baseline ms | baseline GB/s | P/F / baseline |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| P/F | payload | routing | tokens/rank | row bytes | rows sent/rank | MB/rank | P/F ms | quantize ms | P/F GB/s | baseline | baseline ms | baseline GB/s | P/F / baseline |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for c in cases:
         lines.append(
-            f"| {c['pf']} | {c['quant']} | {c['tokens_per_rank']} | {c['dispatch_row_bytes']} | "
+            f"| {c['pf']} | {c['quant']} | {c['routing']} | {c['tokens_per_rank']} | {c['dispatch_row_bytes']} | "
             f"{c['rows_dispatched_per_rank']:.0f} | {c['bytes_per_rank'] / 1e6:.1f} | {c['pf_ms']:.3f} | {c['quantize_ms']:.3f} | "
             f"{c['pf_gbps']:.2f} | {c['baseline']} | {c['baseline_ms']:.3f} | {c['baseline_gbps']:.2f} | {c['pf_over_baseline']:.2f}x |"
         )
+    lines += target_lines(cases)
+    if layers:
+        lines += ["", "Whole EP layer (dispatch + TritonExperts + combine) against the single-GPU layer of the same per-rank "
+                  f"shape ({NUM_EXPERTS // meta['world_size']} experts, intermediate {INTERMEDIATE}, uniform routing; "
+                  "slowest rank's medians; the stages are CUDA-event medians of the same calls):", "",
+                  "| payload | tokens/rank | EP layer ms | dispatch ms | experts ms | combine ms | single-GPU layer ms | EP / single |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for c in layers:
+            lines.append(f"| {c['quant']} | {c['tokens_per_rank']} | {c['ep_ms']:.3f} | {c['dispatch_ms']:.3f} | "
+                         f"{c['experts_ms']:.3f} | {c['combine_ms']:.3f} | {c['single_ms']:.3f} | {c['ep_over_single']:.2f}x |")
     if skipped:
         lines += ["", "Not run:", *(f"- {line}" for line in skipped)]
     lines.append("")
@@ -392,48 +523,68 @@ def write_report(out: Path, meta: dict, cases: list[dict], skipped: list[str]) -
     return md
 
 
+def run_meta(ctx, warmup: int, iters: int) -> dict:
+    gpu = ctx.device.type == "cuda"
+    return {
+        "backend": ctx.backend,
+        "world_size": ctx.world_size,
+        "device": device_name(ctx),
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if gpu else None,
+        "warmup": warmup,
+        "iters": iters,
+        "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
+        "load_average": [round(v, 1) for v in os.getloadavg()],
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 def run_rank(args: argparse.Namespace) -> int:
     ctx = init_from_env()
     try:
         gpu = ctx.device.type == "cuda"
         warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
         iters = args.iters if args.iters is not None else (20 if gpu else 5)
-        cases, skipped = [], []
+        cases, skipped, layers = [], [], []
         for quant in args.quant:
-            for tokens in args.tokens:
-                for pf_kind in args.pf:
-                    mine = bench_case(pf_kind, quant, tokens, ctx, args, warmup, iters)
-                    if mine is None or "skipped" in mine:
+            for route in args.routing:
+                for tokens in args.tokens:
+                    for pf_kind in args.pf:
+                        mine = bench_case(pf_kind, quant, tokens, route, ctx, args, warmup, iters)
+                        release_memory(ctx.device)
+                        if mine is None or "skipped" in mine:
+                            if ctx.rank == 0:
+                                why = mine["skipped"] if mine else "CUDA graphs need CUDA devices"
+                                skipped.append(f"{pf_kind}, {quant}, {route}, {tokens} tokens/rank: {why}")
+                            continue
+                        gathered: list[Optional[dict]] = [None] * ctx.world_size
+                        dist.all_gather_object(gathered, mine)
                         if ctx.rank == 0:
-                            why = mine["skipped"] if mine else "CUDA graphs need CUDA devices"
-                            skipped.append(f"{pf_kind}, {quant}, {tokens} tokens/rank: {why}")
-                        continue
-                    gathered: list[Optional[dict]] = [None] * ctx.world_size
+                            case = summarize(gathered)
+                            cases.append(case)
+                            write_report(Path(args.out), run_meta(ctx, warmup, iters), cases, skipped, layers)  # a cut run keeps what it measured
+                            print(
+                                f"{case['pf']:<52} {quant:<5} {route:<7} {tokens:>5} tok/rank: P/F {case['pf_ms']:9.3f} ms "
+                                f"(quantize {case['quantize_ms']:7.3f}) | {case['baseline']}: {case['baseline_ms']:9.3f} ms "
+                                f"| {case['pf_over_baseline']:.2f}x",
+                                flush=True,
+                            )
+        if args.with_experts and ctx.device.type == "cuda":
+            for quant in args.quant:
+                for tokens in args.layer_tokens:
+                    mine = layer_case(quant, tokens, ctx, warmup, iters)
+                    release_memory(ctx.device)
+                    gathered = [None] * ctx.world_size
                     dist.all_gather_object(gathered, mine)
                     if ctx.rank == 0:
-                        case = summarize(gathered)
-                        cases.append(case)
-                        print(
-                            f"{case['pf']:<52} {quant:<5} {tokens:>5} tok/rank: P/F {case['pf_ms']:9.3f} ms "
-                            f"(quantize {case['quantize_ms']:7.3f}) | {case['baseline']}: {case['baseline_ms']:9.3f} ms "
-                            f"| {case['pf_over_baseline']:.2f}x",
-                            flush=True,
-                        )
+                        layers.append(summarize_layer(gathered))
+                        write_report(Path(args.out), run_meta(ctx, warmup, iters), cases, skipped, layers)
+                        print(render_layer_line(layers[-1]), flush=True)
+        elif args.with_experts and ctx.rank == 0:
+            skipped.append("--with-experts: the Triton experts need CUDA devices")
         if ctx.rank == 0:
-            meta = {
-                "backend": ctx.backend,
-                "world_size": ctx.world_size,
-                "device": device_name(ctx),
-                "torch": torch.__version__,
-                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if gpu else None,
-                "warmup": warmup,
-                "iters": iters,
-                "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
-                "load_average": [round(v, 1) for v in os.getloadavg()],
-                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            }
-            print(f"wrote {write_report(Path(args.out), meta, cases, skipped)}")
+            print(f"wrote {write_report(Path(args.out), run_meta(ctx, warmup, iters), cases, skipped, layers)}")
     finally:
         destroy()
     return 0
