@@ -1,4 +1,4 @@
-"""The `moe-fsm` command: select, explain, replay, diff, diagram, golden, plan (and run, tune).
+"""The `moe-fsm` command: select, explain, replay, diff, diagram, golden, plan (and run, tune, measure).
 
 Each subcommand module exposes ``register(subparsers)``, which adds its parser
 and sets ``func`` to a handler returning the exit status. ``main`` never lets a
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         explain,
         flashinfer_cmd,
         golden_cmd,
+        measure_cmd,
         plan_cmd,
         replay,
         run_cmd,
@@ -42,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"moe-fsm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (select_cmd, explain, replay, diff_cmd, diagram, golden_cmd, plan_cmd, run_cmd, tune_cmd, flashinfer_cmd):
+    for module in (select_cmd, explain, replay, diff_cmd, diagram, golden_cmd, plan_cmd, run_cmd, tune_cmd, measure_cmd,
+                   flashinfer_cmd):
         module.register(subparsers)
     return parser
 

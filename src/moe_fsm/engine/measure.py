@@ -1,0 +1,238 @@
+"""Measure the speed table a ``fastest-*`` profile orders by: each candidate of a layer, built as ``run`` builds it.
+
+For one layer shape, the candidates are the backends the profile's base scan lists for this platform, plus its
+``MEASURED_EXTRAS`` (TORCH_GROUPED_MM), each asked for by name under the profile: the ones its support rules
+select are built through the engine (``Engine`` -> ``runtime.build``: the decided kernel, or its stand-in, exactly
+what ``moe-fsm run`` would build), checked once against the float64 reference on fresh random weights (a
+candidate that computes the wrong layer is left out of the table, with the reason), then timed at each token count
+as CUDA-graph replays of R calls on R different inputs and routings (so no call finds the previous one's weights
+in L2), median of the replays divided by R. What ran under each name goes in the table's ``ran``.
+
+The table (``inputs/speed.py``) is written atomically; an existing file is extended (the shapes measured now
+replace theirs) only when it is a speed table of this device, and is never replaced otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from moe_fsm import profiles
+from moe_fsm.decision import decide, make_inputs
+from moe_fsm.engine.engine import Engine, route
+from moe_fsm.engine.run import RunOptions, WeightBank, run_layer
+from moe_fsm.errors import InputError, SelectionError
+from moe_fsm.experts.torch_experts import torch_dtype
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.inputs.platform import PlatformFacts
+from moe_fsm.inputs.speed import FORMAT, SpeedTable, read_speed_table, shape_key
+from moe_fsm.plan.decider import LayerSpec
+from moe_fsm.trace import document as trace_doc
+
+METHOD = ("moe-fsm measure: each candidate built as `moe-fsm run` builds it and checked against float64 once; "
+          "CUDA-graph replays of R calls on R different inputs and routings (R = 8 up to 32 tokens, 4 up to 512, "
+          "else 2), median of {replays} replays / R")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    backend: str
+    user_name: str
+
+
+@dataclass
+class Measured:
+    """One candidate of one shape: µs per token count, what ran, or why it is not in the table."""
+
+    backend: str
+    us: dict[int, float]
+    ran: str
+    left_out: Optional[str] = None
+
+
+def candidates(layer: MoELayer, platform: PlatformFacts, env: EnvSnapshot, profile: str) -> list[Candidate]:
+    """The backends the measured profile would compare for ``layer`` here, each with the name that requests it:
+    its base scan's list for the vendor and its extras, kept where a request by name selects that very backend
+    (the profile's support rules say yes) in the standard activation format."""
+    from moe_fsm.profiles.fastest_vllm_0_33 import MEASURED_EXTRAS
+
+    chosen = profiles.get(profile)
+    if not chosen.reads_speed_table:
+        raise InputError(f"profile {profile!r} does not order by measured speed; measure for one that does "
+                         f"({', '.join(n for n, p in profiles.profiles().items() if p.reads_speed_table)})")
+    policy = chosen.policy(layer.family)
+    from moe_fsm.backends.registry import default_registry
+
+    registry = default_registry(profile)
+    names = {backend: user for user, backend in registry.extension_names[layer.family].items()}
+    found = []
+    for backend in (*policy.priority_for(platform.vendor), *MEASURED_EXTRAS):
+        if any(c.backend == backend for c in found):
+            continue
+        user = names.get(backend) or policy.user_name_of(backend)
+        try:
+            decision = decide(make_inputs(layer, None, user, env, platform, profile, False), trace=False)
+        except (SelectionError, InputError):
+            continue
+        if decision.backend == backend and decision.activation_format.value == "standard":
+            found.append(Candidate(backend, user))
+    return found
+
+
+def _calls_per_graph(tokens: int) -> int:
+    return 8 if tokens <= 32 else (4 if tokens <= 512 else 2)
+
+
+def time_graph(calls: list[Callable[[], object]], replays: int) -> float:
+    """Median µs per call of a CUDA graph that makes every call of ``calls`` once, over ``replays`` replays."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up on a side stream, as capture requires
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    del graph
+    return statistics.median(times) / len(calls)
+
+
+@dataclass
+class Workload:
+    """One layer's weights and, per token count, the R input sets every candidate is timed on (the same for all)."""
+
+    weights: object  # engine.run.LayerWeights
+    sample: torch.Tensor  # the rows the float64 check runs on
+    inputs: dict[int, list[tuple]]  # token count -> [(x, topk_weights, topk_ids)] * R
+
+
+def workload(layer: MoELayer, tokens: tuple[int, ...], seed: int = 0) -> Workload:
+    device, dtype = torch.device("cuda"), torch_dtype(layer.dtype)
+    generator = torch.Generator().manual_seed(seed)
+    sample = torch.randn(256, layer.hidden_size, generator=generator).to(dtype).to(device)
+    weights = WeightBank(generator, device)(layer, sample)
+    inputs = {}
+    for count in tokens:
+        sets = []
+        for _ in range(_calls_per_graph(count)):
+            x = torch.randn(count, layer.hidden_size, generator=generator).to(dtype).to(device)
+            sets.append((x, *route(x, weights.router, layer.top_k)))
+        inputs[count] = sets
+    return Workload(weights, sample, inputs)
+
+
+def measure_candidate(layer: MoELayer, candidate: Candidate, work: Workload, *, platform: PlatformFacts,
+                      env: EnvSnapshot, profile: str, replays: int) -> Measured:
+    """Build ``candidate`` for ``layer`` through the engine, check it once, time it at each token count."""
+    with tempfile.TemporaryDirectory(prefix="moe-fsm-measure-") as traces:
+        engine = Engine([LayerSpec("measured", layer)], request=candidate.user_name, env=env, platform=platform,
+                        policy=profile, trace_dir=traces, device="cuda", speed_table=False)
+        loaded = engine.load()[0]
+    decision = loaded.decision
+    ran = loaded.stand_in.label if loaded.stand_in is not None else f"{decision.runner} ({decision.plan.how})"
+    weights = work.weights
+    _, check = run_layer(0, loaded, work.sample, weights, *route(work.sample, weights.router, layer.top_k),
+                         options=RunOptions(check_rows=None))
+    if not check.ok:
+        return Measured(candidate.backend, {}, ran, f"relative error {check.rel_error:.2e} exceeds {check.tolerance:.0e} "
+                                                    "against the float64 reference: not measured")
+    kernel, w1, w2, scales = loaded.kernel, weights.w1, weights.w2, weights.scales
+    us = {}
+    for count, sets in work.inputs.items():
+        calls = [lambda x=x, g=g, ids=ids: kernel(x, w1, w2, g, ids, scales=scales) for x, g, ids in sets]
+        try:
+            us[count] = round(time_graph(calls, replays), 2)
+        except RuntimeError as err:  # a kernel that cannot be captured is left out, not timed some other way
+            torch.cuda.synchronize()
+            return Measured(candidate.backend, us, ran, f"CUDA-graph capture failed at {count} tokens: {err}")
+    return Measured(candidate.backend, us, ran)
+
+
+def measure_layer(layer: MoELayer, *, tokens: tuple[int, ...], platform: PlatformFacts, env: EnvSnapshot,
+                  profile: str, replays: int, progress=print) -> tuple[str, list[Measured]]:
+    """Every candidate of ``layer``, on the same weights and inputs: its shape key and the measurements."""
+    key = shape_key(layer, ParallelConfig())
+    found = candidates(layer, platform, env, profile)
+    if not found:
+        raise InputError(f"no candidate backend of {profile} can run {key} on {platform.describe()}")
+    work = workload(layer, tokens)
+    results = []
+    for candidate in found:
+        progress(f"measure: {key}: {candidate.backend} (--backend {candidate.user_name}) ...")
+        result = measure_candidate(layer, candidate, work, platform=platform, env=env, profile=profile,
+                                   replays=replays)
+        progress(f"measure: {key}: {candidate.backend}: " + (result.left_out or ", ".join(
+            f"{t} tok {us:.1f} us" for t, us in result.us.items())) + f" [{result.ran}]")
+        results.append(result)
+    return key, results
+
+
+def table_json(device_name: str, measured: dict[str, list[Measured]], command: str, replays: int,
+               existing: Optional[SpeedTable]) -> dict:
+    """The table file's content: the shapes measured now, and an existing table's other shapes."""
+    shapes = {}
+    if existing is not None:
+        shapes = {k: v for k, v in existing.to_json()["shapes"].items() if k not in measured}
+    for key, results in measured.items():
+        kept = [r for r in results if r.left_out is None and r.us]
+        if not kept:
+            continue
+        counts = sorted({t for r in kept for t in r.us})
+        shapes[key] = {"tokens": {str(t): {r.backend: r.us[t] for r in kept if t in r.us} for t in counts},
+                       "ran": {r.backend: r.ran for r in kept}}
+    try:
+        version = metadata.version("moe-fsm")
+    except metadata.PackageNotFoundError:
+        version = "source tree"
+    return {
+        "format": FORMAT,
+        "device": device_name,
+        "measured": {"date": datetime.date.today().isoformat(), "moe_fsm_version": version, "command": command,
+                     "method": METHOD.format(replays=replays)},
+        "shapes": dict(sorted(shapes.items())),
+    }
+
+
+def existing_table(path: Path, device_name: str) -> Optional[SpeedTable]:
+    """The table already at ``path`` to extend, None when there is none; InputError when the file is not a speed
+    table of this device (moe-fsm never replaces a file it did not make, nor another device's figures)."""
+    if not path.exists():
+        return None
+    try:
+        table = read_speed_table(path)
+    except InputError as err:
+        raise InputError(f"{path} exists and is not a speed table moe-fsm can extend ({err}); "
+                         "give another --out") from None
+    if table.device != device_name:
+        raise InputError(f"{path} holds figures of {table.device!r}, not of this {device_name!r}; give another --out")
+    return table
+
+
+def write_table(path: Path, data: dict) -> Path:
+    SpeedTable.from_json(data, source=str(path))  # what is written reads back
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return trace_doc.write_atomic(path, trace_doc.dumps(data))
