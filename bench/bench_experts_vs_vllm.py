@@ -332,11 +332,11 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
     import torch
 
     from moe_fsm.kernels.triton_moe import MoEConfig
-    from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, layer_fn, make_weights
+    from moe_fsm.kernels.triton_moe.tuning import LayerShape, layer_fn, make_weights
 
     failures = []
-    for extract, series, tokens, ours_json, vllm_cfg, naive in jobs:
-        shape = NAMED_SHAPES[series]
+    for extract, series, shape_fields, tokens, ours_json, vllm_cfg, naive in jobs:
+        shape = LayerShape(*shape_fields)
         small = shape.with_experts(2)
         try:
             weights = make_weights(small, init=False)
@@ -420,7 +420,9 @@ def main_run(args) -> None:
     from moe_fsm.kernels.triton_moe import get_config
     from moe_fsm.kernels.triton_moe.config import default_config
     from moe_fsm.kernels.triton_moe._runtime import device_name
-    from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, layer_fn, make_weights, replays_per_graph, routings, time_graph
+    from dataclasses import astuple
+
+    from moe_fsm.kernels.triton_moe.tuning import layer_fn, make_weights, replays_per_graph, routings, time_graph
 
     if not torch.cuda.is_available():
         sys.exit("bench_experts_vs_vllm.py run needs a CUDA device")
@@ -432,7 +434,8 @@ def main_run(args) -> None:
             vllm = VllmTriton(args.extract, dev_name, torch.cuda.get_device_capability(), use_tables=not args.untuned)
         else:
             print(f"no vLLM column: {args.extract} holds no extracted kernel (bench_experts_vs_vllm.py prepare)", flush=True)
-    series_list = args.series or list(NAMED_SHAPES)
+    shapes = series_shapes(args)
+    series_list = list(shapes)
     start = time.time()
 
     def ours_config(shape, t):
@@ -445,10 +448,10 @@ def main_run(args) -> None:
     if args.workers > 0:
         jobs = []
         for series in series_list:
-            shape = NAMED_SHAPES[series]
+            shape = shapes[series]
             for t in args.tokens:
                 cfg = vllm.config(t, shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, shape.fp8)[0] if vllm else None
-                jobs.append((str(args.extract) if vllm else None, series, t, ours_config(shape, t).to_json(), cfg,
+                jobs.append((str(args.extract) if vllm else None, series, astuple(shape), t, ours_config(shape, t).to_json(), cfg,
                              t * shape.top_k * 4 <= shape.num_experts))
         chunks = [c for c in (jobs[i::args.workers] for i in range(args.workers)) if c]
         with mp.get_context("spawn").Pool(len(chunks)) as pool:
@@ -465,7 +468,7 @@ def main_run(args) -> None:
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     for series in series_list:
-        shape = NAMED_SHAPES[series]
+        shape = shapes[series]
         weights = make_weights(shape)
         ours_fns = layer_fn(shape, weights, None)
         theirs = VllmPipeline(vllm, shape, weights) if vllm else None
@@ -509,7 +512,7 @@ def main_run(args) -> None:
                 except Exception as exc:
                     torch.cuda.synchronize()
                     row["fi_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            rep = 100.0 if t <= 2048 else 60.0
+            rep = args.rep_ms or (100.0 if t <= 2048 else 60.0)
             rounds: dict[str, list[float]] = {name: [] for name, _ in fns}
             for turn in range(ROUNDS):
                 for name, fn in fns if turn % 2 == 0 else fns[::-1]:
@@ -555,10 +558,40 @@ def main_run(args) -> None:
         del weights, ours_fns, theirs, fi
         torch.cuda.empty_cache()
         write_report(out_dir, args.name, report)
-    report["engine_eager"] = engine_eager(NAMED_SHAPES[series_list[0]])
+    bf16 = [shape for shape in shapes.values() if shape.fp8 is None]
+    report["engine_eager"] = engine_eager(bf16[0]) if bf16 else None
     write_report(out_dir, args.name, report)
     print(json.dumps(report["summary"], indent=1))
     print(f"done in {time.time() - start:.0f} s")
+
+
+def parse_shape(spec: str):
+    """``NAME=E,N,K,TOP_K[,QUANT]`` (QUANT: bf16, tensor, channel or block) -> (name, LayerShape)."""
+    from moe_fsm.kernels.triton_moe.tuning import LayerShape
+
+    name, _, sizes = spec.partition("=")
+    fields = sizes.split(",")
+    quant = fields[4] if len(fields) == 5 else "bf16"
+    if not name or len(fields) not in (4, 5) or not all(f.isdigit() for f in fields[:4]) or quant not in (
+            "bf16", "tensor", "channel", "block"):
+        sys.exit(f"--shape {spec!r}: expected NAME=E,N,K,TOP_K[,QUANT] with QUANT bf16, tensor, channel or block")
+    e, n, k, top_k = map(int, fields[:4])
+    return name, LayerShape(e, n, k, top_k, "bfloat16", None if quant == "bf16" else quant)
+
+
+def series_shapes(args) -> dict:
+    """The series to run, name -> LayerShape: --series (named shapes), --shape specs and --sweep-shapes, in that
+    order; the named shapes when none is given."""
+    from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, LayerShape
+
+    shapes = {name: NAMED_SHAPES[name] for name in args.series or []}
+    shapes.update(parse_shape(spec) for spec in args.shape or [])
+    if args.sweep_shapes:
+        import sweep_default_rules
+
+        for name, e, n, k, top_k, fp8 in getattr(sweep_default_rules, args.sweep_shapes.upper()):
+            shapes[name] = LayerShape(e, n, k, top_k, "bfloat16", fp8)
+    return shapes or dict(NAMED_SHAPES)
 
 
 def engine_eager(shape) -> dict:
@@ -776,7 +809,12 @@ def main() -> None:
     p.add_argument("--extract", type=Path, default=DEFAULT_EXTRACT)
     r = sub.add_parser("run", help="run the side-by-side benchmark on this GPU")
     r.add_argument("--extract", type=Path, default=DEFAULT_EXTRACT)
-    r.add_argument("--series", nargs="*", default=None)
+    r.add_argument("--series", nargs="*", default=None, help="named shapes (tuning.NAMED_SHAPES)")
+    r.add_argument("--shape", nargs="*", default=None, metavar="NAME=E,N,K,TOP_K[,QUANT]",
+                   help="layer shapes of your own (QUANT: bf16, tensor, channel, block; default bf16)")
+    r.add_argument("--sweep-shapes", choices=("fit", "held_out"), default=None,
+                   help="the FIT or HELD_OUT shapes of bench/sweep_default_rules.py")
+    r.add_argument("--rep-ms", type=float, default=None, help="do_bench's rep per timing (default 100, 60 at 8192 tokens)")
     r.add_argument("--tokens", nargs="*", type=int, default=[1, 8, 32, 128, 512, 2048, 8192])
     r.add_argument("--workers", type=int, default=12, help="processes compiling every kernel first (0: none)")
     r.add_argument("--out-dir", type=Path, default=ROOT / "bench-out")

@@ -408,8 +408,11 @@ def tune_shape(
         results.sort(key=lambda r: r[0])
         best_us[num_tokens], best[num_tokens] = results[0]
         default_us = next((u for u, c in results if c == configs[0]), float("nan"))
-        log(f"  T={num_tokens:5d}: best {results[0][0]:9.1f} us (first candidate {default_us:9.1f} us, {len(results)} "
-            f"timed) {results[0][1]}")
+        shipped = shipped_config(shape, num_tokens)
+        shipped_us = next((u for u, c in results if c == shipped), None)
+        log(f"  T={num_tokens:5d}: best {results[0][0]:9.1f} us (first candidate {default_us:9.1f} us"
+            + (f", the shipped table's entry {shipped_us:9.1f} us" if shipped_us is not None else "")
+            + f", {len(results)} timed) {results[0][1]}")
         del xs, routes, inputs
     del weights
     torch.cuda.empty_cache()
