@@ -121,7 +121,8 @@ def test_block_fp8_narrow_tiles_swap_ab(num_tokens):
 
 @pytest.mark.parametrize("num_tokens", [1, 64, 3000])
 def test_default_config_of_an_untuned_shape(num_tokens):
-    """A shape in no table (E=64, N=320, K=1536, top-6) runs on the vLLM-derived default."""
+    """A shape in no table (E=64, N=320, K=1536, top-6) runs on the default: vLLM's tiles at 1 and 64 tokens, the
+    flattened persistent TMA tiles at 3000 (281 rows per expert)."""
     from .moe_gpu_cases import Shape
 
     shape = Shape("untuned", 64, 1536, 320, 6)
