@@ -32,6 +32,17 @@ def test_a_config_json_gives_its_moe_layers_shape_as_one_rank_holds_it(capsys, a
     assert lines == [f"{expected} ({CONFIGS / 'deepseek-v3'}, layers 3-60)"]
 
 
+@pytest.mark.parametrize("name, argv, expected", [
+    ("glm-4.5-air-fp8", ("--tp", "2"), "shape E=128 N=704 K=4096 top-8 fp8 channel"),
+    ("qwen3-30b-a3b", ("--ep", "2"), "shape E=64 N=768 K=2048 top-8 bfloat16"),
+    ("mixtral-8x7b", ("--tp", "4"), "shape E=8 N=3584 K=4096 top-2 bfloat16"),
+])
+def test_other_checkpoints_and_shards(capsys, name, argv, expected):
+    code, lines, _ = dry_run(capsys, "--config", str(CONFIGS / name), *argv)
+    assert code == 0
+    assert [line.split(" (")[0] for line in lines if line.startswith("shape ")] == [expected]
+
+
 def test_each_distinct_layer_of_a_mixed_checkpoint_once_and_the_untunable_ones_named(capsys):
     code, lines, _ = dry_run(capsys, "--config", str(CONFIGS / "synthetic-mixed-nvfp4-fp8"))
     assert code == 0

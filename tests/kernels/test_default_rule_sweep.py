@@ -1,0 +1,54 @@
+"""bench/sweep_default_rules.py without a GPU: every rule it times gives a config the kernels accept on every shape
+of its grid, and ``score`` reads the fitted default's figures off a saved sweep."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from moe_fsm.kernels.triton_moe.config import default_config, validate_config
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "sweep_default_rules.py"
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("sweep_default_rules", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_rule_gives_a_valid_config_on_every_shape_of_the_grid(sweep):
+    assert not {s[0] for s in sweep.FIT} & {s[0] for s in sweep.HELD_OUT}
+    for _, e, n, k, top_k, fp8 in sweep.FIT + sweep.HELD_OUT:
+        for tokens in sweep.TOKENS:
+            for rule in sweep.RULES.values():
+                validate_config(rule(e, n, k, top_k, tokens, fp8), block_fp8=fp8 == "block")
+
+
+def point(sweep, entry, part, tokens, us):
+    _, e, n, k, top_k, fp8 = entry
+    configs = {name: rule(e, n, k, top_k, tokens, fp8).to_json() for name, rule in sweep.RULES.items() if name != "default"}
+    return {"shape": entry[0], "part": part, "E": e, "N": n, "K": k, "top_k": top_k, "quant": fp8 or "bf16",
+            "tokens": tokens, "configs": configs, "us": {"vllm": 100.0, **{name: us[name] for name in configs}}}
+
+
+def test_score_takes_the_time_of_the_rule_that_chose_the_defaults_config(sweep, tmp_path):
+    kimi = next(s for s in sweep.HELD_OUT if s[0] == "kimi-k2-like-block")
+    mixtral = next(s for s in sweep.FIT if s[0] == "mixtral-8x7b")
+    # Kimi-K2-like at 8192 tokens: 171 rows per expert, the Gluon kernel, which "tma" and "rows" also pick
+    assert default_config(384, 2048, 7168, 8, 8192, block_fp8=True, fp8=True).gluon
+    times = {"vllm_tiles": 125.0, "tma": 80.0, "rows": 80.0, "rows_flat": 80.0}
+    report = {"points": [point(sweep, kimi, "held_out", 8192, times),
+                         point(sweep, mixtral, "fit", 512, {**times, "rows": 50.0, "rows_flat": 200.0})]}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(report))
+    summary = sweep.score(path)
+    assert summary["held_out"] == {"points": 1, "geomean": 1.25, "min": 1.25, "below_1": []}
+    # Mixtral at 512 tokens: 128 rows per expert, the 64-row TMA tile, which only "rows" picks
+    assert summary["fit"] == {"points": 1, "geomean": 2.0, "min": 2.0, "below_1": []}
+    assert summary["not_timed"] == []
