@@ -393,10 +393,22 @@ class _PlainAwq(_Reader):
         if p is not None and p.vendor is Vendor.CPU and p.cpu_amx:
             return Unmapped("awq on a CPU with AMX: SGLang's AWQCPUConfig builds AWQMoEMethod (Intel AMX kernels), "
                             "whose runner this profile does not model")
-        if p is not None and p.vendor is Vendor.XPU:
-            return Unmapped("awq on XPU: SGLang's AWQXPUConfig MoE method is not modelled")
+        if p is not None and p.vendor is Vendor.XPU:  # awq/awq.py AWQXPUConfig.get_quant_method
+            return Refused("AWQ MoE is not yet supported on XPU (dense-only phase).", "NotImplementedError")
         return _unquantized("awq without Marlin: AWQConfig gives the experts no method; SGLang builds "
                             "UnquantizedFusedMoEMethod for the packed AWQ weights")
+
+
+class _PlainGptq(_Reader):
+    """``gptq`` where Marlin does not take it (registered on CPUs and XPU only). XPU's ``GPTQXPUConfig`` refuses
+    MoE layers; a CPU's ``CPUGPTQConfig`` builds ``GPTQMoEMethod`` (Intel AMX kernels), which is not modelled."""
+
+    def layer(self, experts: str) -> LayerQuant:
+        p = self.ctx.platform
+        if p is not None and p.vendor is Vendor.XPU:  # gptq/gptq.py GPTQXPUConfig.get_quant_method
+            return Refused("GPTQ MoE is not yet supported on XPU (dense-only phase).", "NotImplementedError")
+        return Unmapped("gptq on a CPU: SGLang's CPUGPTQConfig builds GPTQMoEMethod (Intel AMX kernels), whose runner "
+                        "this profile does not model")
 
 
 def _is_nvfp4(q) -> bool:
@@ -426,15 +438,25 @@ class _CompressedTensorsSgl(_CompressedTensors):
                 return Unmapped(f"compressed-tensors W{w.num_bits}A16: moe-fsm's WNA16 schemes are 4- or 8-bit")
             group = -1 if w.group_size is None else w.group_size
             order = w.actorder in ("group", "dynamic")
+            # the scheme an auto runner gets: ROCm's and SM100's Triton WNA16 (4-bit symmetric groups of 32 or 128, no
+            # activation order), else Marlin's; an explicit runner can pick a sibling, which create_moe_runner decides
+            triton = w.num_bits == 4 and w.symmetric and group in (32, 128) and not w.actorder
+            p = self.ctx.platform
+            on_triton = p is not None and (p.vendor is Vendor.ROCM or triton and p.is_capability_family(10))
             return Mapped(QuantScheme.int_wna16(w.num_bits, group, not w.symmetric, "compressed-tensors", order),
                           f"compressed-tensors W{w.num_bits}A16 {w.strategy}" + (f" {group}" if group > 0 else "")
-                          + ("" if w.symmetric else " asymmetric"), method="CompressedTensorsWNA16MoE",
+                          + ("" if w.symmetric else " asymmetric"),
+                          method="CompressedTensorsWNA16TritonMoE" if on_triton else "CompressedTensorsWNA16MoE",
                           engine_method=engine)
         if _is_nvfp4(w) and a is None:
             return Mapped(QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None), "compressed-tensors NVFP4 W4A16",
                           method="CompressedTensorsW4A16Nvfp4MoE", engine_method=engine)
         if _is_nvfp4(w) and _is_nvfp4(a):
-            return Mapped(QuantScheme.nvfp4(), "compressed-tensors NVFP4 W4A4", method="CompressedTensorsW4A4Nvfp4MoE",
+            # W4A4 below capability 10.0 is served weight-only by FP4 Marlin (CompressedTensorsW4A16Nvfp4MoE)
+            p = self.ctx.platform
+            w4a4 = p is not None and p.vendor is Vendor.CUDA and p.has_capability(10, 0)
+            return Mapped(QuantScheme.nvfp4(), "compressed-tensors NVFP4 W4A4" + ("" if w4a4 else ", served weight-only"),
+                          method="CompressedTensorsW4A4Nvfp4MoE" if w4a4 else "CompressedTensorsW4A16Nvfp4MoE",
                           engine_method=engine)
         if a is not None and w.type == a.type == "float" and w.symmetric and not w.dynamic \
                 and w.strategy in ("tensor", "channel", "block") and (a.dynamic or a.symmetric and a.strategy == "tensor"):
@@ -468,8 +490,6 @@ class _CompressedTensorsSgl(_CompressedTensors):
 
 
 NOT_MODELLED = {  # SGLang classes (on this platform) whose MoE method the profile has no runner rules for
-    "gptq": "gptq where Marlin does not take it (a CPU, XPU): SGLang's CPUGPTQConfig builds GPTQMoEMethod (Intel "
-            "AMX kernels), GPTQXPUConfig its own; this profile models neither's runner",
     "quark": "quark: SGLang's QuarkFusedMoEMethod delegates to the layer's Quark scheme (QuarkW4A4MXFp4MoE, "
              "QuarkW8A8FP8MoE, ...), whose runner choice this profile does not model",
     "quark_mxfp4": "quark_mxfp4: SGLang's Quark online MXFP4 requantization is not modelled",
@@ -494,7 +514,7 @@ READERS = {
     "modelopt_fp8": _ModelOpt, "modelopt_fp4": _ModelOpt, "modelopt_mixed": _ModelOpt,
     "compressed-tensors": _CompressedTensorsSgl,
     "mxfp4": _Mxfp4,
-    "gptq_marlin": _GptqMarlin, "awq_marlin": _AwqMarlin, "awq": _PlainAwq,
+    "gptq_marlin": _GptqMarlin, "awq_marlin": _AwqMarlin, "awq": _PlainAwq, "gptq": _PlainGptq,
 }
 
 
