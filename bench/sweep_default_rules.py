@@ -13,7 +13,7 @@ ratio the benchmark reports.
 The rules (``RULES``):
 
 - ``vllm_tiles``: the default before this sweep (``config.vllm_tile_config``: vLLM's tile rules by token count,
-  the pointer-load kernels; the first run's JSON calls it ``current``);
+  the pointer-load kernels; the first run printed it as ``current``, relabeled in docs/perf/default_rules_h200.json);
 - ``tma``: the same row blocks, the prefill tiles through the Hopper TMA kernels (persistent, paired gate/up
   loads) and, for block FP8, the Gluon kernel at 128-row blocks;
 - ``rows``: the row block from the expected rows per expert (tokens x top-k / E) rather than from the token
