@@ -127,6 +127,20 @@ def test_diff_on_a_config_json_compares_every_layer(capsys):
             "runner with a different kernel class") in out
 
 
+def test_a_plan_trace_carries_the_method_sglang_builds_and_replays(tmp_path, capsys):
+    """At TP 8 Marlin's MoE check fails for Qwen3-30B-A3B-AWQ (768 / 8 = 96): SGLang builds MoeWNA16Method, which
+    the trace records as the layer's method; explain says so and replay decides the same from the trace alone."""
+    assert main(["plan", str(CONFIGS / "qwen3-30b-a3b-awq"), "--platform", "sm90", "--tp", "8", "--no-env",
+                 "--policy", SGLANG, "--trace-dir", str(tmp_path)]) == 0
+    trace = str(sorted(tmp_path.glob("layer*.json"))[0])
+    capsys.readouterr()
+    assert main(["explain", trace]) == 0
+    assert "model: architecture Qwen3MoeForCausalLM, quant_method awq, built with the moe_wna16 method" in \
+        capsys.readouterr().out
+    assert main(["replay", trace]) == 0
+    assert "same decision" in capsys.readouterr().out
+
+
 def test_explain_s_hint_for_a_redirected_request_is_the_profile_s(tmp_path, capsys):
     """A --backend request that ends in another runner: explain names SGLang's stages, not vLLM's LoRA shortcut."""
     trace = tmp_path / "t.json"

@@ -92,6 +92,7 @@ def layer_text(layer: dict) -> str:
     if model:
         facts = [f"{name} {model[name]}" for name in ("architecture", "quant_method") if model[name] is not None]
         facts += [f"--quantization {model['quantization']}"] if model["quantization"] is not None else []
+        facts += [f"built with the {model['layer_method']} method"] if model.get("layer_method") else []
         facts += ["speculative draft"] if model["draft"] else []
         parts.append("model: " + (", ".join(facts) or "nothing known"))
     return "; ".join(parts)
