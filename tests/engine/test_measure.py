@@ -66,3 +66,14 @@ def test_measure_refuses_a_machine_without_cuda_and_a_half_given_shape(capsys, m
     assert "missing --intermediate --top-k" in capsys.readouterr().err
     assert main(["measure", "--experts", "8", "--hidden", "64", "--intermediate", "32", "--top-k", "2"]) != 0
     assert "times kernels on a CUDA device" in capsys.readouterr().err
+
+
+def test_an_extra_backend_without_its_entry_point_is_named(monkeypatch):
+    from moe_fsm.backends import registry as registry_module
+    from moe_fsm.engine.measure import unregistered_extras
+
+    assert unregistered_extras(QWEN3, "fastest-vllm-0.33") == []  # installed: grouped_mm's entry point is there
+    monkeypatch.setattr(registry_module.Registry, "load_entry_points", lambda self: [])
+    monkeypatch.setattr(registry_module, "_DEFAULTS", {})  # registries made afresh, without moe-fsm's entry points
+    assert unregistered_extras(QWEN3, "fastest-vllm-0.33") == ["TORCH_GROUPED_MM"]
+    assert "TORCH_GROUPED_MM" not in _names(QWEN3, "sm90")

@@ -241,3 +241,11 @@ def test_the_schema_refuses_malformed_measured_events_and_tables():
         mutate(bad)
         with pytest.raises(schema.TraceSchemaError):
             schema.validate(bad)
+
+
+def test_the_example_table_measured_on_an_h200_reads_back_and_decides():
+    table = read_speed_table(ROOT / "docs" / "perf" / "speed_table_h200.json")
+    h200 = replace(preset("sm90-bare"), device_name="NVIDIA H200")
+    decision = select(QWEN3, platform=h200, env={}, policy=FASTEST, speed_table=table)
+    assert (decision.via, decision.backend) == ("measured_scan", "TRITON")
+    assert _event(decision.trace, "measured")["tokens"] == [1, 8, 64, 512, 2048]

@@ -59,6 +59,17 @@ class Measured:
     left_out: Optional[str] = None
 
 
+def unregistered_extras(layer: MoELayer, profile: str) -> list[str]:
+    """The profile's extra backends this process does not know: moe-fsm's own extension backends come through its
+    entry points, which exist only where moe-fsm is installed (``pip install -e .``), not when run from a source
+    tree on PYTHONPATH."""
+    from moe_fsm.backends.registry import default_registry
+    from moe_fsm.profiles.fastest_vllm_0_33 import MEASURED_EXTRAS
+
+    known = set(default_registry(profile).extension_names[layer.family].values())
+    return [b for b in MEASURED_EXTRAS if b not in known and b not in profiles.get(profile).policy(layer.family).backends]
+
+
 def candidates(layer: MoELayer, platform: PlatformFacts, env: EnvSnapshot, profile: str) -> list[Candidate]:
     """The backends the measured profile would compare for ``layer`` here, each with the name that requests it:
     its base scan's list for the vendor and its extras, kept where a request by name selects that very backend
@@ -179,6 +190,9 @@ def measure_layer(layer: MoELayer, *, tokens: tuple[int, ...], platform: Platfor
     found = candidates(layer, platform, env, profile)
     if not found:
         raise InputError(f"no candidate backend of {profile} can run {key} on {platform.describe()}")
+    for backend in unregistered_extras(layer, profile):
+        progress(f"measure: {key}: {backend} is not registered in this process (moe-fsm's entry points are not "
+                 "installed: pip install -e .); not measured")
     work = workload(layer, tokens)
     results = []
     for candidate in found:
