@@ -18,11 +18,27 @@ Symmetric weights use GPTQ's grid: ``scale = 2 * amax / (2**bits - 1)``, codes
 ``clamp(round(w / scale) + zero, 0, 2**bits - 1)``. Asymmetric: ``scale =
 (max - min) / (2**bits - 1)``, ``zero = round(-min / scale)``.
 
-INT8 activations follow vLLM's ``scaled_int8_quant``: symmetric ``scale = amax /
-127`` (per token or per tensor), ``q = clamp(rint(x / scale), -128, 127)``;
-asymmetric (azp) ``scale = (max - min) / 255``, ``azp = rint(-128 - min / scale)``,
-``q = clamp(rint(x / scale) + azp, -128, 127)``, dequantized as ``(q - azp) * scale``.
+INT8 activations follow what vLLM 0.33.0 runs for them, formula for formula:
+
+* per token, symmetric (``per_token_quant_int8``, the fused MoE's per-token path):
+  ``absmax = max(amax, 1e-10)``, ``scale = absmax / 127``, ``q = round(x * (127 /
+  absmax))`` rounding halves away from zero (libdevice ``round``);
+* per tensor, symmetric: ``scale = max(amax / 127, 1e-10)`` (dynamic) or the static
+  one, ``q = clamp(rint(x / scale), -128, 127)`` (``scaled_int8_quant`` with a scale:
+  a division, ``cvt.rni``: halves to even);
+* asymmetric (azp, ``scaled_int8_quant``'s azp kernels): ``scale = (max - min) / 255``,
+  ``azp = rint(-128 - min / scale)``, ``q = clamp(rint(x * (1 / scale)) + azp, -128,
+  127)``, dequantized as ``(q - azp) * scale``.
+
 W8A8 weights are int8 with ``scale = amax / 127`` per output channel or per tensor.
+
+Every division is a correctly rounded division on every device, as in
+``moe_fsm.kernels.fp8``: a divisor that is a Python number is made a 0-d tensor on
+the operand's device first (``tensor / 127.0`` on CUDA multiplies by the float32
+reciprocal of 127, which is inexact, so scales differed from the CPU's by an ulp), and
+``number / tensor`` is never written (PyTorch computes it as ``tensor.reciprocal() *
+number``, two roundings). The only products by a quotient are the two vLLM defines
+(``127 / absmax`` and ``1 / scale`` above), each quotient itself rounded once.
 """
 
 from __future__ import annotations
@@ -36,6 +52,22 @@ _EPS = 1e-10
 
 def _float(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+
+
+def divide(t: torch.Tensor, number: float) -> torch.Tensor:
+    """``t / number`` correctly rounded on every device (a 0-d divisor on t's device, never the CPU-scalar path)."""
+    return t / t.new_full((), number)
+
+
+def quotient(number: float, t: torch.Tensor) -> torch.Tensor:
+    """``number / t`` rounded once (PyTorch's ``number / t`` is ``t.reciprocal() * number``: two roundings)."""
+    return t.new_full((), number) / t
+
+
+def round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest integer, halves away from zero (libdevice/C ``round``; torch.round ties to even)."""
+    whole = torch.trunc(x)
+    return whole + torch.where((x - whole).abs() >= 0.5, torch.sign(x), torch.zeros_like(x))
 
 
 def _groups(w: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -63,12 +95,12 @@ def quantize_weight(
     if zero_point:
         lo = groups.amin(dim=-1, keepdim=True).clamp(max=0)
         hi = groups.amax(dim=-1, keepdim=True).clamp(min=0)
-        scale = ((hi - lo) / levels).clamp(min=_EPS).to(scale_dtype)
+        scale = divide(hi - lo, levels).clamp(min=_EPS).to(scale_dtype)
         s = scale.to(groups.dtype)
         zero = torch.round(-lo / s).clamp(0, levels)
     else:
         amax = groups.abs().amax(dim=-1, keepdim=True)
-        scale = (2 * amax / levels).clamp(min=_EPS).to(scale_dtype)
+        scale = divide(2 * amax, levels).clamp(min=_EPS).to(scale_dtype)
         s = scale.to(groups.dtype)
         zero = torch.full_like(s, 2 ** (bits - 1))
     codes = (torch.round(groups / s) + zero).clamp(0, levels).to(torch.uint8).reshape(w.shape)
@@ -92,7 +124,7 @@ def quantize_int8_weight(w: torch.Tensor, per_channel: bool) -> tuple[torch.Tens
     """W8A8 weights [..., R, C] -> (int8, fp32 scales [..., R] per channel or [...] per tensor)."""
     x = _float(w)
     amax = x.abs().amax(dim=-1) if per_channel else x.abs().amax(dim=(-2, -1))
-    scale = (amax / 127).clamp(min=_EPS).to(torch.float32)
+    scale = divide(amax, 127).clamp(min=_EPS).to(torch.float32)
     s = scale.to(x.dtype).unsqueeze(-1) if per_channel else scale.to(x.dtype)[..., None, None]
     return torch.round(x / s).clamp(-128, 127).to(torch.int8), scale
 
@@ -117,13 +149,17 @@ def quantize_int8_activation(
     def reduce(t: torch.Tensor, op) -> torch.Tensor:
         return op(t, dim=-1, keepdim=True) if per_token else op(t).reshape(1)
 
+    if symmetric and static_scale is None and per_token:
+        absmax = reduce(xf.abs(), torch.amax).clamp(min=_EPS)
+        q = round_half_away(xf * quotient(127, absmax))
+        return q.clamp(-128, 127).to(torch.int8), divide(absmax, 127).to(torch.float32)
     if symmetric:
-        scale = static_scale.to(xf.dtype).reshape(1) if static_scale is not None else (reduce(xf.abs(), torch.amax) / 127).clamp(min=_EPS)
+        scale = static_scale.to(xf.dtype).reshape(1) if static_scale is not None else divide(reduce(xf.abs(), torch.amax), 127).clamp(min=_EPS)
         return torch.round(xf / scale).clamp(-128, 127).to(torch.int8), scale.to(torch.float32)
     lo, hi = reduce(xf, torch.amin), reduce(xf, torch.amax)
-    scale = ((hi - lo) / 255).clamp(min=_EPS)
+    scale = divide(hi - lo, 255).clamp(min=_EPS)
     azp = torch.round(-128 - lo / scale)
-    q = (torch.round(xf / scale) + azp).clamp(-128, 127).to(torch.int8)
+    q = (torch.round(xf * quotient(1, scale)) + azp).clamp(-128, 127).to(torch.int8)
     return q, torch.cat((scale, azp), dim=-1).to(torch.float32)
 
 

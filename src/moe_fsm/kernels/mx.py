@@ -7,9 +7,14 @@ vLLM's MX checkpoints and kernels use. The quantizers follow vLLM 0.33.0:
   first rounded to one mantissa bit (its fp32 bits plus ``0x200000``, masked to
   the exponent), the scale is ``2 ** (floor(log2(that)) - 2)`` (2 is e2m1's
   largest exponent), and ``x / scale`` rounds to the nearest e2m1 value, ties to
-  even, saturating at 6;
+  even, saturating at 6 (vLLM multiplies by ``1 / scale``: the same bits, since the
+  reciprocal of a power of two is exact);
 * MXFP8 (``_mxfp8_e4m3_quantize_torch``): the scale is ``2 ** ceil(log2(amax /
   448))``, so ``x / scale`` always fits e4m3, and the cast rounds to nearest even.
+  ``amax / 448`` is a correctly rounded division on every device (``intq.divide``):
+  on CUDA ``tensor / 448.0`` multiplies by the inexact float32 reciprocal, and for an
+  amax of ``7 * 2**k`` (bf16 holds such values) the quotient, exactly ``2**(k - 6)``,
+  came out an ulp above it and the ceiling one exponent too high.
 
 Values ``[..., K]`` with K a multiple of 32; MXFP4 packs two e2m1 nibbles per
 byte, element ``2i`` in the low nibble (as NVFP4 does).
@@ -20,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from moe_fsm.kernels import nvfp4
+from moe_fsm.kernels.intq import divide
 
 BLOCK = 32
 E8M0_BIAS = 127
@@ -53,7 +59,7 @@ def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [..., K] -> (packed e2m1 uint8 [..., K/2], E8M0 scales uint8 [..., K/32])."""
     blocks = _blocks(x.to(torch.float32))
     exponent = _mxfp4_scale_exponent(blocks.abs().amax(dim=-1, keepdim=True))
-    codes = nvfp4.e2m1_codes(blocks * torch.exp2(-exponent))
+    codes = nvfp4.e2m1_codes(blocks / torch.exp2(exponent))
     return nvfp4.pack(codes.reshape(x.shape)), (exponent + E8M0_BIAS).to(torch.uint8).squeeze(-1)
 
 
@@ -67,7 +73,7 @@ def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [..., K] -> (e4m3 [..., K], E8M0 scales uint8 [..., K/32])."""
     blocks = _blocks(x.to(torch.float32))
     amax = blocks.abs().amax(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
-    biased = (torch.ceil(torch.log2(amax / FP8_MAX)) + E8M0_BIAS).clamp(0, 2 * E8M0_BIAS)
+    biased = (torch.ceil(torch.log2(divide(amax, FP8_MAX))) + E8M0_BIAS).clamp(0, 2 * E8M0_BIAS)
     q = (blocks / torch.exp2(biased - E8M0_BIAS)).to(FP8_DTYPE)
     return q.reshape(x.shape), biased.to(torch.uint8).squeeze(-1)
 

@@ -4,9 +4,14 @@ Follows vLLM's reference emulation (``ref_nvfp4_quant`` / ``dequantize_to_dtype`
 
 * a value nibble is ``sign << 3 | code``, code 0..7 for magnitudes
   {0, 0.5, 1, 1.5, 2, 3, 4, 6}; element ``2i`` goes in the LOW nibble of byte ``i``;
-* quantizing with a *quantization multiplier* ``g`` (``a*_global_scale``, and
-  ``1 / weight_global`` for weights): per block ``s = e4m3(clamp(g * amax * (1/6), +-448))``,
-  ``q = round_to_e2m1(clamp(x * (g / s), +-6))`` (``s == 0`` quantizes the block to 0);
+* activations, with a *quantization multiplier* ``g`` (``a*_global_scale``): per block
+  ``s = e4m3(clamp(g * (amax * (1/6)), +-448))``, ``q = round_to_e2m1(clamp(x * (g / s), +-6))``
+  (``s == 0`` quantizes the block to 0), the formula of vLLM's Triton quantize-dequantize
+  kernel (``_nvfp4_quant_dequant_kernel``), kept bit for bit;
+* weights, which vLLM only loads, divide by what dequantization multiplies by, as the FP8
+  quantizers do: ``s = e4m3(clamp(amax / 6 / weight_global, +-448))`` and
+  ``q = round_to_e2m1(clamp(x / (s * weight_global), +-6))``, every division correctly
+  rounded (no rounded reciprocal ``1 / weight_global``);
 * rounding to e2m1 is to nearest, ties to the even code: 0.25 -> 0, 0.75 -> 1,
   1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4, above 5 -> 6;
 * activations dequantize as ``q * (s / g)``; weights as ``q * (s * weight_global)``,
@@ -21,6 +26,8 @@ leading dims (a 0-d tensor, or ``[E, 1]`` for ``[E, R, K]`` weights).
 from __future__ import annotations
 
 import torch
+
+from moe_fsm.kernels.intq import divide, quotient
 
 BLOCK = 16
 E2M1_MAX = 6.0
@@ -111,14 +118,25 @@ def fake_quantize(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
 def weight_global_scale(w: torch.Tensor) -> torch.Tensor:
     """Per-matrix dequantization multiplier ``amax / (448 * 6)`` (``weight_scale_2``), fp32 [...]."""
     amax = _float(w).abs().amax(dim=(-2, -1)).clamp(min=1e-10)
-    return (amax / (SCALE_MAX * E2M1_MAX)).to(torch.float32)
+    return divide(amax, SCALE_MAX * E2M1_MAX).to(torch.float32)
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``w`` [..., R, C] -> (packed [..., R, C/2], e4m3 block scales [..., R, C/16], weight_global [...])."""
+    """``w`` [..., R, C] -> (packed [..., R, C/2], e4m3 block scales [..., R, C/16], weight_global [...]).
+
+    Divides by the dequantization multipliers (module docstring): the block scale is the block's
+    amax / 6 over ``weight_global``, and each value is divided by ``s * weight_global`` rounded as
+    ``dequantize_weight`` rounds it.
+    """
     weight_global = weight_global_scale(w)
-    packed, scale = quantize(w, _trailing(1.0 / weight_global, 1, torch.float32))
-    return packed, scale, weight_global
+    blocks = _blocks(_float(w))
+    wg = _trailing(weight_global, 3, blocks.dtype)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    scale = (divide(amax, E2M1_MAX) / wg).clamp(-SCALE_MAX, SCALE_MAX).to(SCALE_DTYPE)
+    step = scale.to(blocks.dtype) * wg
+    scaled = torch.where(step == 0, torch.zeros_like(blocks), blocks / step)
+    codes = e2m1_codes(scaled.clamp(-E2M1_MAX, E2M1_MAX))
+    return pack(codes.reshape(w.shape)), scale.squeeze(-1), weight_global
 
 
 def dequantize_weight(
@@ -130,4 +148,4 @@ def dequantize_weight(
 
 def activation_global_scale(amax: torch.Tensor) -> torch.Tensor:
     """The quantization multiplier that maps a calibrated amax onto 448 * 6 (``1 / input_scale``)."""
-    return ((SCALE_MAX * E2M1_MAX) / _float(amax).clamp(min=1e-10)).to(torch.float32)
+    return quotient(SCALE_MAX * E2M1_MAX, _float(amax).clamp(min=1e-10)).to(torch.float32)

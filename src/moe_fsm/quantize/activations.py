@@ -113,7 +113,7 @@ def _int8(key: QuantKey) -> ActivationQuant:
     def dequantize(q: torch.Tensor, scale: torch.Tensor, _static: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         return intq.dequantize_int8_activation(q, scale, key.symmetric, dtype)
 
-    static = dict(fields=_FP8_STATIC, calibrate=lambda amax: (amax.to(torch.float32) / 127).clamp(min=1e-10).reshape(1)) if key.static else {}
+    static = dict(fields=_FP8_STATIC, calibrate=lambda amax: intq.divide(amax.to(torch.float32), 127).clamp(min=1e-10).reshape(1)) if key.static else {}
     return ActivationQuant(key, quantize, dequantize, **static)
 
 ACTIVATION_QUANT: dict[QuantKey, ActivationQuant] = {
