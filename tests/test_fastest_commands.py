@@ -104,7 +104,7 @@ def test_plan_orders_every_layer_of_a_checkpoint_by_the_table(tmp_path, capsys):
     assert document["inputs"]["speed_table"]["shapes"].keys() == {key}
 
 
-def test_run_takes_the_table_for_one_process_and_refuses_it_for_ranks(tmp_path, capsys):
+def test_run_takes_the_table_and_refuses_a_bad_one_before_starting(tmp_path, capsys):
     # the qwen3-30b-a3b preset is the model at sizes / 8: hidden 256, intermediate 96
     key = "E=128,N=96,K=256,topk=8,dtype=bfloat16,quant=unquantized"
     table = _qwen3_table(tmp_path, key)
@@ -113,5 +113,6 @@ def test_run_takes_the_table_for_one_process_and_refuses_it_for_ranks(tmp_path, 
     out = capsys.readouterr().out
     assert code == 0, out
     assert "TORCH_GROUPED_MM" in out
-    code = main(["run", "--preset", "qwen3-30b-a3b", "--nproc", "2", "--policy", FASTEST, "--speed-table", str(table)])
-    assert code != 0 and "--speed-table is not handed to the ranks" in capsys.readouterr().err
+    code = main(["run", "--preset", "qwen3-30b-a3b", "--nproc", "2", "--policy", FASTEST,
+                 "--speed-table", str(tmp_path / "missing.json")])
+    assert code != 0 and "missing.json: cannot be read" in capsys.readouterr().err

@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None, metavar="PROFILE", action=Once,
                         help=POLICY_HELP + "; the MX and integer presets need vllm-0.33 (their default)")
     parser.add_argument("--speed-table", metavar="PATH", action=Once,
-                        help=SPEED_TABLE_HELP + " (one process; the ranks of a --nproc run read the directory's)")
+                        help=SPEED_TABLE_HELP)
     parser.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR, help=f"where per-layer traces go (default {DEFAULT_TRACE_DIR}/)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and tokens")
     parser.add_argument("--platform", default="probe", metavar="NAME",
@@ -106,10 +106,11 @@ def check_args(args, model) -> None:
         _platform(args.platform)
     if args.policy is not None:
         profiles.choose(args.policy)
+    if args.speed_table is not None:
+        from moe_fsm.inputs.speed import read_speed_table
+
+        read_speed_table(args.speed_table)  # a bad table is refused before any rank starts
     if args.nproc > 1:
-        if args.speed_table is not None:
-            raise InputError("--speed-table is not handed to the ranks of a --nproc run; put the table in "
-                             "$MOE_FSM_SPEED_TABLE_DIR (moe-fsm measure writes it there), where every rank finds it")
         if args.all2all not in RUNNABLE_ALL2ALL:
             raise InputError(f"--all2all {args.all2all!r} is not one of {list(RUNNABLE_ALL2ALL)} (what --nproc runs)")
         layers = model.layers[: args.layers or len(model.layers)]

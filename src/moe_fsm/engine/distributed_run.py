@@ -69,7 +69,7 @@ def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
         engine = Engine(specs, parallel=parallel, request=request, env=env, platform=platform,
                         trace_dir=args.trace_dir, rank=ctx.rank,
                         policy=args.policy if args.policy is not None else model.policy,
-                        strict_build=args.strict_build, device=device.type)
+                        strict_build=args.strict_build, device=device.type, speed_table=args.speed_table)
         loaded = engine.load()
         generator = torch.Generator().manual_seed(args.seed)
         counts = [args.tokens + r for r in range(ctx.world_size)]
