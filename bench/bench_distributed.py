@@ -298,14 +298,18 @@ def fixed_slab_gib(tokens: int, world: int, quant: str) -> float:
 
 
 def profile_table(fn: Callable[[], None], device: torch.device) -> str:
+    """Operators of one call by host time (what the launches cost) and, on CUDA, by device time."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         fn()
         synchronize(device)
-    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=20)
+    averages = prof.key_averages()
+    tables = [averages.table(sort_by="self_cpu_time_total", row_limit=25)]
+    if device.type == "cuda":
+        tables.append(averages.table(sort_by="self_device_time_total", row_limit=15))
+    return "\n".join(tables)
 
 
 def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, warmup: int, iters: int) -> Optional[dict]:

@@ -1,7 +1,8 @@
 """The Triton passes around the wire (pack, combine, slab scatter and reduce) against references, on CPU.
 
 ``TRITON_INTERPRET=1`` runs the kernels on CPU tensors; on a CUDA machine the same
-tests also run them on the GPU. Inputs are fresh random values, outputs are
+tests also run them on the GPU; and the torch operations that stand in for them off
+CUDA are held to the same checks. Inputs are fresh random values, outputs are
 poisoned first (NaN or 0x5A bytes), sums are checked against float64.
 """
 
@@ -14,18 +15,20 @@ pytest.importorskip("triton")
 
 from moe_fsm.distributed.collectives import row_layout  # noqa: E402
 from moe_fsm.prepare_finalize import wire_kernels  # noqa: E402
-from moe_fsm.prepare_finalize.dispatch_layout import empty_row, send_order, send_slots, slabs_for  # noqa: E402
+from moe_fsm.distributed import ExpertPlacement  # noqa: E402
+from moe_fsm.prepare_finalize.dispatch_layout import destinations, empty_row, send_order, send_slots, slabs_for  # noqa: E402
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# "torch": the torch operations the functions use off CUDA; "interpreter": the kernels on CPU tensors.
+PATHS = ["torch", "interpreter"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.fixture(params=DEVICES)
+@pytest.fixture(params=PATHS)
 def device(request, monkeypatch):
-    if request.param == "cpu":
+    if request.param == "interpreter":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     else:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    return torch.device(request.param)
+    return torch.device("cuda" if request.param == "cuda" else "cpu")
 
 
 def _routing(tokens: int, world: int, gen: torch.Generator) -> torch.Tensor:
@@ -37,7 +40,7 @@ def _routing(tokens: int, world: int, gen: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("payload_dtype,hidden,with_scale", [(torch.bfloat16, 256, False), (torch.float8_e4m3fn, 384, True),
                                                               (torch.uint8, 52, False)])
 @pytest.mark.parametrize("tokens", [0, 1, 37])
-def test_pack_send_rows_matches_the_packed_gather(device, payload_dtype, hidden, with_scale, tokens) -> None:
+def test_send_rows_hold_each_tokens_packed_row(device, payload_dtype, hidden, with_scale, tokens) -> None:
     gen = torch.Generator().manual_seed(tokens * 7 + hidden)
     if payload_dtype == torch.uint8:
         payload = torch.randint(0, 256, (tokens, hidden), generator=gen, dtype=torch.uint8)
@@ -52,25 +55,32 @@ def test_pack_send_rows_matches_the_packed_gather(device, payload_dtype, hidden,
     world = 3
     dest = _routing(tokens, world, gen).to(device)
     counts = dest.sum(0)
-    capacity = max(tokens, 1)  # fixed blocks: rows past the counts hold the empty row
+    empty = empty_row(layout, -2, device)
+    packed = wire_kernels.pack_source(fields, layout, empty)
+
+    def check(sent: torch.Tensor, s: int, token: int) -> None:
+        for t, f in zip(fields, layout.fields):
+            expect = t[token].contiguous().view(torch.uint8).reshape(-1) if token < tokens else empty[f.start : f.start + f.nbytes]
+            assert torch.equal(sent[s, f.start : f.start + f.nbytes], expect), (s, token, f)
+
+    # fixed blocks, gathered by send row: rows past a rank's count hold the empty row
+    capacity = max(tokens, 1)
     total = world * capacity
     slot = send_slots(dest, torch.arange(world, device=device) * capacity, total)
     order = send_order(slot, total)
-    empty = empty_row(layout, -2, device)
-
-    sent = wire_kernels.pack_send_rows(fields, layout, order, empty)
-    assert sent.shape == (total, layout.row_bytes)
+    sent = torch.full((total, layout.row_bytes), 0x5A, dtype=torch.uint8, device=device)
+    sent.copy_(wire_kernels.gather_send_rows(packed, order))
     for d in range(world):
         for i in range(capacity):
-            s = d * capacity + i
-            if i < int(counts[d]):
-                token = int(order[s])
-                for t, f in zip(fields, layout.fields):
-                    expect = t[token].contiguous().view(torch.uint8).reshape(-1)
-                    assert torch.equal(sent[s, f.start : f.start + f.nbytes], expect)
-            else:
-                for f in layout.fields:
-                    assert torch.equal(sent[s, f.start : f.start + f.nbytes], empty[f.start : f.start + f.nbytes])
+            check(sent, d * capacity + i, int(order[d * capacity + i]) if i < int(counts[d]) else tokens)
+    # variable counts, scattered by token: every send row filled, in destination and token order
+    total = int(counts.sum())
+    slot = send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel())
+    sent = wire_kernels.scatter_send_rows(packed, slot, total)
+    assert sent.shape == (total, layout.row_bytes)
+    expected_order = [t for d in range(world) for t in range(tokens) if bool(dest[t, d])]
+    for s, token in enumerate(expected_order):
+        check(sent, s, token)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
@@ -81,15 +91,15 @@ def test_combine_returned_sums_each_tokens_rows_in_float32(device, out_dtype, to
     dest = _routing(tokens, world, gen)
     counts = dest.sum(0)
     total = int(counts.sum())
-    slot = send_slots(dest, torch.cumsum(counts, 0) - counts, total)
+    slot = send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel())
     order = send_order(slot, total)
     returned = torch.randn(total, hidden, generator=gen).to(out_dtype)
     output = torch.full((tokens, hidden), float("nan"), dtype=out_dtype)
     expect = torch.zeros(tokens, hidden, dtype=torch.float64)
     for s in range(total):
         expect[int(order[s])] += returned[s].double()
-    output, returned, slot, order = (t.to(device) for t in (output, returned, slot, order))
-    wire_kernels.combine_returned(output, returned, slot, order)
+    output, returned, slot = (t.to(device) for t in (output, returned, slot))
+    wire_kernels.combine_returned(output, returned, slot)
     tol = 1e-2 if out_dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(output.cpu().double(), expect, atol=tol, rtol=tol)
 
@@ -135,3 +145,30 @@ def test_the_kernels_apply_only_on_cuda_or_under_the_interpreter(monkeypatch) ->
     assert not wire_kernels.kernels_apply(torch.zeros(1))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert wire_kernels.kernels_apply(torch.zeros(1))
+
+
+@pytest.mark.parametrize("capacity", [None, 40])
+@pytest.mark.parametrize("tokens,world,top_k", [(0, 2, 8), (1, 2, 8), (37, 3, 6), (1500, 4, 8)])
+def test_route_gives_the_slots_and_counts_of_the_torch_scan(device, tokens, world, top_k, capacity) -> None:
+    if device.type == "cpu" and not wire_kernels.kernels_apply(torch.zeros(1)):
+        pytest.skip("route() is the kernel only; send_slots is its torch form")
+    if capacity is not None and tokens > capacity:
+        capacity = tokens
+    gen = torch.Generator().manual_seed(tokens + world)
+    num_experts = 16 * world
+    placement = ExpertPlacement(num_experts, world, 0)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(tokens)]).to(torch.int32) \
+        if tokens else torch.empty((0, top_k), dtype=torch.int32)
+    if tokens:
+        ids[::4, : top_k // 2] = -1  # skipped slots
+        ids[::7] = -1  # tokens that go nowhere
+    dest = destinations(ids, placement.owner_mask())
+    counts = dest.sum(0)
+    if capacity is None:
+        expect = send_slots(dest, torch.cumsum(counts, 0) - counts, tokens * world)
+    else:
+        expect = send_slots(dest, torch.arange(world) * capacity, world * capacity)
+    slot, got_counts = wire_kernels.route(ids.to(device), placement.owner_table(device).to(torch.int32), world,
+                                          capacity=capacity)
+    assert torch.equal(got_counts.cpu(), counts)
+    assert torch.equal(slot.cpu(), expect)

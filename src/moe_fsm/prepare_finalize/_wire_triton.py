@@ -60,3 +60,44 @@ def slab_reduce_kernel(out_ptr, out_stride, slab_ptr, slab_stride, index_ptr, w_
             rows = rows * tl.where(valid, weight, 0.0)
         acc += rows
     tl.store(out_ptr + row * out_stride + cols, acc.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _larger(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def route_kernel(ids_ptr, ids_stride, owner_ptr, slot_ptr, counts_ptr, num_tokens, top_k, num_experts, not_sent,
+                 capacity, WORLD: tl.constexpr, FIXED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One program: for each rank d in turn, which tokens route a slot to d's experts, and their send rows.
+
+    slot[t, d] = start of d's rows + the number of earlier tokens that go to d, or not_sent; counts[d] = tokens
+    that go to d. d's rows start at d * capacity (FIXED) or after the rows of ranks before d. (Scans and
+    reductions go through tl.reduce / tl.associative_scan with the combiners above: see _kernel_module.)
+    """
+    ks = tl.arange(0, BLOCK_K)
+    base = 0
+    for d in tl.static_range(WORLD):
+        if FIXED:
+            base = d * capacity
+        running = 0
+        for t0 in range(0, num_tokens, BLOCK_T):
+            ts = t0 + tl.arange(0, BLOCK_T)
+            inside = (ts < num_tokens)[:, None] & (ks < top_k)[None, :]
+            ids = tl.load(ids_ptr + ts.to(tl.int64)[:, None] * ids_stride + ks[None, :], mask=inside, other=-1)
+            valid = inside & (ids >= 0) & (ids < num_experts)
+            owner = tl.load(owner_ptr + ids, mask=valid, other=-1)
+            hit = tl.reduce((owner == d).to(tl.int32), 1, _larger)
+            before = tl.associative_scan(hit, 0, _add) - hit
+            slot = tl.where(hit > 0, base + running + before, not_sent)
+            tl.store(slot_ptr + ts.to(tl.int64) * WORLD + d, slot.to(tl.int64), mask=ts < num_tokens)
+            running += tl.reduce(hit, 0, _add)
+        tl.store(counts_ptr + d, running.to(tl.int64))
+        if not FIXED:
+            base += running

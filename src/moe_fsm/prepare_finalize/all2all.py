@@ -40,7 +40,7 @@ from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.distributed.group import group_rank_and_size
 from moe_fsm.errors import KernelInputError
 from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PrepareFinalize, PreparedTokens, WeightAndReduce
-from moe_fsm.prepare_finalize.dispatch_layout import destinations, empty_row, send_order, send_slots
+from moe_fsm.prepare_finalize.dispatch_layout import destinations, empty_row, send_slots
 from moe_fsm.prepare_finalize.transport import (
     PlacementGuard,
     SourceRows,
@@ -50,18 +50,24 @@ from moe_fsm.prepare_finalize.transport import (
     receiving_quantizer,
     source_rows,
 )
-from moe_fsm.prepare_finalize.wire_kernels import combine_returned, pack_send_rows
+from moe_fsm.prepare_finalize.wire_kernels import (
+    SourcePack,
+    combine_returned,
+    kernels_apply,
+    pack_source,
+    route,
+    scatter_send_rows,
+)
 
 
 @dataclass(frozen=True)
 class DispatchState:
-    """How the rows went out, so they can come back: the token of each sent row, the splits.
+    """How the rows went out, so they can come back: each token's send rows, the splits.
 
     ``row_bytes`` is the width of one dispatched row on the wire (payload plus scale, ids, weights, padding).
     """
 
-    order: torch.Tensor  # [S] this rank's token index of each row sent, grouped by destination
-    slot: torch.Tensor  # [M, W] the send (and return) row of token t for rank d; S where t does not go to d
+    slot: torch.Tensor  # [M, W] the send (and return) row of token t for rank d; M * W where t does not go to d
     send_counts: tuple[int, ...]
     recv_counts: tuple[int, ...]
     row_bytes: int
@@ -78,7 +84,7 @@ class ExpertParallelDispatch(PrepareFinalize):
         self.group = group
         self.quantize_first = quantize_first
         self._guard = PlacementGuard(placement, self.name)
-        self._owner: dict[torch.device, torch.Tensor] = {}
+        self._owner: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._empty_rows: dict[tuple[RowLayout, torch.device], torch.Tensor] = {}
 
     def _check_call(self, num_experts: int, expert_map: Optional[torch.Tensor]) -> int:
@@ -93,11 +99,25 @@ class ExpertParallelDispatch(PrepareFinalize):
         self._guard(expert_map)
         return world
 
-    def _destinations(self, topk_ids: torch.Tensor) -> torch.Tensor:
+    def _routes(self, topk_ids: torch.Tensor, world: int, capacity: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot [M, W], send counts [W]): each token's send row per rank (see ``wire_kernels.route``).
+
+        One kernel on CUDA; off it, the owner mask, a count and a scan in torch.
+        """
         device = topk_ids.device
-        if device not in self._owner:
-            self._owner[device] = self.placement.owner_mask(device)
-        return destinations(topk_ids, self._owner[device])
+        if kernels_apply(topk_ids):
+            key = ("table", device)
+            if key not in self._owner:
+                self._owner[key] = self.placement.owner_table(device).to(torch.int32)
+            return route(topk_ids, self._owner[key], world, capacity=capacity)
+        key = ("mask", device)
+        if key not in self._owner:
+            self._owner[key] = self.placement.owner_mask(device)
+        dest = destinations(topk_ids, self._owner[key])
+        counts = dest.sum(dim=0)
+        if capacity is None:
+            return send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel()), counts
+        return send_slots(dest, torch.arange(world, device=device) * capacity, world * capacity), counts
 
     def _source(
         self,
@@ -107,8 +127,8 @@ class ExpertParallelDispatch(PrepareFinalize):
         *,
         apply_router_weight_on_input: bool,
         quantize: Optional[InputQuantizer],
-    ) -> tuple[SourceRows, list[torch.Tensor], RowLayout]:
-        """This rank's rows as they leave (quantized where the scheme allows), their wire fields and row layout."""
+    ) -> tuple[SourceRows, SourcePack]:
+        """This rank's rows as they leave (quantized where the scheme allows), packed for the send rows."""
         source = source_rows(
             hidden_states,
             topk_weights,
@@ -117,14 +137,11 @@ class ExpertParallelDispatch(PrepareFinalize):
             quantize_first=self.quantize_first,
         )
         fields = source.wire_fields(topk_ids, topk_weights)
-        return source, fields, row_layout(fields)
-
-    def _send_rows(self, fields: list[torch.Tensor], layout: RowLayout, order: torch.Tensor) -> torch.Tensor:
-        """uint8 [S, row_bytes]: the packed row of token ``order[s]`` in send row s; the empty row where order is M."""
-        key = (layout, order.device)
+        layout = row_layout(fields)
+        key = (layout, hidden_states.device)
         if key not in self._empty_rows:
-            self._empty_rows[key] = empty_row(layout, -2, order.device)
-        return pack_send_rows(fields, layout, order, self._empty_rows[key])
+            self._empty_rows[key] = empty_row(layout, -2, hidden_states.device)
+        return source, pack_source(fields, layout, self._empty_rows[key])
 
 
 class AllToAllPrepareFinalize(ExpertParallelDispatch):
@@ -174,26 +191,23 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         quantize: Optional[InputQuantizer],
     ) -> PreparedTokens:
         world = self._check_call(num_experts, expert_map)
-        source, fields, layout = self._source(
+        source, packed = self._source(
             hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
         )
-        dest = self._destinations(topk_ids)
-        send_counts = dest.sum(dim=0)
+        layout = packed.layout
+        # Each pair's send row, before the host waits.
+        slot, send_counts = self._routes(topk_ids, world)
         records = torch.cat([send_counts.unsqueeze(1), self._layout_records(layout, send_counts.device, world)], dim=1)
         received = exchange_counts(records, group=self.group)
-        # The one host synchronisation: all_to_all_single takes its splits as Python integers. Only the
-        # quantizer and a few small kernels are queued before it; the send rows are packed after it.
+        # The one host synchronisation: all_to_all_single takes its splits as Python integers. Everything
+        # but the send rows' one pass is queued before it, so little is left to launch after it.
         counts = torch.cat([send_counts, received.reshape(-1)]).tolist()
         send = tuple(counts[:world])
         check_row_layouts(
             [tuple(counts[world + 3 * s + 1 : world + 3 * s + 3]) for s in range(world)], layout_signature(layout), self.name
         )
         recv = tuple(counts[world + 3 * s] for s in range(world))
-
-        total = sum(send)
-        slot = send_slots(dest, torch.cumsum(send_counts, 0) - send_counts, total)
-        order = send_order(slot, total)
-        wire = all_to_all_v(self._send_rows(fields, layout, order), send, recv, group=self.group)
+        wire = all_to_all_v(scatter_send_rows(packed, slot, sum(send)), send, recv, group=self.group)
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         local = self.local.prepare(
             rows,
@@ -210,7 +224,7 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
             topk_ids=local.topk_ids,
             topk_weights=local.topk_weights,
             expert_num_tokens=local.expert_num_tokens,
-            state=DispatchState(order, slot, send, recv, layout.row_bytes, local),
+            state=DispatchState(slot, send, recv, layout.row_bytes, local),
         )
 
     def finalize(
@@ -240,4 +254,4 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
                 reduce=reduce,
             )
         returned = all_to_all_v(partial, state.recv_counts, state.send_counts, group=self.group)
-        combine_returned(output, returned, state.slot, state.order)
+        combine_returned(output, returned, state.slot)

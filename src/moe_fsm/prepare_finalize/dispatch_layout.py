@@ -19,7 +19,9 @@ from typing import Optional
 import torch
 
 from moe_fsm.distributed.collectives import RowLayout
-from moe_fsm.prepare_finalize.wire_kernels import kernels_apply, reduce_from_slabs, scatter_to_slabs
+from moe_fsm.prepare_finalize.wire_kernels import kernels_apply, reduce_from_slabs, scatter_to_slabs, send_order
+
+__all__ = ["Slabs", "destinations", "empty_row", "send_order", "send_slots", "slabs_for", "slot_chunks"]
 
 
 def destinations(topk_ids: torch.Tensor, owner_mask: torch.Tensor) -> torch.Tensor:
@@ -30,24 +32,17 @@ def destinations(topk_ids: torch.Tensor, owner_mask: torch.Tensor) -> torch.Tens
     return owner_mask[topk_ids.long()].any(dim=1)
 
 
-def send_slots(dest: torch.Tensor, starts: torch.Tensor, total: int) -> torch.Tensor:
-    """int64 [M, W]: the send row of token t for rank d, or ``total`` where t does not go to d.
+def send_slots(dest: torch.Tensor, starts: torch.Tensor, not_sent: int) -> torch.Tensor:
+    """int64 [M, W]: the send row of token t for rank d, or ``not_sent`` where t does not go to d.
 
-    Rank d's rows start at ``starts[d]`` and hold its tokens in order; ``total``
-    rows in all (the sum of the counts, or W times the capacity). The returned
+    Rank d's rows start at ``starts[d]`` and hold its tokens in order. The returned
     rows come back in the same places, so this also says where to find them.
+    ``not_sent`` must be at least the number of send rows.
     """
-    world = dest.shape[1]
-    return torch.where(dest, torch.cumsum(dest, dim=0) + (starts - 1).view(1, world), total)
-
-
-def send_order(slot: torch.Tensor, total: int) -> torch.Tensor:
-    """int64 [total]: the token each send row carries (``slot`` from :func:`send_slots`); rows no token fills hold M."""
-    num_tokens, world = slot.shape
-    order = torch.full((total + 1,), num_tokens, dtype=torch.int64, device=slot.device)
-    token = torch.arange(num_tokens, device=slot.device).unsqueeze(1)  # broadcast over the W destinations
-    order.index_put_((slot,), token.expand(num_tokens, world))
-    return order[:total]
+    # The running count per rank along the tokens, scanned as W contiguous rows: a scan down the
+    # columns of [M, W] is a serial kernel in torch (0.4 ms at 4096 tokens on an H200).
+    running = torch.cumsum(dest.t().to(torch.int32).contiguous(), dim=1).t()
+    return torch.where(dest, running + (starts - 1).view(1, -1), not_sent)
 
 
 def empty_row(layout: RowLayout, ids_field: int, device: torch.device) -> torch.Tensor:

@@ -38,10 +38,10 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.grouping import local_expert_ids
 from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PreparedTokens, WeightAndReduce
 from moe_fsm.prepare_finalize.all2all import ExpertParallelDispatch
-from moe_fsm.prepare_finalize.dispatch_layout import Slabs, send_order, send_slots, slabs_for
+from moe_fsm.prepare_finalize.dispatch_layout import Slabs, send_order, slabs_for
 from moe_fsm.prepare_finalize.reduce import require_batched_reduce
 from moe_fsm.prepare_finalize.transport import check_row_layouts, layout_signature
-from moe_fsm.prepare_finalize.wire_kernels import combine_returned
+from moe_fsm.prepare_finalize.wire_kernels import combine_returned, gather_send_rows
 
 # vLLM's default batch for batched-format DP dispatch (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP).
 DEFAULT_MAX_TOKENS_PER_RANK = 256
@@ -49,12 +49,11 @@ DEFAULT_MAX_TOKENS_PER_RANK = 256
 
 @dataclass(frozen=True)
 class FixedDispatchState:
-    """What finalize needs: the token of each sent row (M for the empty row) and where each received pair sits.
+    """What finalize needs: each token's send (and return) rows, and where each received pair sits.
 
     ``row_bytes`` is the width of one dispatched row on the wire (payload plus scale, ids, weights, padding).
     """
 
-    order: torch.Tensor
     slot: torch.Tensor  # [M, W] the send (and return) row of token t for rank d; W * capacity where t does not go to d
     slabs: Slabs
     row_bytes: int
@@ -125,15 +124,14 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
                 f"{self.name} was built for at most {capacity} tokens per rank (max_tokens_per_rank) but was "
                 f"called with {num_tokens}; split the batch or build it with a larger capacity"
             )
-        source, fields, layout = self._source(
+        source, packed = self._source(
             hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
         )
+        layout = packed.layout
         self._agree_on_layout(layout_signature(layout), hidden_states.device)
-        dest = self._destinations(topk_ids)
-        starts = torch.arange(world, device=dest.device) * capacity
-        slot = send_slots(dest, starts, world * capacity)
-        order = send_order(slot, world * capacity)
-        wire = all_to_all_equal(self._send_rows(fields, layout, order), group=self.group)
+        slot, _ = self._routes(topk_ids, world, capacity)
+        # Gathered by send row: the rows past each rank's count must hold the empty row.
+        wire = all_to_all_equal(gather_send_rows(packed, send_order(slot, world * capacity)), group=self.group)
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         if not source.quantized and quantize is not None:
             rows, row_scale = quantize(rows)  # the empty rows are zeros: a per-tensor amax does not see them
@@ -147,7 +145,7 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
             topk_ids=local_ids,
             topk_weights=weights,
             expert_num_tokens=slabs.counts,
-            state=FixedDispatchState(order, slot, slabs, layout.row_bytes),
+            state=FixedDispatchState(slot, slabs, layout.row_bytes),
         )
 
     def finalize(
@@ -167,4 +165,4 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
         weights = None if apply_router_weight_on_input else prepared.topk_weights
         partial = state.slabs.reduce(expert_output, weights, output.dtype)
         returned = all_to_all_equal(partial, group=self.group)
-        combine_returned(output, returned, state.slot, state.order)
+        combine_returned(output, returned, state.slot)

@@ -4,10 +4,11 @@ Dispatch and combine move each token's bytes across the wire once; every other
 pass over those bytes is overhead, so on CUDA each is one Triton kernel that
 reads its input once and writes its output once:
 
-* :func:`pack_send_rows`: the send buffer, grouped by destination, written row by
-  row straight from the (quantized) payload and the small per-token fields (scale,
-  top-k ids, weights), instead of packing every token and then gathering the packed
-  rows (two passes, and ``index_select`` on bytes);
+* :func:`scatter_send_rows` / :func:`gather_send_rows`: the send buffer, grouped by
+  destination, written straight from the (quantized) payload and the small per-token
+  fields (scale, top-k ids, weights, packed by :func:`pack_source`), instead of
+  packing every token's whole row and then gathering the packed rows (two passes,
+  and ``index_select`` on bytes);
 * :func:`combine_returned`: each token's returned partial rows (at most one per
   rank) summed in float32 and written to the output in its dtype, instead of zeros,
   a float32 copy of every returned row, an atomic ``index_add_`` and a cast;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from dataclasses import dataclass
 import os
 import sys
 from pathlib import Path
@@ -106,54 +108,148 @@ def _grid(rows: int, cols: int) -> tuple[int, int]:
     return rows, -(-cols // BLOCK_COLUMNS)
 
 
-def pack_send_rows(fields: Sequence[torch.Tensor], layout: RowLayout, order: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
-    """uint8 [S, row_bytes]: send row s is the packed row of token ``order[s]``, or ``empty`` where order[s] == M.
+def route(topk_ids: torch.Tensor, owner: torch.Tensor, world: int, *, capacity: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each token's rows go, in one kernel: (slot [M, W] int64, counts [W] int64).
 
-    ``fields`` are the row-aligned tensors [M, ...] of ``layout`` (the payload first),
-    ``empty`` the packed empty row (:func:`moe_fsm.prepare_finalize.dispatch_layout.empty_row`).
+    ``owner`` [E] int32 is the rank of each expert (:meth:`ExpertPlacement.owner_table`). Token t goes to rank d
+    when one of its top-k ids is an expert of d; its row for d is ``slot[t, d]``: rank d's rows start at
+    ``d * capacity`` (fixed blocks), else right after the rows of the ranks before d, and hold d's tokens in
+    order. A pair not sent holds ``W * capacity``, else ``M * W`` (at least the number of send rows either way).
+    Only on CUDA or under the interpreter (:func:`kernels_apply`); ``send_slots`` is the torch form.
     """
-    num_tokens = fields[0].shape[0]
+    num_tokens, top_k = topk_ids.shape
+    fixed = capacity is not None
+    not_sent = world * capacity if fixed else num_tokens * world
+    slot = torch.empty((num_tokens, world), dtype=torch.int64, device=topk_ids.device)
+    counts = torch.empty(world, dtype=torch.int64, device=topk_ids.device)
+    ids = topk_ids if topk_ids.stride(-1) == 1 else topk_ids.contiguous()
+    block_k = max(_next_power_of_2(top_k), 2)
+    _kernels(ids).route_kernel[(1,)](
+        ids, ids.stride(0), owner, slot, counts, num_tokens, top_k, owner.shape[0], not_sent, capacity or 0,
+        WORLD=world, FIXED=fixed, BLOCK_T=max(16, min(1024, 4096 // block_k)), BLOCK_K=block_k,
+    )
+    return slot, counts
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def send_order(slot: torch.Tensor, total: int) -> torch.Tensor:
+    """int64 [total]: the token each send row carries (``slot`` from ``send_slots``); rows no token fills hold M."""
+    num_tokens, world = slot.shape
+    order = torch.full((total + 1,), num_tokens, dtype=torch.int64, device=slot.device)
+    token = torch.arange(num_tokens, device=slot.device).unsqueeze(1)  # broadcast over the W destinations
+    order.index_put_((slot.clamp(max=total),), token.expand(num_tokens, world))  # pairs not sent land past the end
+    return order[:total]
+
+
+@dataclass(frozen=True)
+class SourcePack:
+    """This rank's rows ready to leave: the payload's bytes, and the small fields packed per token.
+
+    ``meta`` [M + 1, row_bytes - meta_start] holds every field after the payload (row
+    scale, top-k ids, weights) at its place in the row, and the empty row last.
+    """
+
+    payload: torch.Tensor
+    meta: Optional[torch.Tensor]
+    layout: RowLayout
+
+    @property
+    def meta_start(self) -> int:
+        return self.layout.row_bytes - (self.meta.shape[1] if self.meta is not None else 0)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.payload.shape[0]
+
+
+def pack_source(fields: Sequence[torch.Tensor], layout: RowLayout, empty: torch.Tensor) -> SourcePack:
+    """``fields`` (the row-aligned tensors of ``layout``, payload first) as a :class:`SourcePack`.
+
+    ``empty`` is the packed empty row (:func:`moe_fsm.prepare_finalize.dispatch_layout.empty_row`). Only the
+    small fields are copied here; the payload is read where it lies when the send rows are written.
+    """
+    payload = _byte_rows(fields[0])
+    if len(fields) == 1:
+        return SourcePack(payload, None, layout)
+    meta_start = layout.fields[1].start
+    meta = torch.empty((payload.shape[0] + 1, layout.row_bytes - meta_start), dtype=torch.uint8, device=payload.device)
+    for t, f in zip(fields[1:], layout.fields[1:]):
+        meta[:-1, f.start - meta_start : f.start - meta_start + f.nbytes].copy_(_byte_rows(t))
+    meta[-1].copy_(empty[meta_start:])
+    return SourcePack(payload, meta, layout)
+
+
+def _torch_send_rows(source: SourcePack, order: torch.Tensor) -> torch.Tensor:
+    """The send rows by torch ops: every token's whole row packed (a zero payload in the empty row), then gathered."""
+    layout = source.layout
+    packed = torch.zeros((source.num_tokens + 1, layout.row_bytes), dtype=torch.uint8, device=order.device)
+    packed[:-1, : source.payload.shape[1]].copy_(source.payload)
+    if source.meta is not None:
+        packed[:, source.meta_start :].copy_(source.meta)
+    return packed.index_select(0, order)
+
+
+def _parts(source: SourcePack, send: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(source rows, their columns of ``send``, rows the source has) as words of the widest type that fits both."""
+    parts = []
+    payload, start = source.payload, source.meta_start
+    word = _word_dtype(payload.shape[1], payload.stride(0), payload.storage_offset(), send.stride(0))
+    parts.append((_words(payload, word), _words(send[:, : payload.shape[1]], word), source.num_tokens))
+    if source.meta is not None:
+        meta = source.meta
+        word = _word_dtype(start, meta.shape[1], send.stride(0))  # meta is a fresh tensor: offset 0
+        parts.append((_words(meta, word), _words(send[:, start:], word), source.num_tokens + 1))
+    return parts
+
+
+def gather_send_rows(source: SourcePack, order: torch.Tensor) -> torch.Tensor:
+    """uint8 [S, row_bytes]: send row s is the row of token ``order[s]``, or the empty row (zero payload) where it is M.
+
+    For fixed-size blocks, whose rows past a rank's count must hold the empty row.
+    """
+    if not kernels_apply(order, source.payload):
+        return _torch_send_rows(source, order)
     total = order.shape[0]
-    if not kernels_apply(order, *fields):
-        packed = torch.empty((num_tokens + 1, layout.row_bytes), dtype=torch.uint8, device=order.device)
-        for t, f in zip(fields, layout.fields):
-            packed[:num_tokens, f.start : f.start + f.nbytes].copy_(_byte_rows(t))
-        packed[-1].copy_(empty)
-        return packed.index_select(0, order)
-    send = torch.empty((total, layout.row_bytes), dtype=torch.uint8, device=order.device)
+    send = torch.empty((total, source.layout.row_bytes), dtype=torch.uint8, device=order.device)
     if total == 0:
         return send
-    # The payload (nearly all the bytes) straight from its tensor; zeros in the empty rows.
-    payload, first = _byte_rows(fields[0]), layout.fields[0]
-    word = _word_dtype(first.nbytes, payload.stride(0), payload.storage_offset(), layout.row_bytes)
-    src, dst = _words(payload, word), _words(send[:, : first.nbytes], word)
     gather = _kernels(order).gather_rows_kernel
-    gather[_grid(total, src.shape[1])](dst, dst.stride(0), src, src.stride(0), order, num_tokens, src.shape[1], BLOCK=BLOCK_COLUMNS)
-    # The small fields (scale, ids, weights) packed per token with the empty row last, then gathered.
-    meta_start = layout.fields[1].start if len(layout.fields) > 1 else layout.row_bytes
-    if meta_start < layout.row_bytes:
-        width = layout.row_bytes - meta_start
-        meta = torch.empty((num_tokens + 1, width), dtype=torch.uint8, device=order.device)
-        for t, f in zip(fields[1:], layout.fields[1:]):
-            meta[:num_tokens, f.start - meta_start : f.start - meta_start + f.nbytes].copy_(_byte_rows(t))
-        meta[num_tokens].copy_(empty[meta_start:])
-        word = _word_dtype(meta_start, width, layout.row_bytes)  # meta is a fresh tensor: offset 0
-        src, dst = _words(meta, word), _words(send[:, meta_start:], word)
-        gather[_grid(total, src.shape[1])](
-            dst, dst.stride(0), src, src.stride(0), order, num_tokens + 1, src.shape[1], BLOCK=BLOCK_COLUMNS
-        )
+    for src, dst, rows in _parts(source, send):
+        gather[_grid(total, src.shape[1])](dst, dst.stride(0), src, src.stride(0), order, rows, src.shape[1],
+                                           BLOCK=BLOCK_COLUMNS)
     return send  # alignment padding between fields is sent as it is: nobody reads it
 
 
-def combine_returned(output: torch.Tensor, returned: torch.Tensor, slot: torch.Tensor, order: torch.Tensor) -> None:
+def scatter_send_rows(source: SourcePack, slot: torch.Tensor, total: int) -> torch.Tensor:
+    """uint8 [total, row_bytes]: token t's row written to send row ``slot[t, d]`` for each rank d it goes to.
+
+    For the variable-size exchange, where the counts fill every send row: each token's
+    row is read once and written once per destination, with no send order to compute.
+    """
+    if not kernels_apply(slot, source.payload):
+        return _torch_send_rows(source, send_order(slot, total))
+    send = torch.empty((total, source.layout.row_bytes), dtype=torch.uint8, device=slot.device)
+    if total == 0 or source.num_tokens == 0:
+        return send
+    scatter = _kernels(slot).scatter_rows_kernel
+    index = slot.contiguous()
+    for src, dst, _ in _parts(source, send):
+        scatter[_grid(source.num_tokens, src.shape[1])](dst, dst.stride(0), src, src.stride(0), index, index.shape[1],
+                                                        total, src.shape[1], BLOCK=BLOCK_COLUMNS)
+    return send
+
+
+def combine_returned(output: torch.Tensor, returned: torch.Tensor, slot: torch.Tensor) -> None:
     """``output`` [M, K] = per token, the float32 sum of its returned rows, in ``output``'s dtype.
 
-    ``slot`` [M, W] is where token t's row for rank d sits in ``returned`` (>= its row count: not sent);
-    ``order`` [S] the token of each returned row (M for an empty row), for the torch path.
+    ``slot`` [M, W] is where token t's row for rank d sits in ``returned`` (>= its row count: not sent).
     """
     num_tokens, hidden = output.shape
     if not kernels_apply(output, returned, slot):
-        output.copy_(add_returned_rows(returned, order, num_tokens))
+        output.copy_(add_returned_rows(returned, send_order(slot, returned.shape[0]), num_tokens))
         return
     if num_tokens == 0:
         return
