@@ -127,6 +127,26 @@ def test_diff_on_a_config_json_compares_every_layer(capsys):
             "runner with a different kernel class") in out
 
 
+def test_diff_on_a_config_reads_it_by_each_engine_s_rules(tmp_path, capsys):
+    """Each side reads the checkpoint by its own profile's config rules: Llama-4-Maverick's fbgemm_fp8 is deprecated
+    to vLLM and unknown to SGLang; group activation order is refused by vLLM's compressed-tensors, taken by SGLang's."""
+    code = main(["diff", "--policy", "vllm-0.33", "--policy", SGLANG, "--config", str(CONFIGS / "llama-4-maverick-fp8"),
+                 "--platform", "sm90", "--no-env"])
+    out = capsys.readouterr().out
+    assert code == 1 and "no layer is read by both" in out
+    assert "vllm-0.33: REFUSED by vLLM (ValueError): The quantization method fbgemm_fp8 is deprecated" in out
+    assert "sglang-0.5.23: REFUSED by SGLang 0.5.23 (ValueError): Unknown quantization method: fbgemm_fp8." in out
+    config = json.loads((CONFIGS / "kimi-k2-thinking" / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "group"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code = main(["diff", "--policy", "vllm-0.33", "--policy", SGLANG, "--config", str(tmp_path), "--platform", "sm90",
+                 "--no-env"])
+    out = capsys.readouterr().out
+    assert code == 1 and "layers 1-60: not compared: vllm-0.33: REFUSED by vLLM (ValueError): Compressed-tensors " \
+        "group/dynamic activation ordering (actorder='group') is no longer supported." in out
+    assert "sglang-0.5.23: reads compressed-tensors W4A16 group 32 (target 'RoutedExperts')" in out
+
+
 def test_a_plan_trace_carries_the_method_sglang_builds_and_replays(tmp_path, capsys):
     """At TP 8 Marlin's MoE check fails for Qwen3-30B-A3B-AWQ (768 / 8 = 96): SGLang builds MoeWNA16Method, which
     the trace records as the layer's method; explain says so and replay decides the same from the trace alone."""

@@ -84,9 +84,12 @@ def decide_under(inputs: DecisionInputs, profile: str, speed_table=None) -> dict
         return err.trace
 
 
-def diff_layer(inputs: DecisionInputs, before: str, after: str, speed_table=None) -> LayerDiff:
+def diff_layer(inputs: DecisionInputs, before: str, after: str, speed_table=None,
+               after_inputs: DecisionInputs | None = None) -> LayerDiff:
+    """``inputs`` decided under both profiles; ``after_inputs``: the second side's own inputs where the two engines
+    read the same checkpoint layer differently (each profile's config rules: ``moe-fsm diff --config``)."""
     a = Side(before, decide_under(inputs, before, speed_table))
-    b = Side(after, decide_under(inputs, after, speed_table))
+    b = Side(after, decide_under(after_inputs or inputs, after, speed_table))
     return LayerDiff(a, b, first_divergence(a.document, b.document), (_unread(inputs, before), _unread(inputs, after)))
 
 

@@ -59,46 +59,61 @@ def run(args) -> int:
         raise InputError("give --preset or --config, not both")
     unmapped: list[str] = []
     if args.config:
-        layers, unmapped, title = _config_layers(args.config, base, after)
+        layers, unmapped, title = _config_layers(args.config, base, before, after)
     elif args.preset:
         from moe_fsm.engine.presets import preset
 
         model = preset(args.preset)
-        layers = [(spec.name, replace(base, layer=spec.layer)) for spec in model.layers]
+        layers = [(spec.name, replace(base, layer=spec.layer), None) for spec in model.layers]
         title = model.describe()
     else:
-        layers = [(None, base)]
+        layers = [(None, base, None)]
         title = None
     groups: dict = {}
-    for name, inputs in layers:
-        groups.setdefault(inputs, []).append(name)
-    results = [(names, diff.diff_layer(inputs, before, after, args.speed_table)) for inputs, names in groups.items()]
+    for name, inputs, after_inputs in layers:
+        groups.setdefault((inputs, after_inputs), []).append(name)
+    results = [(names, diff.diff_layer(inputs, before, after, args.speed_table, after_inputs))
+               for (inputs, after_inputs), names in groups.items()]
     if args.json:
         sys.stdout.write(json.dumps([_json(names, d) for names, d in results], indent=2, sort_keys=True) + "\n")
+    elif not results:  # no layer both profiles' config rules could read: each side's reason, per layer
+        print("\n".join([f"moe-fsm diff: {before} -> {after}  ({title}): no layer is read by both", *unmapped]))
     else:
         print("\n".join(_text(before, after, title, results) + unmapped))
     return EXIT_OK if all(d.identical for _, d in results) and not unmapped else EXIT_DIFFERS
 
 
-def _config_layers(path, base, profile: str):
-    """Each MoE layer of a config.json with the base inputs (the platform, parallel layout, env and request),
-    read as `moe-fsm plan` reads them under ``profile``; layers it cannot map are listed with their reason."""
+def _config_layers(path, base, before: str, after: str):
+    """Each MoE layer of a config.json with the base inputs (the platform, parallel layout, env and request), read
+    as `moe-fsm plan` reads it under each profile (each by its own engine's config rules): (name, the first side's
+    inputs, the second side's where they differ, else None); a layer either side cannot map is listed with each
+    side's reason."""
     from moe_fsm.plan.decider import LayerDecider
-    from moe_fsm.plan.plan import checkpoint_layers, layer_of
-    from moe_fsm.plan.quant_config import Mapped
+    from moe_fsm.plan.plan import checkpoint_layers, layer_of, layer_ranges
+    from moe_fsm.plan.quant_config import Mapped, Refused
 
-    decider = LayerDecider(parallel=base.parallel, request=base.request, env=base.env, platform=base.platform,
-                           policy=profile)
-    model, _, quants = checkpoint_layers(path, decider)
-    layers, unmapped = [], []
-    for index, quant in zip(model.moe_layers, quants):
-        name = model.experts_module(index)
+    def read(profile: str):
+        decider = LayerDecider(parallel=base.parallel, request=base.request, env=base.env, platform=base.platform,
+                               policy=profile)
+        return checkpoint_layers(path, decider)
+
+    def said(profile: str, quant) -> str:
         if isinstance(quant, Mapped):
-            layers.append((name, replace(base, layer=layer_of(model, quant))))
+            return f"{profile}: reads {quant.source}"
+        if isinstance(quant, Refused):
+            return f"{profile}: REFUSED by {quant.by} ({quant.error}): {quant.reason}"
+        return f"{profile}: NOT MAPPED: {quant.reason}"
+
+    model, _, quants_before = read(before)
+    _, _, quants_after = read(after)
+    layers, apart = [], {}
+    for index, quant_a, quant_b in zip(model.moe_layers, quants_before, quants_after):
+        if isinstance(quant_a, Mapped) and isinstance(quant_b, Mapped):
+            a, b = replace(base, layer=layer_of(model, quant_a)), replace(base, layer=layer_of(model, quant_b))
+            layers.append((model.experts_module(index), a, None if b == a else b))
         else:
-            unmapped.append(f"{name}: not compared: {quant}")
-    if not layers:
-        raise InputError(f"{path}: no MoE layer of the config could be read ({unmapped[0] if unmapped else 'none'})")
+            apart.setdefault((said(before, quant_a), said(after, quant_b)), []).append(index)
+    unmapped = [f"layers {layer_ranges(indices)}: not compared: {a}; {b}" for (a, b), indices in apart.items()]
     return layers, unmapped, f"{model.architecture} from {model.path}"
 
 
