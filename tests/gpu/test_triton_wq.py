@@ -41,6 +41,7 @@ SCHEMES = {
     "mxfp4": QuantScheme.mxfp4(),
     "int4 g128": QuantScheme.int_wna16(4, 128),
     "int4 g32 zp": QuantScheme.int_wna16(4, 32, True, "compressed-tensors"),
+    "int4 channel": QuantScheme.int_wna16(4, -1),
     "int8 channel": QuantScheme.int_wna16(8, -1),
     "int8 g64 zp": QuantScheme.int_wna16(8, 64, True, "compressed-tensors"),
 }
@@ -170,4 +171,41 @@ def test_mxfp4_experts_either_path(monkeypatch, scaled_dot):
     kernel = ModularKernel(LocalPrepareFinalize(), experts, layer)
     poison_allocator()
     out = kernel(x, w1, w2, g, ids, scales=scales)
+    assert rel_err(out.cpu(), ref) <= TOL
+
+
+# Tensor-parallel shards: K and N multiples of 16 (and of the scale group), not of the SPLIT layout's 64-column
+# chunks. gpt-oss-120b over two GPUs has N = 1440; the experts pad the rows to whole chunks at the re-layout.
+GPT_OSS_TP2 = dict(num_experts=32, top_k=4, hidden_size=2880, intermediate_size=1440)
+SHARDS = [("mxfp4", GPT_OSS_TP2), ("int4 g32 zp", GPT_OSS_TP2), ("int4 channel", dict(GPT_OSS_TP2, intermediate_size=720)),
+          ("int8 g64 zp", dict(GPT_OSS_TP2, intermediate_size=1472))]
+
+
+@pytest.mark.parametrize("tokens", [1, 37, 300])
+@pytest.mark.parametrize("name,shape", SHARDS, ids=lambda v: v if isinstance(v, str) else "N{intermediate_size}".format(**v))
+def test_shard_shapes_match_reference(name, shape, tokens):
+    layer = _layer(name, shape)
+    x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"shard-{name}-{tokens}".encode()))
+    experts = TritonMxfp4Experts(layer) if name == "mxfp4" else TritonWna16Experts(layer)
+    assert experts.split is (name != "int8 g64 zp")
+    kernel = ModularKernel(LocalPrepareFinalize(), experts, layer)
+    poison_allocator()
+    out = kernel(x, w1, w2, g, ids, scales=scales)
+    assert rel_err(out.cpu(), ref) <= TOL
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("cfg", CONFIGS[:2], ids=lambda c: "m{}n{}k{}".format(c.block_m, c.block_n, c.block_k))
+def test_padded_split_layout_on_every_dequant_path(cfg, fast):
+    """MXFP4 at gpt-oss-120b's TP2 shard in the padded SPLIT layout, inline-PTX and plain-Triton dequant."""
+    layer = _layer("mxfp4", GPT_OSS_TP2)
+    x, w1, w2, scales, g, ids, ref = _problem(layer, 45, zlib.crc32(b"padded-split"))
+    w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
+    assert w2.shape[-1] == 1472 // 2
+    poison_allocator()
+    out = fused_wq_experts(
+        x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
+        w2_scale=scales.w2_scale, w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation="swigluoai",
+        swiglu_limit=7.0, split=True, fast=fast, config=cfg,
+    )
     assert rel_err(out.cpu(), ref) <= TOL

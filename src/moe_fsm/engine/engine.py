@@ -86,11 +86,15 @@ class Engine(LayerDecider):
         if not decided.cached:
             self._kernels[decided.inputs] = self._build(index, spec, decided.decision)
         decision = decided.decision
-        stand_in = getattr(self._kernels[decided.inputs], "stand_in", None)
-        if stand_in is not None and "stand_in" not in (decision.trace.get("build") or {}):
-            # the trace's build section names what runs in place of the decided kernel (the decision is unchanged)
-            decision = replace(decision, trace={**decision.trace,
-                                                "build": {**decision.trace["build"], "stand_in": stand_in.to_json()}})
+        kernel = self._kernels[decided.inputs]
+        stand_in = getattr(kernel, "stand_in", None)
+        # the trace's build section names what runs in place of the decided kernel and the weights' one-time
+        # re-layout (the decision is unchanged)
+        built = {"stand_in": stand_in.to_json() if stand_in is not None else None,
+                 "weight_layout": getattr(getattr(kernel, "experts", None), "relayout", None)}
+        missing = {k: v for k, v in built.items() if v is not None and k not in (decision.trace.get("build") or {})}
+        if missing:
+            decision = replace(decision, trace={**decision.trace, "build": {**decision.trace["build"], **missing}})
             if not decided.cached:
                 self._decisions[decided.inputs] = decision
             try:

@@ -13,7 +13,9 @@ for asymmetric checkpoints, zero points [E, R, C/G]; biases in ExpertScales.
 
 Build-time re-layout: 4-bit weights are re-laid once into the kernels' SPLIT nibble
 order (``relayout_nibbles``, an exact permutation of the codes inside each 64-column
-chunk) the first time a weight tensor is seen, and the copy is kept (keyed by the
+chunk, rows padded with zero codes to whole chunks where K or N is not a multiple of 64,
+as tensor-parallel shards are: gpt-oss-120b's TP2 N = 1440) the first time a weight
+tensor is seen, and the copy is kept (keyed by the
 tensor's storage and version, the source kept alive so its address cannot be reused),
 as vLLM and triton_kernels re-lay MXFP4 weights at load. ``relayout`` says so for the
 trace's build section.
@@ -29,7 +31,7 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
-from moe_fsm.kernels.triton_wq.fused import can_split, relayout_nibbles
+from moe_fsm.kernels.triton_wq.fused import can_split, relayout_nibbles, split_columns
 from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales, Experts, InputQuantizer, PreparedTokens, WeightAndReduce
 
 _LAYER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -49,7 +51,7 @@ class _TritonWeightQuantExperts(Experts):
         self.layer = layer
         self.quant = WeightQuant.for_scheme(layer.quant)
         self.use_scaled_dot = self.scaled_dot and layer.dtype == "bfloat16"
-        self.split = not self.use_scaled_dot and can_split(self.quant, layer.hidden_size, layer.intermediate_size)
+        self.split = not self.use_scaled_dot and can_split(self.quant)
         self._relaid: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
@@ -57,7 +59,10 @@ class _TritonWeightQuantExperts(Experts):
         """The one-time weight re-layout this kernel makes, in words (None: weights are used as given)."""
         if not self.split:
             return None
-        return "4-bit codes re-laid once per weight tensor into 64-column nibble halves (exact permutation)"
+        relaid = "4-bit codes re-laid once per weight tensor into 64-column nibble halves (exact permutation)"
+        padded = [f"{name} {cols} -> {split_columns(cols)}" for name, cols in
+                  (("K", self.layer.hidden_size), ("N", self.layer.intermediate_size)) if split_columns(cols) != cols]
+        return relaid + (f"; rows padded with zero codes to whole chunks ({', '.join(padded)})" if padded else "")
 
     def _weights(self, w: torch.Tensor) -> torch.Tensor:
         if not self.split:

@@ -21,8 +21,13 @@ Weights stay quantized in memory and are dequantized in registers inside the K l
   makes once at build time) each 64-column chunk's byte j holds column j in its low
   nibble and column j + 32 in its high one, so the low nibbles of a tile are one
   contiguous half of every chunk and the high nibbles the other: two dots, no
-  interleaving shuffle. Without it (checkpoint order: column 2j low, 2j + 1 high)
-  the nibbles are interleaved back with ``tl.interleave``.
+  interleaving shuffle. A reduction length that is not a multiple of 64 (a
+  tensor-parallel shard: N = 1440) is padded with zero bytes to the next one, so
+  a row's bytes run past ``KRED / 2``: weight bytes are masked at the row's stored
+  length (``stride_wr``, rows being contiguous), the activations at ``KRED`` (zeros
+  meet the pad columns), scales and zero points at ``KRED``'s groups. Without it
+  (checkpoint order: column 2j low, 2j + 1 high) the nibbles are interleaved back
+  with ``tl.interleave``.
 * ``FAST`` (bf16 activations, 4-bit weights): the nibbles become bf16 in inline PTX,
   two per 32-bit instruction: MXFP4 e2m1 bits are moved into bf16's sign, exponent
   and mantissa fields and multiplied by 2**126 and by the E8M0 scale (``mul.bf16x2``,
@@ -173,13 +178,14 @@ def _load_groups(ptr, row, g, KRED, GROUP: tl.constexpr, EVEN_K: tl.constexpr, o
 
 
 @triton.jit
-def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRED,
+def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRED, ROW_BYTES,
               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
               KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, SPLIT: tl.constexpr,
               FAST: tl.constexpr, EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] += W[rows, K tile ki] @ X^T[K tile ki, pairs], weights dequantized in registers.
 
-    w_row/s_row/z_row: [BLOCK_N] int64 element offsets of the tile's weight rows in w, s, z. x_lo, x_hi: the
+    w_row/s_row/z_row: [BLOCK_N] int64 element offsets of the tile's weight rows in w, s, z; ROW_BYTES: the
+    stored length of a 4-bit row in bytes (KRED / 2, or more with SPLIT's pad). x_lo, x_hi: the
     activation tiles, [BLOCK_K // 2, BLOCK_M] each (SPLIT 4-bit: the columns of the low / high nibbles), or
     x_lo the whole [BLOCK_K, BLOCK_M] tile.
     """
@@ -217,7 +223,7 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
         if EVEN_K:
             b = tl.load(w_ptr + w_row[:, None] + offs_b[None, :])
         else:
-            b = tl.load(w_ptr + w_row[:, None] + offs_b[None, :], mask=(offs_b < KRED // 2)[None, :], other=0)
+            b = tl.load(w_ptr + w_row[:, None] + offs_b[None, :], mask=(offs_b < ROW_BYTES)[None, :], other=0)
         if SPLIT:
             # byte j of 64-column chunk c: column c*64 + j (low nibble) and c*64 + 32 + j (high nibble)
             idx = tl.arange(0, HALF)
@@ -383,11 +389,11 @@ def wq_gemm_kernel(
                 x_lo = tl.load(x_ptr + x_row_off[None, :] + offs_k[:, None], mask=pair_ok[None, :] & (offs_k < KRED)[:, None], other=0.0)
             x_hi = x_lo
         acc_a = _tile_dot(acc_a, w_base, s_base, z_base, rows_a * stride_wr, rows_a * stride_sr, rows_a * stride_zr,
-                          x_lo, x_hi, ki, KRED, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO,
+                          x_lo, x_hi, ki, KRED, stride_wr, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO,
                           SPLIT, FAST, EVEN_K, SCALE_ACC, SCALED_DOT)
         if GATED:
             acc_b = _tile_dot(acc_b, w_base, s_base, z_base, rows_b * stride_wr, rows_b * stride_sr,
-                              rows_b * stride_zr, x_lo, x_hi, ki, KRED, BLOCK_N, BLOCK_M, BLOCK_K,
+                              rows_b * stride_zr, x_lo, x_hi, ki, KRED, stride_wr, BLOCK_N, BLOCK_M, BLOCK_K,
                               GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K, SCALE_ACC, SCALED_DOT)
 
     if HAS_BIAS:

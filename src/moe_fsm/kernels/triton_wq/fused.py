@@ -7,7 +7,9 @@ router weight fused, and sum over top-k. No device value is read on the host.
 
 ``relayout_nibbles`` is the one-time weight re-layout (``SPLIT``, see ``_kernels``):
 a permutation of the 4-bit codes inside each 64-column chunk, exact, done once per
-weight tensor by the experts class. ``WqConfig`` is the tile of one call; the
+weight tensor by the experts class; rows whose length is not a multiple of 64 (any
+K or N that is a multiple of 16, as tensor-parallel shards are) are padded with zero
+bytes to the next multiple first, and the kernels mask the pad. ``WqConfig`` is the tile of one call; the
 tuned table (``configs/wq_<device>.json``, written by ``bench/bench_weight_quantized.py run --write-table``)
 is keyed by layer shape and token count, with ``default_wq_config`` elsewhere.
 """
@@ -86,10 +88,12 @@ def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int):
 
 
 def _check_weight(name: str, w: torch.Tensor, scale: torch.Tensor, zero: Optional[torch.Tensor], quant: WeightQuant,
-                  experts: int, rows: int, cols: int) -> int:
+                  experts: int, rows: int, cols: int, split: bool) -> int:
     """Shapes and dtypes of one quantized weight [E, rows, cols]; returns its columns per scale."""
-    if w.dtype != torch.uint8 or tuple(w.shape) != (experts, rows, cols // quant.packing):
-        raise KernelInputError(f"{name} must be uint8 [{experts}, {rows}, {cols // quant.packing}] ({quant.kind}); "
+    stored = (split_columns(cols) if split else cols) // quant.packing
+    if w.dtype != torch.uint8 or tuple(w.shape) != (experts, rows, stored):
+        layout = " in the SPLIT layout (rows padded to whole 64-column chunks)" if split else ""
+        raise KernelInputError(f"{name} must be uint8 [{experts}, {rows}, {stored}] ({quant.kind}){layout}; "
                                f"got {w.dtype} {list(w.shape)}")
     group = quant.columns_per_scale(cols)
     if cols % group:
@@ -113,32 +117,38 @@ def _check_bias(name: str, bias: Optional[torch.Tensor], experts: int, rows: int
         raise KernelInputError(f"{name} must be a contiguous [{experts}, {rows}]; got {list(bias.shape)}")
 
 
+def split_columns(cols: int) -> int:
+    """Columns a row holds in the SPLIT layout: ``cols`` rounded up to whole 64-column chunks."""
+    return -(-cols // SPLIT_CHUNK) * SPLIT_CHUNK
+
+
 def relayout_nibbles(w: torch.Tensor) -> torch.Tensor:
     """Packed 4-bit codes [..., C/2] (column 2j low nibble, 2j + 1 high) -> the SPLIT layout of ``_kernels``.
 
     Byte j of each 64-column chunk holds column j in its low nibble and column j + 32 in its high one.
-    Exact (a permutation of codes); ``C`` must be a multiple of 64.
+    Rows are first padded with zero bytes to ``split_columns(C)`` columns (C = 1440 -> 1472), so the
+    result is [..., split_columns(C) / 2]; otherwise exact (a permutation of codes).
     """
-    cols = w.shape[-1] * 2
-    if w.dtype != torch.uint8 or cols % SPLIT_CHUNK:
-        raise KernelInputError(f"the nibble re-layout needs uint8 codes with a multiple of {SPLIT_CHUNK} columns; "
-                               f"got {w.dtype} {list(w.shape)}")
+    if w.dtype != torch.uint8:
+        raise KernelInputError(f"the nibble re-layout takes packed 4-bit codes as uint8; got {w.dtype} {list(w.shape)}")
+    cols = split_columns(w.shape[-1] * 2)
+    w = torch.nn.functional.pad(w, (0, cols // 2 - w.shape[-1]))
     codes = torch.stack((w & 15, w >> 4), dim=-1).reshape(*w.shape[:-1], cols // SPLIT_CHUNK, 2, SPLIT_CHUNK // 2)
     return (codes[..., 0, :] | (codes[..., 1, :] << 4)).reshape(w.shape).contiguous()
 
 
-def undo_relayout_nibbles(w: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``relayout_nibbles``."""
-    cols = w.shape[-1] * 2
-    chunks = w.reshape(*w.shape[:-1], cols // SPLIT_CHUNK, SPLIT_CHUNK // 2)
-    codes = torch.stack((chunks & 15, chunks >> 4), dim=-2).reshape(*w.shape[:-1], cols)
-    pairs = codes.reshape(*w.shape[:-1], cols // 2, 2)
+def undo_relayout_nibbles(w: torch.Tensor, cols: Optional[int] = None) -> torch.Tensor:
+    """The inverse of ``relayout_nibbles``: checkpoint order, cut to ``cols`` columns (default: all, pad included)."""
+    stored = w.shape[-1] * 2
+    chunks = w.reshape(*w.shape[:-1], stored // SPLIT_CHUNK, SPLIT_CHUNK // 2)
+    codes = torch.stack((chunks & 15, chunks >> 4), dim=-2).reshape(*w.shape[:-1], stored)
+    pairs = codes[..., : stored if cols is None else cols].reshape(*w.shape[:-1], -1, 2)
     return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
 
 
-def can_split(quant: "WeightQuant", k: int, n: int) -> bool:
-    """Whether both weights of a [K, N] layer can take the SPLIT layout (4-bit, reductions of 64-column chunks)."""
-    return quant.kind != "int8" and k % SPLIT_CHUNK == 0 and n % SPLIT_CHUNK == 0
+def can_split(quant: "WeightQuant") -> bool:
+    """Whether the weights can take the SPLIT layout: 4-bit codes (any even row length, padded to 64 columns)."""
+    return quant.kind != "int8"
 
 
 @dataclass(frozen=True)
@@ -262,7 +272,7 @@ def fused_wq_experts(
 
     ``w1`` [E, 2N, K/p] and ``w2`` [E, K, N/p] hold codes (p = 2 for 4-bit), rows of
     w1 stacked gate-then-up, or interleaved (gate 2n, up 2n+1) with ``interleaved``;
-    with ``split`` both are in the layout of ``relayout_nibbles``. ``fast`` (default)
+    with ``split`` both are in the layout of ``relayout_nibbles`` (rows padded to 64-column chunks). ``fast`` (default)
     dequantizes 4-bit codes with inline PTX where the activations are bf16. ``scaled_dot`` (MXFP4 in
     checkpoint nibble order, bf16 activations) hands the upcast and the E8M0 scales to Triton's ``tl.dot_scaled``.
     """
@@ -272,10 +282,12 @@ def fused_wq_experts(
     if activation not in ACTIVATIONS:
         raise KernelInputError(f"activation {activation!r} is not one of {list(ACTIVATIONS)}")
     num_tokens, k = hidden.shape
+    if split and not can_split(quant):
+        raise KernelInputError("the SPLIT nibble layout holds 4-bit weights; INT8 codes are read as stored")
     experts, two_n = w1.shape[0], w1.shape[1]
     n = two_n // 2
-    g1 = _check_weight("w1", w1, w1_scale, w1_zero_point, quant, experts, 2 * n, k)
-    g2 = _check_weight("w2", w2, w2_scale, w2_zero_point, quant, experts, k, n)
+    g1 = _check_weight("w1", w1, w1_scale, w1_zero_point, quant, experts, 2 * n, k, split)
+    g2 = _check_weight("w2", w2, w2_scale, w2_zero_point, quant, experts, k, n, split)
     _check_bias("w1_bias", w1_bias, experts, 2 * n)
     _check_bias("w2_bias", w2_bias, experts, k)
     if (w1_bias is None) != (w2_bias is None):
@@ -283,8 +295,6 @@ def fused_wq_experts(
     if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != num_tokens:
         raise KernelInputError(f"topk_ids and topk_weights must both be [M={num_tokens}, top_k]; got "
                                f"{list(topk_ids.shape)} and {list(topk_weights.shape)}")
-    if split and not can_split(quant, k, n):
-        raise KernelInputError(f"the SPLIT nibble layout needs 4-bit weights and K, N multiples of {SPLIT_CHUNK}")
     if scaled_dot and (quant.kind != "mxfp4" or split or hidden.dtype != torch.bfloat16):
         raise KernelInputError("scaled_dot runs MXFP4 weights in checkpoint nibble order (no SPLIT) with bfloat16 "
                                f"activations; got {quant.kind}, split={split}, {hidden.dtype}")

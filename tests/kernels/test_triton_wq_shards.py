@@ -1,0 +1,150 @@
+"""The weight-quantized Triton MoE at K and N that are multiples of 16 only, as tensor-parallel shards are.
+
+gpt-oss-120b split over two GPUs has N = 1440, not a multiple of the SPLIT layout's
+64-column chunks: the rows are padded with zero codes to whole chunks once, at the
+re-layout, and the kernels mask the pad. Every stored format runs here under Triton's
+interpreter on CPU (``TRITON_INTERPRET=1``; small shapes, float16 activations since
+the interpreter has no bfloat16 arithmetic, so the plain-Triton dequantization),
+against float64 on the weights the kernel holds, outputs poisoned with NaN first.
+Triton picks the interpreter when the kernels are defined, so these run only in a
+process started with it: ``TRITON_INTERPRET=1 python3 -m pytest tests/kernels/test_triton_wq_shards.py``
+(the shape checks run everywhere). ``tests/gpu/test_triton_wq.py`` runs realistic
+shard shapes on CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+
+import pytest
+import torch
+from torch_moe_cases import seed_for
+
+from moe_fsm.engine.engine import Engine
+from moe_fsm.engine.presets import LayerSpec
+from moe_fsm.errors import KernelInputError
+from moe_fsm.experts.triton_wq_experts import TritonMxfp4Experts, TritonWna16Experts
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.inputs.layer import MoELayer
+from moe_fsm.inputs.parallel import ParallelConfig
+from moe_fsm.inputs.platform import preset as platform_preset
+from moe_fsm.inputs.quant import QuantScheme
+from moe_fsm.kernels.reference import moe_reference
+from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
+from moe_fsm.kernels.triton_wq.fused import WqConfig, relayout_nibbles, split_columns, undo_relayout_nibbles
+from moe_fsm.quantize.weights import dequantize_weights, quantize_weights
+from moe_fsm.trace import schema as trace_schema
+
+TOL = 1e-2  # fp16 operands and intermediate, fp32 accumulation (measured 3e-4 to 1e-3)
+# (scheme, K, N): reduction lengths that are multiples of 16 (and of the scale group) but not of 64 where the
+# format allows it; group 64 and 128 layers have both multiples of 64 by construction, so their rows are odd
+SHAPES = {
+    "mxfp4 bias": (QuantScheme.mxfp4(), 96, 160),
+    "int4 g32": (QuantScheme.int_wna16(4, 32), 160, 96),
+    "int4 g32 zp": (QuantScheme.int_wna16(4, 32, True, "compressed-tensors"), 96, 224),
+    "int4 g64 zp": (QuantScheme.int_wna16(4, 64, True, "compressed-tensors"), 192, 320),
+    "int4 g128": (QuantScheme.int_wna16(4, 128), 384, 128),
+    "int4 channel": (QuantScheme.int_wna16(4, -1), 80, 48),
+    "int8 g32 zp": (QuantScheme.int_wna16(8, 32, True, "compressed-tensors"), 96, 160),
+    "int8 channel": (QuantScheme.int_wna16(8, -1), 80, 48),
+}
+CONFIGS = [WqConfig(16, 32, 64, 4, 1), WqConfig(16, 16, 128, 4, 1)]
+
+
+interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+                                 reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """torch.empty / empty_like hand out NaN-filled float tensors: an element the kernels never write shows."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poison(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_empty_like(*a, **k)))
+
+
+def _problem(name: str, tokens: int, experts: int = 4, top_k: int = 2):
+    scheme, k, n = SHAPES[name]
+    gen = torch.Generator().manual_seed(seed_for(("wq-shard", name, tokens)))
+    w1 = torch.randn(experts, 2 * n, k, generator=gen) / k**0.5
+    w2 = torch.randn(experts, k, n, generator=gen) / n**0.5
+    w1q, w2q, scales = quantize_weights(w1, w2, scheme)
+    w1f, w2f = dequantize_weights(w1q, w2q, scales, scheme, torch.float64)
+    bias = name.startswith("mxfp4")
+    b1 = torch.randn(experts, 2 * n, generator=gen) * 0.1 if bias else None
+    b2 = torch.randn(experts, k, generator=gen) * 0.1 if bias else None
+    x = torch.randn(tokens, k, generator=gen).to(torch.float16)
+    g, ids = torch.topk(torch.softmax(torch.randn(tokens, experts, generator=gen), -1), top_k, dim=-1)
+    ref = moe_reference(x, w1f, w2f, g, ids, activation="silu", w1_bias=b1, w2_bias=b2)
+    return scheme, x, w1q, w2q, scales, b1, b2, g, ids.to(torch.int32), ref
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.to(torch.float64) - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}")
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("name", list(SHAPES))
+@interpreter
+def test_every_format_at_shard_shapes(poisoned, name, tokens, cfg):
+    scheme, x, w1, w2, scales, b1, b2, g, ids, ref = _problem(name, tokens)
+    quant = WeightQuant.for_scheme(scheme)
+    for split in ((False, True) if quant.kind != "int8" else (False,)):
+        out = fused_wq_experts(
+            x, relayout_nibbles(w1) if split else w1, relayout_nibbles(w2) if split else w2, g, ids, quant=quant,
+            w1_scale=scales.w1_scale, w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point,
+            w2_zero_point=scales.w2_zero_point, w1_bias=b1, w2_bias=b2, split=split, fast=False, config=cfg,
+        )
+        assert out.shape == ref.shape and bool(torch.isfinite(out).all()), (name, split)
+        assert _rel(out, ref) <= TOL, (name, split)
+
+
+def test_relayout_pads_rows_to_whole_chunks_and_undoes_exactly():
+    gen = torch.Generator().manual_seed(seed_for("relayout-pad"))
+    w = torch.randint(0, 256, (3, 5, 720), generator=gen, dtype=torch.uint8)  # 1440 columns: 22.5 chunks
+    relaid = relayout_nibbles(w)
+    assert split_columns(1440) == 1472 and relaid.shape == (3, 5, 736)
+    assert torch.equal(undo_relayout_nibbles(relaid, 1440), w)
+    # the pad (columns 1440-1471) sits in the high nibbles of the last chunk's bytes, all zero
+    assert int((relaid[..., 704:] >> 4).max()) == 0
+    assert torch.equal(relaid[..., 704:] & 15, torch.stack((w[..., 704:] & 15, w[..., 704:] >> 4), -1).reshape(3, 5, 32))
+
+
+@interpreter
+def test_stored_shape_must_match_the_layout():
+    scheme, x, w1, w2, scales, *_ = _problem("int4 g32", 3)
+    quant = WeightQuant.for_scheme(scheme)
+    with pytest.raises(KernelInputError, match="SPLIT layout"):
+        fused_wq_experts(x, w1, w2, torch.ones(3, 2), torch.zeros(3, 2, dtype=torch.int32), quant=quant,
+                         w1_scale=scales.w1_scale, w2_scale=scales.w2_scale, split=True)
+
+
+@pytest.mark.parametrize("name", ["mxfp4 bias", "int4 g32 zp"])
+def test_experts_take_the_split_layout_at_shard_shapes_and_say_so(name):
+    scheme, k, n = SHAPES[name]
+    layer = MoELayer(quant=scheme, dtype="float16", num_experts=4, top_k=2, hidden_size=k, intermediate_size=n,
+                     bias=name.startswith("mxfp4"))
+    experts = (TritonMxfp4Experts if name.startswith("mxfp4") else TritonWna16Experts)(layer)
+    assert experts.split
+    padded = [f"{d} {c} -> {split_columns(c)}" for d, c in (("K", k), ("N", n)) if c % 64]
+    assert padded and all(p in experts.relayout for p in padded)
+
+
+def test_the_engine_records_the_padded_relayout_in_the_trace(tmp_path):
+    """The trace's build section says how the weights were re-laid, the pad included (an H100 build; no run)."""
+    layer = MoELayer(quant=SHAPES["int4 g32 zp"][0], dtype="bfloat16", num_experts=128, top_k=4, hidden_size=2880,
+                     intermediate_size=1440)
+    (loaded,) = Engine([LayerSpec("model.layers.0.mlp.experts", layer)], parallel=ParallelConfig(), env=EnvSnapshot(),
+                       platform=platform_preset("sm90"), trace_dir=tmp_path, device="cuda", policy="vllm-0.33").load()
+    assert isinstance(loaded.kernel.experts, TritonWna16Experts) and loaded.stand_in is None
+    trace = json.loads(loaded.trace_path.read_text())
+    assert trace["build"]["weight_layout"].endswith("rows padded with zero codes to whole chunks (N 1440 -> 1472)")
+    assert trace_schema.errors(trace) == []
