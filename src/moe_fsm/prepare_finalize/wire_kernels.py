@@ -4,6 +4,9 @@ Dispatch and combine move each token's bytes across the wire once; every other
 pass over those bytes is overhead, so on CUDA each is one Triton kernel that
 reads its input once and writes its output once:
 
+* :func:`route`: every token's send row for each rank, and the per-rank counts, in one
+  program, instead of a dozen torch operations (a destination mask, a count, a scan
+  down its columns that torch runs as a serial kernel, index arithmetic);
 * :func:`scatter_send_rows` / :func:`gather_send_rows`: the send buffer, grouped by
   destination, written straight from the (quantized) payload and the small per-token
   fields (scale, top-k ids, weights, packed by :func:`pack_source`), instead of
@@ -28,9 +31,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from dataclasses import dataclass
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Optional, Sequence
@@ -42,6 +45,7 @@ from moe_fsm.kernels.triton_moe._runtime import HAS_TRITON, interpreter_enabled
 
 # Columns (of the word type the rows are viewed as) one program copies: 4 KiB of int32 words.
 BLOCK_COLUMNS = 1024
+
 
 @functools.lru_cache(maxsize=None)
 def _kernel_module(interpreted: bool) -> ModuleType:
