@@ -15,6 +15,7 @@ import torch
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.quant import QuantScheme
 from moe_fsm.kernels import intq, mx
+from moe_fsm.modular.interfaces import ExpertScales
 from moe_fsm.modular.validation import check_weight_scales
 from moe_fsm.quantize.weights import dequantize_weights, quantize_weights
 
@@ -150,8 +151,39 @@ def test_weight_table_quantizes_and_validates(scheme):
         assert rel < (0.2 if scheme.family.value == "mxfp4" else 0.12), rel
 
 
-def test_activation_ordered_checkpoints_are_refused_at_build():
+@pytest.mark.parametrize("bits,group,zero_point", [(4, 32, False), (4, 128, True), (8, 64, False)])
+def test_activation_ordered_weights_gather_each_columns_group(bits, group, zero_point):
+    """GPTQ desc_act: columns quantized in descending squared-norm order; g_idx names each column's group."""
+    gen = torch.Generator().manual_seed(bits * 100 + group)
+    w = torch.randn(2, 8, 256, generator=gen) * torch.rand(256, generator=gen) + (0.4 if zero_point else 0.0)
+    codes, scales, zeros, g_idx = intq.act_order_quantize_weight(w, bits, group, zero_point=zero_point,
+                                                                 scale_dtype=torch.float16)
+    assert g_idx.dtype == torch.int32 and g_idx.shape == (2, 256)
+    assert all(torch.bincount(g_idx[e].long()).tolist() == [group] * (256 // group) for e in range(2))
+    order = intq.act_order_permutation(w)
+    norms = w.double().pow(2).sum(dim=-2)
+    assert bool((torch.gather(norms, -1, order).diff(dim=-1) <= 0).all())  # largest first
+    # the same codes as quantizing the visited order in plain groups, put back in column order
+    plain, plain_scales, plain_zeros = intq.quantize_weight(torch.gather(w, -1, order.unsqueeze(1).expand(w.shape)),
+                                                            bits, group, zero_point=zero_point, scale_dtype=torch.float16)
+    assert torch.equal(scales, plain_scales) and (zeros is None or torch.equal(zeros, plain_zeros))
+    back = intq.dequantize_weight(codes, scales, zeros, bits, torch.float64, g_idx)
+    plain_back = intq.dequantize_weight(plain, plain_scales, plain_zeros, bits, torch.float64)
+    assert torch.equal(torch.gather(back, -1, order.unsqueeze(1).expand(w.shape)), plain_back)
+
+
+def test_activation_ordered_schemes_quantize_validate_and_dequantize():
+    scheme = QuantScheme.int_wna16(4, 32, act_order=True)
+    layer = MoELayer(quant=scheme, num_experts=3, hidden_size=256, intermediate_size=128)
+    gen = torch.Generator().manual_seed(5)
+    w1, w2 = torch.randn(3, 256, 256, generator=gen) / 16, torch.randn(3, 256, 128, generator=gen) / 11
+    w1q, w2q, scales = quantize_weights(w1, w2, scheme)
+    assert scales.w1_g_idx.shape == (3, 256) and scales.w2_g_idx.shape == (3, 128)
+    check_weight_scales(scales, layer, 3)
+    d1, d2 = dequantize_weights(w1q, w2q, scales, scheme, torch.float64)
+    for dense, w in ((d1, w1), (d2, w2)):
+        assert float((dense - w.double()).norm() / w.double().norm()) < 0.12
     from moe_fsm.errors import KernelInputError
 
-    with pytest.raises(KernelInputError, match="activation-ordered checkpoints"):
-        quantize_weights(torch.zeros(1, 64, 32), torch.zeros(1, 32, 32), QuantScheme.int_wna16(4, 32, act_order=True))
+    with pytest.raises(KernelInputError, match="w2_g_idx is missing"):
+        check_weight_scales(ExpertScales(**{**vars(scales), "w2_g_idx": None}), layer, 3)

@@ -41,6 +41,8 @@ WEIGHT_ONLY = {
     "awq int4 zp": QuantScheme.int_wna16(4, 64, True, "awq"),
     "gptq int8 channel": QuantScheme.int_wna16(8, -1),
     "ct uint8 g64 zp": QuantScheme.int_wna16(8, 64, True, "compressed-tensors"),
+    "gptq int4 g32 act-order": QuantScheme.int_wna16(4, 32, act_order=True),
+    "ct uint8 g64 zp act-order": QuantScheme.int_wna16(8, 64, True, "compressed-tensors", act_order=True),
 }
 ACTIVATION_QUANTIZED = {
     "mxfp8": (QuantScheme.mxfp8(), 0.1),

@@ -51,6 +51,8 @@ def shard_experts(
             w2_global_scale=cut(scales.w2_global_scale),
             w1_zero_point=cut(scales.w1_zero_point),
             w2_zero_point=cut(scales.w2_zero_point),
+            w1_g_idx=cut(scales.w1_g_idx),
+            w2_g_idx=cut(scales.w2_g_idx),
             w1_bias=cut(scales.w1_bias),
             w2_bias=cut(scales.w2_bias),
         ),

@@ -40,7 +40,7 @@ from moe_fsm.kernels.activations import apply_activation
 from moe_fsm.kernels.grouping import group_by_expert
 from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales, Experts, InputQuantizer, PreparedTokens
 from moe_fsm.quantize.activations import activation_quant, input_quantizer, kernel_activation_quant, static_scale
-from moe_fsm.quantize.weights import weight_extra, weight_format
+from moe_fsm.quantize.weights import weight_extras, weight_format
 
 _INDEX_BYTES = 8
 
@@ -124,15 +124,15 @@ class ExpertMath:
             wt = w.transpose(1, 2) if w.dtype == self.compute_dtype else w.transpose(1, 2).to(self.compute_dtype)
             return lambda e: wt[e]
         fmt, dtype = self.weights, self.compute_dtype
-        scale, extra = getattr(scales, f"{prefix}_scale"), weight_extra(fmt, scales, prefix)
-        sources = (w, scale) if extra is None else (w, scale, extra)
+        scale, extras = getattr(scales, f"{prefix}_scale"), weight_extras(fmt, scales, prefix)
+        sources = (w, scale, *extras.values())
         key = tuple((t.data_ptr(), t._version, tuple(t.shape), t.dtype, t.device) for t in sources)
 
         def expert(e: int) -> torch.Tensor:
             cached = self._dequantized.get((key, e))
             if cached is not None:
                 return cached
-            dense = fmt.dequantize(w[e], scale[e], extra[e] if extra is not None else None, dtype).T
+            dense = fmt.dequantize(w[e], scale[e], {name: t[e] for name, t in extras.items()}, dtype).T
             size = dense.numel() * dense.element_size()
             if self._dequantized_bytes + size <= self.DEQUANTIZED_BUDGET_BYTES:
                 self._dequantized[(key, e)] = dense

@@ -14,6 +14,13 @@ two per byte, element ``2i`` in the low nibble. Scales and zero points are
 bf16 for W4A8-INT8 groups, fp32 otherwise), since that rounding is part of what
 a checkpoint holds.
 
+Activation-ordered weights (GPTQ ``desc_act``, compressed-tensors group activation order)
+are quantized with their columns visited in another order, so a scale group gathers
+columns from all over the row: ``g_idx[c]`` names column c's group, codes stay in
+column order, and ``w[r, c] = (code[r, c] - zero[r, g_idx[c]]) * scale[r, g_idx[c]]``.
+GPTQ orders columns by its Hessian's diagonal, descending; without calibration data
+the squared column norm stands in for it. Every group still holds G columns.
+
 Symmetric weights use GPTQ's grid: ``scale = 2 * amax / (2**bits - 1)``, codes
 ``clamp(round(w / scale) + zero, 0, 2**bits - 1)``. Asymmetric: ``scale =
 (max - min) / (2**bits - 1)``, ``zero = round(-min / scale)``.
@@ -86,6 +93,24 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
+def act_order_permutation(w: torch.Tensor) -> torch.Tensor:
+    """Column visiting order of activation-ordered quantization, per matrix: [..., C] int64, largest squared norm first."""
+    return torch.argsort(-_float(w).pow(2).sum(dim=-2), dim=-1, stable=True)
+
+
+def act_order_quantize_weight(
+    w: torch.Tensor, bits: int, group_size: int, *, zero_point: bool, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """Activation-ordered ``quantize_weight``: (codes in column order, scales, zero points or None, g_idx int32 [..., C])."""
+    order = act_order_permutation(w)
+    visited = torch.gather(w, -1, order.unsqueeze(-2).expand(w.shape))
+    codes, scales, zeros = quantize_weight(visited, bits, group_size, zero_point=zero_point, scale_dtype=scale_dtype)
+    values = unpack_nibbles(codes) if bits == 4 else codes
+    in_column_order = torch.empty_like(values).scatter_(-1, order.unsqueeze(-2).expand(values.shape), values)
+    g_idx = torch.empty_like(order).scatter_(-1, order, torch.arange(w.shape[-1], device=w.device).expand(order.shape) // group_size)
+    return (pack_nibbles(in_column_order) if bits == 4 else in_column_order), scales, zeros, g_idx.to(torch.int32)
+
+
 def quantize_weight(
     w: torch.Tensor, bits: int, group_size: int, *, zero_point: bool, scale_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
@@ -111,10 +136,15 @@ def quantize_weight(
 
 
 def dequantize_weight(
-    codes: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], bits: int, dtype: torch.dtype = torch.float32
+    codes: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor], bits: int, dtype: torch.dtype = torch.float32,
+    g_idx: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """``(code - zero) * scale`` -> [..., R, C] in ``dtype``."""
+    """``(code - zero) * scale`` -> [..., R, C] in ``dtype``; with ``g_idx`` [..., C], column c takes group g_idx[c]."""
     values = unpack_nibbles(codes) if bits == 4 else codes
+    if g_idx is not None:
+        index = g_idx.long().unsqueeze(-2).expand(values.shape)
+        zero = torch.gather(zeros, -1, index).to(dtype) if zeros is not None else 2 ** (bits - 1)
+        return (values.to(dtype) - zero) * torch.gather(scales, -1, index).to(dtype)
     groups = values.reshape(*values.shape[:-1], scales.shape[-1], -1).to(dtype)
     zero = zeros.to(dtype).unsqueeze(-1) if zeros is not None else 2 ** (bits - 1)
     return ((groups - zero) * scales.to(dtype).unsqueeze(-1)).reshape(values.shape)

@@ -54,7 +54,8 @@ class ExpertScales:
     MXFP4/MXFP8: w1_scale/w2_scale are E8M0 exponents (uint8) [E, 2N, K//32] / [E, K, N//32].
     INT4/INT8 weights (int_wna16, w4a8, w4a8_int8): w1_scale/w2_scale are group scales
     [E, 2N, K//G] / [E, K, N//G] (G = the row length for per-channel scales);
-    w1_zero_point/w2_zero_point are their uint8 zero points when the weights are asymmetric.
+    w1_zero_point/w2_zero_point are their uint8 zero points when the weights are asymmetric;
+    w1_g_idx/w2_g_idx (int32 [E, K] / [E, N]) each column's group when they are activation-ordered.
     INT8 W8A8: w1_scale/w2_scale fp32 [E, 2N] / [E, K] per channel, [E] per tensor.
 
     Per-expert terms that are not scales ride along because they are sliced and
@@ -72,6 +73,8 @@ class ExpertScales:
     a2_global_scale: Optional[torch.Tensor] = None
     w1_zero_point: Optional[torch.Tensor] = None
     w2_zero_point: Optional[torch.Tensor] = None
+    w1_g_idx: Optional[torch.Tensor] = None
+    w2_g_idx: Optional[torch.Tensor] = None
     w1_bias: Optional[torch.Tensor] = None
     w2_bias: Optional[torch.Tensor] = None
 

@@ -140,10 +140,14 @@ def check_weight_scales(scales: ExpertScales, layer: MoELayer, num_local: int) -
             g = _scale(scales, f"{prefix}_global_scale", why)
             _expect_shape(f"ExpertScales.{prefix}_global_scale", g, (num_local,), "one fp32 dequantization multiplier per expert")
             _expect_dtype(f"ExpertScales.{prefix}_global_scale", g, [torch.float32])
-        if fmt.extra == "zero_point":
+        if "zero_point" in fmt.extras:
             z = _scale(scales, f"{prefix}_zero_point", why)
             _expect_shape(f"ExpertScales.{prefix}_zero_point", z, tuple(scale.shape), f"one zero point per scale of {prefix}")
             _expect_dtype(f"ExpertScales.{prefix}_zero_point", z, [torch.uint8])
+        if "g_idx" in fmt.extras:
+            g_idx = _scale(scales, f"{prefix}_g_idx", f"{why} in activation order")
+            _expect_shape(f"ExpertScales.{prefix}_g_idx", g_idx, (num_local, cols), f"the group of every column of {prefix}")
+            _expect_dtype(f"ExpertScales.{prefix}_g_idx", g_idx, [torch.int32])
     check_biases(scales, layer, num_local)
 
 

@@ -14,7 +14,8 @@ actually holds.
 
 NVFP4 stores ``w*_global_scale`` as the *dequantization* multiplier
 ``amax / (448 * 6)`` (vLLM's ``weight_scale_2``): w = e2m1 * block_scale * global.
-Asymmetric integer weights store ``w*_zero_point`` beside their scales.
+Asymmetric integer weights store ``w*_zero_point`` beside their scales, and
+activation-ordered ones (GPTQ ``desc_act``) ``w*_g_idx``, each column's group.
 """
 
 from __future__ import annotations
@@ -35,18 +36,20 @@ from moe_fsm.kernels.activations import apply_activation
 from moe_fsm.modular.interfaces import ExpertScales
 from moe_fsm.quantize.activations import activation_quant
 
-Quantized = tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
+Extras = dict[str, torch.Tensor]
+Quantized = tuple[torch.Tensor, torch.Tensor, Extras]
 
 
 @dataclass(frozen=True)
 class WeightFormat:
     """One weight key: storage, scale layout, and the quantize/dequantize pair.
 
-    ``quantize(w [.., R, C]) -> (q, scale, extra | None)`` and
-    ``dequantize(q, scale, extra, dtype) -> [.., R, C]``, where ``extra`` is the
-    ExpertScales term named ``w1_<extra>``/``w2_<extra>``: NVFP4's global scale, or
-    the zero points of asymmetric integer weights. ``scale_shape(R, C)`` is the
-    per-expert scale shape (zero points share it); ``packing`` values share one
+    ``quantize(w [.., R, C]) -> (q, scale, extras)`` and
+    ``dequantize(q, scale, extras, dtype) -> [.., R, C]``, where ``extras`` maps each
+    name of ``extras`` to the ExpertScales term ``w1_<name>``/``w2_<name>``: NVFP4's
+    ``global_scale``; the ``zero_point`` of asymmetric integer weights; the ``g_idx``
+    (group of each column, int32 [.., C]) of activation-ordered ones. ``scale_shape(R, C)``
+    is the per-expert scale shape (zero points share it); ``packing`` values share one
     stored element, so q is ``[.., R, C / packing]``.
     """
 
@@ -55,25 +58,34 @@ class WeightFormat:
     scale_dtype: torch.dtype
     scale_shape: Callable[[int, int], tuple[int, ...]]
     quantize: Callable[[torch.Tensor], Quantized]
-    dequantize: Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.dtype], torch.Tensor]
-    extra: Optional[str] = None  # "global_scale" | "zero_point"
+    dequantize: Callable[[torch.Tensor, torch.Tensor, Extras, torch.dtype], torch.Tensor]
+    extras: tuple[str, ...] = ()  # of "global_scale", "zero_point", "g_idx"
     packing: int = 1
     column_multiple: int = 1
 
     @property
     def has_global_scale(self) -> bool:
-        return self.extra == "global_scale"
+        return "global_scale" in self.extras
 
     def stored_shape(self, rows: int, cols: int) -> tuple[int, int]:
         return rows, cols // self.packing
 
 
 def _no_global(quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> Callable[[torch.Tensor], Quantized]:
-    return lambda w: (*quantize(w), None)
+    return lambda w: (*quantize(w), {})
 
 
 def _ignore_global(dequantize: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    return lambda q, scale, _global, dtype: dequantize(q, scale, dtype)
+    return lambda q, scale, _extras, dtype: dequantize(q, scale, dtype)
+
+
+def _nvfp4_quantize(w: torch.Tensor) -> Quantized:
+    packed, scale, global_scale = nvfp4.quantize_weight(w)
+    return packed, scale, {"global_scale": global_scale}
+
+
+def _nvfp4_dequantize(q: torch.Tensor, scale: torch.Tensor, extras: Extras, dtype: torch.dtype) -> torch.Tensor:
+    return nvfp4.dequantize_weight(q, scale, extras["global_scale"], dtype)
 
 
 def _blocks(rows: int, cols: int) -> tuple[int, int]:
@@ -95,8 +107,8 @@ WEIGHT_FORMATS: dict[QuantKey, WeightFormat] = {
     ),
     NVFP4_STATIC: WeightFormat(
         NVFP4_STATIC, torch.uint8, nvfp4.SCALE_DTYPE, lambda r, c: (r, c // nvfp4.BLOCK),
-        nvfp4.quantize_weight, nvfp4.dequantize_weight,
-        extra="global_scale", packing=2, column_multiple=nvfp4.BLOCK,
+        _nvfp4_quantize, _nvfp4_dequantize,
+        extras=("global_scale",), packing=2, column_multiple=nvfp4.BLOCK,
     ),
     MXFP4_STATIC: WeightFormat(
         MXFP4_STATIC, torch.uint8, torch.uint8, lambda r, c: (r, c // mx.BLOCK),
@@ -119,21 +131,30 @@ _SCALE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32"
 
 
 def grouped_int_format(scheme: QuantScheme) -> WeightFormat:
-    """INT4/INT8 codes with group scales (zero points if asymmetric) along the row, for this scheme's group size."""
+    """INT4/INT8 codes with group scales (zero points if asymmetric) along the row, for this scheme's group size.
+
+    Activation order changes nothing for one scale per row (``desc_act`` is then a no-op, as vLLM treats it).
+    """
     bits, group, zero_point = scheme.weight_bits, scheme.group_size, scheme.zero_point
     scale_dtype = _SCALE_DTYPES[scheme.weight.scale_dtype]
     per_row = group == -1
+    act_order = scheme.act_order and not per_row
+    extras = ("zero_point",) * zero_point + ("g_idx",) * act_order
 
     def quantize(w: torch.Tensor) -> Quantized:
-        return intq.quantize_weight(w, bits, group, zero_point=zero_point, scale_dtype=scale_dtype)
+        if act_order:
+            codes, scale, zeros, g_idx = intq.act_order_quantize_weight(w, bits, group, zero_point=zero_point,
+                                                                        scale_dtype=scale_dtype)
+            return codes, scale, {"g_idx": g_idx, **({"zero_point": zeros} if zero_point else {})}
+        codes, scale, zeros = intq.quantize_weight(w, bits, group, zero_point=zero_point, scale_dtype=scale_dtype)
+        return codes, scale, ({"zero_point": zeros} if zero_point else {})
 
-    def dequantize(q: torch.Tensor, scale: torch.Tensor, zeros: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        return intq.dequantize_weight(q, scale, zeros, bits, dtype)
+    def dequantize(q: torch.Tensor, scale: torch.Tensor, extras: Extras, dtype: torch.dtype) -> torch.Tensor:
+        return intq.dequantize_weight(q, scale, extras.get("zero_point"), bits, dtype, extras.get("g_idx"))
 
     return WeightFormat(
         scheme.weight, torch.uint8, scale_dtype, lambda r, c: (r, 1 if per_row else c // group), quantize, dequantize,
-        extra="zero_point" if zero_point else None, packing=8 // bits,
-        column_multiple=(8 // bits if per_row else group),
+        extras=extras, packing=8 // bits, column_multiple=(8 // bits if per_row else group),
     )
 
 
@@ -142,11 +163,6 @@ def weight_format(scheme: QuantScheme) -> Optional[WeightFormat]:
     if scheme.weight is None:
         return None
     if scheme.family in GROUPED_FAMILIES:
-        if scheme.act_order:
-            raise KernelInputError(
-                "activation-ordered checkpoints (GPTQ desc_act, g_idx) permute K per group; moe-fsm's experts run "
-                "weights in group order only"
-            )
         return grouped_int_format(scheme)
     try:
         return WEIGHT_FORMATS[scheme.weight]
@@ -175,7 +191,7 @@ def quantize_weights(w1: torch.Tensor, w2: torch.Tensor, scheme: QuantScheme) ->
             raise KernelInputError(f"{fmt.key} needs {name}'s last dim divisible by {fmt.column_multiple}; got {list(w.shape)}")
     w1q, w1s, w1x = fmt.quantize(w1)
     w2q, w2s, w2x = fmt.quantize(w2)
-    extras = {f"w1_{fmt.extra}": w1x, f"w2_{fmt.extra}": w2x} if fmt.extra else {}
+    extras = {f"{prefix}_{name}": t for prefix, terms in (("w1", w1x), ("w2", w2x)) for name, t in terms.items()}
     return w1q, w2q, ExpertScales(w1_scale=w1s, w2_scale=w2s, **extras)
 
 
@@ -188,14 +204,14 @@ def dequantize_weights(
         return w1q.to(dtype), w2q.to(dtype)
     scales = scales or ExpertScales()
     return (
-        fmt.dequantize(w1q, scales.w1_scale, weight_extra(fmt, scales, "w1"), dtype),
-        fmt.dequantize(w2q, scales.w2_scale, weight_extra(fmt, scales, "w2"), dtype),
+        fmt.dequantize(w1q, scales.w1_scale, weight_extras(fmt, scales, "w1"), dtype),
+        fmt.dequantize(w2q, scales.w2_scale, weight_extras(fmt, scales, "w2"), dtype),
     )
 
 
-def weight_extra(fmt: WeightFormat, scales: ExpertScales, prefix: str) -> Optional[torch.Tensor]:
-    """The format's extra per-expert term for ``prefix`` (w1 or w2): global scales or zero points; None if it has none."""
-    return getattr(scales, f"{prefix}_{fmt.extra}") if fmt.extra else None
+def weight_extras(fmt: WeightFormat, scales: ExpertScales, prefix: str) -> Extras:
+    """The format's extra per-expert terms for ``prefix`` (w1 or w2) by name: global scales, zero points, g_idx."""
+    return {name: getattr(scales, f"{prefix}_{name}") for name in fmt.extras}
 
 
 def intermediate_amax(
