@@ -1,15 +1,20 @@
 """moe-fsm's commands under the sglang-0.5.23 profile: select with SGLang's flags, plan of every fixture of
-tests/data/configs, run of every preset on CPU, explain, replay, and diff against vllm-0.33."""
+tests/data/configs (and a run of each of its decisions on CPU), run of every preset on CPU, explain, replay, and
+diff against vllm-0.33."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from moe_fsm.cli.main import main
-from moe_fsm.engine.presets import PRESETS
+from moe_fsm.engine.presets import PRESETS, ModelPreset
+from moe_fsm.engine.run import run_model
+from moe_fsm.inputs.env import EnvSnapshot
+from moe_fsm.plan.decider import LayerSpec
 from moe_fsm.inputs.platform import preset
 from moe_fsm.plan.plan import plan_model
 
@@ -101,6 +106,31 @@ def test_run_of_every_preset_on_a_cpu_platform_runs_or_gives_sglang_s_reason(nam
         assert "2/2 layers within tolerance" in out
     else:
         assert "moe-fsm run: error: layer 0" in err and len(err.strip().splitlines()) <= 2, err
+
+
+@pytest.mark.parametrize("platform", ["sm90", "sm100"])
+def test_every_fixture_s_decisions_run_on_this_cpu(platform, tmp_path):
+    """Each distinct decision of every fixture's SGLang plan, at reduced size (16 experts, top-4, 256 x 128: the
+    quantization blocks stay whole) and with the checkpoint's facts (architecture, quant_method, the method SGLang
+    builds it with), is decided again and run on this CPU, the decided runner or its named stand-in, within tolerance
+    of the float64 reference. (A fixture SGLang refuses or whose method is not modelled has nothing to run.)"""
+    ran = 0
+    for name in FIXTURES:
+        plan = plan_model(CONFIGS / name, platform=preset(platform), env={}, policy=SGLANG, trace_dir=tmp_path / name)
+        decided = [rows[0] for _, rows in plan.groups() if rows[0].decision is not None]
+        if not decided:
+            assert all(row.decision is None for row in plan.layers), name
+            continue
+        specs = tuple(LayerSpec(row.name, replace(row.layer, num_experts=min(row.layer.num_experts, 16),
+                                                  top_k=min(row.layer.top_k, 4), hidden_size=256,
+                                                  intermediate_size=128)) for row in decided)
+        _, results = run_model(ModelPreset(name, name, 1, specs), tokens=8, platform=preset(platform),
+                               env=EnvSnapshot.from_mapping({}), policy=SGLANG, trace_dir=tmp_path / f"{name}-run")
+        for row, result in zip(decided, results):
+            assert result.backend == row.decision.backend, (name, row.index)
+            assert result.ok, (name, row.index, result.rel_error, result.tolerance)
+            ran += 1
+    assert ran >= len(FIXTURES)
 
 
 def test_diff_shows_where_vllm_and_sglang_part(capsys):
