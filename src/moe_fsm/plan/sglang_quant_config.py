@@ -10,7 +10,7 @@ vLLM's. The facts, from SGLang 0.5.23's wheel (``pip download sglang==0.5.23 --n
    ``override_quantization_method`` (GPTQ -> ``gptq_marlin`` and AWQ -> ``awq_marlin`` where Marlin takes the
    weights, ModelOpt's per-format names, ``petit_nvfp4`` on ROCm), then refuses a name the registry lacks and, on
    ROCm, one outside its ROCm list. The registry differs by platform (``layers/quantization/__init__.py``:
-   ``mxfp4`` on CUDA, CPUs and gfx95x; ``gptq`` on CPUs), and on a CPU with AMX ``get_quantization_config``
+   ``mxfp4`` on CUDA, CPUs, gfx95x and XPU; ``gptq`` on CPUs and XPU), and on a CPU with AMX ``get_quantization_config``
    takes only ``CPU_QUANTIZATION_METHODS``. ``model_loader/loader.py`` refuses a GPU under the class's
    ``get_min_capability``.
 2. **Which MoE method per layer**: each class's ``get_quant_method`` for a ``FusedMoE`` layer (a None is
@@ -18,7 +18,8 @@ vLLM's. The facts, from SGLang 0.5.23's wheel (``pip download sglang==0.5.23 --n
    the profile's ``create_moe_runner`` rules are keyed by, given to the layer as ``ModelFacts.layer_method``.
 
 A refusal carries SGLang's message and exception type, with the file that raises it in a comment; a class whose
-MoE method the profile has no rules for is ``Unmapped`` with what SGLang would build.
+MoE method the profile has no rules for is ``Unmapped`` with what SGLang would build. tools/sglang_config_parity.py
+runs SGLang's own config path on every tests/data/configs checkpoint against this table.
 """
 
 from __future__ import annotations
