@@ -20,21 +20,24 @@ NO_ENV = EnvSnapshot.from_mapping({})
 
 
 def _names(layer, platform):
-    return [c.backend for c in candidates(layer, preset(platform), NO_ENV, "fastest-vllm-0.33")]
+    return [c.backend for c in candidates(layer, preset(platform), NO_ENV, "fastest-vllm-0.33")[0]]
 
 
 def test_candidates_are_what_the_profile_would_compare_here():
-    # vLLM 0.33's CUDA list, kept where a request by name runs the layer in the standard format, then grouped_mm
-    assert _names(QWEN3, "sm90") == ["FLASHINFER_CUTLASS", "TRITON", "TORCH_GROUPED_MM"]
+    # vLLM 0.33's scan order on Hopper (FlashInfer moved back), those that support the layer, then grouped_mm
+    assert _names(QWEN3, "sm90") == ["TRITON", "FLASHINFER_CUTLASS", "TORCH_GROUPED_MM"]
     assert _names(QWEN3, "sm90-bare") == ["TRITON", "TORCH_GROUPED_MM"]  # no FlashInfer installed
     block = layer_from_spec({"num_experts": 128, "top_k": 8, "hidden_size": 2048, "intermediate_size": 768,
                              "quant": "fp8", "weight_scale": "block"})
     assert "TORCH_GROUPED_MM" not in _names(block, "sm90")  # block scales are not row-wise: not eligible
 
 
-def test_candidates_need_a_profile_that_orders_by_speed():
+def test_candidates_need_a_profile_that_orders_by_speed_and_a_layer_it_scans():
     with pytest.raises(InputError, match="does not order by measured speed"):
         candidates(QWEN3, preset("sm90"), NO_ENV, "vllm-0.33")
+    lora = MoELayer(num_experts=128, top_k=8, hidden_size=2048, intermediate_size=768, lora=True)
+    found, why = candidates(lora, preset("sm90"), NO_ENV, "fastest-vllm-0.33")
+    assert found == [] and "before the measured scan (TRITON via lora_shortcut)" in why
 
 
 def test_the_table_reads_back_and_extends_only_this_device_s_table(tmp_path):
@@ -77,3 +80,33 @@ def test_an_extra_backend_without_its_entry_point_is_named(monkeypatch):
     monkeypatch.setattr(registry_module, "_DEFAULTS", {})  # registries made afresh, without moe-fsm's entry points
     assert unregistered_extras(QWEN3, "fastest-vllm-0.33") == ["TORCH_GROUPED_MM"]
     assert "TORCH_GROUPED_MM" not in _names(QWEN3, "sm90")
+
+
+def test_the_base_profile_s_choice_is_always_among_the_measured_candidates():
+    """The guarantee 'never slower than vLLM's choice at a measured point' needs vLLM's choice in the table: on every
+    vllm-0.33 golden scenario decided by the auto scan on one CUDA GPU, measure times the backend it chose (and
+    names it as the reference)."""
+    from pathlib import Path
+
+    from moe_fsm import golden
+    from moe_fsm.decision import decide
+    from moe_fsm.inputs.platform import Vendor
+
+    checked = 0
+    for scenario in golden.load_scenarios(Path(__file__).resolve().parents[2] / "traces", "vllm-0.33"):
+        inputs = scenario.inputs()
+        if inputs.platform.vendor is not Vendor.CUDA or inputs.parallel != type(inputs.parallel)() \
+                or inputs.request.to_json() != "auto":
+            continue
+        try:
+            decision = decide(inputs, registry=golden.registry("vllm-0.33"), trace=False)
+        except Exception:
+            continue
+        if decision.via != "auto_scan":
+            continue
+        found = [c.backend for c in candidates(inputs.layer, inputs.platform, inputs.env, "fastest-vllm-0.33")[0]]
+        assert decision.backend in found, (scenario.name, decision.backend, found)
+        assert {c.base for c in candidates(inputs.layer, inputs.platform, inputs.env, "fastest-vllm-0.33")[0]} \
+            == {decision.backend}
+        checked += 1
+    assert checked > 50

@@ -1,9 +1,10 @@
 """Measure the speed table a ``fastest-*`` profile orders by: each candidate of a layer, built as ``run`` builds it.
 
-For one layer shape, the candidates are the backends the profile's base scan lists for this platform, plus its
-``MEASURED_EXTRAS`` (TORCH_GROUPED_MM), each asked for by name under the profile: the ones its support rules
-select are built through the engine (``Engine`` -> ``runtime.build``: the decided kernel, or its stand-in, exactly
-what ``moe-fsm run`` would build), checked once against the float64 reference on fresh random weights (a
+For one layer shape, the candidates are the ones the profile's measured scan compares (its base scan's candidates
+that pass their support checks here, plus its extras such as TORCH_GROUPED_MM), found by running the machine on a
+probe table; each is then decided through the same machine with a probe table that makes it the fastest, and built
+through the engine (``Engine`` -> ``runtime.build``: the decided kernel, or its stand-in, exactly what ``moe-fsm
+run`` would build for that decision), checked once against the float64 reference on fresh random weights (a
 candidate that computes the wrong layer is left out of the table, with the reason), then timed at each token count
 as CUDA-graph replays of R calls on R different inputs and routings (so no call finds the previous one's weights
 in L2), median of the replays divided by R. What ran under each name goes in the table's ``ran``.
@@ -45,8 +46,10 @@ METHOD = ("moe-fsm measure: each candidate built as `moe-fsm run` builds it and 
 
 @dataclass(frozen=True)
 class Candidate:
+    """A backend the measured scan compares, and the base profile's choice it is compared with."""
+
     backend: str
-    user_name: str
+    base: str
 
 
 @dataclass
@@ -70,33 +73,37 @@ def unregistered_extras(layer: MoELayer, profile: str) -> list[str]:
     return [b for b in MEASURED_EXTRAS if b not in known and b not in profiles.get(profile).policy(layer.family).backends]
 
 
-def candidates(layer: MoELayer, platform: PlatformFacts, env: EnvSnapshot, profile: str) -> list[Candidate]:
-    """The backends the measured profile would compare for ``layer`` here, each with the name that requests it:
-    its base scan's list for the vendor and its extras, kept where a request by name selects that very backend
-    (the profile's support rules say yes) in the standard activation format."""
-    from moe_fsm.profiles.fastest_vllm_0_33 import MEASURED_EXTRAS
+def probe_table(device_name: str, key: str, figures: dict[str, float]) -> SpeedTable:
+    """A one-point table for ``key`` with ``figures``: the measured scan run on it names every candidate (a probe
+    figure for no candidate), or selects the one made fastest, through the same machine that will read the real
+    table. Never written anywhere; the traces of these decisions stay in a temporary directory."""
+    return SpeedTable.from_json({
+        "format": FORMAT, "device": device_name,
+        "measured": {"date": datetime.date.today().isoformat(), "moe_fsm_version": "probe",
+                     "command": "moe-fsm measure (probe)", "method": "no measurement: a probe of the measured scan"},
+        "shapes": {key: {"tokens": {"1": figures}}},
+    }, source="(moe-fsm measure probe)")
 
+
+def candidates(layer: MoELayer, platform: PlatformFacts, env: EnvSnapshot, profile: str) -> tuple[list[Candidate], str]:
+    """The backends the measured scan of ``profile`` compares for ``layer`` here (its base scan's candidates that
+    support the layer, and the extras), and why when there are none: the machine is run on a probe table, so the
+    list is the scan's own, after every earlier step's pruning and the support checks."""
     chosen = profiles.get(profile)
     if not chosen.reads_speed_table:
         raise InputError(f"profile {profile!r} does not order by measured speed; measure for one that does "
                          f"({', '.join(n for n, p in profiles.profiles().items() if p.reads_speed_table)})")
-    policy = chosen.policy(layer.family)
-    from moe_fsm.backends.registry import default_registry
-
-    registry = default_registry(profile)
-    names = {backend: user for user, backend in registry.extension_names[layer.family].items()}
-    found = []
-    for backend in (*policy.priority_for(platform.vendor), *MEASURED_EXTRAS):
-        if any(c.backend == backend for c in found):
-            continue
-        user = names.get(backend) or policy.user_name_of(backend)
-        try:
-            decision = decide(make_inputs(layer, None, user, env, platform, profile, False), trace=False)
-        except (SelectionError, InputError):
-            continue
-        if decision.backend == backend and decision.activation_format.value == "standard":
-            found.append(Candidate(backend, user))
-    return found
+    key = shape_key(layer, ParallelConfig())
+    inputs = make_inputs(layer, None, "auto", env, platform, profile, probe_table(platform.device_name, key, {"PROBE": 1.0}))
+    try:
+        decision = decide(inputs)
+    except SelectionError as err:
+        return [], f"{profile} selects nothing for it: {err.message}"
+    measured = next((e for e in decision.trace["events"] if e["event"] == "measured"), None)
+    if measured is None:
+        return [], f"{profile} decides it before the measured scan ({decision.backend} via {decision.via}): nothing to order"
+    supported = [row["backend"] for row in measured["figures"] if row["supported"]]
+    return [Candidate(backend, measured["base"]) for backend in supported], ""
 
 
 def _calls_per_graph(tokens: int) -> int:
@@ -159,11 +166,15 @@ def workload(layer: MoELayer, tokens: tuple[int, ...], seed: int = 0) -> Workloa
 def measure_candidate(layer: MoELayer, candidate: Candidate, work: Workload, *, platform: PlatformFacts,
                       env: EnvSnapshot, profile: str, replays: int) -> Measured:
     """Build ``candidate`` for ``layer`` through the engine, check it once, time it at each token count."""
+    key = shape_key(layer, ParallelConfig())
+    fastest = {candidate.backend: 1.0, **({candidate.base: 2.0} if candidate.base != candidate.backend else {})}
     with tempfile.TemporaryDirectory(prefix="moe-fsm-measure-") as traces:
-        engine = Engine([LayerSpec("measured", layer)], request=candidate.user_name, env=env, platform=platform,
-                        policy=profile, trace_dir=traces, device="cuda", speed_table=False)
+        engine = Engine([LayerSpec("measured", layer)], env=env, platform=platform, policy=profile, trace_dir=traces,
+                        device="cuda", speed_table=probe_table(platform.device_name, key, fastest))
         loaded = engine.load()[0]
     decision = loaded.decision
+    if decision.backend != candidate.backend:  # the machine must select it when it is the fastest
+        raise AssertionError(f"the measured scan chose {decision.backend} where {candidate.backend} was fastest")
     ran = loaded.stand_in.label if loaded.stand_in is not None else f"{decision.runner} ({decision.plan.how})"
     weights = work.weights
     _, check = run_layer(0, loaded, work.sample, weights, *route(work.sample, weights.router, layer.top_k),
@@ -187,16 +198,16 @@ def measure_layer(layer: MoELayer, *, tokens: tuple[int, ...], platform: Platfor
                   profile: str, replays: int, progress=print) -> tuple[str, list[Measured]]:
     """Every candidate of ``layer``, on the same weights and inputs: its shape key and the measurements."""
     key = shape_key(layer, ParallelConfig())
-    found = candidates(layer, platform, env, profile)
+    found, why = candidates(layer, platform, env, profile)
     if not found:
-        raise InputError(f"no candidate backend of {profile} can run {key} on {platform.describe()}")
+        raise InputError(f"{key} on {platform.describe()}: nothing to measure: {why}")
     for backend in unregistered_extras(layer, profile):
         progress(f"measure: {key}: {backend} is not registered in this process (moe-fsm's entry points are not "
                  "installed: pip install -e .); not measured")
     work = workload(layer, tokens)
     results = []
     for candidate in found:
-        progress(f"measure: {key}: {candidate.backend} (--backend {candidate.user_name}) ...")
+        progress(f"measure: {key}: {candidate.backend} ...")
         result = measure_candidate(layer, candidate, work, platform=platform, env=env, profile=profile,
                                    replays=replays)
         progress(f"measure: {key}: {candidate.backend}: " + (result.left_out or ", ".join(
