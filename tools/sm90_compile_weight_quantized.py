@@ -38,15 +38,15 @@ def _load():
 
 
 PTR_ARGS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "b_ptr", "rw_ptr", "out_ptr", "sorted_ids_ptr", "block_expert_ptr",
-            "num_padded_ptr")
+            "num_padded_ptr", "perm_ptr")
 INT_ARGS = ("R_OUT", "KRED", "num_pairs", "num_experts", "num_row_blocks", "x_row_div")
 STRIDES = ("stride_xm", "stride_we", "stride_wr", "stride_se", "stride_sr", "stride_ze", "stride_zr", "stride_be",
-           "stride_om")
+           "stride_om", "stride_pe")
 
 
 def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, block_m: int, block_n: int,
             block_k: int, warps: int, stages: int, k: int = 2880, n: int = 2880, group: int | None = None,
-            zp: bool = False, bias: bool | None = None, scaled_dot: bool = False):
+            zp: bool = False, bias: bool | None = None, scaled_dot: bool = False, perm: bool = False):
     """(signature, constexprs, attrs, options) of one launch of ``fused_wq_experts``."""
     kinds = {"mxfp4": 0, "int4": 1, "int8": 2}
     group = 32 if kind == "mxfp4" else (group or 128)
@@ -56,7 +56,7 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
     sdt = "*u8" if kind == "mxfp4" else "*fp16"
     types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": sdt, "z_ptr": "*u8" if zp else sdt,
              "b_ptr": "*bf16" if bias else sdt, "rw_ptr": "*fp32", "out_ptr": "*bf16", "sorted_ids_ptr": "*i32",
-             "block_expert_ptr": "*i32", "num_padded_ptr": "*i32"}
+             "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "perm_ptr": "*i32"}
     sig = dict(types)
     p = 1 if kind == "int8" else 2
     rows, cols = (2 * n, k) if gated else (k, n)
@@ -67,7 +67,7 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
               "stride_xm": kred, "stride_we": rows * cols // p, "stride_wr": cols // p,
               "stride_se": rows * cols // sg, "stride_sr": cols // sg,
               "stride_ze": rows * cols // sg, "stride_zr": cols // sg,
-              "stride_be": rows if bias else rows * cols // sg, "stride_om": r_out}
+              "stride_be": rows if bias else rows * cols // sg, "stride_om": r_out, "stride_pe": kred}
     for a in INT_ARGS + STRIDES:
         sig[a] = "i32"
     sig["limit"] = "fp32"
@@ -76,7 +76,7 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
                  HAS_ZP=zp, ZERO=8 if kind == "int4" else 128, HAS_BIAS=bias, GATED=gated,
                  ACT=2 if kind == "mxfp4" else 0, HAS_LIMIT=kind == "mxfp4", INTERLEAVED=False,
                  ROUTER_WEIGHT=not gated, PAIR_BLOCKS=pair_blocks, SPLIT=split, FAST=fast and kind != "int8",
-                 EVEN_K=kred % block_k == 0, SCALE_ACC=scale_acc, SCALED_DOT=scaled_dot)
+                 EVEN_K=kred % block_k == 0, SCALE_ACC=scale_acc, SCALED_DOT=scaled_dot, HAS_PERM=perm)
     for c in const:
         sig[c] = "constexpr"
     # the JIT's specialization: ints equal to 1 become constants, multiples of 16 carry divisibility 16
@@ -114,8 +114,9 @@ def resources(kernel) -> dict:
 
 def matrix(quick: bool):
     out = []
-    for kind, k, n, group, zp in (("mxfp4", 2880, 2880, 32, False), ("int4", 2048, 768, 128, False),
-                                  ("int4", 2048, 768, 32, True), ("int8", 2048, 768, 64, True)):
+    for kind, k, n, group, zp, perm in (("mxfp4", 2880, 2880, 32, False, False), ("int4", 2048, 768, 128, False, False),
+                                        ("int4", 2048, 768, 32, True, False), ("int8", 2048, 768, 64, True, False),
+                                        ("int4", 2048, 768, 128, False, True)):
         tiles = [(16, 64, 128, 4, 4), (64, 128, 64, 8, 3)] if quick else [
             (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3)]
         layouts = [(True, True, False)] if kind == "int8" else (
@@ -131,7 +132,7 @@ def matrix(quick: bool):
                     for pair in ((True, False) if tile[0] == 16 else (False,)):
                         out.append(dict(kind=kind, gated=gated, pair_blocks=pair, split=split, fast=fast, scaled=scaled,
                                         block_m=tile[0], block_n=tile[1], block_k=tile[2], warps=tile[3],
-                                        stages=tile[4], k=k, n=n, group=group, zp=zp))
+                                        stages=tile[4], k=k, n=n, group=group, zp=zp, perm=perm))
     return out
 
 
@@ -144,13 +145,13 @@ def main() -> None:
     mod = _load()
     failures = 0
     for v in matrix(args.quick):
-        name = "{kind} g{group}{z} {g} {p} split={split} fast={fast} scaled_dot={scaled} m{block_m} n{block_n} k{block_k} w{warps} s{stages}".format(
-            g="w1" if v["gated"] else "w2", p="pair" if v["pair_blocks"] else "sorted", z=" zp" if v["zp"] else "", **v)
+        name = "{kind} g{group}{z}{a} {g} {p} split={split} fast={fast} scaled_dot={scaled} m{block_m} n{block_n} k{block_k} w{warps} s{stages}".format(
+            g="w1" if v["gated"] else "w2", p="pair" if v["pair_blocks"] else "sorted", z=" zp" if v["zp"] else "", a=" act-order" if v["perm"] else "", **v)
         if args.only and args.only not in name:
             continue
         sig, const, options, divisible = variant(v["kind"], v["gated"], v["pair_blocks"], v["split"], v["fast"], v["block_m"],
                                             v["block_n"], v["block_k"], v["warps"], v["stages"], v["k"], v["n"],
-                                            v["group"], v["zp"], scaled_dot=v["scaled"])
+                                            v["group"], v["zp"], scaled_dot=v["scaled"], perm=v["perm"])
         try:
             kernel = compile_one(mod, sig, const, options, divisible)
         except Exception as exc:  # report and go on: every variant's verdict in one pass

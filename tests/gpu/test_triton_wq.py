@@ -42,6 +42,8 @@ SCHEMES = {
     "int4 g128": QuantScheme.int_wna16(4, 128),
     "int4 g32 zp": QuantScheme.int_wna16(4, 32, True, "compressed-tensors"),
     "int4 channel": QuantScheme.int_wna16(4, -1),
+    "int4 g32 act-order": QuantScheme.int_wna16(4, 32, act_order=True),
+    "int4 g128 zp act-order": QuantScheme.int_wna16(4, 128, True, "compressed-tensors", act_order=True),
     "int8 channel": QuantScheme.int_wna16(8, -1),
     "int8 g64 zp": QuantScheme.int_wna16(8, 64, True, "compressed-tensors"),
 }
@@ -176,9 +178,11 @@ def test_mxfp4_experts_either_path(monkeypatch, scaled_dot):
 
 # Tensor-parallel shards: K and N multiples of 16 (and of the scale group), not of the SPLIT layout's 64-column
 # chunks. gpt-oss-120b over two GPUs has N = 1440; the experts pad the rows to whole chunks at the re-layout.
+# Activation-ordered (GPTQ desc_act) weights are sorted by group at the same build, the activations gathered.
 GPT_OSS_TP2 = dict(num_experts=32, top_k=4, hidden_size=2880, intermediate_size=1440)
 SHARDS = [("mxfp4", GPT_OSS_TP2), ("int4 g32 zp", GPT_OSS_TP2), ("int4 channel", dict(GPT_OSS_TP2, intermediate_size=720)),
-          ("int8 g64 zp", dict(GPT_OSS_TP2, intermediate_size=1472))]
+          ("int8 g64 zp", dict(GPT_OSS_TP2, intermediate_size=1472)), ("int4 g32 act-order", GPT_OSS_TP2),
+          ("int4 g128 zp act-order", QWEN3)]
 
 
 @pytest.mark.parametrize("tokens", [1, 37, 300])

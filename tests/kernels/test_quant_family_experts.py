@@ -202,8 +202,9 @@ def test_triton_weight_quant_experts_build_here_and_say_why_they_cannot_run():
         TritonMxfp4Experts(_layer(QuantScheme.int_wna16(), "bfloat16"))
     with pytest.raises(KernelInputError, match="16-bit activations"):
         TritonMxfp4Experts(_layer(QuantScheme.mxfp4("mxfp8"), "bfloat16"))
-    with pytest.raises(KernelInputError, match="without activation ordering"):
-        TritonWna16Experts(MoELayer(quant=QuantScheme.int_wna16(act_order=True), **SHAPE))
+    with pytest.raises(KernelInputError, match="runs mxfp4 layers"):
+        TritonMxfp4Experts(MoELayer(quant=QuantScheme.int_wna16(act_order=True), **SHAPE))
+    assert "sorted by g_idx" in TritonWna16Experts(MoELayer(quant=QuantScheme.int_wna16(act_order=True), **SHAPE)).relayout
     layer = _layer(QuantScheme.int_wna16(4, 64), "bfloat16")
     case = _case(layer, "cpu-refusal")
     kernel = ModularKernel(LocalPrepareFinalize(), TritonWna16Experts(layer), layer)

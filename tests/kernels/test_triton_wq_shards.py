@@ -1,4 +1,5 @@
-"""The weight-quantized Triton MoE at K and N that are multiples of 16 only, as tensor-parallel shards are.
+"""The weight-quantized Triton MoE at K and N that are multiples of 16 only, as tensor-parallel shards are,
+in every stored format: MXFP4, INT4/INT8 with group 32/64/128 or channel scales, zero points, activation order.
 
 gpt-oss-120b split over two GPUs has N = 1440, not a multiple of the SPLIT layout's
 64-column chunks: the rows are padded with zero codes to whole chunks once, at the
@@ -32,9 +33,14 @@ from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import preset as platform_preset
 from moe_fsm.inputs.quant import QuantScheme
+from moe_fsm.kernels import intq
 from moe_fsm.kernels.reference import moe_reference
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
-from moe_fsm.kernels.triton_wq.fused import WqConfig, relayout_nibbles, split_columns, undo_relayout_nibbles
+from moe_fsm.kernels.triton_wq.fused import (
+    WqConfig, relayout_nibbles, sort_act_order, split_columns, undo_relayout_nibbles,
+)
+from moe_fsm.modular.kernel import ModularKernel
+from moe_fsm.prepare_finalize.local import LocalPrepareFinalize
 from moe_fsm.quantize.weights import dequantize_weights, quantize_weights
 from moe_fsm.trace import schema as trace_schema
 
@@ -50,6 +56,9 @@ SHAPES = {
     "int4 channel": (QuantScheme.int_wna16(4, -1), 80, 48),
     "int8 g32 zp": (QuantScheme.int_wna16(8, 32, True, "compressed-tensors"), 96, 160),
     "int8 channel": (QuantScheme.int_wna16(8, -1), 80, 48),
+    "int4 g32 act-order": (QuantScheme.int_wna16(4, 32, act_order=True), 160, 96),
+    "int4 g64 zp act-order": (QuantScheme.int_wna16(4, 64, True, "compressed-tensors", act_order=True), 192, 320),
+    "int8 g32 act-order": (QuantScheme.int_wna16(8, 32, act_order=True), 96, 160),
 }
 CONFIGS = [WqConfig(16, 32, 64, 4, 1), WqConfig(16, 16, 128, 4, 1)]
 
@@ -97,11 +106,15 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 def test_every_format_at_shard_shapes(poisoned, name, tokens, cfg):
     scheme, x, w1, w2, scales, b1, b2, g, ids, ref = _problem(name, tokens)
     quant = WeightQuant.for_scheme(scheme)
+    p1 = p2 = None
+    if quant.act_order:  # the build's sort: each expert's columns in group order, activations gathered
+        (w1, p1), (w2, p2) = sort_act_order(w1, scales.w1_g_idx, quant), sort_act_order(w2, scales.w2_g_idx, quant)
     for split in ((False, True) if quant.kind != "int8" else (False,)):
         out = fused_wq_experts(
             x, relayout_nibbles(w1) if split else w1, relayout_nibbles(w2) if split else w2, g, ids, quant=quant,
             w1_scale=scales.w1_scale, w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point,
-            w2_zero_point=scales.w2_zero_point, w1_bias=b1, w2_bias=b2, split=split, fast=False, config=cfg,
+            w2_zero_point=scales.w2_zero_point, w1_perm=p1, w2_perm=p2, w1_bias=b1, w2_bias=b2, split=split,
+            fast=False, config=cfg,
         )
         assert out.shape == ref.shape and bool(torch.isfinite(out).all()), (name, split)
         assert _rel(out, ref) <= TOL, (name, split)
@@ -148,3 +161,36 @@ def test_the_engine_records_the_padded_relayout_in_the_trace(tmp_path):
     trace = json.loads(loaded.trace_path.read_text())
     assert trace["build"]["weight_layout"].endswith("rows padded with zero codes to whole chunks (N 1440 -> 1472)")
     assert trace_schema.errors(trace) == []
+
+
+def test_act_order_sort_makes_groups_contiguous_and_refuses_uneven_groups():
+    scheme = SHAPES["int4 g32 act-order"][0]
+    quant = WeightQuant.for_scheme(scheme)
+    gen = torch.Generator().manual_seed(seed_for("act-order-sort"))
+    w = torch.randn(2, 8, 128, generator=gen) * torch.rand(128, generator=gen)
+    codes, scales, _, g_idx = intq.act_order_quantize_weight(w, 4, 32, zero_point=False, scale_dtype=torch.float16)
+    sorted_codes, perm = sort_act_order(codes, g_idx, quant)
+    assert perm.dtype == torch.int32 and perm.shape == (2, 128)
+    # sorted column j is column perm[j]; in group order the plain dequantization gives those columns
+    plain = intq.dequantize_weight(sorted_codes, scales, None, 4)
+    ordered = intq.dequantize_weight(codes, scales, None, 4, g_idx=g_idx)
+    assert torch.equal(plain, torch.gather(ordered, -1, perm.long().unsqueeze(1).expand(ordered.shape)))
+    uneven = g_idx.clone()
+    uneven[0, 0] = (uneven[0, 0] + 1) % 4
+    with pytest.raises(KernelInputError, match="exactly 32 columns"):
+        sort_act_order(codes, uneven, quant)
+
+
+@interpreter
+@pytest.mark.parametrize("name", ["int4 g32 act-order", "int4 g32 zp"])
+def test_experts_sort_and_relay_once_then_match_reference(poisoned, name):
+    """Through the experts class: the build's sort by g_idx and SPLIT re-layout, kept for the next call."""
+    scheme, k, n = SHAPES[name]
+    layer = MoELayer(quant=scheme, dtype="float16", num_experts=4, top_k=2, hidden_size=k, intermediate_size=n)
+    _, x, w1, w2, scales, _, _, g, ids, ref = _problem(name, 5)
+    experts = TritonWna16Experts(layer)
+    kernel = ModularKernel(LocalPrepareFinalize(), experts, layer)
+    for _ in range(2):
+        out = kernel(x, w1, w2, g, ids, scales=scales)
+        assert _rel(out, ref) <= TOL
+    assert len(experts._relaid) == 2  # w1 and w2, re-laid once

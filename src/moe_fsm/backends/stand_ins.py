@@ -101,7 +101,7 @@ def _choose(layer, activation_format: ActivationFormat, device_type: str, replac
                 return StandIn(replaces, TRITON_BATCHED, "moe-fsm batched Triton", because)
         elif layer.family is QuantFamily.MXFP4 and quant.weight.dtype == MX_FP4 and quant.activation is None:
             return StandIn(replaces, TRITON_MXFP4, "moe-fsm Triton MXFP4", because)
-        elif layer.family is QuantFamily.INT_WNA16 and not quant.act_order:
+        elif layer.family is QuantFamily.INT_WNA16:
             return StandIn(replaces, TRITON_WNA16, f"moe-fsm Triton W{quant.weight_bits}A16", because)
         elif triton:
             return StandIn(replaces, TRITON, "moe-fsm Triton", because)

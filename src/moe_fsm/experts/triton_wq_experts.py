@@ -17,8 +17,10 @@ chunk, rows padded with zero codes to whole chunks where K or N is not a multipl
 as tensor-parallel shards are: gpt-oss-120b's TP2 N = 1440) the first time a weight
 tensor is seen, and the copy is kept (keyed by the
 tensor's storage and version, the source kept alive so its address cannot be reused),
-as vLLM and triton_kernels re-lay MXFP4 weights at load. ``relayout`` says so for the
-trace's build section.
+as vLLM and triton_kernels re-lay MXFP4 weights at load. Activation-ordered checkpoints
+(GPTQ ``desc_act``, ``w*_g_idx``) first have each expert's columns sorted by group
+(``sort_act_order``, as Marlin sorts them at load), the kernels gathering the activations
+through the permutation. ``relayout`` says so for the trace's build section.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
-from moe_fsm.kernels.triton_wq.fused import can_split, relayout_nibbles, split_columns
+from moe_fsm.kernels.triton_wq.fused import can_split, relayout_nibbles, sort_act_order, split_columns
 from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales, Experts, InputQuantizer, PreparedTokens, WeightAndReduce
 
 _LAYER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -52,27 +54,39 @@ class _TritonWeightQuantExperts(Experts):
         self.quant = WeightQuant.for_scheme(layer.quant)
         self.use_scaled_dot = self.scaled_dot and layer.dtype == "bfloat16"
         self.split = not self.use_scaled_dot and can_split(self.quant)
-        self._relaid: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._relaid: dict[tuple, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, Optional[torch.Tensor]]]] = {}
 
     @property
     def relayout(self) -> Optional[str]:
         """The one-time weight re-layout this kernel makes, in words (None: weights are used as given)."""
-        if not self.split:
-            return None
-        relaid = "4-bit codes re-laid once per weight tensor into 64-column nibble halves (exact permutation)"
-        padded = [f"{name} {cols} -> {split_columns(cols)}" for name, cols in
-                  (("K", self.layer.hidden_size), ("N", self.layer.intermediate_size)) if split_columns(cols) != cols]
-        return relaid + (f"; rows padded with zero codes to whole chunks ({', '.join(padded)})" if padded else "")
+        steps = []
+        if self.quant.act_order:
+            steps.append("columns sorted by g_idx once per weight tensor into contiguous groups (activations gathered "
+                         "through the permutation)")
+        if self.split:
+            steps.append("4-bit codes re-laid once per weight tensor into 64-column nibble halves (exact permutation)")
+            padded = [f"{name} {cols} -> {split_columns(cols)}" for name, cols in
+                      (("K", self.layer.hidden_size), ("N", self.layer.intermediate_size)) if split_columns(cols) != cols]
+            if padded:
+                steps.append(f"rows padded with zero codes to whole chunks ({', '.join(padded)})")
+        return "; ".join(steps) or None
 
-    def _weights(self, w: torch.Tensor) -> torch.Tensor:
-        if not self.split:
-            return w
-        key = (w.data_ptr(), w._version, tuple(w.shape), w.device)
+    def _weights(self, w: torch.Tensor, g_idx: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The weight as the kernels read it (sorted by group, SPLIT) and its activation permutation, made once."""
+        if not self.split and not self.quant.act_order:
+            return w, None
+        if self.quant.act_order and g_idx is None:
+            raise KernelInputError(f"{self.name}: activation-ordered weights need ExpertScales.w1_g_idx and w2_g_idx")
+        sources = (w,) if g_idx is None else (w, g_idx)
+        key = tuple((t.data_ptr(), t._version, tuple(t.shape), t.device) for t in sources)
         hit = self._relaid.get(key)
         if hit is None:
             if len(self._relaid) >= 64:
                 self._relaid.clear()
-            hit = self._relaid[key] = (w, relayout_nibbles(w))
+            perm = None
+            if self.quant.act_order:
+                w, perm = sort_act_order(w, g_idx, self.quant)
+            hit = self._relaid[key] = (sources, (relayout_nibbles(w) if self.split else w, perm))
         return hit[1]
 
     @property
@@ -107,10 +121,12 @@ class _TritonWeightQuantExperts(Experts):
         if prepared.scale is not None:
             raise KernelInputError(f"{self.name} takes 16-bit activations; the prepared tokens are quantized")
         weights = torch.ones_like(prepared.topk_weights) if apply_router_weight_on_input else prepared.topk_weights
+        w1, w1_perm = self._weights(w1, scales.w1_g_idx)
+        w2, w2_perm = self._weights(w2, scales.w2_g_idx)
         return fused_wq_experts(
             prepared.hidden,
-            self._weights(w1),
-            self._weights(w2),
+            w1,
+            w2,
             weights,
             prepared.topk_ids,
             quant=self.quant,
@@ -118,6 +134,8 @@ class _TritonWeightQuantExperts(Experts):
             w2_scale=scales.w2_scale,
             w1_zero_point=scales.w1_zero_point,
             w2_zero_point=scales.w2_zero_point,
+            w1_perm=w1_perm,
+            w2_perm=w2_perm,
             w1_bias=scales.w1_bias,
             w2_bias=scales.w2_bias,
             activation=self.layer.activation.value,

@@ -34,6 +34,10 @@ Weights stay quantized in memory and are dequantized in registers inside the K l
   exact: powers of two); INT4 codes are or-ed into the bf16 magic number 128 and the
   symmetric zero (136) subtracted (``sub.bf16x2``, exact). Otherwise (fp16
   activations, INT8, zero points) plain Triton arithmetic in fp32.
+* Activation order (``HAS_PERM``, GPTQ ``desc_act``): the build sorted each expert's columns
+  by their group (``sort_act_order``), so groups are contiguous as above, and stored column
+  j multiplies activation column ``perm[e, j]``: the activation tile is gathered through
+  the expert's permutation.
 * INT group scales: when a K tile lies inside one scale group (``BLOCK_K <= GROUP``)
   the tile's product with the exact integer codes is scaled once per (row, pair) on
   the fp32 partial sum instead of per weight element (fewer operations, and no bf16
@@ -178,6 +182,16 @@ def _load_groups(ptr, row, g, KRED, GROUP: tl.constexpr, EVEN_K: tl.constexpr, o
 
 
 @triton.jit
+def _columns(perm_base, k, KRED, EVEN_K: tl.constexpr, HAS_PERM: tl.constexpr):
+    """The activation columns that stored columns ``k`` multiply: themselves, or perm[k] (activation order)."""
+    if not HAS_PERM:
+        return k
+    if EVEN_K:
+        return tl.load(perm_base + k)
+    return tl.load(perm_base + k, mask=k < KRED, other=0)
+
+
+@triton.jit
 def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRED, ROW_BYTES,
               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
               KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, SPLIT: tl.constexpr,
@@ -310,19 +324,20 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
 @triton.jit(do_not_specialize=["num_pairs"])
 def wq_gemm_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, rw_ptr, out_ptr,
-    sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
+    sorted_ids_ptr, block_expert_ptr, num_padded_ptr, perm_ptr,
     R_OUT, KRED, num_pairs, num_experts, num_row_blocks, x_row_div, limit,
-    stride_xm, stride_we, stride_wr, stride_se, stride_sr, stride_ze, stride_zr, stride_be, stride_om,
+    stride_xm, stride_we, stride_wr, stride_se, stride_sr, stride_ze, stride_zr, stride_be, stride_om, stride_pe,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GROUP: tl.constexpr, KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERLEAVED: tl.constexpr,
     ROUTER_WEIGHT: tl.constexpr, PAIR_BLOCKS: tl.constexpr, SPLIT: tl.constexpr, FAST: tl.constexpr,
-    EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr = False,
+    EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr = False, HAS_PERM: tl.constexpr = False,
 ):
     """out[pair, r] for the weight rows r of one BLOCK_N tile and the pairs of one BLOCK_M row block.
 
     GATED (w1): R_OUT = N, rows r (gate) and r + N (up) (2r, 2r + 1 with INTERLEAVED), activation fused.
     Otherwise (w2): R_OUT = K, the pair's router weight fused (ROUTER_WEIGHT).
+    HAS_PERM: stored column j reads activation column perm[expert, j] (activation order).
     """
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(R_OUT, BLOCK_N)
@@ -362,6 +377,7 @@ def wq_gemm_kernel(
             rows_b = rows + R_OUT
     else:
         rows_a = rows
+    perm_base = perm_ptr + expert * stride_pe
     w_base = w_ptr + expert * stride_we
     s_base = s_ptr + expert * stride_se
     z_base = z_ptr + expert * stride_ze
@@ -375,18 +391,21 @@ def wq_gemm_kernel(
             idx = tl.arange(0, BLOCK_K // 2)
             k_lo = k0 + (idx // HALF_CHUNK) * SPLIT_CHUNK + idx % HALF_CHUNK
             k_hi = k_lo + HALF_CHUNK
+            c_lo = _columns(perm_base, k_lo, KRED, EVEN_K, HAS_PERM)
+            c_hi = _columns(perm_base, k_hi, KRED, EVEN_K, HAS_PERM)
             if EVEN_K:
-                x_lo = tl.load(x_ptr + x_row_off[None, :] + k_lo[:, None], mask=pair_ok[None, :], other=0.0)
-                x_hi = tl.load(x_ptr + x_row_off[None, :] + k_hi[:, None], mask=pair_ok[None, :], other=0.0)
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + c_lo[:, None], mask=pair_ok[None, :], other=0.0)
+                x_hi = tl.load(x_ptr + x_row_off[None, :] + c_hi[:, None], mask=pair_ok[None, :], other=0.0)
             else:
-                x_lo = tl.load(x_ptr + x_row_off[None, :] + k_lo[:, None], mask=pair_ok[None, :] & (k_lo < KRED)[:, None], other=0.0)
-                x_hi = tl.load(x_ptr + x_row_off[None, :] + k_hi[:, None], mask=pair_ok[None, :] & (k_hi < KRED)[:, None], other=0.0)
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + c_lo[:, None], mask=pair_ok[None, :] & (k_lo < KRED)[:, None], other=0.0)
+                x_hi = tl.load(x_ptr + x_row_off[None, :] + c_hi[:, None], mask=pair_ok[None, :] & (k_hi < KRED)[:, None], other=0.0)
         else:
             offs_k = k0 + tl.arange(0, BLOCK_K)
+            cols = _columns(perm_base, offs_k, KRED, EVEN_K, HAS_PERM)
             if EVEN_K:
-                x_lo = tl.load(x_ptr + x_row_off[None, :] + offs_k[:, None], mask=pair_ok[None, :], other=0.0)
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + cols[:, None], mask=pair_ok[None, :], other=0.0)
             else:
-                x_lo = tl.load(x_ptr + x_row_off[None, :] + offs_k[:, None], mask=pair_ok[None, :] & (offs_k < KRED)[:, None], other=0.0)
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + cols[:, None], mask=pair_ok[None, :] & (offs_k < KRED)[:, None], other=0.0)
             x_hi = x_lo
         acc_a = _tile_dot(acc_a, w_base, s_base, z_base, rows_a * stride_wr, rows_a * stride_sr, rows_a * stride_zr,
                           x_lo, x_hi, ki, KRED, stride_wr, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO,

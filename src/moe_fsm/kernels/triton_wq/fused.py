@@ -9,7 +9,10 @@ router weight fused, and sum over top-k. No device value is read on the host.
 a permutation of the 4-bit codes inside each 64-column chunk, exact, done once per
 weight tensor by the experts class; rows whose length is not a multiple of 64 (any
 K or N that is a multiple of 16, as tensor-parallel shards are) are padded with zero
-bytes to the next multiple first, and the kernels mask the pad. ``WqConfig`` is the tile of one call; the
+bytes to the next multiple first, and the kernels mask the pad. ``sort_act_order`` is
+the other one-time re-layout, for activation-ordered checkpoints (GPTQ ``desc_act``):
+each expert's columns sorted by their group, so groups are contiguous, and the
+permutation the kernels gather the activations through. ``WqConfig`` is the tile of one call; the
 tuned table (``configs/wq_<device>.json``, written by ``bench/bench_weight_quantized.py run --write-table``)
 is keyed by layer shape and token count, with ``default_wq_config`` elsewhere.
 """
@@ -39,11 +42,13 @@ SPLIT_CHUNK = 64
 @dataclass(frozen=True)
 class WeightQuant:
     """How the weights are stored: ``kind`` mxfp4 | int4 | int8, ``group`` columns per scale (-1: a whole row),
-    ``zero_point`` whether asymmetric zero points come with the scales."""
+    ``zero_point`` whether asymmetric zero points come with the scales, ``act_order`` whether a g_idx names each
+    column's group (activation-ordered checkpoints)."""
 
     kind: str
     group: int
     zero_point: bool = False
+    act_order: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -52,17 +57,20 @@ class WeightQuant:
             raise KernelInputError("MXFP4 weights have one E8M0 scale per 32 elements and no zero points")
         if self.group != -1 and self.group < 1:
             raise KernelInputError(f"group must be positive or -1 (per row), got {self.group}")
+        if self.act_order and (self.kind == "mxfp4" or self.group == -1):
+            raise KernelInputError("activation order (g_idx) applies to INT weights with group scales")
 
     @classmethod
     def for_scheme(cls, scheme: QuantScheme) -> "WeightQuant":
         """The layout of a scheme these kernels run: MXFP4 with 16-bit activations, or INT4/INT8 WNA16."""
         if scheme.family is QuantFamily.MXFP4 and scheme.weight.dtype == MX_FP4 and scheme.activation is None:
             return cls("mxfp4", MX_GROUP)
-        if scheme.family is QuantFamily.INT_WNA16 and not scheme.act_order:
-            return cls(f"int{scheme.weight_bits}", scheme.group_size, scheme.zero_point)
+        if scheme.family is QuantFamily.INT_WNA16:
+            group = scheme.group_size
+            return cls(f"int{scheme.weight_bits}", group, scheme.zero_point, scheme.act_order and group != -1)
         raise KernelInputError(
             "the weight-quantized Triton MoE runs MXFP4 weights with 16-bit activations and INT4/INT8 weight-only "
-            f"layers without activation ordering; got {scheme.describe()}"
+            f"layers; got {scheme.describe()}"
         )
 
     @property
@@ -144,6 +152,30 @@ def undo_relayout_nibbles(w: torch.Tensor, cols: Optional[int] = None) -> torch.
     codes = torch.stack((chunks & 15, chunks >> 4), dim=-2).reshape(*w.shape[:-1], stored)
     pairs = codes[..., : stored if cols is None else cols].reshape(*w.shape[:-1], -1, 2)
     return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+
+
+def sort_act_order(w: torch.Tensor, g_idx: torch.Tensor, quant: WeightQuant) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes [E, R, C/p] of an activation-ordered weight and its g_idx [E, C] -> (codes with each expert's columns
+    sorted by group, the permutation int32 [E, C]: sorted column j is column perm[e, j]).
+
+    Every group must hold ``quant.group`` columns (GPTQ's do), so the sorted groups are the plain contiguous ones
+    the kernels read; the scales and zero points are already in group order and stay as they are.
+    """
+    experts, cols = w.shape[0], w.shape[-1] * quant.packing
+    if tuple(g_idx.shape) != (experts, cols) or g_idx.dtype not in (torch.int32, torch.int64):
+        raise KernelInputError(f"g_idx must be int32 [{experts}, {cols}]; got {g_idx.dtype} {list(g_idx.shape)}")
+    groups = cols // quant.group
+    counts = torch.zeros(experts, groups + 1, dtype=torch.int64, device=g_idx.device)
+    counts.scatter_add_(1, g_idx.long().clamp(0, groups), torch.ones_like(g_idx, dtype=torch.int64))
+    if bool((counts[:, :groups] != quant.group).any()):  # out-of-range groups land in the extra bin
+        raise KernelInputError(f"g_idx must give each of the {groups} groups exactly {quant.group} columns, as "
+                               "activation-ordered (desc_act) checkpoints do")
+    perm = torch.argsort(g_idx.long(), dim=-1, stable=True)
+    codes = torch.stack((w & 15, w >> 4), dim=-1).reshape(*w.shape[:-1], cols) if quant.packing == 2 else w
+    codes = torch.gather(codes, -1, perm.unsqueeze(1).expand(codes.shape))
+    if quant.packing == 2:
+        codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return codes.contiguous(), perm.to(torch.int32).contiguous()
 
 
 def can_split(quant: "WeightQuant") -> bool:
@@ -257,6 +289,8 @@ def fused_wq_experts(
     w2_scale: torch.Tensor,
     w1_zero_point: Optional[torch.Tensor] = None,
     w2_zero_point: Optional[torch.Tensor] = None,
+    w1_perm: Optional[torch.Tensor] = None,
+    w2_perm: Optional[torch.Tensor] = None,
     w1_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
     activation: str = "silu",
@@ -272,7 +306,9 @@ def fused_wq_experts(
 
     ``w1`` [E, 2N, K/p] and ``w2`` [E, K, N/p] hold codes (p = 2 for 4-bit), rows of
     w1 stacked gate-then-up, or interleaved (gate 2n, up 2n+1) with ``interleaved``;
-    with ``split`` both are in the layout of ``relayout_nibbles`` (rows padded to 64-column chunks). ``fast`` (default)
+    with ``split`` both are in the layout of ``relayout_nibbles`` (rows padded to 64-column chunks).
+    ``w1_perm`` [E, K] / ``w2_perm`` [E, N] (int32, activation order, from ``sort_act_order``): stored column j of
+    expert e multiplies activation column perm[e, j]. ``fast`` (default)
     dequantizes 4-bit codes with inline PTX where the activations are bf16. ``scaled_dot`` (MXFP4 in
     checkpoint nibble order, bf16 activations) hands the upcast and the E8M0 scales to Triton's ``tl.dot_scaled``.
     """
@@ -288,6 +324,12 @@ def fused_wq_experts(
     n = two_n // 2
     g1 = _check_weight("w1", w1, w1_scale, w1_zero_point, quant, experts, 2 * n, k, split)
     g2 = _check_weight("w2", w2, w2_scale, w2_zero_point, quant, experts, k, n, split)
+    if (w1_perm is not None, w2_perm is not None) != (quant.act_order, quant.act_order):
+        raise KernelInputError("activation-ordered weights come sorted by group with both w1_perm and w2_perm "
+                               "(sort_act_order); other weights with neither")
+    for name, perm, cols in (("w1_perm", w1_perm, k), ("w2_perm", w2_perm, n)):
+        if perm is not None and (perm.dtype != torch.int32 or tuple(perm.shape) != (experts, cols) or not perm.is_contiguous()):
+            raise KernelInputError(f"{name} must be a contiguous int32 [{experts}, {cols}]; got {perm.dtype} {list(perm.shape)}")
     _check_bias("w1_bias", w1_bias, experts, 2 * n)
     _check_bias("w2_bias", w2_bias, experts, k)
     if (w1_bias is None) != (w2_bias is None):
@@ -328,27 +370,29 @@ def fused_wq_experts(
     dummy = w1_scale  # stands in for absent zero points / biases (never read: the constexpr flags are off)
     flat_weights = topk_weights.contiguous().reshape(-1)
 
-    def launch(x, w, s, z, b, out_t, r_out, kred, group, which, gated):
+    def launch(x, w, s, z, b, perm, out_t, r_out, kred, group, which, gated):
         block_n, block_k, warps, stages = config.gemm(which)
         _check_tile(quant, group, kred, block_k, split)
         z = z if has_zp else dummy
         b = b if has_bias else dummy
+        p = perm if perm is not None else sorted_ids
         grid = (num_row_blocks * -(-r_out // block_n),)
         kern.wq_gemm_kernel[grid](
-            x, w, s, z, b, flat_weights, out_t, sorted_ids, block_expert, num_padded,
+            x, w, s, z, b, flat_weights, out_t, sorted_ids, block_expert, num_padded, p,
             r_out, kred, num_pairs, experts, num_row_blocks, top_k if gated else 1, float(swiglu_limit or 0.0),
             x.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), z.stride(0), z.stride(1), b.stride(0),
-            out_t.stride(0),
+            out_t.stride(0), p.stride(0) if perm is not None else 0,
             BLOCK_M=config.block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=config.group_m,
             GROUP=group, KIND=kind, HAS_ZP=has_zp, ZERO=zero, HAS_BIAS=has_bias, GATED=gated,
             ACT=ACTIVATIONS[activation], HAS_LIMIT=swiglu_limit is not None, INTERLEAVED=interleaved and gated,
             ROUTER_WEIGHT=not gated, PAIR_BLOCKS=num_tokens == 1, SPLIT=split, FAST=fast,
             EVEN_K=kred % block_k == 0, SCALE_ACC=_scale_acc(quant, group, kred, block_k), SCALED_DOT=scaled_dot,
+            HAS_PERM=perm is not None,
             num_warps=warps, num_stages=stages,
         )
 
     intermediate = torch.empty((num_pairs, n), dtype=hidden.dtype, device=hidden.device)
-    launch(hidden, w1, w1_scale, w1_zero_point, w1_bias, intermediate, n, k, g1, "w1", True)
+    launch(hidden, w1, w1_scale, w1_zero_point, w1_bias, w1_perm, intermediate, n, k, g1, "w1", True)
     per_pair = torch.empty((num_pairs, k), dtype=hidden.dtype, device=hidden.device)
-    launch(intermediate, w2, w2_scale, w2_zero_point, w2_bias, per_pair, k, n, g2, "w2", False)
+    launch(intermediate, w2, w2_scale, w2_zero_point, w2_bias, w2_perm, per_pair, k, n, g2, "w2", False)
     return topk_sum(per_pair, topk_ids, experts, out)
