@@ -107,7 +107,9 @@ EOF
     [ "${PIPESTATUS[0]}" -eq 0 ] || exit 3
 
     [ $# -gt 0 ] || set -- tests
-    say "pytest -m gpu $* (per test ${TEST_TIMEOUT_S:-300} s, suite ${SUITE_S:-1500} s)"
+    # xdist workers (-n N) take the visible GPUs in turn (tests/conftest.py); MOE_FSM_TEST_GPUS=1 keeps them on one
+    export MOE_FSM_TEST_GPUS=${MOE_FSM_TEST_GPUS:-$("$PY" -c "import torch; print(max(1, torch.cuda.device_count()))")}
+    say "pytest -m gpu $* over $MOE_FSM_TEST_GPUS GPU(s) (per test ${TEST_TIMEOUT_S:-300} s, suite ${SUITE_S:-1500} s)"
     timeout -s INT -k 30 "${SUITE_S:-1500}" "$PY" -m pytest -m gpu -q -p no:cacheprovider -rfE --durations=10 \
         --timeout "${TEST_TIMEOUT_S:-300}" --junitxml "$OUT/gpu-suite.xml" -o junit_family=xunit2 "$@" 2>&1 | tee -a "$LOG"
     status=${PIPESTATUS[0]}
