@@ -38,7 +38,7 @@ def _load():
 
 
 PTR_ARGS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "b_ptr", "rw_ptr", "out_ptr", "sorted_ids_ptr", "block_expert_ptr",
-            "num_padded_ptr", "perm_ptr")
+            "num_padded_ptr", "perm_ptr", "gs_ptr")
 INT_ARGS = ("R_OUT", "KRED", "num_pairs", "num_experts", "num_row_blocks", "x_row_div")
 STRIDES = ("stride_xm", "stride_we", "stride_wr", "stride_se", "stride_sr", "stride_ze", "stride_zr", "stride_be",
            "stride_om", "stride_pe")
@@ -48,15 +48,15 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
             block_k: int, warps: int, stages: int, k: int = 2880, n: int = 2880, group: int | None = None,
             zp: bool = False, bias: bool | None = None, scaled_dot: bool = False, perm: bool = False):
     """(signature, constexprs, attrs, options) of one launch of ``fused_wq_experts``."""
-    kinds = {"mxfp4": 0, "int4": 1, "int8": 2}
+    kinds = {"mxfp4": 0, "int4": 1, "int8": 2, "nvfp4": 3}
     group = 32 if kind == "mxfp4" else (group or 128)
     bias = (kind == "mxfp4") if bias is None else bias
     kred = k if gated else n
     r_out = n if gated else k
-    sdt = "*u8" if kind == "mxfp4" else "*fp16"
+    sdt = "*u8" if kind in ("mxfp4", "nvfp4") else "*fp16"
     types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": sdt, "z_ptr": "*u8" if zp else sdt,
              "b_ptr": "*bf16" if bias else sdt, "rw_ptr": "*fp32", "out_ptr": "*bf16", "sorted_ids_ptr": "*i32",
-             "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "perm_ptr": "*i32"}
+             "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "perm_ptr": "*i32", "gs_ptr": "*fp32"}
     sig = dict(types)
     p = 1 if kind == "int8" else 2
     rows, cols = (2 * n, k) if gated else (k, n)
@@ -71,7 +71,7 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
     for a in INT_ARGS + STRIDES:
         sig[a] = "i32"
     sig["limit"] = "fp32"
-    scale_acc = kind != "mxfp4" and (group == kred or group % block_k == 0)
+    scale_acc = kind in ("int4", "int8") and (group == kred or group % block_k == 0)
     const = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=1, GROUP=group, KIND=kinds[kind],
                  HAS_ZP=zp, ZERO=8 if kind == "int4" else 128, HAS_BIAS=bias, GATED=gated,
                  ACT=2 if kind == "mxfp4" else 0, HAS_LIMIT=kind == "mxfp4", INTERLEAVED=False,
@@ -116,7 +116,7 @@ def matrix(quick: bool):
     out = []
     for kind, k, n, group, zp, perm in (("mxfp4", 2880, 2880, 32, False, False), ("int4", 2048, 768, 128, False, False),
                                         ("int4", 2048, 768, 32, True, False), ("int8", 2048, 768, 64, True, False),
-                                        ("int4", 2048, 768, 128, False, True)):
+                                        ("int4", 2048, 768, 128, False, True), ("nvfp4", 2048, 768, 16, False, False)):
         tiles = [(16, 64, 128, 4, 4), (64, 128, 64, 8, 3)] if quick else [
             (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3)]
         layouts = [(True, True, False)] if kind == "int8" else (

@@ -70,7 +70,7 @@ def test_the_trace_names_the_activations_the_stand_in_computes_with(tmp_path):
     assert stand_in["replaces"] == "MarlinExperts" and stand_in["activations"].startswith("16-bit")
 
 
-@pytest.mark.parametrize("device, impl", [("cpu", stand_ins.TORCH), ("cuda", stand_ins.TORCH)])
+@pytest.mark.parametrize("device, impl", [("cpu", stand_ins.TORCH), ("cuda", stand_ins.TRITON_NVFP4)])
 def test_a_weight_only_stand_in_is_chosen_for_the_layer_the_kernel_computes(device, impl):
     layer = MoELayer(quant=QuantScheme.nvfp4(), dtype="bfloat16")
     chosen = stand_ins.choose(layer, ActivationFormat.STANDARD, device, "MarlinExperts", "not loadable",

@@ -213,3 +213,47 @@ def test_padded_split_layout_on_every_dequant_path(cfg, fast):
         swiglu_limit=7.0, split=True, fast=fast, config=cfg,
     )
     assert rel_err(out.cpu(), ref) <= TOL
+
+
+# NVFP4 weight-only: what runs where vLLM 0.33 decides Marlin for NVFP4 on Hopper (e2m1, e4m3 scales per 16, a global
+# scale per expert, bf16 activations).
+NVFP4_SHAPES = [dict(num_experts=32, top_k=8, hidden_size=2048, intermediate_size=768),
+                dict(num_experts=32, top_k=4, hidden_size=2880, intermediate_size=1440)]
+
+
+@pytest.mark.parametrize("tokens", [1, 37, 300])
+@pytest.mark.parametrize("shape", NVFP4_SHAPES, ids=lambda s: "K{hidden_size}N{intermediate_size}".format(**s))
+def test_marlins_nvfp4_stand_in_is_the_triton_nvfp4_experts(shape, tokens):
+    from moe_fsm.decision import select
+    from moe_fsm.experts.triton_wq_experts import TritonNvfp4Experts
+    from moe_fsm.inputs.platform import preset
+    from moe_fsm.runtime import build
+
+    declared = MoELayer(quant=QuantScheme.nvfp4(), dtype="bfloat16", **shape)
+    decision = select(declared, platform=preset("sm90"), env={}, policy="vllm-0.33")
+    assert decision.kernel == "MarlinExperts"
+    kernel = build(decision, device="cuda")
+    assert isinstance(kernel.experts, TritonNvfp4Experts) and kernel.stand_in.weight_only
+    layer = kernel.layer  # NVFP4 weights, 16-bit activations: what Marlin computes
+    x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"nvfp4-{tokens}-{shape}".encode()))
+    poison_allocator()
+    out = kernel(x, w1, w2, g, ids, scales=scales)
+    assert rel_err(out.cpu(), ref) <= TOL
+
+
+@pytest.mark.parametrize("split,fast", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "m{}n{}k{}".format(c.block_m, c.block_n, c.block_k))
+def test_nvfp4_dequant_paths_and_tiles(cfg, split, fast):
+    from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily
+
+    layer = MoELayer(quant=QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None), dtype="bfloat16", **NVFP4_SHAPES[1])
+    x, w1, w2, scales, g, ids, ref = _problem(layer, 45, zlib.crc32(b"nvfp4-paths"))
+    if split:
+        w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
+    poison_allocator()
+    out = fused_wq_experts(
+        x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
+        w2_scale=scales.w2_scale, w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale,
+        split=split, fast=fast, config=cfg,
+    )
+    assert rel_err(out.cpu(), ref) <= TOL

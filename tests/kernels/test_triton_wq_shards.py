@@ -22,12 +22,13 @@ import os
 
 import pytest
 import torch
-from torch_moe_cases import seed_for
+from torch_moe_cases import NVFP4_WEIGHT_ONLY, seed_for
 
 from moe_fsm.engine.engine import Engine
 from moe_fsm.engine.presets import LayerSpec
 from moe_fsm.errors import KernelInputError
-from moe_fsm.experts.triton_wq_experts import TritonMxfp4Experts, TritonWna16Experts
+from moe_fsm.decision import select
+from moe_fsm.experts.triton_wq_experts import TritonMxfp4Experts, TritonNvfp4Experts, TritonWna16Experts
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.parallel import ParallelConfig
@@ -42,6 +43,7 @@ from moe_fsm.kernels.triton_wq.fused import (
 from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.prepare_finalize.local import LocalPrepareFinalize
 from moe_fsm.quantize.weights import dequantize_weights, quantize_weights
+from moe_fsm.runtime import build
 from moe_fsm.trace import schema as trace_schema
 
 TOL = 1e-2  # fp16 operands and intermediate, fp32 accumulation (measured 3e-4 to 1e-3)
@@ -194,3 +196,57 @@ def test_experts_sort_and_relay_once_then_match_reference(poisoned, name):
         out = kernel(x, w1, w2, g, ids, scales=scales)
         assert _rel(out, ref) <= TOL
     assert len(experts._relaid) == 2  # w1 and w2, re-laid once
+
+
+# NVFP4 weight-only (W4A16) ---------------------------------------------------------------------------------------
+
+
+@interpreter
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}")
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("k,n", [(96, 160), (128, 64)])
+def test_nvfp4_weight_only_matches_reference(poisoned, k, n, tokens, cfg):
+    """e2m1 values, e4m3 scales per 16 columns, a global scale per expert; checkpoint order and SPLIT."""
+    scheme = NVFP4_WEIGHT_ONLY
+    gen = torch.Generator().manual_seed(seed_for(("nvfp4-wq", k, n, tokens)))
+    w1 = torch.randn(4, 2 * n, k, generator=gen) / k**0.5 * torch.logspace(-1, 1, 4)[:, None, None]
+    w2 = torch.randn(4, k, n, generator=gen) / n**0.5
+    w1q, w2q, scales = quantize_weights(w1, w2, scheme)
+    w1f, w2f = dequantize_weights(w1q, w2q, scales, scheme, torch.float64)
+    x = torch.randn(tokens, k, generator=gen).to(torch.float16)
+    g, ids = torch.topk(torch.softmax(torch.randn(tokens, 4, generator=gen), -1), 2, dim=-1)
+    ref = moe_reference(x, w1f, w2f, g, ids)
+    quant = WeightQuant.for_scheme(scheme)
+    for split in (False, True):
+        out = fused_wq_experts(
+            x, relayout_nibbles(w1q) if split else w1q, relayout_nibbles(w2q) if split else w2q, g, ids.to(torch.int32),
+            quant=quant, w1_scale=scales.w1_scale, w2_scale=scales.w2_scale, w1_global_scale=scales.w1_global_scale,
+            w2_global_scale=scales.w2_global_scale, split=split, fast=False, config=cfg,
+        )
+        assert bool(torch.isfinite(out).all()) and _rel(out, ref) <= TOL, split
+
+
+def test_nvfp4_weight_only_layers_take_the_nvfp4_kind_and_w4a4_ones_do_not():
+    quant = WeightQuant.for_scheme(NVFP4_WEIGHT_ONLY)
+    assert (quant.kind, quant.group, quant.packing) == ("nvfp4", 16, 2)
+    with pytest.raises(KernelInputError, match="16-bit activations"):
+        WeightQuant.for_scheme(QuantScheme.nvfp4())
+
+
+@interpreter
+def test_marlins_nvfp4_decision_builds_and_runs_the_triton_nvfp4_experts(poisoned):
+    """vLLM 0.33 decides MarlinExperts for NVFP4 on Hopper; built for CUDA, the Triton NVFP4 experts stand in."""
+    declared = MoELayer(quant=QuantScheme.nvfp4(), dtype="float16", num_experts=4, top_k=2, hidden_size=96,
+                        intermediate_size=160)
+    decision = select(declared, platform=platform_preset("sm90"), env={}, policy="vllm-0.33")
+    assert decision.kernel == "MarlinExperts"
+    kernel = build(decision, device="cuda")
+    assert isinstance(kernel.experts, TritonNvfp4Experts) and kernel.stand_in.label == "moe-fsm Triton NVFP4, 16-bit activations"
+    gen = torch.Generator().manual_seed(seed_for("marlin-nvfp4"))
+    w1, w2 = torch.randn(4, 320, 96, generator=gen) / 10, torch.randn(4, 96, 160, generator=gen) / 13
+    w1q, w2q, scales = quantize_weights(w1, w2, kernel.layer.quant)
+    w1f, w2f = dequantize_weights(w1q, w2q, scales, kernel.layer.quant, torch.float64)
+    x = torch.randn(7, 96, generator=gen).to(torch.float16)
+    g, ids = torch.topk(torch.softmax(torch.randn(7, 4, generator=gen), -1), 2, dim=-1)
+    out = kernel(x, w1q, w2q, g, ids.to(torch.int32), scales=scales)
+    assert _rel(out, moe_reference(x, w1f, w2f, g, ids)) <= TOL

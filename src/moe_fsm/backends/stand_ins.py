@@ -8,7 +8,9 @@ FlashInfer kernels off CUDA), the build maps it to the moe-fsm implementation th
 computes the same function on the same weight format, scales and activation:
 
 * MXFP4 weights, 16-bit activations: moe-fsm's Triton MXFP4 experts (CUDA);
-* INT4/INT8 weight-only (GPTQ/AWQ/compressed-tensors, no activation order): moe-fsm's
+* NVFP4 weights, 16-bit activations (Marlin's NVFP4 on Hopper): moe-fsm's Triton NVFP4
+  experts (CUDA);
+* INT4/INT8 weight-only (GPTQ/AWQ/compressed-tensors, activation order included): moe-fsm's
   Triton W4A16/W8A16 experts (CUDA);
 * unquantized and FP8 layers: moe-fsm's Triton experts (CUDA);
 * everything else, and every family off CUDA: moe-fsm's torch experts, which dequantize
@@ -38,6 +40,7 @@ TRITON = "moe_fsm.experts.triton_experts:TritonExperts"
 TRITON_BATCHED = "moe_fsm.experts.triton_experts:BatchedTritonExperts"
 TRITON_MXFP4 = "moe_fsm.experts.triton_wq_experts:TritonMxfp4Experts"
 TRITON_WNA16 = "moe_fsm.experts.triton_wq_experts:TritonWna16Experts"
+TRITON_NVFP4 = "moe_fsm.experts.triton_wq_experts:TritonNvfp4Experts"
 # moe-fsm implementations that run only on CUDA tensors
 CUDA_ONLY = ("moe_fsm.experts.triton_", "moe_fsm.experts.flashinfer_", "moe_fsm.experts.grouped_mm_")
 
@@ -101,6 +104,8 @@ def _choose(layer, activation_format: ActivationFormat, device_type: str, replac
                 return StandIn(replaces, TRITON_BATCHED, "moe-fsm batched Triton", because)
         elif layer.family is QuantFamily.MXFP4 and quant.weight.dtype == MX_FP4 and quant.activation is None:
             return StandIn(replaces, TRITON_MXFP4, "moe-fsm Triton MXFP4", because)
+        elif layer.family is QuantFamily.NVFP4 and quant.activation is None:
+            return StandIn(replaces, TRITON_NVFP4, "moe-fsm Triton NVFP4", because)
         elif layer.family is QuantFamily.INT_WNA16:
             return StandIn(replaces, TRITON_WNA16, f"moe-fsm Triton W{quant.weight_bits}A16", because)
         elif triton:

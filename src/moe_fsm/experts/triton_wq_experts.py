@@ -1,6 +1,6 @@
-"""Triton experts for quantized weights with 16-bit activations: MXFP4 (gpt-oss) and INT4/INT8 WNA16.
+"""Triton experts for quantized weights with 16-bit activations: MXFP4 (gpt-oss), NVFP4 weight-only and INT4/INT8 WNA16.
 
-Both run ``kernels.triton_wq``: the weights stay quantized in memory and are
+All run ``kernels.triton_wq``: the weights stay quantized in memory and are
 dequantized tile by tile inside the two grouped GEMMs; biases, the gated
 activation (SwiGLU-OAI with its clamp), the router weights and the top-k sum are
 fused, so the experts return the reduced ``[M, K]`` output
@@ -8,7 +8,8 @@ fused, so the experts return the reduced ``[M, K]`` output
 prepare, so the kernels then weight the outputs by one.
 
 Weights arrive in moe-fsm's layout (w1 rows gate-then-up) with the scales of
-``quantize.weights``: MXFP4 E8M0 exponents [E, R, C/32]; INT group scales and,
+``quantize.weights``: MXFP4 E8M0 exponents [E, R, C/32]; NVFP4 e4m3 block scales
+[E, R, C/16] and fp32 global scales [E]; INT group scales and,
 for asymmetric checkpoints, zero points [E, R, C/G]; biases in ExpertScales.
 
 Build-time re-layout: 4-bit weights are re-laid once into the kernels' SPLIT nibble
@@ -136,6 +137,8 @@ class _TritonWeightQuantExperts(Experts):
             w2_zero_point=scales.w2_zero_point,
             w1_perm=w1_perm,
             w2_perm=w2_perm,
+            w1_global_scale=scales.w1_global_scale if self.quant.kind == "nvfp4" else None,
+            w2_global_scale=scales.w2_global_scale if self.quant.kind == "nvfp4" else None,
             w1_bias=scales.w1_bias,
             w2_bias=scales.w2_bias,
             activation=self.layer.activation.value,
@@ -157,3 +160,10 @@ class TritonWna16Experts(_TritonWeightQuantExperts):
 
     name = "TritonWna16Experts"
     family = QuantFamily.INT_WNA16
+
+
+class TritonNvfp4Experts(_TritonWeightQuantExperts):
+    """NVFP4 weights with 16-bit activations (weight-only, W4A16): what Marlin runs for NVFP4 on Hopper."""
+
+    name = "TritonNvfp4Experts"
+    family = QuantFamily.NVFP4

@@ -38,6 +38,11 @@ Weights stay quantized in memory and are dequantized in registers inside the K l
   by their group (``sort_act_order``), so groups are contiguous as above, and stored column
   j multiplies activation column ``perm[e, j]``: the activation tile is gathered through
   the expert's permutation.
+* NVFP4 weight-only (``KIND_NVFP4``, as Marlin runs it on Hopper): e2m1 nibbles like MXFP4's,
+  an e4m3 scale per 16 columns (read as bytes and decoded in registers) and a global scale per
+  expert, applied once to the fp32 accumulators. With ``FAST`` the nibbles become bf16 through
+  the MXFP4 PTX at scale 1 and are multiplied by the e4m3 scale in bf16, exactly (2 + 4
+  significant bits, within bf16's range).
 * INT group scales: when a K tile lies inside one scale group (``BLOCK_K <= GROUP``)
   the tile's product with the exact integer codes is scaled once per (row, pair) on
   the fp32 partial sum instead of per weight element (fewer operations, and no bf16
@@ -51,7 +56,7 @@ import triton
 import triton.language as tl
 
 # Globals a @triton.jit function reads must be constexpr.
-KIND_MXFP4, KIND_INT4, KIND_INT8 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+KIND_MXFP4, KIND_INT4, KIND_INT8, KIND_NVFP4 = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
 ACT_SILU, ACT_GELU, ACT_SWIGLUOAI = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 SWIGLUOAI_ALPHA = tl.constexpr(1.702)
 SPLIT_CHUNK = tl.constexpr(64)  # columns per chunk of the SPLIT nibble layout
@@ -158,6 +163,16 @@ def _mx_value(codes):
     half = (magnitude_code & 1).to(tl.float32) * 0.5
     magnitude = tl.where(exponent == 0, half, (1.0 + half) * tl.exp2((exponent - 1).to(tl.float32)))
     return tl.where((codes & 8) != 0, -magnitude, magnitude)
+
+
+@triton.jit
+def _e4m3_value(bits):
+    """float8 e4m3fn bytes (uint8) -> fp32 values (plain Triton arithmetic; no NaN in scales)."""
+    b = bits.to(tl.int32)
+    e = (b >> 3) & 15
+    m = (b & 7).to(tl.float32)
+    magnitude = tl.where(e == 0, m * 0.001953125, (8.0 + m) * tl.exp2((e - 10).to(tl.float32)))
+    return tl.where((b & 128) != 0, -magnitude, magnitude)
 
 
 @triton.jit
@@ -272,6 +287,27 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
                     bi = b.to(tl.int32)
                     w = tl.interleave(_mx_value(bi & 15), _mx_value(bi >> 4))
                     w = _group_scale(w, tl.exp2(s.to(tl.float32) - 127.0), BLOCK_N, BLOCK_K, GROUP)
+        elif KIND == KIND_NVFP4:
+            if FAST:
+                unit = tl.full(b.shape, 127, tl.uint8)  # E8M0 2^0: the e2m1 values themselves, in bf16
+                lo, hi = _mx_nibbles_bf16(b, unit, unit)
+            else:
+                bi = b.to(tl.int32)
+                lo = _mx_value(bi & 15)
+                hi = _mx_value(bi >> 4)
+            if SPLIT:
+                # a chunk's low half holds its first HALF_CHUNK // GROUP groups, the high half the next ones
+                PER_HALF: tl.constexpr = HALF_CHUNK // GROUP
+                t = tl.arange(0, HALF // GROUP)
+                g_lo = k0 // GROUP + (t // PER_HALF) * (2 * PER_HALF) + t % PER_HALF
+                s_lo = _e4m3_value(_load_groups(s_ptr, s_row, g_lo, KRED, GROUP, EVEN_K, 0)).to(lo.dtype)
+                s_hi = _e4m3_value(_load_groups(s_ptr, s_row, g_lo + PER_HALF, KRED, GROUP, EVEN_K, 0)).to(hi.dtype)
+                lo = lo * _bcast(s_lo, BLOCK_N, HALF, GROUP)
+                hi = hi * _bcast(s_hi, BLOCK_N, HALF, GROUP)
+            else:
+                g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+                sb = _bcast(_e4m3_value(_load_groups(s_ptr, s_row, g, KRED, GROUP, EVEN_K, 0)), BLOCK_N, HALF, GROUP // 2)
+                w = tl.interleave(lo * sb.to(lo.dtype), hi * sb.to(hi.dtype))
         else:  # INT4
             if FAST and not HAS_ZP:
                 lo, hi = _int4_nibbles_bf16(b)
@@ -324,7 +360,7 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
 @triton.jit(do_not_specialize=["num_pairs"])
 def wq_gemm_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, rw_ptr, out_ptr,
-    sorted_ids_ptr, block_expert_ptr, num_padded_ptr, perm_ptr,
+    sorted_ids_ptr, block_expert_ptr, num_padded_ptr, perm_ptr, gs_ptr,
     R_OUT, KRED, num_pairs, num_experts, num_row_blocks, x_row_div, limit,
     stride_xm, stride_we, stride_wr, stride_se, stride_sr, stride_ze, stride_zr, stride_be, stride_om, stride_pe,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -338,6 +374,7 @@ def wq_gemm_kernel(
     GATED (w1): R_OUT = N, rows r (gate) and r + N (up) (2r, 2r + 1 with INTERLEAVED), activation fused.
     Otherwise (w2): R_OUT = K, the pair's router weight fused (ROUTER_WEIGHT).
     HAS_PERM: stored column j reads activation column perm[expert, j] (activation order).
+    KIND_NVFP4: gs_ptr holds each expert's fp32 global scale, applied to the accumulators.
     """
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(R_OUT, BLOCK_N)
@@ -415,6 +452,11 @@ def wq_gemm_kernel(
                               rows_b * stride_zr, x_lo, x_hi, ki, KRED, stride_wr, BLOCK_N, BLOCK_M, BLOCK_K,
                               GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K, SCALE_ACC, SCALED_DOT)
 
+    if KIND == KIND_NVFP4:
+        global_scale = tl.load(gs_ptr + expert)
+        acc_a = acc_a * global_scale
+        if GATED:
+            acc_b = acc_b * global_scale
     if HAS_BIAS:
         acc_a += tl.load(b_ptr + expert * stride_be + rows_a).to(tl.float32)[:, None]
         if GATED:

@@ -33,15 +33,16 @@ from moe_fsm.inputs.quant import MX_FP4, QuantFamily, QuantScheme
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe._runtime import require_device
 
-KINDS = {"mxfp4": 0, "int4": 1, "int8": 2}
+KINDS = {"mxfp4": 0, "int4": 1, "int8": 2, "nvfp4": 3}
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
 MX_GROUP = 32
+NVFP4_GROUP = 16
 SPLIT_CHUNK = 64
 
 
 @dataclass(frozen=True)
 class WeightQuant:
-    """How the weights are stored: ``kind`` mxfp4 | int4 | int8, ``group`` columns per scale (-1: a whole row),
+    """How the weights are stored: ``kind`` mxfp4 | nvfp4 | int4 | int8, ``group`` columns per scale (-1: a whole row),
     ``zero_point`` whether asymmetric zero points come with the scales, ``act_order`` whether a g_idx names each
     column's group (activation-ordered checkpoints)."""
 
@@ -55,22 +56,26 @@ class WeightQuant:
             raise KernelInputError(f"weight kind {self.kind!r} is not one of {list(KINDS)}")
         if self.kind == "mxfp4" and (self.group != MX_GROUP or self.zero_point):
             raise KernelInputError("MXFP4 weights have one E8M0 scale per 32 elements and no zero points")
+        if self.kind == "nvfp4" and (self.group != NVFP4_GROUP or self.zero_point):
+            raise KernelInputError("NVFP4 weights have one e4m3 scale per 16 elements, a global scale and no zero points")
         if self.group != -1 and self.group < 1:
             raise KernelInputError(f"group must be positive or -1 (per row), got {self.group}")
-        if self.act_order and (self.kind == "mxfp4" or self.group == -1):
+        if self.act_order and (self.kind in ("mxfp4", "nvfp4") or self.group == -1):
             raise KernelInputError("activation order (g_idx) applies to INT weights with group scales")
 
     @classmethod
     def for_scheme(cls, scheme: QuantScheme) -> "WeightQuant":
-        """The layout of a scheme these kernels run: MXFP4 with 16-bit activations, or INT4/INT8 WNA16."""
+        """The layout of a scheme these kernels run: MXFP4 or NVFP4 with 16-bit activations, or INT4/INT8 WNA16."""
         if scheme.family is QuantFamily.MXFP4 and scheme.weight.dtype == MX_FP4 and scheme.activation is None:
             return cls("mxfp4", MX_GROUP)
+        if scheme.family is QuantFamily.NVFP4 and scheme.activation is None:
+            return cls("nvfp4", NVFP4_GROUP)
         if scheme.family is QuantFamily.INT_WNA16:
             group = scheme.group_size
             return cls(f"int{scheme.weight_bits}", group, scheme.zero_point, scheme.act_order and group != -1)
         raise KernelInputError(
-            "the weight-quantized Triton MoE runs MXFP4 weights with 16-bit activations and INT4/INT8 weight-only "
-            f"layers; got {scheme.describe()}"
+            "the weight-quantized Triton MoE runs MXFP4 and NVFP4 weights with 16-bit activations and INT4/INT8 "
+            f"weight-only layers; got {scheme.describe()}"
         )
 
     @property
@@ -111,6 +116,8 @@ def _check_weight(name: str, w: torch.Tensor, scale: torch.Tensor, zero: Optiona
         raise KernelInputError(f"{name}_scale must be {list(expected)}; got {list(scale.shape)}")
     if quant.kind == "mxfp4" and scale.dtype != torch.uint8:
         raise KernelInputError(f"{name}_scale holds E8M0 exponents as uint8; got {scale.dtype}")
+    if quant.kind == "nvfp4" and scale.dtype != torch.float8_e4m3fn:
+        raise KernelInputError(f"{name}_scale holds NVFP4 block scales as float8_e4m3fn; got {scale.dtype}")
     if quant.zero_point and (zero is None or tuple(zero.shape) != expected or zero.dtype != torch.uint8):
         got = "none" if zero is None else f"{zero.dtype} {list(zero.shape)}"
         raise KernelInputError(f"{name}_zero_point must be uint8 {list(expected)}; got {got}")
@@ -265,14 +272,14 @@ def get_wq_config(device: str, quant: WeightQuant, num_experts: int, n: int, k: 
 
 
 def _scale_acc(quant: WeightQuant, group: int, cols: int, block_k: int) -> bool:
-    return quant.kind != "mxfp4" and (group == cols or group % block_k == 0)
+    return quant.kind in ("int4", "int8") and (group == cols or group % block_k == 0)
 
 
 def _check_tile(quant: WeightQuant, group: int, cols: int, block_k: int, split: bool) -> None:
-    if quant.kind != "mxfp4" and not _scale_acc(quant, group, cols, block_k) and block_k % group:
+    if quant.kind in ("int4", "int8") and not _scale_acc(quant, group, cols, block_k) and block_k % group:
         raise KernelInputError(f"block_k {block_k} must divide or be a multiple of the scale group {group}")
-    if quant.kind == "mxfp4" and block_k < 2 * MX_GROUP:
-        raise KernelInputError(f"MXFP4 tiles need block_k >= {2 * MX_GROUP}; got {block_k}")
+    if quant.kind in ("mxfp4", "nvfp4") and block_k < 2 * MX_GROUP:
+        raise KernelInputError(f"{quant.kind.upper()} tiles need block_k >= {2 * MX_GROUP}; got {block_k}")
     if split and block_k % SPLIT_CHUNK:
         raise KernelInputError(f"the SPLIT layout needs block_k a multiple of {SPLIT_CHUNK}; got {block_k}")
 
@@ -291,6 +298,8 @@ def fused_wq_experts(
     w2_zero_point: Optional[torch.Tensor] = None,
     w1_perm: Optional[torch.Tensor] = None,
     w2_perm: Optional[torch.Tensor] = None,
+    w1_global_scale: Optional[torch.Tensor] = None,
+    w2_global_scale: Optional[torch.Tensor] = None,
     w1_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
     activation: str = "silu",
@@ -308,7 +317,8 @@ def fused_wq_experts(
     w1 stacked gate-then-up, or interleaved (gate 2n, up 2n+1) with ``interleaved``;
     with ``split`` both are in the layout of ``relayout_nibbles`` (rows padded to 64-column chunks).
     ``w1_perm`` [E, K] / ``w2_perm`` [E, N] (int32, activation order, from ``sort_act_order``): stored column j of
-    expert e multiplies activation column perm[e, j]. ``fast`` (default)
+    expert e multiplies activation column perm[e, j]. NVFP4 weights come with their per-expert fp32 global
+    scales ``w1_global_scale`` / ``w2_global_scale`` [E] (the dequantization multipliers). ``fast`` (default)
     dequantizes 4-bit codes with inline PTX where the activations are bf16. ``scaled_dot`` (MXFP4 in
     checkpoint nibble order, bf16 activations) hands the upcast and the E8M0 scales to Triton's ``tl.dot_scaled``.
     """
@@ -327,6 +337,11 @@ def fused_wq_experts(
     if (w1_perm is not None, w2_perm is not None) != (quant.act_order, quant.act_order):
         raise KernelInputError("activation-ordered weights come sorted by group with both w1_perm and w2_perm "
                                "(sort_act_order); other weights with neither")
+    for name, gs in (("w1_global_scale", w1_global_scale), ("w2_global_scale", w2_global_scale)):
+        if (gs is not None) != (quant.kind == "nvfp4"):
+            raise KernelInputError(f"{name} comes with NVFP4 weights (one fp32 per expert) and with no others")
+        if gs is not None and (gs.dtype != torch.float32 or tuple(gs.shape) != (experts,) or not gs.is_contiguous()):
+            raise KernelInputError(f"{name} must be a contiguous float32 [{experts}]; got {gs.dtype} {list(gs.shape)}")
     for name, perm, cols in (("w1_perm", w1_perm, k), ("w2_perm", w2_perm, n)):
         if perm is not None and (perm.dtype != torch.int32 or tuple(perm.shape) != (experts, cols) or not perm.is_contiguous()):
             raise KernelInputError(f"{name} must be a contiguous int32 [{experts}, {cols}]; got {perm.dtype} {list(perm.shape)}")
@@ -367,18 +382,20 @@ def fused_wq_experts(
     kind, zero = KINDS[quant.kind], (8 if quant.kind == "int4" else 128)
     has_zp, has_bias = quant.zero_point, w1_bias is not None
     fast = fast and hidden.dtype == torch.bfloat16 and quant.kind != "int8"
-    dummy = w1_scale  # stands in for absent zero points / biases (never read: the constexpr flags are off)
+    # stands in for absent zero points / biases / global scales (never read: the constexpr flags are off)
+    dummy = w1_scale.view(torch.uint8) if w1_scale.dtype == torch.float8_e4m3fn else w1_scale
     flat_weights = topk_weights.contiguous().reshape(-1)
 
-    def launch(x, w, s, z, b, perm, out_t, r_out, kred, group, which, gated):
+    def launch(x, w, s, z, b, perm, gs, out_t, r_out, kred, group, which, gated):
         block_n, block_k, warps, stages = config.gemm(which)
         _check_tile(quant, group, kred, block_k, split)
         z = z if has_zp else dummy
         b = b if has_bias else dummy
         p = perm if perm is not None else sorted_ids
+        s = s.view(torch.uint8) if s.dtype == torch.float8_e4m3fn else s  # NVFP4 scales: decoded in the kernel
         grid = (num_row_blocks * -(-r_out // block_n),)
         kern.wq_gemm_kernel[grid](
-            x, w, s, z, b, flat_weights, out_t, sorted_ids, block_expert, num_padded, p,
+            x, w, s, z, b, flat_weights, out_t, sorted_ids, block_expert, num_padded, p, gs if gs is not None else dummy,
             r_out, kred, num_pairs, experts, num_row_blocks, top_k if gated else 1, float(swiglu_limit or 0.0),
             x.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), z.stride(0), z.stride(1), b.stride(0),
             out_t.stride(0), p.stride(0) if perm is not None else 0,
@@ -392,7 +409,7 @@ def fused_wq_experts(
         )
 
     intermediate = torch.empty((num_pairs, n), dtype=hidden.dtype, device=hidden.device)
-    launch(hidden, w1, w1_scale, w1_zero_point, w1_bias, w1_perm, intermediate, n, k, g1, "w1", True)
+    launch(hidden, w1, w1_scale, w1_zero_point, w1_bias, w1_perm, w1_global_scale, intermediate, n, k, g1, "w1", True)
     per_pair = torch.empty((num_pairs, k), dtype=hidden.dtype, device=hidden.device)
-    launch(intermediate, w2, w2_scale, w2_zero_point, w2_bias, w2_perm, per_pair, k, n, g2, "w2", False)
+    launch(intermediate, w2, w2_scale, w2_zero_point, w2_bias, w2_perm, w2_global_scale, per_pair, k, n, g2, "w2", False)
     return topk_sum(per_pair, topk_ids, experts, out)
