@@ -242,7 +242,7 @@ def test_marlins_nvfp4_stand_in_is_the_triton_nvfp4_experts(shape, tokens):
 
 
 @pytest.mark.parametrize("split,fast", [(True, True), (True, False), (False, True), (False, False)])
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "m{}n{}k{}".format(c.block_m, c.block_n, c.block_k))
+@pytest.mark.parametrize("cfg", CONFIGS[:2], ids=lambda c: "m{}n{}k{}".format(c.block_m, c.block_n, c.block_k))
 def test_nvfp4_dequant_paths_and_tiles(cfg, split, fast):
     from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily
 
