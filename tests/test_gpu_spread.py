@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
-from conftest import SPREAD_GPUS_VAR, pytest_configure
+
+def _root_conftest():
+    """tests/conftest.py loaded by path: the name ``conftest`` may be any folder's conftest in sys.modules."""
+    spec = importlib.util.spec_from_file_location("moe_fsm_tests_root_conftest", Path(__file__).with_name("conftest.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ROOT = _root_conftest()
+SPREAD_GPUS_VAR, pytest_configure = _ROOT.SPREAD_GPUS_VAR, _ROOT.pytest_configure
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from moe_fsm.inputs.platform import preset
 from moe_fsm.inputs.quant import QuantScheme
 from moe_fsm.kernels.reference import moe_reference
 from moe_fsm.runtime import build
+from moe_fsm.trace.schema import errors as schema_errors
 
 NVFP4 = MoELayer(num_experts=8, top_k=2, hidden_size=128, intermediate_size=64, dtype="bfloat16",
                  quant=QuantScheme.nvfp4())
@@ -66,8 +67,11 @@ def test_the_trace_names_the_activations_the_stand_in_computes_with(tmp_path):
 
     loaded = Engine([LayerSpec("l0", NVFP4)], platform=preset("sm90"), env={}, policy="vllm-0.33",
                     trace_dir=tmp_path, device="cpu").load()
-    stand_in = json.loads(loaded[0].trace_path.read_text())["build"]["stand_in"]
+    document = json.loads(loaded[0].trace_path.read_text())
+    stand_in = document["build"]["stand_in"]
     assert stand_in["replaces"] == "MarlinExperts" and stand_in["activations"].startswith("16-bit")
+    # the key is part of the trace's schema: the written trace validates (it did not when the key was new)
+    assert schema_errors(document) == []
 
 
 @pytest.mark.parametrize("device, impl", [("cpu", stand_ins.TORCH), ("cuda", stand_ins.TRITON_NVFP4)])

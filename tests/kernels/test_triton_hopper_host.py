@@ -360,14 +360,23 @@ def test_weight_scale_span(block_n, n, gated, span):
     assert weight_scale_span(block_n, n, gated) == span
 
 
+def _variants(shape, num_tokens, **device):
+    """The tuner's candidates past the two it always offers first: the default config and the shipped entry (which
+    may be TMA or Gluon configs themselves: the runtime runs those with the kernels the device has)."""
+    from moe_fsm.kernels.triton_moe.tuning import candidate_configs, shipped_config
+
+    always = {candidate_configs(shape, num_tokens)[0], shipped_config(shape, num_tokens)}
+    return [c for c in candidate_configs(shape, num_tokens, **device) if c not in always]
+
+
 def test_the_tuner_offers_tma_variants_only_on_a_tma_device_and_at_prefill():
     from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, candidate_configs
 
     shape = NAMED_SHAPES["deepseek-v3-fp8-block"]
     plain = candidate_configs(shape, 8192)
     with_tma = candidate_configs(shape, 8192, hopper=True)
-    assert not any(c.hopper for c in plain)
-    tma = [c for c in with_tma if c.hopper]
+    assert not any(c.hopper for c in _variants(shape, 8192))
+    tma = [c for c in _variants(shape, 8192, hopper=True) if c.hopper]
     assert tma and with_tma[: len(plain)] == plain
     assert {c.block_m for c in tma} == {64, 128}
     assert any(c.w1.paired for c in tma) and any(c.gather_input for c in tma) and any(c.w1.flatten for c in tma)
@@ -375,19 +384,19 @@ def test_the_tuner_offers_tma_variants_only_on_a_tma_device_and_at_prefill():
         validate_config(config, block_fp8=True)
         assert config.w1.block_k == config.w2.block_k == 128
     # decode sizes take thin row blocks, which the TMA kernels cannot run
-    assert not any(c.hopper for c in candidate_configs(shape, 8, hopper=True))
+    assert not any(c.hopper for c in _variants(shape, 8, hopper=True))
 
 def test_the_tuner_offers_gluon_variants_for_block_fp8_prefill_only():
     from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, candidate_configs
 
     block = NAMED_SHAPES["deepseek-v3-fp8-block"]
-    gluon = [c for c in candidate_configs(block, 8192, hopper=True, gluon=True) if c.gluon]
-    assert gluon and not any(c.gluon for c in candidate_configs(block, 8192, hopper=True))
+    gluon = [c for c in _variants(block, 8192, hopper=True, gluon=True) if c.gluon]
+    assert gluon and not any(c.gluon for c in _variants(block, 8192, hopper=True))
     assert any(c.w1.persistent for c in gluon) and {c.block_m for c in gluon} == {64, 128}
     for config in gluon:
         validate_config(config, block_fp8=True)
-    assert not any(c.gluon for c in candidate_configs(block, 8, hopper=True, gluon=True))
-    assert not any(c.gluon for c in candidate_configs(NAMED_SHAPES["qwen3-30b-a3b"], 8192, hopper=True, gluon=True))
+    assert not any(c.gluon for c in _variants(block, 8, hopper=True, gluon=True))
+    assert not any(c.gluon for c in _variants(NAMED_SHAPES["qwen3-30b-a3b"], 8192, hopper=True, gluon=True))
 
 
 @pytest.mark.parametrize("make", [lambda: torch.zeros(64, 8).t(), lambda: torch.zeros(2, 4, 8),
