@@ -41,12 +41,13 @@ PTR_ARGS = ("x_ptr", "w_ptr", "s_ptr", "z_ptr", "b_ptr", "rw_ptr", "out_ptr", "s
             "num_padded_ptr", "perm_ptr", "gs_ptr")
 INT_ARGS = ("R_OUT", "KRED", "num_pairs", "num_experts", "num_row_blocks", "x_row_div")
 STRIDES = ("stride_xm", "stride_we", "stride_wr", "stride_se", "stride_sr", "stride_ze", "stride_zr", "stride_be",
-           "stride_om", "stride_pe")
+           "stride_om", "stride_pe", "k_tiles_per_split", "stride_os")
 
 
 def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, block_m: int, block_n: int,
             block_k: int, warps: int, stages: int, k: int = 2880, n: int = 2880, group: int | None = None,
-            zp: bool = False, bias: bool | None = None, scaled_dot: bool = False, perm: bool = False):
+            zp: bool = False, bias: bool | None = None, scaled_dot: bool = False, perm: bool = False,
+            split_k: bool = False):
     """(signature, constexprs, attrs, options) of one launch of ``fused_wq_experts``."""
     kinds = {"mxfp4": 0, "int4": 1, "int8": 2, "nvfp4": 3}
     group = 32 if kind == "mxfp4" else (group or 128)
@@ -55,7 +56,7 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
     r_out = n if gated else k
     sdt = "*u8" if kind in ("mxfp4", "nvfp4") else "*fp16"
     types = {"x_ptr": "*bf16", "w_ptr": "*u8", "s_ptr": sdt, "z_ptr": "*u8" if zp else sdt,
-             "b_ptr": "*bf16" if bias else sdt, "rw_ptr": "*fp32", "out_ptr": "*bf16", "sorted_ids_ptr": "*i32",
+             "b_ptr": "*bf16" if bias else sdt, "rw_ptr": "*fp32", "out_ptr": "*fp32" if split_k else "*bf16", "sorted_ids_ptr": "*i32",
              "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "perm_ptr": "*i32", "gs_ptr": "*fp32"}
     sig = dict(types)
     p = 1 if kind == "int8" else 2
@@ -67,7 +68,8 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
               "stride_xm": kred, "stride_we": rows * cols // p, "stride_wr": cols // p,
               "stride_se": rows * cols // sg, "stride_sr": cols // sg,
               "stride_ze": rows * cols // sg, "stride_zr": cols // sg,
-              "stride_be": rows if bias else rows * cols // sg, "stride_om": r_out, "stride_pe": kred}
+              "stride_be": rows if bias else rows * cols // sg, "stride_om": (2 if gated and split_k else 1) * r_out,
+              "stride_pe": kred, "k_tiles_per_split": 7, "stride_os": 3 * (2 if gated else 1) * r_out}
     for a in INT_ARGS + STRIDES:
         sig[a] = "i32"
     sig["limit"] = "fp32"
@@ -76,15 +78,17 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
                  HAS_ZP=zp, ZERO=8 if kind == "int4" else 128, HAS_BIAS=bias, GATED=gated,
                  ACT=2 if kind == "mxfp4" else 0, HAS_LIMIT=kind == "mxfp4", INTERLEAVED=False,
                  ROUTER_WEIGHT=not gated, PAIR_BLOCKS=pair_blocks, SPLIT=split, FAST=fast and kind != "int8",
-                 EVEN_K=kred % block_k == 0, SCALE_ACC=scale_acc, SCALED_DOT=scaled_dot, HAS_PERM=perm)
+                 EVEN_K=kred % block_k == 0, SCALE_ACC=scale_acc, SCALED_DOT=scaled_dot, HAS_PERM=perm,
+                 SPLIT_K=split_k)
     for c in const:
         sig[c] = "constexpr"
     # the JIT's specialization: ints equal to 1 become constants, multiples of 16 carry divisibility 16
-    const_ints = {a: 1 for a, v in values.items() if v == 1 and a != "num_pairs"}
+    unspecialized = ("num_pairs", "k_tiles_per_split", "stride_os")  # the kernel's do_not_specialize
+    const_ints = {a: 1 for a, v in values.items() if v == 1 and a not in unspecialized}
     for a in const_ints:
         sig[a] = "constexpr"
     const.update(const_ints)
-    divisible = [a for a, v in values.items() if v != 1 and v % 16 == 0 and a != "num_pairs"]
+    divisible = [a for a, v in values.items() if v != 1 and v % 16 == 0 and a not in unspecialized]
     return sig, const, {"num_warps": warps, "num_stages": stages}, divisible
 
 
@@ -116,7 +120,8 @@ def matrix(quick: bool):
     out = []
     for kind, k, n, group, zp, perm in (("mxfp4", 2880, 2880, 32, False, False), ("int4", 2048, 768, 128, False, False),
                                         ("int4", 2048, 768, 32, True, False), ("int8", 2048, 768, 64, True, False),
-                                        ("int4", 2048, 768, 128, False, True), ("nvfp4", 2048, 768, 16, False, False)):
+                                        ("int4", 2048, 768, 128, False, True), ("nvfp4", 2048, 768, 16, False, False),
+                                        ("int4", 7168, 2048, 32, False, False), ("int4", 2048, 768, 64, False, False)):
         tiles = [(16, 64, 128, 4, 4), (64, 128, 64, 8, 3)] if quick else [
             (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3)]
         layouts = [(True, True, False)] if kind == "int8" else (
@@ -130,9 +135,11 @@ def matrix(quick: bool):
             for tile in tiles:
                 for gated in (True, False):
                     for pair in ((True, False) if tile[0] == 16 else (False,)):
-                        out.append(dict(kind=kind, gated=gated, pair_blocks=pair, split=split, fast=fast, scaled=scaled,
-                                        block_m=tile[0], block_n=tile[1], block_k=tile[2], warps=tile[3],
-                                        stages=tile[4], k=k, n=n, group=group, zp=zp, perm=perm))
+                        for split_k in ((False, True) if tile[0] == 16 else (False,)):  # split-K: decode tiles
+                            out.append(dict(kind=kind, gated=gated, pair_blocks=pair, split=split, fast=fast,
+                                            scaled=scaled, block_m=tile[0], block_n=tile[1], block_k=tile[2],
+                                            warps=tile[3], stages=tile[4], k=k, n=n, group=group, zp=zp, perm=perm,
+                                            split_k=split_k))
     return out
 
 
@@ -145,13 +152,14 @@ def main() -> None:
     mod = _load()
     failures = 0
     for v in matrix(args.quick):
-        name = "{kind} g{group}{z}{a} {g} {p} split={split} fast={fast} scaled_dot={scaled} m{block_m} n{block_n} k{block_k} w{warps} s{stages}".format(
+        name = "{kind} g{group}{z}{a} {g} {p} split={split} fast={fast} scaled_dot={scaled} split_k={split_k} m{block_m} n{block_n} k{block_k} w{warps} s{stages}".format(
             g="w1" if v["gated"] else "w2", p="pair" if v["pair_blocks"] else "sorted", z=" zp" if v["zp"] else "", a=" act-order" if v["perm"] else "", **v)
         if args.only and args.only not in name:
             continue
         sig, const, options, divisible = variant(v["kind"], v["gated"], v["pair_blocks"], v["split"], v["fast"], v["block_m"],
                                             v["block_n"], v["block_k"], v["warps"], v["stages"], v["k"], v["n"],
-                                            v["group"], v["zp"], scaled_dot=v["scaled"], perm=v["perm"])
+                                            v["group"], v["zp"], scaled_dot=v["scaled"], perm=v["perm"],
+                                            split_k=v["split_k"])
         try:
             kernel = compile_one(mod, sig, const, options, divisible)
         except Exception as exc:  # report and go on: every variant's verdict in one pass
@@ -168,7 +176,40 @@ def main() -> None:
             safe = re.sub(r"[^A-Za-z0-9]+", "_", name)
             (d / f"{safe}.ptx").write_text(kernel.asm["ptx"])
             (d / f"{safe}.ttgir").write_text(kernel.asm["ttgir"])
+    failures += compile_epilogues(mod, args.only)
     sys.exit(1 if failures else 0)
+
+
+def compile_epilogues(mod, only: str | None) -> int:
+    """The split-K epilogue passes (w1's activation, w2's top-k sum) for MXFP4 with biases, INT4 and NVFP4."""
+    failures = 0
+    for kind, code in (("mxfp4", 0), ("int4", 1), ("nvfp4", 3)):
+        bias = kind == "mxfp4"
+        b_type = "*bf16" if bias else "*u8"
+        act = (mod.wq_splitk_act_kernel,
+               {"ws_ptr": "*fp32", "ids_ptr": "*i32", "gs_ptr": "*fp32", "b_ptr": b_type, "out_ptr": "*bf16",
+                "N": "i32", "num_experts": "i32", "splits": "i32", "stride_ws": "i32", "stride_be": "i32",
+                "stride_om": "i32", "limit": "fp32"},
+               dict(BLOCK=1024, KIND=code, HAS_BIAS=bias, ACT=2 if bias else 0, HAS_LIMIT=bias, INTERLEAVED=False))
+        total = (mod.wq_splitk_sum_kernel,
+                 {"ws_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32", "gs_ptr": "*fp32", "b_ptr": b_type,
+                  "out_ptr": "*bf16", "K": "i32", "num_experts": "i32", "splits": "i32", "stride_ws": "i32",
+                  "stride_be": "i32", "stride_om": "i32"},
+                 dict(TOP_K=8, BLOCK=1024, KIND=code, HAS_BIAS=bias))
+        for fn, sig, const in (act, total):
+            name = f"{fn.__name__} {kind}"
+            if only and only not in name:
+                continue
+            sig = {**sig, **{c: "constexpr" for c in const}}
+            try:
+                kernel = triton.compile(ASTSource(fn, sig, const, {}), target=TARGET, options={"num_warps": 4})
+            except Exception as exc:
+                failures += 1
+                print(f"FAIL {name}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:500]}", flush=True)
+                continue
+            r = resources(kernel)
+            print(f"ok   {name}: regs {r['regs']} stack {r['stack']} smem {r['shared']}", flush=True)
+    return failures
 
 
 if __name__ == "__main__":

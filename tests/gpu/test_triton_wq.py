@@ -27,7 +27,7 @@ from moe_fsm.inputs.layer import MoELayer  # noqa: E402
 from moe_fsm.inputs.quant import QuantScheme  # noqa: E402
 from moe_fsm.kernels.reference import moe_reference  # noqa: E402
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts  # noqa: E402
-from moe_fsm.kernels.triton_wq.fused import WqConfig, relayout_nibbles  # noqa: E402
+from moe_fsm.kernels.triton_wq.fused import WqConfig, default_wq_config, relayout_nibbles  # noqa: E402
 from moe_fsm.modular.kernel import ModularKernel  # noqa: E402
 from moe_fsm.prepare_finalize.local import LocalPrepareFinalize  # noqa: E402
 from moe_fsm.quantize.weights import dequantize_weights, interleave_gate_up, quantize_weights  # noqa: E402
@@ -39,6 +39,7 @@ GPT_OSS = dict(num_experts=32, top_k=4, hidden_size=2880, intermediate_size=2880
 QWEN3 = dict(num_experts=128, top_k=8, hidden_size=2048, intermediate_size=768)  # Qwen3-30B-A3B experts
 SCHEMES = {
     "mxfp4": QuantScheme.mxfp4(),
+    "int4 g32": QuantScheme.int_wna16(4, 32),
     "int4 g128": QuantScheme.int_wna16(4, 128),
     "int4 g32 zp": QuantScheme.int_wna16(4, 32, True, "compressed-tensors"),
     "int4 channel": QuantScheme.int_wna16(4, -1),
@@ -255,5 +256,59 @@ def test_nvfp4_dequant_paths_and_tiles(cfg, split, fast):
         x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
         w2_scale=scales.w2_scale, w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale,
         split=split, fast=fast, config=cfg,
+    )
+    assert rel_err(out.cpu(), ref) <= TOL
+
+
+# Split-K decode (few tokens): the default tile's split and a forced one on both GEMMs, at decode shapes with the
+# real K and N (fewer experts than the models, so the float reference fits the host): a Kimi-K2-like EP8 shard
+# (K7168, N2048, group 32), Qwen3-235B-A22B (K4096, N1536, g128 zero points), gpt-oss-120b TP2 (MXFP4, N1440).
+DECODE = [("int4 g32", dict(num_experts=12, top_k=8, hidden_size=7168, intermediate_size=2048)),
+          ("int4 g128 zp act-order", dict(num_experts=12, top_k=8, hidden_size=4096, intermediate_size=1536)),
+          ("mxfp4", GPT_OSS_TP2)]
+
+
+@pytest.mark.parametrize("tokens", [1, 8])
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("name,shape", DECODE, ids=lambda v: v if isinstance(v, str) else "K{hidden_size}N{intermediate_size}".format(**v))
+def test_split_k_decode_matches_reference(name, shape, fast, tokens):
+    from moe_fsm.kernels.triton_wq.fused import sort_act_order
+
+    layer = _layer(name, shape)
+    x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"splitk-{name}-{tokens}".encode()))
+    quant = WeightQuant.for_scheme(layer.quant)
+    perms = {}
+    if quant.act_order:
+        (w1, p1), (w2, p2) = sort_act_order(w1, scales.w1_g_idx, quant), sort_act_order(w2, scales.w2_g_idx, quant)
+        perms = dict(w1_perm=p1, w2_perm=p2)
+    w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
+    default = default_wq_config(tokens, layer.top_k, layer.num_experts, layer.intermediate_size, layer.hidden_size,
+                                torch.cuda.get_device_properties(0).multi_processor_count)
+    if tokens == 1:
+        assert max(default.splits("w1"), default.splits("w2")) > 1  # few programs at one token: the rule splits
+    for cfg in (default, WqConfig(16, 64, 128, 4, 4, split_k=5, w2_split_k=3)):
+        poison_allocator()
+        out = fused_wq_experts(
+            x, w1, w2, g, ids, quant=quant, w1_scale=scales.w1_scale, w2_scale=scales.w2_scale,
+            w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point, w1_bias=scales.w1_bias,
+            w2_bias=scales.w2_bias, activation=layer.activation.value, swiglu_limit=layer.swiglu_limit, split=True,
+            fast=fast, config=cfg, **perms,
+        )
+        assert rel_err(out.cpu(), ref) <= TOL, cfg
+
+
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_split_k_nvfp4_decode_matches_reference(tokens):
+    """NVFP4 weight-only split along K: the per-expert global scale applied once, after the slices are added."""
+    from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily
+
+    layer = MoELayer(quant=QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None), dtype="bfloat16", **NVFP4_SHAPES[0])
+    x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"nvfp4-splitk-{tokens}".encode()))
+    w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
+    poison_allocator()
+    out = fused_wq_experts(
+        x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
+        w2_scale=scales.w2_scale, w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale,
+        split=True, config=WqConfig(16, 64, 128, 4, 4, split_k=4, w2_split_k=2),
     )
     assert rel_err(out.cpu(), ref) <= TOL

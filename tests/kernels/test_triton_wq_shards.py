@@ -38,11 +38,12 @@ from moe_fsm.kernels import intq
 from moe_fsm.kernels.reference import moe_reference
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
 from moe_fsm.kernels.triton_wq.fused import (
-    WqConfig, relayout_nibbles, sort_act_order, split_columns, undo_relayout_nibbles,
+    MIN_K_TILES_PER_SLICE, PROGRAMS_PER_SM, WqConfig, default_wq_config, relayout_nibbles, sort_act_order,
+    split_columns, undo_relayout_nibbles,
 )
 from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.prepare_finalize.local import LocalPrepareFinalize
-from moe_fsm.quantize.weights import dequantize_weights, quantize_weights
+from moe_fsm.quantize.weights import dequantize_weights, interleave_gate_up, quantize_weights
 from moe_fsm.runtime import build
 from moe_fsm.trace import schema as trace_schema
 
@@ -62,7 +63,8 @@ SHAPES = {
     "int4 g64 zp act-order": (QuantScheme.int_wna16(4, 64, True, "compressed-tensors", act_order=True), 192, 320),
     "int8 g32 act-order": (QuantScheme.int_wna16(8, 32, act_order=True), 96, 160),
 }
-CONFIGS = [WqConfig(16, 32, 64, 4, 1), WqConfig(16, 16, 128, 4, 1)]
+# the last one splits both GEMMs along K (w1 into 2 slices, w2 into as many as its K tiles allow)
+CONFIGS = [WqConfig(16, 32, 64, 4, 1), WqConfig(16, 16, 128, 4, 1), WqConfig(16, 32, 64, 4, 1, split_k=2, w2_split_k=3)]
 
 
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
@@ -101,7 +103,7 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.to(torch.float64) - ref).norm() / ref.norm())
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.split_k}")
 @pytest.mark.parametrize("tokens", [1, 5])
 @pytest.mark.parametrize("name", list(SHAPES))
 @interpreter
@@ -120,6 +122,58 @@ def test_every_format_at_shard_shapes(poisoned, name, tokens, cfg):
         )
         assert out.shape == ref.shape and bool(torch.isfinite(out).all()), (name, split)
         assert _rel(out, ref) <= TOL, (name, split)
+
+
+@interpreter
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_split_k_epilogues_read_interleaved_rows_clamp_and_skip_other_ranks(poisoned, tokens):
+    """Split-K's two epilogue passes: w1's (biases of interleaved gate/up rows, SwiGLU-OAI clamped at 7, the
+    activation after all slices are added) and w2's (bias, router weight, top-k sum skipping ids of other ranks)."""
+    scheme, k, n = QuantScheme.mxfp4(), 128, 192
+    gen = torch.Generator().manual_seed(seed_for(("wq-splitk-epilogue", tokens)))
+    w1 = torch.randn(4, 2 * n, k, generator=gen) / k**0.5 * 4  # large enough that the clamp bites
+    w2 = torch.randn(4, k, n, generator=gen) / n**0.5
+    w1q, w2q, scales = quantize_weights(w1, w2, scheme)
+    w1f, w2f = dequantize_weights(w1q, w2q, scales, scheme, torch.float64)
+    b1, b2 = torch.randn(4, 2 * n, generator=gen) * 0.1, torch.randn(4, k, generator=gen) * 0.1
+    x = torch.randn(tokens, k, generator=gen).to(torch.float16)
+    g, ids = torch.topk(torch.softmax(torch.randn(tokens, 4, generator=gen), -1), 3, dim=-1)
+    ids = ids.to(torch.int32)
+    ids[0, 1] = -1  # another rank's expert: no contribution
+    keep = ids >= 0
+    ref = moe_reference(x, w1f, w2f, g * keep, ids.clamp(min=0).long(), activation="swigluoai", swiglu_limit=7.0,
+                        w1_bias=b1, w2_bias=b2)
+    cfg = WqConfig(16, 32, 64, 4, 1, split_k=2)  # w1: 2 slices of K = 128; w2: 3 of N = 192
+    out = fused_wq_experts(
+        x, relayout_nibbles(interleave_gate_up(w1q)), relayout_nibbles(w2q), g, ids, quant=WeightQuant.for_scheme(scheme),
+        w1_scale=interleave_gate_up(scales.w1_scale), w2_scale=scales.w2_scale, w1_bias=interleave_gate_up(b1),
+        w2_bias=b2, activation="swigluoai", swiglu_limit=7.0, interleaved=True, split=True, fast=False, config=cfg,
+    )
+    assert bool(torch.isfinite(out).all()) and _rel(out, ref) <= TOL
+
+
+# (tokens, top_k, experts, N, K): Kimi-K2-like EP8 shard, Mixtral-8x7B, Qwen3-235B-A22B, gpt-oss-120b
+DECODE_SHAPES = [(8, 48, 2048, 7168), (2, 8, 14336, 4096), (8, 128, 1536, 4096), (4, 128, 2880, 2880)]
+
+
+@pytest.mark.parametrize("top_k,experts,n,k", DECODE_SHAPES)
+def test_default_tile_splits_decode_along_k_until_the_sms_are_busy(top_k, experts, n, k):
+    """At one token the default decode tile splits a GEMM whose programs are fewer than PROGRAMS_PER_SM per SM, each
+    slice keeping MIN_K_TILES_PER_SLICE K tiles; at 512 tokens (row blocks enough) it does not split."""
+    sms = 132
+    one = default_wq_config(1, top_k, experts, n, k, sms)
+    for which, rows, kred in (("w1", n, k), ("w2", k, n)):
+        splits = one.splits(which)
+        programs = top_k * -(-rows // one.block_n)  # one token: a row block per expert it hits
+        k_tiles = -(-kred // one.block_k)
+        assert k_tiles // splits >= MIN_K_TILES_PER_SLICE or splits == 1
+        if programs >= PROGRAMS_PER_SM * sms:
+            assert splits == 1, which
+        elif k_tiles >= 2 * MIN_K_TILES_PER_SLICE:
+            assert splits > 1 and (splits - 1) * programs < PROGRAMS_PER_SM * sms, which
+    many = default_wq_config(512, top_k, experts, n, k, sms)
+    assert many.splits("w1") == many.splits("w2") == 1
+    assert default_wq_config(1, top_k, experts).split_k == 1  # no shape given: the one-pass tile
 
 
 def test_relayout_pads_rows_to_whole_chunks_and_undoes_exactly():
@@ -202,7 +256,7 @@ def test_experts_sort_and_relay_once_then_match_reference(poisoned, name):
 
 
 @interpreter
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.split_k}")
 @pytest.mark.parametrize("tokens", [1, 5])
 @pytest.mark.parametrize("k,n", [(96, 160), (128, 64)])
 def test_nvfp4_weight_only_matches_reference(poisoned, k, n, tokens, cfg):

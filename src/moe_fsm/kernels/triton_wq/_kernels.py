@@ -47,7 +47,14 @@ Weights stay quantized in memory and are dequantized in registers inside the K l
   the tile's product with the exact integer codes is scaled once per (row, pair) on
   the fp32 partial sum instead of per weight element (fewer operations, and no bf16
   rounding of ``code * scale``); otherwise (and for MXFP4's groups of 32) each weight
-  is scaled, the scale tile loaded once per group and broadcast.
+  is scaled, the scale tile loaded once per group and broadcast (in the SPLIT layout per run of
+  min(GROUP, 32) columns of each half, ``_split_run_groups``: group 32 is one scale per half-chunk).
+* Split-K (``SPLIT_K``, few tokens): one token hits top_k experts, so the row blocks times the weight-row
+  tiles can be fewer programs than the SMs need to keep enough loads in flight (gpt-oss-120b at one token:
+  4 x 45 per GEMM on 132 SMs). A second grid axis splits the reduction into slices; each program writes
+  its raw fp32 partial sums to a workspace and ``wq_splitk_act_kernel`` (w1: global scale, bias, gated
+  activation) or ``wq_splitk_sum_kernel`` (w2: global scale, bias, router weight and the top-k sum, which
+  replaces ``topk_sum``) adds the slices in order (deterministic) and runs the epilogue.
 """
 
 from __future__ import annotations
@@ -189,6 +196,17 @@ def _group_scale(v, s, BLOCK_N: tl.constexpr, COLS: tl.constexpr, GROUP: tl.cons
 
 
 @triton.jit
+def _split_run_groups(k0, HALF: tl.constexpr, GROUP: tl.constexpr, RUN: tl.constexpr):
+    """Scale groups of the runs of RUN columns of a SPLIT tile's low and high halves (RUN divides 32, and
+    GROUP divides RUN or is a multiple of it): low run t holds columns k0 + (t // (32 / RUN)) * 64 +
+    (t % (32 / RUN)) * RUN onwards, its high twin the same plus 32."""
+    PER_HALF_CHUNK: tl.constexpr = HALF_CHUNK // RUN
+    t = tl.arange(0, HALF // RUN)
+    col_lo = k0 + (t // PER_HALF_CHUNK) * SPLIT_CHUNK + (t % PER_HALF_CHUNK) * RUN
+    return col_lo // GROUP, (col_lo + HALF_CHUNK) // GROUP
+
+
+@triton.jit
 def _load_groups(ptr, row, g, KRED, GROUP: tl.constexpr, EVEN_K: tl.constexpr, other):
     """ptr[row[:, None] + g[None, :]] for group indices g [G] of rows row [BLOCK_N] (masked past the row's end)."""
     if EVEN_K:
@@ -320,6 +338,13 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
                         z = tl.load(z_ptr + z_row + k0 // GROUP).to(tl.float32)[:, None]
                         lo = lo - z
                         hi = hi - z
+                    elif SPLIT and (32 % GROUP == 0 or GROUP % 32 == 0):
+                        RUN_Z: tl.constexpr = GROUP if GROUP < 32 else 32
+                        gz_lo, gz_hi = _split_run_groups(k0, HALF, GROUP, RUN_Z)
+                        lo = lo - _bcast(_load_groups(z_ptr, z_row, gz_lo, KRED, GROUP, EVEN_K, 0).to(tl.float32),
+                                         BLOCK_N, HALF, RUN_Z)
+                        hi = hi - _bcast(_load_groups(z_ptr, z_row, gz_hi, KRED, GROUP, EVEN_K, 0).to(tl.float32),
+                                         BLOCK_N, HALF, RUN_Z)
                     elif SPLIT:
                         lo = lo - _load_groups(z_ptr, z_row, k_lo // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
                         hi = hi - _load_groups(z_ptr, z_row, k_hi // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
@@ -333,7 +358,16 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
                     lo = lo - ZERO
                     hi = hi - ZERO
             if not SCALE_ACC:
-                if SPLIT:
+                if SPLIT and (32 % GROUP == 0 or GROUP % 32 == 0):
+                    # one scale per run of RUN columns of a half (a 32-column half-chunk holds whole groups, or
+                    # lies inside one): [BLOCK_N, HALF // RUN] loads broadcast, not one load per weight
+                    RUN: tl.constexpr = GROUP if GROUP < 32 else 32
+                    g_lo, g_hi = _split_run_groups(k0, HALF, GROUP, RUN)
+                    s_lo = _load_groups(s_ptr, s_row, g_lo, KRED, GROUP, EVEN_K, 0).to(tl.float32)
+                    s_hi = _load_groups(s_ptr, s_row, g_hi, KRED, GROUP, EVEN_K, 0).to(tl.float32)
+                    lo = _group_scale(lo.to(tl.float32), s_lo, BLOCK_N, HALF, RUN)
+                    hi = _group_scale(hi.to(tl.float32), s_hi, BLOCK_N, HALF, RUN)
+                elif SPLIT:
                     lo = lo.to(tl.float32) * _load_groups(s_ptr, s_row, k_lo // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
                     hi = hi.to(tl.float32) * _load_groups(s_ptr, s_row, k_hi // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
                 else:
@@ -357,17 +391,31 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
     return acc
 
 
-@triton.jit(do_not_specialize=["num_pairs"])
+@triton.jit
+def _gated_activation(gate, up, limit, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr):
+    if HAS_LIMIT:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    if ACT == ACT_SWIGLUOAI:
+        return (up + 1.0) * (gate * tl.sigmoid(gate * SWIGLUOAI_ALPHA))
+    if ACT == ACT_GELU:
+        return 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit(do_not_specialize=["num_pairs", "k_tiles_per_split", "stride_os"])
 def wq_gemm_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, rw_ptr, out_ptr,
     sorted_ids_ptr, block_expert_ptr, num_padded_ptr, perm_ptr, gs_ptr,
     R_OUT, KRED, num_pairs, num_experts, num_row_blocks, x_row_div, limit,
     stride_xm, stride_we, stride_wr, stride_se, stride_sr, stride_ze, stride_zr, stride_be, stride_om, stride_pe,
+    k_tiles_per_split, stride_os,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GROUP: tl.constexpr, KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERLEAVED: tl.constexpr,
     ROUTER_WEIGHT: tl.constexpr, PAIR_BLOCKS: tl.constexpr, SPLIT: tl.constexpr, FAST: tl.constexpr,
     EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr = False, HAS_PERM: tl.constexpr = False,
+    SPLIT_K: tl.constexpr = False,
 ):
     """out[pair, r] for the weight rows r of one BLOCK_N tile and the pairs of one BLOCK_M row block.
 
@@ -375,6 +423,11 @@ def wq_gemm_kernel(
     Otherwise (w2): R_OUT = K, the pair's router weight fused (ROUTER_WEIGHT).
     HAS_PERM: stored column j reads activation column perm[expert, j] (activation order).
     KIND_NVFP4: gs_ptr holds each expert's fp32 global scale, applied to the accumulators.
+    SPLIT_K (few tokens: split-K): program_id(1) is the slice of the reduction, ``k_tiles_per_split`` K tiles
+    from slice * k_tiles_per_split; out_ptr is an fp32 workspace [slices, pairs, R_OUT (x2 GATED)] (slice
+    stride ``stride_os``, pair stride ``stride_om``) that takes the raw partial sums (gate in columns
+    [0, R_OUT), up in [R_OUT, 2 R_OUT)); ``wq_splitk_act_kernel`` / ``wq_splitk_sum_kernel`` add the slices
+    and run the epilogue.
     """
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(R_OUT, BLOCK_N)
@@ -422,7 +475,13 @@ def wq_gemm_kernel(
     acc_a = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     if GATED:
         acc_b = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for ki in range(0, tl.cdiv(KRED, BLOCK_K)):
+    if SPLIT_K:
+        k_first = tl.program_id(1) * k_tiles_per_split
+        k_last = tl.minimum(k_first + k_tiles_per_split, tl.cdiv(KRED, BLOCK_K))
+    else:
+        k_first = 0
+        k_last = tl.cdiv(KRED, BLOCK_K)
+    for ki in range(k_first, k_last):
         k0 = ki * BLOCK_K
         if SPLIT and KIND != KIND_INT8:
             idx = tl.arange(0, BLOCK_K // 2)
@@ -452,6 +511,13 @@ def wq_gemm_kernel(
                               rows_b * stride_zr, x_lo, x_hi, ki, KRED, stride_wr, BLOCK_N, BLOCK_M, BLOCK_K,
                               GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K, SCALE_ACC, SCALED_DOT)
 
+    if SPLIT_K:  # raw fp32 partial sums of this slice; the reduction kernel runs the epilogue
+        ws_rows = out_ptr + tl.program_id(1).to(tl.int64) * stride_os + pair.to(tl.int64)[None, :] * stride_om
+        ws_mask = pair_ok[None, :] & n_ok[:, None]
+        tl.store(ws_rows + offs_n[:, None], acc_a, mask=ws_mask)
+        if GATED:
+            tl.store(ws_rows + R_OUT + offs_n[:, None], acc_b, mask=ws_mask)
+        return
     if KIND == KIND_NVFP4:
         global_scale = tl.load(gs_ptr + expert)
         acc_a = acc_a * global_scale
@@ -462,17 +528,7 @@ def wq_gemm_kernel(
         if GATED:
             acc_b += tl.load(b_ptr + expert * stride_be + rows_b).to(tl.float32)[:, None]
     if GATED:
-        gate = acc_a
-        up = acc_b
-        if HAS_LIMIT:
-            gate = tl.minimum(gate, limit)
-            up = tl.minimum(tl.maximum(up, -limit), limit)
-        if ACT == ACT_SWIGLUOAI:
-            h = (up + 1.0) * (gate * tl.sigmoid(SWIGLUOAI_ALPHA * gate))
-        elif ACT == ACT_GELU:
-            h = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476)) * up
-        else:
-            h = gate * tl.sigmoid(gate) * up
+        h = _gated_activation(acc_a, acc_b, limit, ACT, HAS_LIMIT)
     else:
         h = acc_a
         if ROUTER_WEIGHT:
@@ -480,3 +536,65 @@ def wq_gemm_kernel(
     out_rows = pair.to(tl.int64) * stride_om
     tl.store(out_ptr + out_rows[None, :] + offs_n[:, None], h.to(out_ptr.dtype.element_ty),
              mask=pair_ok[None, :] & n_ok[:, None])
+
+
+@triton.jit
+def wq_splitk_act_kernel(ws_ptr, ids_ptr, gs_ptr, b_ptr, out_ptr, N, num_experts, splits, stride_ws, stride_be,
+                         stride_om, limit, BLOCK: tl.constexpr, KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """w1's split-K epilogue: out[pair, n] = act(gs * sum_s gate + b1, gs * sum_s up + b1) for one pair (program 0)
+    and BLOCK columns (program 1), the slices added in order (deterministic). Pairs of no local expert are left
+    unwritten, as the unsplit kernel leaves them."""
+    pair = tl.program_id(0)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    if (expert < 0) | (expert >= num_experts):
+        return
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    row = ws_ptr + pair.to(tl.int64) * (2 * N)
+    gate = tl.zeros((BLOCK,), dtype=tl.float32)
+    up = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, splits):
+        gate += tl.load(row + s * stride_ws + offs, mask=ok, other=0.0)
+        up += tl.load(row + s * stride_ws + N + offs, mask=ok, other=0.0)
+    if KIND == KIND_NVFP4:
+        global_scale = tl.load(gs_ptr + expert)
+        gate = gate * global_scale
+        up = up * global_scale
+    if HAS_BIAS:
+        if INTERLEAVED:
+            rows_gate = 2 * offs
+            rows_up = rows_gate + 1
+        else:
+            rows_gate = offs
+            rows_up = offs + N
+        gate += tl.load(b_ptr + expert * stride_be + rows_gate, mask=ok, other=0.0).to(tl.float32)
+        up += tl.load(b_ptr + expert * stride_be + rows_up, mask=ok, other=0.0).to(tl.float32)
+    h = _gated_activation(gate, up, limit, ACT, HAS_LIMIT)
+    tl.store(out_ptr + pair.to(tl.int64) * stride_om + offs, h.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def wq_splitk_sum_kernel(ws_ptr, ids_ptr, rw_ptr, gs_ptr, b_ptr, out_ptr, K, num_experts, splits, stride_ws,
+                         stride_be, stride_om, TOP_K: tl.constexpr, BLOCK: tl.constexpr, KIND: tl.constexpr,
+                         HAS_BIAS: tl.constexpr):
+    """w2's split-K epilogue and the top-k sum in one pass: out[t, c] = sum over the slots j of token t (program 0)
+    whose expert is local of g[t, j] * (gs * sum_s partial + b2[c]), for BLOCK columns c (program 1)."""
+    token = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < K
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        pair = token * TOP_K + j
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        if (expert >= 0) & (expert < num_experts):
+            row = ws_ptr + pair.to(tl.int64) * K
+            acc = tl.zeros((BLOCK,), dtype=tl.float32)
+            for s in range(0, splits):
+                acc += tl.load(row + s * stride_ws + offs, mask=ok, other=0.0)
+            if KIND == KIND_NVFP4:
+                acc = acc * tl.load(gs_ptr + expert)
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + expert * stride_be + offs, mask=ok, other=0.0).to(tl.float32)
+            total += acc * tl.load(rw_ptr + pair).to(tl.float32)
+    tl.store(out_ptr + token.to(tl.int64) * stride_om + offs, total.to(out_ptr.dtype.element_ty), mask=ok)

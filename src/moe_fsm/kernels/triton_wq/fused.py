@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Optional
 
@@ -195,7 +195,10 @@ class WqConfig:
     """Tile of one weight-quantized MoE call: rows per block (shared by both GEMMs) and each GEMM's tile.
 
     ``block_n`` weight rows (the MMA's M side, swap-AB) by ``block_m`` (token, slot) pairs, ``block_k`` of the
-    reduction per step; ``split``: the weights are in the SPLIT nibble layout; ``fast``: inline-PTX dequant.
+    reduction per step. ``split_k`` / ``w2_split_k`` (default: ``split_k``): slices of w1's / w2's reduction run
+    by separate programs (split-K, for few tokens, where the row blocks times the weight-row tiles are too few
+    programs to keep the SMs' loads in flight), their fp32 partial sums added by a second pass that runs the
+    epilogue; 1 is the one-pass kernel.
     """
 
     block_m: int
@@ -208,6 +211,8 @@ class WqConfig:
     w2_block_k: Optional[int] = None
     w2_num_warps: Optional[int] = None
     w2_num_stages: Optional[int] = None
+    split_k: int = 1
+    w2_split_k: Optional[int] = None
 
     def to_json(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -226,6 +231,10 @@ class WqConfig:
                     self.w2_num_warps or self.num_warps, self.w2_num_stages or self.num_stages)
         return self.block_n, self.block_k, self.num_warps, self.num_stages
 
+    def splits(self, which: str) -> int:
+        """K slices of the w1 or w2 GEMM (split-K; 1: one pass)."""
+        return (self.w2_split_k or self.split_k) if which == "w2" else self.split_k
+
     def check(self) -> None:
         for name, value in asdict(self).items():
             if value is not None and (value < 1 or (name.startswith(("block", "w2_block")) and value & (value - 1))):
@@ -234,11 +243,38 @@ class WqConfig:
             raise KernelInputError("WqConfig: block_m and block_n must be at least 16 (tensor-core tiles)")
 
 
-def default_wq_config(num_tokens: int, top_k: int, num_experts: int) -> WqConfig:
-    """Untuned shapes: row blocks sized to the pairs an expert sees on average; small tiles for decode."""
+# Split-K aims at this many programs per SM: a decode tile's pipeline (4 stages of 64 weight rows x 128 columns,
+# gate and up) takes about 41 KB of shared memory (tools/sm90_compile_weight_quantized.py), so 4-5 programs are
+# resident on an sm_90 SM (228 KB) and four per SM fill the machine once.
+PROGRAMS_PER_SM = 4
+MIN_K_TILES_PER_SLICE = 4  # a slice keeps the 4-stage pipeline full
+MAX_SPLIT_K = 16
+FALLBACK_SM_COUNT = 132  # an H100/H200 SXM, for configs chosen off a CUDA device (the interpreter)
+
+
+def decode_split_k(pairs: int, num_experts: int, row_tiles: int, k_tiles: int, sm_count: int) -> int:
+    """K slices that give a decode GEMM about ``PROGRAMS_PER_SM`` programs per SM: the row blocks (the experts
+    the pairs are expected to hit, one block each) times the weight-row tiles, split along K while each slice
+    keeps ``MIN_K_TILES_PER_SLICE`` K tiles."""
+    experts_hit = num_experts * (1.0 - (1.0 - 1.0 / max(num_experts, 1)) ** pairs)
+    programs = max(experts_hit, 1.0) * row_tiles
+    wanted = math.ceil(PROGRAMS_PER_SM * sm_count / programs)
+    return max(1, min(wanted, k_tiles // MIN_K_TILES_PER_SLICE, MAX_SPLIT_K))
+
+
+def default_wq_config(num_tokens: int, top_k: int, num_experts: int, n: Optional[int] = None,
+                      k: Optional[int] = None, sm_count: int = FALLBACK_SM_COUNT) -> WqConfig:
+    """Untuned shapes: row blocks sized to the pairs an expert sees on average; small tiles for decode, split
+    along K (``decode_split_k``) where the layer's shape (``n``, ``k``) gives too few programs for the SMs."""
     per_expert = num_tokens * top_k / max(num_experts, 1)
     if per_expert <= 16:
-        return WqConfig(16, 64, 128, 4, 4)
+        tile = WqConfig(16, 64, 128, 4, 4)
+        if n is None or k is None:
+            return tile
+        pairs = num_tokens * top_k
+        w1 = decode_split_k(pairs, num_experts, -(-n // tile.block_n), -(-k // tile.block_k), sm_count)
+        w2 = decode_split_k(pairs, num_experts, -(-k // tile.block_n), -(-n // tile.block_k), sm_count)
+        return replace(tile, split_k=w1, w2_split_k=w2)
     if per_expert <= 32:
         return WqConfig(32, 64, 128, 4, 4)
     if per_expert <= 96:
@@ -262,11 +298,11 @@ def _shipped_table(device: str) -> dict:
 
 
 def get_wq_config(device: str, quant: WeightQuant, num_experts: int, n: int, k: int, top_k: int,
-                  num_tokens: int, scaled_dot: bool = False) -> WqConfig:
+                  num_tokens: int, scaled_dot: bool = False, sm_count: int = FALLBACK_SM_COUNT) -> WqConfig:
     """The tuned config of the nearest token count (log scale) for this shape and device, else the default."""
     entries = _shipped_table(device).get(table_key(quant, num_experts, n, k, top_k, scaled_dot))
     if not entries:
-        return default_wq_config(num_tokens, top_k, num_experts)
+        return default_wq_config(num_tokens, top_k, num_experts, n, k, sm_count)
     tuned = min(entries, key=lambda t: abs(math.log(int(t)) - math.log(max(num_tokens, 1))))
     return WqConfig.from_json(entries[tuned])
 
@@ -363,9 +399,10 @@ def fused_wq_experts(
     if config is None:
         from moe_fsm.kernels.triton_moe._runtime import device_name
 
-        config = get_wq_config(device_name(hidden.device), quant, experts, n, k, top_k, num_tokens, scaled_dot)
+        config = get_wq_config(device_name(hidden.device), quant, experts, n, k, top_k, num_tokens, scaled_dot,
+                               _sm_count(hidden.device))
     if block_m is not None:
-        config = WqConfig(block_m, *list(asdict(config).values())[1:])
+        config = replace(config, block_m=block_m)
     config.check()
     kern = _kernels()
     from moe_fsm.kernels.triton_moe.align import align_tokens, pair_blocks
@@ -385,31 +422,78 @@ def fused_wq_experts(
     # stands in for absent zero points / biases / global scales (never read: the constexpr flags are off)
     dummy = w1_scale.view(torch.uint8) if w1_scale.dtype == torch.float8_e4m3fn else w1_scale
     flat_weights = topk_weights.contiguous().reshape(-1)
+    flat_ids = topk_ids.contiguous().reshape(-1)
 
     def launch(x, w, s, z, b, perm, gs, out_t, r_out, kred, group, which, gated):
+        """One GEMM; with split-K, its fp32 partial sums go to a workspace, returned for the epilogue pass."""
         block_n, block_k, warps, stages = config.gemm(which)
         _check_tile(quant, group, kred, block_k, split)
         z = z if has_zp else dummy
         b = b if has_bias else dummy
         p = perm if perm is not None else sorted_ids
         s = s.view(torch.uint8) if s.dtype == torch.float8_e4m3fn else s  # NVFP4 scales: decoded in the kernel
-        grid = (num_row_blocks * -(-r_out // block_n),)
+        k_tiles = -(-kred // block_k)
+        tiles_per_slice = -(-k_tiles // min(config.splits(which), k_tiles))
+        slices = -(-k_tiles // tiles_per_slice)
+        target = out_t
+        if slices > 1:
+            target = torch.empty((slices, num_pairs, 2 * r_out if gated else r_out), dtype=torch.float32,
+                                 device=hidden.device)
+        grid = (num_row_blocks * -(-r_out // block_n), slices)
         kern.wq_gemm_kernel[grid](
-            x, w, s, z, b, flat_weights, out_t, sorted_ids, block_expert, num_padded, p, gs if gs is not None else dummy,
+            x, w, s, z, b, flat_weights, target, sorted_ids, block_expert, num_padded, p, gs if gs is not None else dummy,
             r_out, kred, num_pairs, experts, num_row_blocks, top_k if gated else 1, float(swiglu_limit or 0.0),
             x.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), z.stride(0), z.stride(1), b.stride(0),
-            out_t.stride(0), p.stride(0) if perm is not None else 0,
+            target.stride(-2), p.stride(0) if perm is not None else 0, tiles_per_slice, target.stride(0),
             BLOCK_M=config.block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=config.group_m,
             GROUP=group, KIND=kind, HAS_ZP=has_zp, ZERO=zero, HAS_BIAS=has_bias, GATED=gated,
             ACT=ACTIVATIONS[activation], HAS_LIMIT=swiglu_limit is not None, INTERLEAVED=interleaved and gated,
             ROUTER_WEIGHT=not gated, PAIR_BLOCKS=num_tokens == 1, SPLIT=split, FAST=fast,
             EVEN_K=kred % block_k == 0, SCALE_ACC=_scale_acc(quant, group, kred, block_k), SCALED_DOT=scaled_dot,
-            HAS_PERM=perm is not None,
+            HAS_PERM=perm is not None, SPLIT_K=slices > 1,
             num_warps=warps, num_stages=stages,
         )
+        return target if slices > 1 else None
 
     intermediate = torch.empty((num_pairs, n), dtype=hidden.dtype, device=hidden.device)
-    launch(hidden, w1, w1_scale, w1_zero_point, w1_bias, w1_perm, w1_global_scale, intermediate, n, k, g1, "w1", True)
+    partial = launch(hidden, w1, w1_scale, w1_zero_point, w1_bias, w1_perm, w1_global_scale, intermediate, n, k, g1,
+                     "w1", True)
+    if partial is not None:
+        block = _epilogue_block(n)
+        kern.wq_splitk_act_kernel[(num_pairs, -(-n // block))](
+            partial, flat_ids, w1_global_scale if w1_global_scale is not None else dummy,
+            w1_bias if has_bias else dummy, intermediate, n, experts, partial.shape[0], partial.stride(0),
+            w1_bias.stride(0) if has_bias else 0, intermediate.stride(0), float(swiglu_limit or 0.0),
+            BLOCK=block, KIND=kind, HAS_BIAS=has_bias, ACT=ACTIVATIONS[activation],
+            HAS_LIMIT=swiglu_limit is not None, INTERLEAVED=interleaved, num_warps=4,
+        )
     per_pair = torch.empty((num_pairs, k), dtype=hidden.dtype, device=hidden.device)
-    launch(intermediate, w2, w2_scale, w2_zero_point, w2_bias, w2_perm, w2_global_scale, per_pair, k, n, g2, "w2", False)
-    return topk_sum(per_pair, topk_ids, experts, out)
+    partial = launch(intermediate, w2, w2_scale, w2_zero_point, w2_bias, w2_perm, w2_global_scale, per_pair, k, n, g2,
+                     "w2", False)
+    if partial is None:
+        return topk_sum(per_pair, topk_ids, experts, out)
+    block = _epilogue_block(k)
+    kern.wq_splitk_sum_kernel[(num_tokens, -(-k // block))](
+        partial, flat_ids, flat_weights, w2_global_scale if w2_global_scale is not None else dummy,
+        w2_bias if has_bias else dummy, out, k, experts, partial.shape[0], partial.stride(0),
+        w2_bias.stride(0) if has_bias else 0, out.stride(0),
+        TOP_K=top_k, BLOCK=block, KIND=kind, HAS_BIAS=has_bias, num_warps=4,
+    )
+    return out
+
+
+def _epilogue_block(cols: int) -> int:
+    """Columns per program of the split-K epilogue passes (a power of two, at most 1024)."""
+    return min(1024, max(16, 1 << (cols - 1).bit_length()))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    """SMs of the device the layer runs on (split-K's rule); ``FALLBACK_SM_COUNT`` off CUDA (the interpreter)."""
+    if device.type != "cuda":
+        return FALLBACK_SM_COUNT
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
