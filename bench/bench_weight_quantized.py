@@ -26,6 +26,11 @@ each replay, ``triton.testing.do_bench`` median), divided by R.
 
 ``prepare`` (no GPU): extracts the peers from the wheel into ``--extract``.
 ``run`` (GPU): writes ``<out>/wq.json`` and ``<out>/wq.md``.
+``decode`` (GPU, one process, about 90 s on an H200): at 1/8/32 tokens on six decode shapes (INT4 g32 Kimi-K2-like
+EP8 shard, INT4 g128 Mixtral-8x7B / Qwen3-235B-A22B / GLM-4.5-Air-like, MXFP4 gpt-oss-120b, NVFP4 weight-only),
+the one-pass decode tile against the default tile now (split along K where the grid is small), with µs, weight
+TB/s and % of the copy rate measured in the same run, and moe-fsm's bf16 experts beside them; writes
+``<out>/wq_decode.json`` and ``<out>/wq_decode.md`` after every point.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ VLLM_VERSION = "0.33.0"
 FUSED_MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 TK_PREFIX = "vllm/third_party/triton_kernels/"
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
+DECODE_ROWS = ("Kimi-K2-like EP8 INT4 g32", "Mixtral-8x7B INT4 g128", "Qwen3-235B-A22B INT4 g128",
+               "GLM-4.5-Air-like INT4 g128", "gpt-oss-120b MXFP4", "Qwen3-235B-A22B NVFP4 W4A16")
 TARGETS = {"decode_TBps": 1.9, "faster_than_bf16_up_to": 512, "bf16_tflops_ratio_large": 0.8,
            "vs_peer_min": 1.0, "vs_peer_geomean": 1.2}
 
@@ -495,6 +502,123 @@ def run(args) -> None:
     print(markdown(report))
 
 
+# ---------------------------------------------------------------- decode: one-pass tile vs split-K, 1-32 tokens
+
+
+def _decode_shapes():
+    """(shape, scheme, activation, swiglu limit, biases) of the decode comparison; the GLM row is a shape the tile
+    rule was never looked at with."""
+    from bench_experts_roofline import Shape
+
+    from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily, QuantScheme
+
+    int4 = QuantScheme.int_wna16
+    qwen3_235b = Shape("qwen3-235b-a22b", 128, 4096, 1536, 8)
+    return dict(zip(DECODE_ROWS, (
+        (Shape("kimi-k2-ep8", 48, 7168, 2048, 8), int4(4, 32), "silu", None, False),
+        (Shape("mixtral-8x7b", 8, 4096, 14336, 2), int4(4, 128), "silu", None, False),
+        (qwen3_235b, int4(4, 128), "silu", None, False),
+        (Shape("glm-4.5-air", 128, 4096, 1408, 8), int4(4, 128), "silu", None, False),
+        (Shape("gpt-oss-120b", 128, 2880, 2880, 4), QuantScheme.mxfp4(), "swigluoai", 7.0, True),
+        (qwen3_235b, QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None), "silu", None, False),
+    )))
+
+
+def decode(args) -> None:
+    """Per shape and token count: the one-pass decode tile (the default before split-K) against the default tile now
+    (split along K where the grid is small), moe-fsm's bf16 experts beside them, the copy rate measured first."""
+    import torch
+    import triton
+    from bench_experts_roofline import time_graph
+    from triton.testing import do_bench
+
+    from moe_fsm.kernels.triton_moe import fused_experts
+    from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
+    from moe_fsm.kernels.triton_wq.fused import default_wq_config, relayout_nibbles
+
+    t0 = time.time()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_bytes = 1 << 30
+    src = torch.empty(n_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    copy_ms = do_bench(lambda: dst.copy_(src), rep=100)
+    del src, dst
+    copy_tbps = 2 * n_bytes / copy_ms / 1e9  # bytes read + written, as the roofline's copy ceiling
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    device = torch.cuda.get_device_name()
+    print(f"{device}, {sms} SMs; torch {torch.__version__}, Triton {triton.__version__}; copy rate {copy_tbps:.2f} TB/s "
+          f"(1 GiB device copy, read + written)", flush=True)
+    header = ("| row | tokens | experts hit | one-pass µs | TB/s | % copy | split-K tile µs | TB/s | % copy | "
+              "splits w1/w2 | speed-up | bf16 µs | bf16 TB/s | bf16/split-K | err (split-K) |")
+    lines = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    print(header, flush=True)
+    rows = []
+    shapes = _decode_shapes()
+    for name in args.rows or shapes:
+        shape, scheme, activation, limit, bias = shapes[name]
+        e, k, n, top_k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        w1q, w2q, scales = _quantized(shape, scheme, bias, gen)
+        quant = WeightQuant.for_scheme(scheme)
+        w1s, w2s = relayout_nibbles(w1q), relayout_nibbles(w2q)
+        per_expert_q = sum(t.numel() * t.element_size() for t in vars(scales).values() if t is not None) / e
+        per_expert_q += (w1q.numel() + w2q.numel()) / e
+        w1b = torch.randn(e, 2 * n, k, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(k**-0.5)
+        w2b = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(n**-0.5)
+        per_expert_b = 3 * n * k * 2
+        for tokens in args.tokens:
+            x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            routes = []
+            for _ in range(8):  # a graph of 8 calls on 8 routings: the weights come from memory, not L2
+                vals, ids = torch.randn(tokens, e, device="cuda", generator=gen).topk(top_k, dim=1)
+                routes.append((torch.softmax(vals, dim=1), ids.to(torch.int32)))
+            active = sum(torch.unique(ids).numel() for _, ids in routes) / len(routes)
+
+            def ours(cfg):
+                def fn(g, ids):
+                    return fused_wq_experts(
+                        x, w1s, w2s, g, ids, quant=quant, w1_scale=scales.w1_scale, w2_scale=scales.w2_scale,
+                        w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
+                        w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale,
+                        w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=activation, swiglu_limit=limit,
+                        split=True, config=cfg)
+                return fn
+
+            one_pass = default_wq_config(tokens, top_k, e)
+            split_k = default_wq_config(tokens, top_k, e, n, k, sms)
+            one_us = time_graph(ours(one_pass), routes, args.rep_ms)
+            unsplit = (split_k.splits("w1"), split_k.splits("w2")) == (1, 1)  # the same kernels: timed once
+            split_us = one_us if unsplit else time_graph(ours(split_k), routes, args.rep_ms)
+            bf16_us = time_graph(lambda g, ids: fused_experts(x, w1b, w2b, g, ids, activation=activation,
+                                                              swiglu_limit=limit), routes, args.rep_ms)
+            sample = torch.arange(min(tokens, 2), device="cuda")  # float64 on the experts of two tokens
+            g0, ids0 = routes[0]
+            got = ours(split_k)(g0, ids0)[sample].double()
+            ref = _reference(x, w1q, w2q, scales, scheme, g0, ids0, activation, limit, sample)
+            err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
+            tb = lambda us, per_expert: active * per_expert / us / 1e6  # noqa: E731
+            row = {"row": name, "tokens": tokens, "active_experts": active, "one_pass_us": one_us,
+                   "split_k_us": split_us, "one_pass_TBps": tb(one_us, per_expert_q),
+                   "split_k_TBps": tb(split_us, per_expert_q), "bf16_us": bf16_us, "bf16_TBps": tb(bf16_us, per_expert_b),
+                   "copy_TBps": copy_tbps, "splits": [split_k.splits("w1"), split_k.splits("w2")],
+                   "split_k_config": split_k.to_json(), "rel_err": err}
+            rows.append(row)
+            line = (f"| {name} | {tokens} | {active:.1f} | {one_us:.1f} | {row['one_pass_TBps']:.2f} | "
+                    f"{100 * row['one_pass_TBps'] / copy_tbps:.0f}% | {split_us:.1f} | {row['split_k_TBps']:.2f} | "
+                    f"{100 * row['split_k_TBps'] / copy_tbps:.0f}% | {row['splits'][0]}/{row['splits'][1]} | "
+                    f"{one_us / split_us:.2f} | {bf16_us:.1f} | {row['bf16_TBps']:.2f} | {bf16_us / split_us:.2f} | {err:.1e} |")
+            lines.append(line)
+            print(line, flush=True)
+            report = {"device": device, "sms": sms, "torch": torch.__version__, "triton": triton.__version__,
+                      "copy_TBps": copy_tbps, "rows": rows}
+            (out_dir / "wq_decode.json").write_text(json.dumps(report, indent=1))
+            (out_dir / "wq_decode.md").write_text("\n".join(lines) + "\n")
+        del w1q, w2q, w1s, w2s, w1b, w2b, scales
+        torch.cuda.empty_cache()
+        print(f"[{time.time() - t0:.0f} s]", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -510,9 +634,16 @@ def main() -> None:
     r.add_argument("--write-table")
     r.add_argument("--compile-only", action="store_true",
                    help="call every candidate, peer and bf16 once (fills Triton's cache for a timed run); no report")
+    d = sub.add_parser("decode", help="one-pass decode tile vs split-K tile vs bf16 at 1-32 tokens (GPU, ~90 s)")
+    d.add_argument("--out", default=str(ROOT / "bench-out"))
+    d.add_argument("--rows", nargs="*", choices=list(DECODE_ROWS))
+    d.add_argument("--tokens", nargs="*", type=int, default=[1, 8, 32])
+    d.add_argument("--rep-ms", type=float, default=20.0)
     args = parser.parse_args()
     if args.cmd == "prepare":
         prepare(Path(args.wheel), Path(args.extract))
+    elif args.cmd == "decode":
+        decode(args)
     else:
         run(args)
 
