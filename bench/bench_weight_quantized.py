@@ -555,7 +555,9 @@ def decode(args) -> None:
     print(header, flush=True)
     rows = []
     shapes = _decode_shapes()
-    for name in args.rows or shapes:
+
+    def one_row(name: str) -> None:
+        """Quantize the row's experts, time its token counts; the weights are freed on return."""
         shape, scheme, activation, limit, bias = shapes[name]
         e, k, n, top_k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -614,7 +616,13 @@ def decode(args) -> None:
                       "copy_TBps": copy_tbps, "rows": rows}
             (out_dir / "wq_decode.json").write_text(json.dumps(report, indent=1))
             (out_dir / "wq_decode.md").write_text("\n".join(lines) + "\n")
-        del w1q, w2q, w1s, w2s, w1b, w2b, scales
+
+    for name in args.rows or shapes:
+        try:
+            one_row(name)
+        except Exception as exc:  # report and go on: the other rows still measure
+            print(f"{name}: failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            traceback.print_exc()
         torch.cuda.empty_cache()
         print(f"[{time.time() - t0:.0f} s]", flush=True)
 
