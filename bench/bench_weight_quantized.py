@@ -297,7 +297,7 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
 
     from moe_fsm.kernels.triton_moe import fused_experts
     from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
-    from moe_fsm.kernels.triton_wq.fused import relayout_nibbles, table_key
+    from moe_fsm.kernels.triton_wq.fused import default_wq_config, relayout_nibbles, table_key
 
     e, k, n, top_k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -339,9 +339,12 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
             return fn
 
         tried = {}
+        # the default tile's split along K where it splits (few tokens), beside the one-pass candidates
+        split_default = default_wq_config(tokens, top_k, e, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+        split_k_tiles = [split_default] if max(split_default.splits("w1"), split_default.splits("w2")) > 1 else []
         # MXFP4: both dequant paths, SPLIT nibbles + inline PTX and checkpoint order + tl.dot_scaled
         for scaled in ((False, True) if quant.kind == "mxfp4" else (False,)):
-            for cfg in candidates(tokens, top_k, e):
+            for cfg in candidates(tokens, top_k, e) + split_k_tiles:
                 try:
                     tried[(cfg, scaled)] = time_graph(ours(cfg, scaled), routes, args.rep_ms)
                 except Exception as exc:
@@ -445,6 +448,8 @@ def markdown(report: dict) -> str:
         tile = f"{cfg['block_m']},{cfg['block_n']},{cfg['block_k']},{cfg['num_warps']},{cfg['num_stages']}"
         if r.get("dequant") == "tl.dot_scaled":
             tile += " dot_scaled"
+        if cfg.get("split_k", 1) > 1 or cfg.get("w2_split_k", 1) > 1:
+            tile += f" split-K {cfg.get('split_k', 1)}/{cfg.get('w2_split_k') or cfg.get('split_k', 1)}"
         peer = f"{r['peer_us']:.1f}" if r["peer_us"] else "-"
         vs = f"{r['vs_peer']:.2f}" if r["vs_peer"] else "-"
         lines.append(

@@ -263,8 +263,8 @@ def test_nvfp4_dequant_paths_and_tiles(cfg, split, fast):
 # Split-K decode (few tokens): the default tile's split and a forced one on both GEMMs, at decode shapes with the
 # real K and N (fewer experts than the models, so the float reference fits the host): a Kimi-K2-like EP8 shard
 # (K7168, N2048, group 32), Qwen3-235B-A22B (K4096, N1536, g128 zero points), gpt-oss-120b TP2 (MXFP4, N1440).
-DECODE = [("int4 g32", dict(num_experts=12, top_k=8, hidden_size=7168, intermediate_size=2048)),
-          ("int4 g128 zp act-order", dict(num_experts=12, top_k=8, hidden_size=4096, intermediate_size=1536)),
+DECODE = [("int4 g32", dict(num_experts=10, top_k=8, hidden_size=7168, intermediate_size=2048)),
+          ("int4 g128 zp act-order", dict(num_experts=10, top_k=8, hidden_size=4096, intermediate_size=1536)),
           ("mxfp4", GPT_OSS_TP2)]
 
 
