@@ -83,7 +83,7 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
     for c in const:
         sig[c] = "constexpr"
     # the JIT's specialization: ints equal to 1 become constants, multiples of 16 carry divisibility 16
-    unspecialized = ("num_pairs", "k_tiles_per_split", "stride_os")  # the kernel's do_not_specialize
+    unspecialized = ("num_pairs", "num_experts", "num_row_blocks", "k_tiles_per_split", "stride_os")  # do_not_specialize
     const_ints = {a: 1 for a, v in values.items() if v == 1 and a not in unspecialized}
     for a in const_ints:
         sig[a] = "constexpr"

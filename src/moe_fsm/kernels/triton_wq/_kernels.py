@@ -403,7 +403,8 @@ def _gated_activation(gate, up, limit, ACT: tl.constexpr, HAS_LIMIT: tl.constexp
     return gate * tl.sigmoid(gate) * up
 
 
-@triton.jit(do_not_specialize=["num_pairs", "k_tiles_per_split", "stride_os"])
+# Counts that change with the batch or the expert layout are not specialized on (no recompile when they do).
+@triton.jit(do_not_specialize=["num_pairs", "num_experts", "num_row_blocks", "k_tiles_per_split", "stride_os"])
 def wq_gemm_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, b_ptr, rw_ptr, out_ptr,
     sorted_ids_ptr, block_expert_ptr, num_padded_ptr, perm_ptr, gs_ptr,
