@@ -34,9 +34,10 @@ Otherwise the experts are left out: the expert output handed to finalize is a pr
 stand-in (already reduced for the Standard format, per-expert slabs for the
 Batched one), so the times are the token movement alone. FP8 payloads are
 quantized by the quantizer the experts would hand to prepare (the Triton 1x128
-group quantizer on CUDA, the torch one on CPU), and the column "quantize ms" times
-that quantizer alone on the rank's tokens, the part of the P/F time that a fused
-dispatch kernel would hide. Bandwidth is "algorithm bandwidth" in the
+group quantizer on CUDA, the torch one on CPU); where the Triton kernels run, the
+all-to-all P/Fs apply that quantization inside their send-row kernel (one pass over
+the tokens), and the column "quantize ms" times the quantizer alone on the rank's
+tokens, what a separate quantization pass costs. Bandwidth is "algorithm bandwidth" in the
 nccl-tests sense: the per-rank bytes of the larger buffer of each collective
 (all-to-all: what this rank sends; all-gather: the gathered output;
 reduce-scatter: the input), summed over dispatch and combine, divided by the
@@ -69,7 +70,7 @@ import torch.distributed as dist
 
 from moe_fsm.distributed import ExpertPlacement, destroy, init_from_env, is_launched, launch
 from moe_fsm.inputs.quant import QuantScheme
-from moe_fsm.modular.interfaces import ExpertScales, InputQuantizer, WeightAndReduce
+from moe_fsm.modular.interfaces import DynamicFP8RowQuantizer, ExpertScales, InputQuantizer, WeightAndReduce
 from moe_fsm.prepare_finalize.all2all import AllToAllPrepareFinalize
 from moe_fsm.prepare_finalize.allgather import AllGatherReduceScatterPrepareFinalize
 from moe_fsm.prepare_finalize.fixed_all2all import FixedCapacityAllToAllPrepareFinalize
@@ -153,14 +154,18 @@ def routing(tokens: int, device: torch.device, seed: int, kind: str = "uniform",
 
 
 def quantizer_for(quant: str, device: torch.device) -> Optional[InputQuantizer]:
-    """What the experts would hand prepare: the Triton group quantizer on CUDA, the torch emulation on CPU."""
+    """What the experts would hand prepare: the Triton group quantizer on CUDA, the torch emulation on CPU.
+
+    Both are DynamicFP8RowQuantizer("group", ...), as TritonExperts hands it, so the all-to-all P/Fs quantize in
+    their send-row kernel where the kernels run (the all-gather P/F calls it).
+    """
     scheme = QUANTS[quant]
     if scheme is None:
         return None
     if device.type == "cuda":
         from moe_fsm.kernels.triton_moe import quantize_activation
 
-        return lambda hidden: quantize_activation(hidden, "group")
+        return DynamicFP8RowQuantizer("group", lambda hidden: quantize_activation(hidden, "group"))
     return input_quantizer(scheme, ExpertScales())
 
 
@@ -494,7 +499,7 @@ def write_report(out: Path, meta: dict, cases: list[dict], skipped: list[str], l
         f"after a barrier and ends with a device sync",
         "- GB/s: algorithm bandwidth (per-rank bytes of the larger buffer of each collective, dispatch + combine); "
         "the P/F and its baseline are charged the same bytes",
-        "- quantize ms: the activation quantizer alone on the rank's tokens (included in the P/F time)",
+        "- quantize ms: the activation quantizer alone on the rank's tokens, as a separate pass (the all-to-all P/Fs quantize inside their send-row kernel on CUDA; the all-gather P/F calls it)",
         f"- environment: {', '.join(f'{k}={v}' for k, v in meta['env'].items()) or 'none of the recorded variables set'}",
         f"- host load average at the end (1, 5, 15 min): {', '.join(map(str, meta['load_average']))} on {os.cpu_count()} cores",
         f"- command: `{meta['command']}`",

@@ -168,7 +168,95 @@ def test_route_gives_the_slots_and_counts_of_the_torch_scan(device, tokens, worl
         expect = send_slots(dest, torch.cumsum(counts, 0) - counts, tokens * world)
     else:
         expect = send_slots(dest, torch.arange(world) * capacity, world * capacity)
-    slot, got_counts = wire_kernels.route(ids.to(device), placement.owner_table(device).to(torch.int32), world,
-                                          capacity=capacity)
-    assert torch.equal(got_counts.cpu(), counts)
-    assert torch.equal(slot.cpu(), expect)
+    routes = wire_kernels.route(ids.to(device), placement.owner_table(device).to(torch.int32), world,
+                                capacity=capacity)
+    assert torch.equal(routes.counts.cpu(), counts)
+    assert torch.equal(routes.slot.cpu(), expect)
+    if capacity is None:
+        assert routes.order is None
+    else:  # the send order of the fixed blocks, the empty row (M) past each rank's count
+        assert torch.equal(routes.order.cpu(), send_order(expect, world * capacity))
+    records = torch.full((world, 3), 7, dtype=torch.int64, device=device)  # counts written into a column
+    wire_kernels.route(ids.to(device), placement.owner_table(device).to(torch.int32), world, counts_out=records[:, 0])
+    assert torch.equal(records[:, 0].cpu(), counts) and bool((records[:, 1:] == 7).all())
+
+
+@pytest.mark.parametrize("rows_kind", ["token", "group"])
+@pytest.mark.parametrize("tokens", [0, 1, 37])
+def test_send_rows_quantized_while_packing_hold_the_quantizers_bytes(device, rows_kind, tokens) -> None:
+    """FP8 per token / per 1x128 group applied by the send-row kernel: the same bytes and scales as the torch
+    quantizer, in every send row the token goes to (scattered) and by send order with empty rows (gathered)."""
+    if not wire_kernels.kernels_apply(torch.zeros(1, device=device)):
+        pytest.skip("quantizing while packing is the kernels' path (CUDA, or TRITON_INTERPRET=1)")
+    from moe_fsm.kernels import fp8
+
+    gen = torch.Generator().manual_seed(tokens + len(rows_kind))
+    hidden, world = 320, 3  # the last group is 64 columns
+    x = (torch.randn(tokens, hidden, generator=gen) * 4).to(torch.bfloat16)
+    if tokens:
+        x[0, :4] = torch.tensor([0.0, -0.0, 1e-6, -3e-4])  # values that land on e4m3 subnormals
+        x[-1, 128:256] = 0.0  # an all-zero group
+    q, scale = (fp8.quantize_per_token if rows_kind == "token" else fp8.quantize_per_group)(x)
+    ids = torch.randint(0, 64, (tokens, 8), generator=gen, dtype=torch.int32)
+    weights = torch.rand(tokens, 8, generator=gen)
+    layout = row_layout([q.view(torch.uint8), scale, ids, weights])
+    empty = empty_row(layout, -2, device)
+    fields = [x.to(device), torch.empty(scale.shape, dtype=torch.float32, device="meta"), ids.to(device), weights.to(device)]
+    buffers = wire_kernels.WireBuffers()
+    packed = wire_kernels.pack_source(fields, layout, empty, fp8_rows=rows_kind, buffers=buffers)
+    dest = _routing(tokens, world, gen).to(device)
+    counts = dest.sum(0)
+    expected_fields = [q.view(torch.uint8), scale, ids, weights]
+
+    def check(sent: torch.Tensor, s: int, token: int) -> None:
+        for t, f in zip(expected_fields, layout.fields):
+            expect = t[token].contiguous().view(torch.uint8).reshape(-1) if token < tokens else empty[f.start : f.start + f.nbytes].cpu()
+            assert torch.equal(sent[s, f.start : f.start + f.nbytes], expect), (s, token, f)
+
+    capacity = max(tokens, 1)
+    total = world * capacity
+    slot = send_slots(dest, torch.arange(world, device=device) * capacity, total)
+    order = send_order(slot, total)
+    buffers.rows("send", total, (layout.row_bytes,), torch.uint8, device).fill_(0x5A)  # poisoned, then reused
+    sent = wire_kernels.gather_send_rows(packed, order, buffers=buffers).cpu()
+    for d in range(world):
+        for i in range(capacity):
+            check(sent, d * capacity + i, int(order[d * capacity + i]) if i < int(counts[d]) else tokens)
+    total = int(counts.sum())
+    slot = send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel())
+    buffers.rows("send", total, (layout.row_bytes,), torch.uint8, device).fill_(0x5A)
+    sent = wire_kernels.scatter_send_rows(packed, slot, total, buffers=buffers).cpu()
+    expected_order = [t for d in range(world) for t in range(tokens) if bool(dest[t, d])]
+    for s, token in enumerate(expected_order):
+        check(sent, s, token)
+
+
+@pytest.mark.parametrize("rows,top_k,world", [(0, 4, 2), (1, 8, 2), (300, 8, 4), (41, 6, 3)])
+def test_local_ids_and_slab_layout_match_the_torch_forms(device, rows, top_k, world) -> None:
+    if not wire_kernels.kernels_apply(torch.zeros(1, device=device)):
+        pytest.skip("local_ids and slab_layout are the kernels' path; local_expert_ids and slabs_for their torch form")
+    from moe_fsm.kernels.grouping import local_expert_ids
+
+    gen = torch.Generator().manual_seed(rows + top_k)
+    num_experts = 8 * world
+    placement = ExpertPlacement(num_experts, world, world - 1)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(rows)]).to(torch.int32) \
+        if rows else torch.empty((0, top_k), dtype=torch.int32)
+    if rows:
+        ids[::3, -1] = -1  # skipped slots
+        ids[::5, 0] = placement.local_start  # a hot local expert
+        ids[::5, 1:] = torch.where(ids[::5, 1:] == placement.local_start, -1, ids[::5, 1:])
+    expert_map = placement.expert_map()
+    wire = torch.full((rows, top_k + 3), 99, dtype=torch.int32)  # ids as a strided view, as they arrive
+    wire[:, 1 : top_k + 1] = ids
+    strided = wire.to(device)[:, 1 : top_k + 1]
+    expect_local = local_expert_ids(ids, expert_map)
+    got = wire_kernels.local_ids(strided, expert_map.to(torch.int32).to(device))
+    assert torch.equal(got.cpu(), expect_local)
+    capacity = max(rows, 1)
+    expect = slabs_for(expect_local, placement.num_local_experts, capacity)
+    got_local, flat, counts = wire_kernels.slab_layout(strided, expert_map.to(torch.int32).to(device),
+                                                       placement.num_local_experts, capacity)
+    assert torch.equal(got_local.cpu(), expect_local)
+    assert torch.equal(flat.cpu(), expect.flat)
+    assert torch.equal(counts.cpu(), expect.counts)

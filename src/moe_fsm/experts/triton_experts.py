@@ -25,6 +25,7 @@ from moe_fsm.inputs.quant import Granularity, QuantFamily, QuantScheme
 from moe_fsm.kernels.triton_moe import Fp8Spec, fused_experts, fused_experts_batched, max_padded_rows, quantize_activation
 from moe_fsm.modular.interfaces import (
     ActivationFormat,
+    DynamicFP8RowQuantizer,
     ExpertScales,
     Experts,
     InputQuantizer,
@@ -99,6 +100,8 @@ class _TritonExpertsBase(Experts):
             return None
         a1, _ = _static_activation_scales(self.layer, scales)
         granularity = self.spec.activation
+        if a1 is None and granularity in ("token", "group"):
+            return DynamicFP8RowQuantizer(granularity, lambda hidden: quantize_activation(hidden, granularity))
         return lambda hidden: quantize_activation(hidden, granularity, a1)
 
     def _kernel_args(self, prepared: PreparedTokens, scales: ExpertScales) -> dict:

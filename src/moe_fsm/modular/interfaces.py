@@ -21,7 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import torch
 
@@ -83,6 +83,23 @@ class InputQuantizer(Protocol):
     """Quantizes activations as the experts expect; prepare calls it (before or after moving tokens)."""
 
     def __call__(self, hidden: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]: ...
+
+
+@dataclass(frozen=True)
+class DynamicFP8RowQuantizer:
+    """An InputQuantizer for dynamic per-token (``rows="token"``) or 1x128-group (``"group"``) FP8 that says so.
+
+    Both give float8_e4m3fn rows and float32 scales ``max(amax, 1e-10) / 448`` per row or per 128 columns, with
+    correctly rounded divisions, so any implementation gives the same bytes. Knowing that, an expert-parallel
+    dispatch quantizes while it packs its send rows (one pass over the tokens instead of two); everyone else
+    just calls it.
+    """
+
+    rows: str
+    quantize: Callable[[torch.Tensor], tuple[torch.Tensor, Optional[torch.Tensor]]]
+
+    def __call__(self, hidden: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        return self.quantize(hidden)
 
 
 @dataclass

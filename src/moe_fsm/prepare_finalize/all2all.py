@@ -35,12 +35,20 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from moe_fsm.distributed.collectives import RowLayout, all_to_all_v, exchange_counts, row_layout, unpack_row_bytes
+from moe_fsm.distributed.collectives import RowLayout, all_to_all_v, exchange_counts, row_layout, unpack_row_bytes, wire_view
 from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.distributed.group import group_rank_and_size
 from moe_fsm.errors import KernelInputError
-from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PrepareFinalize, PreparedTokens, WeightAndReduce
-from moe_fsm.prepare_finalize.dispatch_layout import destinations, empty_row, send_slots
+from moe_fsm.modular.interfaces import (
+    ActivationFormat,
+    DynamicFP8RowQuantizer,
+    InputQuantizer,
+    PrepareFinalize,
+    PreparedTokens,
+    WeightAndReduce,
+)
+from moe_fsm.prepare_finalize.dispatch_layout import destinations, empty_row, send_order, send_slots
+from moe_fsm.prepare_finalize.reduce import apply_router_weight_to_input
 from moe_fsm.prepare_finalize.transport import (
     PlacementGuard,
     SourceRows,
@@ -51,9 +59,14 @@ from moe_fsm.prepare_finalize.transport import (
     source_rows,
 )
 from moe_fsm.prepare_finalize.wire_kernels import (
+    FP8_GROUP,
+    FUSED_FP8_ROWS,
+    Routes,
     SourcePack,
+    WireBuffers,
     combine_returned,
     kernels_apply,
+    local_ids,
     pack_source,
     route,
     scatter_send_rows,
@@ -86,6 +99,7 @@ class ExpertParallelDispatch(PrepareFinalize):
         self._guard = PlacementGuard(placement, self.name)
         self._owner: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._empty_rows: dict[tuple[RowLayout, torch.device], torch.Tensor] = {}
+        self._buffers = WireBuffers()
 
     def _check_call(self, num_experts: int, expert_map: Optional[torch.Tensor]) -> int:
         """The world size, after checking that this rank, group and layer are the ones the placement describes."""
@@ -99,25 +113,36 @@ class ExpertParallelDispatch(PrepareFinalize):
         self._guard(expert_map)
         return world
 
-    def _routes(self, topk_ids: torch.Tensor, world: int, capacity: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(slot [M, W], send counts [W]): each token's send row per rank (see ``wire_kernels.route``).
+    def _routes(
+        self, topk_ids: torch.Tensor, world: int, capacity: Optional[int] = None, counts_out: Optional[torch.Tensor] = None
+    ) -> Routes:
+        """Each token's send row per rank, the send counts and, for fixed blocks, the send order (``wire_kernels.route``).
 
-        One kernel on CUDA; off it, the owner mask, a count and a scan in torch.
+        One kernel on CUDA (writing the counts into ``counts_out`` where given); off it, torch operations.
         """
         device = topk_ids.device
         if kernels_apply(topk_ids):
             key = ("table", device)
             if key not in self._owner:
                 self._owner[key] = self.placement.owner_table(device).to(torch.int32)
-            return route(topk_ids, self._owner[key], world, capacity=capacity)
+            return route(topk_ids, self._owner[key], world, capacity=capacity, counts_out=counts_out)
         key = ("mask", device)
         if key not in self._owner:
             self._owner[key] = self.placement.owner_mask(device)
         dest = destinations(topk_ids, self._owner[key])
-        counts = dest.sum(dim=0)
+        counts = dest.sum(dim=0) if counts_out is None else torch.sum(dest, dim=0, out=counts_out)
         if capacity is None:
-            return send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel()), counts
-        return send_slots(dest, torch.arange(world, device=device) * capacity, world * capacity), counts
+            return Routes(send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel()), counts, None)
+        slot = send_slots(dest, torch.arange(world, device=device) * capacity, world * capacity)
+        return Routes(slot, counts, send_order(slot, world * capacity))
+
+    def _local_map(self, expert_map: torch.Tensor) -> torch.Tensor:
+        """``expert_map`` as int32 for the id kernels, converted once per map tensor."""
+        held = self._owner.get(("map", expert_map.device))
+        if held is None or held[0] is not expert_map:
+            held = (expert_map, expert_map.to(torch.int32).contiguous())
+            self._owner[("map", expert_map.device)] = held
+        return held[1]
 
     def _source(
         self,
@@ -128,20 +153,43 @@ class ExpertParallelDispatch(PrepareFinalize):
         apply_router_weight_on_input: bool,
         quantize: Optional[InputQuantizer],
     ) -> tuple[SourceRows, SourcePack]:
-        """This rank's rows as they leave (quantized where the scheme allows), packed for the send rows."""
-        source = source_rows(
-            hidden_states,
-            topk_weights,
-            apply_router_weight_on_input=apply_router_weight_on_input,
-            quantize=quantize,
-            quantize_first=self.quantize_first,
-        )
-        fields = source.wire_fields(topk_ids, topk_weights)
-        layout = row_layout(fields)
+        """This rank's rows as they leave (quantized where the scheme allows), packed for the send rows.
+
+        A dynamic per-token or 1x128-group FP8 quantizer (:class:`DynamicFP8RowQuantizer`) is applied by the
+        send-row kernel itself where the kernels run, so the tokens are read once; the layout is then built
+        from descriptions of the quantized fields (meta tensors).
+        """
+        fused = self._fused_fp8_rows(hidden_states, quantize)
+        if fused is not None:
+            hidden = apply_router_weight_to_input(hidden_states, topk_weights) if apply_router_weight_on_input else hidden_states
+            rows, hidden_size = hidden.shape
+            groups = 1 if fused == "token" else -(-hidden_size // FP8_GROUP)
+            q = torch.empty((rows, hidden_size), dtype=torch.float8_e4m3fn, device="meta")
+            scale = torch.empty((rows, groups), dtype=torch.float32, device="meta")
+            source = SourceRows(q, scale, None, True)
+            fields = [hidden, wire_view(scale), topk_ids, topk_weights]
+            layout = row_layout([wire_view(q), *fields[1:]])
+        else:
+            source = source_rows(
+                hidden_states,
+                topk_weights,
+                apply_router_weight_on_input=apply_router_weight_on_input,
+                quantize=quantize,
+                quantize_first=self.quantize_first,
+            )
+            fields = source.wire_fields(topk_ids, topk_weights)
+            layout = row_layout(fields)
         key = (layout, hidden_states.device)
         if key not in self._empty_rows:
             self._empty_rows[key] = empty_row(layout, -2, hidden_states.device)
-        return source, pack_source(fields, layout, self._empty_rows[key])
+        return source, pack_source(fields, layout, self._empty_rows[key], fp8_rows=fused, buffers=self._buffers)
+
+    def _fused_fp8_rows(self, hidden_states: torch.Tensor, quantize: Optional[InputQuantizer]) -> Optional[str]:
+        """"token" / "group" where the send-row kernel can quantize (see ``_source``), else None."""
+        rows = quantize.rows if isinstance(quantize, DynamicFP8RowQuantizer) else None
+        if rows not in FUSED_FP8_ROWS or not self.quantize_first or not kernels_apply(hidden_states):
+            return None
+        return rows if hidden_states.dtype in (torch.bfloat16, torch.float16, torch.float32) else None
 
 
 class AllToAllPrepareFinalize(ExpertParallelDispatch):
@@ -172,11 +220,13 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
     def activation_format(self) -> ActivationFormat:
         return self._format
 
-    def _layout_records(self, layout: RowLayout, device: torch.device, world: int) -> torch.Tensor:
-        """int64 [W, 2]: this rank's layout signature, once per destination, to travel next to the counts."""
+    def _records(self, layout: RowLayout, device: torch.device, world: int) -> torch.Tensor:
+        """int64 [W, 3], one record per destination: the count (column 0, written by the route on each call) and
+        this rank's layout signature (built once per layout), which travel together in one small all-to-all."""
         key = (layout, device)
         if key not in self._signatures:
-            self._signatures[key] = torch.tensor([layout_signature(layout)] * world, dtype=torch.int64, device=device)
+            signature = [[0, *layout_signature(layout)]] * world
+            self._signatures[key] = torch.tensor(signature, dtype=torch.int64, device=device)
         return self._signatures[key]
 
     def prepare(
@@ -195,20 +245,25 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
             hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
         )
         layout = packed.layout
-        # Each pair's send row, before the host waits.
-        slot, send_counts = self._routes(topk_ids, world)
-        records = torch.cat([send_counts.unsqueeze(1), self._layout_records(layout, send_counts.device, world)], dim=1)
+        # Each pair's send row, its count written straight into the records that travel (with this rank's layout
+        # signature), before the host waits.
+        records = self._records(layout, hidden_states.device, world)
+        routes = self._routes(topk_ids, world, counts_out=records[:, 0])
         received = exchange_counts(records, group=self.group)
         # The one host synchronisation: all_to_all_single takes its splits as Python integers. Everything
         # but the send rows' one pass is queued before it, so little is left to launch after it.
-        counts = torch.cat([send_counts, received.reshape(-1)]).tolist()
+        counts = torch.cat([routes.counts, received.reshape(-1)]).tolist()
         send = tuple(counts[:world])
         check_row_layouts(
             [tuple(counts[world + 3 * s + 1 : world + 3 * s + 3]) for s in range(world)], layout_signature(layout), self.name
         )
         recv = tuple(counts[world + 3 * s] for s in range(world))
-        wire = all_to_all_v(scatter_send_rows(packed, slot, sum(send)), send, recv, group=self.group)
+        wire = all_to_all_v(scatter_send_rows(packed, routes.slot, sum(send), buffers=self._buffers), send, recv,
+                            group=self.group)
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
+        if expert_map is not None and kernels_apply(ids):
+            # The ids mapped to local ones here, in one kernel; the local P/F then sees only local experts.
+            ids, expert_map, num_experts = local_ids(ids, self._local_map(expert_map)), None, self.placement.num_local_experts
         local = self.local.prepare(
             rows,
             weights,
@@ -224,7 +279,7 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
             topk_ids=local.topk_ids,
             topk_weights=local.topk_weights,
             expert_num_tokens=local.expert_num_tokens,
-            state=DispatchState(slot, send, recv, layout.row_bytes, local),
+            state=DispatchState(routes.slot, send, recv, layout.row_bytes, local),
         )
 
     def finalize(

@@ -96,14 +96,14 @@ class Slabs:
         """
         num_rows, top_k = self.flat.shape
         hidden = expert_output.shape[-1]
-        total = torch.zeros((num_rows, hidden), dtype=torch.float32, device=expert_output.device)
         if self.trash == 0:
-            return total.to(out_dtype)
+            return torch.zeros((num_rows, hidden), dtype=out_dtype, device=expert_output.device)
         flat_out = expert_output.reshape(self.trash, hidden)
         if kernels_apply(flat_out, self.flat):
             out = torch.empty((num_rows, hidden), dtype=out_dtype, device=expert_output.device)
             reduce_from_slabs(out, flat_out, self.flat, weights, self.trash)
             return out
+        total = torch.zeros((num_rows, hidden), dtype=torch.float32, device=expert_output.device)
         invalid = (self.flat >= self.trash).unsqueeze(-1)
         index = self.flat.clamp(max=self.trash - 1)
         if weights is None:

@@ -38,10 +38,10 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.grouping import local_expert_ids
 from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, PreparedTokens, WeightAndReduce
 from moe_fsm.prepare_finalize.all2all import ExpertParallelDispatch
-from moe_fsm.prepare_finalize.dispatch_layout import Slabs, send_order, slabs_for
+from moe_fsm.prepare_finalize.dispatch_layout import Slabs, slabs_for
 from moe_fsm.prepare_finalize.reduce import require_batched_reduce
 from moe_fsm.prepare_finalize.transport import check_row_layouts, layout_signature
-from moe_fsm.prepare_finalize.wire_kernels import combine_returned, gather_send_rows
+from moe_fsm.prepare_finalize.wire_kernels import combine_returned, gather_send_rows, kernels_apply, slab_layout
 
 # vLLM's default batch for batched-format DP dispatch (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP).
 DEFAULT_MAX_TOKENS_PER_RANK = 256
@@ -129,23 +129,30 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
         )
         layout = packed.layout
         self._agree_on_layout(layout_signature(layout), hidden_states.device)
-        slot, _ = self._routes(topk_ids, world, capacity)
+        routes = self._routes(topk_ids, world, capacity)
         # Gathered by send row: the rows past each rank's count must hold the empty row.
-        wire = all_to_all_equal(gather_send_rows(packed, send_order(slot, world * capacity)), group=self.group)
+        send = gather_send_rows(packed, routes.order, buffers=self._buffers)
+        wire = all_to_all_equal(send, group=self.group)
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         if not source.quantized and quantize is not None:
             rows, row_scale = quantize(rows)  # the empty rows are zeros: a per-tensor amax does not see them
         elif source.quantized and row_scale is None:
             row_scale = source.shared_scale
-        local_ids = local_expert_ids(ids, expert_map)
-        slabs = slabs_for(local_ids, self.placement.num_local_experts, self.expert_capacity)
+        num_local = self.placement.num_local_experts
+        if kernels_apply(ids):
+            # The local ids, each pair's slab row and the per-expert counts in one kernel.
+            local_ids, flat, counts = slab_layout(ids, self._local_map(expert_map), num_local, self.expert_capacity)
+            slabs = Slabs(flat, counts, num_local, self.expert_capacity)
+        else:
+            local_ids = local_expert_ids(ids, expert_map)
+            slabs = slabs_for(local_ids, num_local, self.expert_capacity)
         return PreparedTokens(
             hidden=slabs.scatter(rows),
             scale=slabs.scatter(row_scale),
             topk_ids=local_ids,
             topk_weights=weights,
             expert_num_tokens=slabs.counts,
-            state=FixedDispatchState(slot, slabs, layout.row_bytes),
+            state=FixedDispatchState(routes.slot, slabs, layout.row_bytes),
         )
 
     def finalize(

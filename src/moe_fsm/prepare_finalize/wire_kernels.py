@@ -41,6 +41,7 @@ from typing import Optional, Sequence
 import torch
 
 from moe_fsm.distributed.collectives import RowLayout
+from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.triton_moe._runtime import HAS_TRITON, interpreter_enabled
 
 # Columns (of the word type the rows are viewed as) one program copies: 4 KiB of int32 words.
@@ -112,27 +113,77 @@ def _grid(rows: int, cols: int) -> tuple[int, int]:
     return rows, -(-cols // BLOCK_COLUMNS)
 
 
-def route(topk_ids: torch.Tensor, owner: torch.Tensor, world: int, *, capacity: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where each token's rows go, in one kernel: (slot [M, W] int64, counts [W] int64).
+class WireBuffers:
+    """Buffers a P/F writes and sends on every call, allocated once per (name, dtype, device, row shape) and reused.
+
+    Each grows to the most rows a call has needed; a call gets a leading slice, which is contiguous. Only for
+    buffers no caller keeps: the send rows and the packed small fields are read by the collective (on the same
+    stream, so the next call's writes wait for it) and never handed out.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[tuple, torch.Tensor] = {}
+
+    def rows(self, name: str, rows: int, trailing: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        key = (name, dtype, device, trailing)
+        held = self._held.get(key)
+        if held is None or held.shape[0] < rows:
+            held = torch.empty((rows, *trailing), dtype=dtype, device=device)
+            self._held[key] = held
+        return held[:rows]
+
+
+def _buffer(buffers: Optional[WireBuffers], name: str, rows: int, trailing: tuple[int, ...], dtype: torch.dtype,
+            device: torch.device) -> torch.Tensor:
+    if buffers is None:
+        return torch.empty((rows, *trailing), dtype=dtype, device=device)
+    return buffers.rows(name, rows, trailing, dtype, device)
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Where this rank's rows go: ``slot`` [M, W] int64 (token t's send row for rank d), ``counts`` [W] int64
+    (tokens per rank; a column of a bigger buffer where one was given), and for fixed blocks ``order``
+    [W * capacity] int64, the token of each send row (M: the empty row)."""
+
+    slot: torch.Tensor
+    counts: torch.Tensor
+    order: Optional[torch.Tensor]
+
+
+def route(
+    topk_ids: torch.Tensor,
+    owner: torch.Tensor,
+    world: int,
+    *,
+    capacity: Optional[int] = None,
+    counts_out: Optional[torch.Tensor] = None,
+) -> Routes:
+    """Where each token's rows go, in one kernel.
 
     ``owner`` [E] int32 is the rank of each expert (:meth:`ExpertPlacement.owner_table`). Token t goes to rank d
     when one of its top-k ids is an expert of d; its row for d is ``slot[t, d]``: rank d's rows start at
     ``d * capacity`` (fixed blocks), else right after the rows of the ranks before d, and hold d's tokens in
     order. A pair not sent holds ``W * capacity``, else ``M * W`` (at least the number of send rows either way).
-    Only on CUDA or under the interpreter (:func:`kernels_apply`); ``send_slots`` is the torch form.
+    ``counts_out`` (int64 [W], any stride) receives the counts where given: a column of the records that travel
+    next to them, so no copy is needed. Only on CUDA or under the interpreter (:func:`kernels_apply`);
+    ``send_slots`` and ``send_order`` are the torch form.
     """
     num_tokens, top_k = topk_ids.shape
     fixed = capacity is not None
     not_sent = world * capacity if fixed else num_tokens * world
-    slot = torch.empty((num_tokens, world), dtype=torch.int64, device=topk_ids.device)
-    counts = torch.empty(world, dtype=torch.int64, device=topk_ids.device)
+    device = topk_ids.device
+    slot = torch.empty((num_tokens, world), dtype=torch.int64, device=device)
+    counts = counts_out if counts_out is not None else torch.empty(world, dtype=torch.int64, device=device)
+    order = torch.empty(world * capacity, dtype=torch.int64, device=device) if fixed else None
     ids = topk_ids if topk_ids.stride(-1) == 1 else topk_ids.contiguous()
     block_k = max(_next_power_of_2(top_k), 2)
     _kernels(ids).route_kernel[(1,)](
-        ids, ids.stride(0), owner, slot, counts, num_tokens, top_k, owner.shape[0], not_sent, capacity or 0,
+        ids, ids.stride(0), owner, slot, counts, counts.stride(0), order if fixed else slot, num_tokens, top_k,
+        owner.shape[0], not_sent, capacity or 0,
         WORLD=world, FIXED=fixed, BLOCK_T=max(16, min(1024, 4096 // block_k)), BLOCK_K=block_k,
     )
-    return slot, counts
+    return Routes(slot, counts, order)
 
 
 def _next_power_of_2(n: int) -> int:
@@ -148,17 +199,27 @@ def send_order(slot: torch.Tensor, total: int) -> torch.Tensor:
     return order[:total]
 
 
+# Dynamic FP8 row quantizations the send-row kernel applies while packing (InputQuantizer.fused_fp8_rows).
+FUSED_FP8_ROWS = ("token", "group")
+FP8_GROUP = 128
+
+
 @dataclass(frozen=True)
 class SourcePack:
-    """This rank's rows ready to leave: the payload's bytes, and the small fields packed per token.
+    """This rank's rows ready to leave: the payload, and the small fields packed per token.
 
-    ``meta`` [M + 1, row_bytes - meta_start] holds every field after the payload (row
-    scale, top-k ids, weights) at its place in the row, and the empty row last.
+    ``payload`` is the payload's bytes, read where it lies when the send rows are written; with ``fp8_rows``
+    ("token" or "group") it is the layer-dtype rows, which the send-row kernel quantizes to the layout's
+    payload and row-scale fields (the first two) in the same pass. ``meta`` [M, row_bytes - meta_start] holds
+    the fields the kernels copy (top-k ids and weights, and the row scale of a payload quantized before) at
+    their places in the row; ``empty`` is the whole packed empty row.
     """
 
     payload: torch.Tensor
     meta: Optional[torch.Tensor]
     layout: RowLayout
+    empty: torch.Tensor
+    fp8_rows: Optional[str] = None
 
     @property
     def meta_start(self) -> int:
@@ -169,65 +230,105 @@ class SourcePack:
         return self.payload.shape[0]
 
 
-def pack_source(fields: Sequence[torch.Tensor], layout: RowLayout, empty: torch.Tensor) -> SourcePack:
+def pack_source(
+    fields: Sequence[torch.Tensor],
+    layout: RowLayout,
+    empty: torch.Tensor,
+    *,
+    fp8_rows: Optional[str] = None,
+    buffers: Optional[WireBuffers] = None,
+) -> SourcePack:
     """``fields`` (the row-aligned tensors of ``layout``, payload first) as a :class:`SourcePack`.
 
     ``empty`` is the packed empty row (:func:`moe_fsm.prepare_finalize.dispatch_layout.empty_row`). Only the
-    small fields are copied here; the payload is read where it lies when the send rows are written.
+    small fields are copied here (one copy each, into a reused buffer); the payload is read where it lies when
+    the send rows are written. With ``fp8_rows``, ``fields[0]`` is the unquantized rows and ``fields[1]`` only
+    stands for the scale the kernel will write (it is not read).
     """
-    payload = _byte_rows(fields[0])
-    if len(fields) == 1:
-        return SourcePack(payload, None, layout)
-    meta_start = layout.fields[1].start
-    meta = torch.empty((payload.shape[0] + 1, layout.row_bytes - meta_start), dtype=torch.uint8, device=payload.device)
-    for t, f in zip(fields[1:], layout.fields[1:]):
-        meta[:-1, f.start - meta_start : f.start - meta_start + f.nbytes].copy_(_byte_rows(t))
-    meta[-1].copy_(empty[meta_start:])
-    return SourcePack(payload, meta, layout)
+    if fp8_rows is not None and fp8_rows not in FUSED_FP8_ROWS:
+        raise KernelInputError(f"fp8_rows must be one of {FUSED_FP8_ROWS} or None; got {fp8_rows!r}")
+    payload = fields[0] if fp8_rows is not None else _byte_rows(fields[0])
+    first_meta = 2 if fp8_rows is not None else 1
+    if len(fields) <= first_meta:
+        return SourcePack(payload, None, layout, empty, fp8_rows)
+    meta_start = layout.fields[first_meta].start
+    meta = _buffer(buffers, "meta", payload.shape[0], (layout.row_bytes - meta_start,), torch.uint8, payload.device)
+    for t, f in zip(fields[first_meta:], layout.fields[first_meta:]):
+        meta[:, f.start - meta_start : f.start - meta_start + f.nbytes].copy_(_byte_rows(t))
+    return SourcePack(payload, meta, layout, empty, fp8_rows)
 
 
 def _torch_send_rows(source: SourcePack, order: torch.Tensor) -> torch.Tensor:
-    """The send rows by torch ops: every token's whole row packed (a zero payload in the empty row), then gathered."""
+    """The send rows by torch ops: every token's whole row packed (the empty row last), then gathered."""
+    if source.fp8_rows is not None:
+        raise KernelInputError("rows quantized while packing need the Triton kernels (CUDA, or TRITON_INTERPRET=1)")
     layout = source.layout
-    packed = torch.zeros((source.num_tokens + 1, layout.row_bytes), dtype=torch.uint8, device=order.device)
+    packed = torch.empty((source.num_tokens + 1, layout.row_bytes), dtype=torch.uint8, device=order.device)
+    packed[-1].copy_(source.empty)
     packed[:-1, : source.payload.shape[1]].copy_(source.payload)
     if source.meta is not None:
-        packed[:, source.meta_start :].copy_(source.meta)
+        packed[:-1, source.meta_start :].copy_(source.meta)
     return packed.index_select(0, order)
 
 
-def _parts(source: SourcePack, send: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-    """(source rows, their columns of ``send``, rows the source has) as words of the widest type that fits both."""
+def _parts(source: SourcePack, send: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(source rows, their columns of ``send``, their part of the empty row) as words of the widest type that fits.
+
+    The payload is not among them when the kernel quantizes it (:func:`_quantize_into`).
+    """
     parts = []
-    payload, start = source.payload, source.meta_start
-    word = _word_dtype(payload.shape[1], payload.stride(0), payload.storage_offset(), send.stride(0))
-    parts.append((_words(payload, word), _words(send[:, : payload.shape[1]], word), source.num_tokens))
+    if source.fp8_rows is None:
+        payload = source.payload
+        word = _word_dtype(payload.shape[1], payload.stride(0), payload.storage_offset(), send.stride(0))
+        empty = source.empty[: payload.shape[1]]
+        parts.append((_words(payload, word), _words(send[:, : payload.shape[1]], word), _words(empty, word)))
     if source.meta is not None:
-        meta = source.meta
-        word = _word_dtype(start, meta.shape[1], send.stride(0))  # meta is a fresh tensor: offset 0
-        parts.append((_words(meta, word), _words(send[:, start:], word), source.num_tokens + 1))
+        meta, start = source.meta, source.meta_start
+        word = _word_dtype(start, meta.shape[1], meta.stride(0), send.stride(0))  # meta: a leading slice, offset 0
+        parts.append((_words(meta, word), _words(send[:, start:], word), _words(source.empty[start:], word)))
     return parts
 
 
-def gather_send_rows(source: SourcePack, order: torch.Tensor) -> torch.Tensor:
-    """uint8 [S, row_bytes]: send row s is the row of token ``order[s]``, or the empty row (zero payload) where it is M.
+def _quantize_into(source: SourcePack, send: torch.Tensor, index: torch.Tensor, gather: bool) -> None:
+    """The payload and row-scale fields of ``send`` from the unquantized rows, quantized in the same pass."""
+    x = source.payload if source.payload.stride(-1) == 1 else source.payload.contiguous()
+    hidden = x.shape[1]
+    payload, scale = source.layout.fields[0], source.layout.fields[1]
+    q = send[:, payload.start : payload.start + payload.nbytes]  # float8_e4m3fn bytes
+    s = send[:, scale.start : scale.start + scale.nbytes].view(torch.float32)
+    per_token = source.fp8_rows == "token"
+    num_groups = -(-hidden // FP8_GROUP)
+    groups = 8 if per_token else min(8, _next_power_of_2(num_groups))  # groups of 128 columns per program or pass
+    grid = (index.shape[0], 1 if per_token else -(-num_groups // groups))
+    _kernels(index).quantize_rows_kernel[grid](
+        q, q.stride(0), s, s.stride(0), x, x.stride(0), index, 1 if gather else index.shape[1], source.num_tokens,
+        send.shape[0], hidden, GATHER=gather, PER_TOKEN=per_token, GROUP=FP8_GROUP, GROUPS=groups,
+    )
+
+
+def gather_send_rows(source: SourcePack, order: torch.Tensor, *, buffers: Optional[WireBuffers] = None) -> torch.Tensor:
+    """uint8 [S, row_bytes]: send row s is the row of token ``order[s]``, or the empty row where it is M.
 
     For fixed-size blocks, whose rows past a rank's count must hold the empty row.
     """
     if not kernels_apply(order, source.payload):
         return _torch_send_rows(source, order)
     total = order.shape[0]
-    send = torch.empty((total, source.layout.row_bytes), dtype=torch.uint8, device=order.device)
+    send = _buffer(buffers, "send", total, (source.layout.row_bytes,), torch.uint8, order.device)
     if total == 0:
         return send
+    if source.fp8_rows is not None:
+        _quantize_into(source, send, order, gather=True)
     gather = _kernels(order).gather_rows_kernel
-    for src, dst, rows in _parts(source, send):
-        gather[_grid(total, src.shape[1])](dst, dst.stride(0), src, src.stride(0), order, rows, src.shape[1],
-                                           BLOCK=BLOCK_COLUMNS)
+    for src, dst, empty in _parts(source, send):
+        gather[_grid(total, src.shape[1])](dst, dst.stride(0), src, src.stride(0), order, source.num_tokens,
+                                           src.shape[1], empty, HAS_EMPTY=True, BLOCK=BLOCK_COLUMNS)
     return send  # alignment padding between fields is sent as it is: nobody reads it
 
 
-def scatter_send_rows(source: SourcePack, slot: torch.Tensor, total: int) -> torch.Tensor:
+def scatter_send_rows(
+    source: SourcePack, slot: torch.Tensor, total: int, *, buffers: Optional[WireBuffers] = None
+) -> torch.Tensor:
     """uint8 [total, row_bytes]: token t's row written to send row ``slot[t, d]`` for each rank d it goes to.
 
     For the variable-size exchange, where the counts fill every send row: each token's
@@ -235,15 +336,61 @@ def scatter_send_rows(source: SourcePack, slot: torch.Tensor, total: int) -> tor
     """
     if not kernels_apply(slot, source.payload):
         return _torch_send_rows(source, send_order(slot, total))
-    send = torch.empty((total, source.layout.row_bytes), dtype=torch.uint8, device=slot.device)
+    send = _buffer(buffers, "send", total, (source.layout.row_bytes,), torch.uint8, slot.device)
     if total == 0 or source.num_tokens == 0:
         return send
-    scatter = _kernels(slot).scatter_rows_kernel
     index = slot.contiguous()
+    if source.fp8_rows is not None:
+        _quantize_into(source, send, index, gather=False)
+    scatter = _kernels(slot).scatter_rows_kernel
     for src, dst, _ in _parts(source, send):
         scatter[_grid(source.num_tokens, src.shape[1])](dst, dst.stride(0), src, src.stride(0), index, index.shape[1],
                                                         total, src.shape[1], BLOCK=BLOCK_COLUMNS)
     return send
+
+
+def _id_blocks(top_k: int) -> tuple[int, int]:
+    block_k = max(_next_power_of_2(top_k), 2)
+    return max(16, min(1024, 4096 // block_k)), block_k
+
+
+def local_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor) -> torch.Tensor:
+    """[R, top_k] (``topk_ids``' dtype, contiguous): global ids to this rank's local ids through ``expert_map``
+    [E] int32 (-1: not here), -1 for skipped slots, in one kernel (``topk_ids`` may be a strided view)."""
+    num_rows, top_k = topk_ids.shape
+    out = torch.empty((num_rows, top_k), dtype=topk_ids.dtype, device=topk_ids.device)
+    if num_rows == 0:
+        return out
+    block_r, block_k = _id_blocks(top_k)
+    _kernels(topk_ids).local_ids_kernel[(-(-num_rows // block_r),)](
+        out, topk_ids, topk_ids.stride(0), expert_map, num_rows, top_k, expert_map.shape[0], BLOCK_R=block_r,
+        BLOCK_K=block_k,
+    )
+    return out
+
+
+def slab_layout(
+    topk_ids: torch.Tensor, expert_map: torch.Tensor, num_local: int, capacity: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(local ids [R, top_k], flat [R, top_k] int64, counts [num_local] int32) in one kernel, from global ids.
+
+    ``flat[r, j]`` is the slab row of slot j of row r: local expert * capacity + the number of earlier rows
+    naming that expert, or ``num_local * capacity`` (the trash row) for a slot this rank does not compute (see
+    ``dispatch_layout.Slabs``); ``expert_map`` [E] int32 as for :func:`local_ids`.
+    """
+    num_rows, top_k = topk_ids.shape
+    device = topk_ids.device
+    ids_out = torch.empty((num_rows, top_k), dtype=topk_ids.dtype, device=device)
+    flat = torch.empty((num_rows, top_k), dtype=torch.int64, device=device)
+    counts = torch.empty(num_local, dtype=torch.int32, device=device)
+    if num_local == 0:
+        return local_ids(topk_ids, expert_map), flat.fill_(0), counts
+    block_r, block_k = _id_blocks(top_k)
+    _kernels(topk_ids).slab_layout_kernel[(num_local,)](
+        topk_ids, topk_ids.stride(0), expert_map, ids_out, flat, counts, num_rows, top_k, expert_map.shape[0],
+        capacity, num_local * capacity, BLOCK_R=block_r, BLOCK_K=block_k,
+    )
+    return ids_out, flat, counts
 
 
 def combine_returned(output: torch.Tensor, returned: torch.Tensor, slot: torch.Tensor) -> None:

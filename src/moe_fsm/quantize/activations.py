@@ -46,7 +46,7 @@ from moe_fsm.inputs.quant import (
     QuantScheme,
 )
 from moe_fsm.kernels import fp8, intq, mx, nvfp4
-from moe_fsm.modular.interfaces import ExpertScales, InputQuantizer
+from moe_fsm.modular.interfaces import DynamicFP8RowQuantizer, ExpertScales, InputQuantizer
 
 Quantize = Callable[[torch.Tensor, Optional[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
 Dequantize = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.dtype], torch.Tensor]
@@ -174,4 +174,10 @@ def input_quantizer(scheme: QuantScheme, scales: Optional[ExpertScales]) -> Opti
     if quant is None:
         return None
     static = static_scale(quant, scales, 0)
+    if quant.key in _DYNAMIC_FP8_ROWS:
+        return DynamicFP8RowQuantizer(_DYNAMIC_FP8_ROWS[quant.key], lambda hidden: quant.quantize(hidden, None))
     return lambda hidden: quant.quantize(hidden, static)
+
+
+# Keys whose input quantizer says what it is (DynamicFP8RowQuantizer), so a dispatch can apply it while packing.
+_DYNAMIC_FP8_ROWS = {FP8_DYNAMIC_TOKEN: "token", FP8_DYNAMIC_GROUP128: "group"}
