@@ -10,6 +10,10 @@ import pytest
 
 from moe_fsm.kernels.triton_moe.screen import screen
 
+SLOW_START_VAR = "MOE_FSM_TEST_SLOW_SCREEN_START"
+if os.environ.get(SLOW_START_VAR):  # a child importing this module to run fake_trial starts slowly, as on a loaded machine
+    time.sleep(float(os.environ[SLOW_START_VAR]))
+
 
 def fake_trial(candidate: tuple[str, int]) -> None:
     """What a candidate does in its child: passes, raises, hangs or kills its process (top-level: spawn pickles it
@@ -48,3 +52,10 @@ def test_no_trial_starts_after_the_deadline():
 def test_a_timeout_must_be_positive():
     with pytest.raises(ValueError, match="timeout_s must be positive"):
         screen([("ok", 0)], fake_trial, workers=1, timeout_s=0)
+
+
+def test_a_slow_worker_start_is_not_counted_against_the_candidate(monkeypatch):
+    """The time limit starts when the worker is ready: a 3 s start with a 1.5 s limit refuses nothing."""
+    monkeypatch.setenv(SLOW_START_VAR, "3")
+    passed, refused, not_tried = screen([("ok", 0), ("ok", 1)], fake_trial, workers=2, timeout_s=1.5, log=lambda line: None)
+    assert passed == [("ok", 0), ("ok", 1)] and refused == [] and not_tried == []

@@ -6,7 +6,8 @@ in a worker process (``multiprocessing`` spawn: no CUDA state is inherited) thro
 at most ``timeout_s`` for it. A candidate whose trial raised, whose worker died, or that ran past the limit is
 refused with the reason; the worker is then replaced (a failed CUDA call can leave its context unusable), so the
 next candidate starts clean. Workers are reused between passing candidates, so each imports torch and compiles
-its kernels once.
+its kernels once. A candidate's time starts when its worker has said it is ready (its imports done): a worker
+that starts slowly on a loaded machine does not make the candidate it is given look hung.
 
 Torch-free: the trial function is the caller's (``tuning.try_candidate`` on a GPU; tests pass their own).
 """
@@ -20,6 +21,7 @@ from multiprocessing.connection import wait
 from typing import Callable, Hashable, Optional, Sequence
 
 POLL_S = 0.5
+STARTUP_S = 300.0  # a worker not ready by then (imports hung) is the machine's failure, not a candidate's
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,9 @@ class Refusal:
 
 
 def _worker_loop(conn, trial: Callable) -> None:
-    """Child: run ``trial`` on each candidate received, answer ("ok", None) or ("error", why); stop on None."""
+    """Child: say ("ready", None), then run ``trial`` on each candidate received, answer ("ok", None) or
+    ("error", why); stop on None."""
+    conn.send(("ready", None))
     while True:
         try:
             candidate = conn.recv()
@@ -53,8 +57,20 @@ class _Worker:
         self.process = ctx.Process(target=_worker_loop, args=(child, trial), daemon=True)
         self.process.start()
         child.close()
+        self.spawned = time.monotonic()
+        self.ready = False
         self.candidate: Optional[Hashable] = None
         self.started = 0.0
+
+    def take_ready(self) -> None:
+        """The child's first message, once it arrived; a child that died before it fails the screening."""
+        try:
+            self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(1)
+            raise RuntimeError(f"a screening worker died before it was ready (exit code {self.process.exitcode}): "
+                               "the trial function cannot be loaded in a child process") from None
+        self.ready = True
 
     def give(self, candidate: Hashable) -> None:
         self.candidate, self.started = candidate, time.monotonic()
@@ -115,16 +131,25 @@ def screen(
     try:
         while True:
             for worker in pool:
-                if worker is not None and worker.candidate is None and pending and not past_deadline():
+                if worker is not None and worker.ready and worker.candidate is None and pending and not past_deadline():
                     worker.give(pending.pop())
             busy = [w for w in pool if w is not None and w.candidate is not None]
-            if not busy:
+            starting = [w for w in pool if w is not None and not w.ready] if pending and not past_deadline() else []
+            if not busy and not starting:
                 break
             now = time.monotonic()
-            wait_s = min(max(0.0, w.started + timeout_s - now) for w in busy)
-            ready = wait([w.conn for w in busy], timeout=min(wait_s, POLL_S) if wait_s > 0 else 0)
+            wait_s = min([w.started + timeout_s - now for w in busy] + [w.spawned + STARTUP_S - now for w in starting])
+            ready = wait([w.conn for w in busy + starting], timeout=min(wait_s, POLL_S) if wait_s > 0 else 0)
             for i, worker in enumerate(pool):
-                if worker is None or worker.candidate is None:
+                if worker is None:
+                    continue
+                if not worker.ready:
+                    if worker.conn in ready:
+                        worker.take_ready()
+                    elif time.monotonic() - worker.spawned > STARTUP_S:
+                        raise RuntimeError(f"a screening worker was not ready after {STARTUP_S:.0f} s (its imports hung)")
+                    continue
+                if worker.candidate is None:
                     continue
                 if worker.conn in ready:
                     try:
@@ -150,7 +175,7 @@ def screen(
     finally:
         for worker in pool:
             if worker is not None:
-                worker.stop(kill=worker.candidate is not None)
+                worker.stop(kill=not worker.ready or worker.candidate is not None)
     passed = [c for c in candidates if c in ok]
     tried = ok | {r.candidate for r in refused}
     not_tried = [c for c in candidates if c not in tried]
