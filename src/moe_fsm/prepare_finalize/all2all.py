@@ -99,6 +99,7 @@ class ExpertParallelDispatch(PrepareFinalize):
         self._guard = PlacementGuard(placement, self.name)
         self._owner: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._empty_rows: dict[tuple[RowLayout, torch.device], torch.Tensor] = {}
+        self._maps: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # expert map -> its int32 copy
         self._buffers = WireBuffers()
 
     def _check_call(self, num_experts: int, expert_map: Optional[torch.Tensor]) -> int:
@@ -138,10 +139,10 @@ class ExpertParallelDispatch(PrepareFinalize):
 
     def _local_map(self, expert_map: torch.Tensor) -> torch.Tensor:
         """``expert_map`` as int32 for the id kernels, converted once per map tensor."""
-        held = self._owner.get(("map", expert_map.device))
+        held = self._maps.get(expert_map.device)
         if held is None or held[0] is not expert_map:
             held = (expert_map, expert_map.to(torch.int32).contiguous())
-            self._owner[("map", expert_map.device)] = held
+            self._maps[expert_map.device] = held
         return held[1]
 
     def _source(
@@ -167,7 +168,7 @@ class ExpertParallelDispatch(PrepareFinalize):
             q = torch.empty((rows, hidden_size), dtype=torch.float8_e4m3fn, device="meta")
             scale = torch.empty((rows, groups), dtype=torch.float32, device="meta")
             source = SourceRows(q, scale, None, True)
-            fields = [hidden, wire_view(scale), topk_ids, topk_weights]
+            fields = [hidden, scale, topk_ids, topk_weights]
             layout = row_layout([wire_view(q), *fields[1:]])
         else:
             source = source_rows(
