@@ -66,6 +66,16 @@ def test_a_user_table_with_a_huge_integer_names_its_file(user_dir, digits):
         cfg.write_user_table(DEVICE, cfg.shape_key(8, 64, 32, "bf16"), {1: tuned(16)}, {})
 
 
+@pytest.mark.parametrize("text", ["[1, 2]", '"a string"', '{"configs": [1]}', '{"device": "x"}'])
+def test_a_file_that_is_not_a_table_is_refused_and_kept(user_dir, text):
+    """Valid JSON but not a table: one line naming the file (was an AttributeError), and the file is untouched."""
+    path = user_dir / "NVIDIA_H100_80GB_HBM3.json"
+    path.write_text(text)
+    with pytest.raises(KernelInputError, match="NVIDIA_H100_80GB_HBM3.json is not a Triton MoE config table"):
+        cfg.write_user_table(DEVICE, cfg.shape_key(8, 64, 32, "bf16"), {1: tuned(16)}, {})
+    assert path.read_text() == text
+
+
 def test_old_tables_without_the_new_fields_still_load():
     entry = {"block_m": 16, "w1": {"block_n": 32, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4},
              "w2": {"block_n": 64, "block_k": 128, "group_m": 1, "num_warps": 4, "num_stages": 4}}

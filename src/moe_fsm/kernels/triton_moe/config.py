@@ -455,15 +455,19 @@ def clear_caches() -> None:
 def write_user_table(device_name: str, key: str, entries: dict[int, MoEConfig], meta: dict, directory: Optional[Path] = None) -> Path:
     """Merge tuned ``entries`` for one shape key into the user's table for a device; returns its path.
 
-    Other shapes already in the file are kept; this shape's token counts are replaced.
+    Other shapes already in the file are kept; this shape's token counts are replaced. A file at the path that is
+    not such a table (a JSON object with a ``configs`` object) is not moe-fsm's: it is refused, never replaced.
     """
     directory = Path(directory) if directory is not None else user_config_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / config_file_name(device_name)
-    data = _parse_table(path.read_text(), str(path)) if path.is_file() else {}
+    data = _parse_table(path.read_text(), str(path)) if path.is_file() else {"configs": {}}
+    if not isinstance(data, dict) or not isinstance(data.get("configs"), dict):
+        raise KernelInputError(f"{path} is not a Triton MoE config table (a JSON object with a 'configs' object), so "
+                               "moe-fsm does not replace it: move it away or tune into another --config-dir")
     data.update({k: v for k, v in meta.items() if k != "configs"})
     data["device"] = device_name
-    data.setdefault("configs", {})[key] = {str(t): c.to_json() for t, c in sorted(entries.items())}
+    data["configs"][key] = {str(t): c.to_json() for t, c in sorted(entries.items())}
     write_atomic(path, json.dumps(data, indent=1) + "\n")
     clear_caches()
     return path
