@@ -8,6 +8,7 @@ TOML's 0x/0o/0b integers have no length limit at all and could not even be print
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -96,3 +97,13 @@ def test_the_place_of_a_huge_integer_is_named_without_the_keys_control_character
         parse_json(f'{{"layer": {{"a\\nb\\u001b[2J": [1, {10 ** 400}]}}}}', "f.json")
     assert "f.json holds an integer at layer['a\\nb\\x1b[2J'][1], past" in str(caught.value)
     assert not any(c in str(caught.value) for c in "\n\x1b")
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e400", "1.7976931348623159e308"])
+def test_a_float_past_a_floats_range_is_refused_where_it_would_read_as_infinity(number):
+    """json reads 1e999 as inf; moe-fsm's files (traces, specs, manifests) never hold one, so it is refused by name."""
+    with pytest.raises(InputError, match=rf"f\.json is not valid JSON: {re.escape(number)} is past a float's range"):
+        parse_json(f'{{"swiglu_limit": {number}}}', "f.json")
+    assert parse_json('{"a": 1.7976931348623157e308, "b": 1e-400}', "f.json") == {"a": sys.float_info.max, "b": 0.0}
+    # model configs may hold non-finite values (parse_json(non_finite=True)): read as Python reads them
+    assert parse_json(f'{{"a": {number}}}', "config.json", non_finite=True)["a"] in (float("inf"), float("-inf"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import platform as host_platform
 import re
@@ -265,7 +266,8 @@ def parse_json(text: str, what: str, *, non_finite: bool = False, not_json_hint:
     from moe_fsm.errors import InputError
 
     try:
-        data = json.loads(text, parse_constant=None if non_finite else _not_json)
+        data = json.loads(text, parse_constant=None if non_finite else _not_json,
+                          parse_float=None if non_finite else _finite_float)
     except json.JSONDecodeError as err:
         raise InputError(f"{what} is not valid JSON: {err}{not_json_hint}") from None
     except RecursionError:
@@ -356,6 +358,15 @@ def _holds_huge_integer(data) -> bool:
 
 def _not_json(constant: str):
     raise json.JSONDecodeError(f"{constant} is not a JSON value (strict JSON has no NaN or Infinity)", constant, 0)
+
+
+def _finite_float(literal: str) -> float:
+    """A JSON number past a float's range (``1e999``) would read as infinity, which moe-fsm's files never hold."""
+    value = float(literal)
+    if value in (math.inf, -math.inf):
+        raise json.JSONDecodeError(f"{literal} is past a float's range (it would read as infinity; moe-fsm's files "
+                                   "hold finite numbers)", literal, 0)
+    return value
 
 
 def load(path: str | os.PathLike) -> dict:
