@@ -24,6 +24,8 @@ def test_run_prints_the_table_and_writes_one_trace_per_distinct_decision(tmp_pat
     assert "VLLM_USE_DEEP_GEMM=0" in out
     traces = sorted(tmp_path.glob("*.json"))  # the two layers decide alike: one trace, and the manifest maps both
     assert [json.loads(p.read_text())["layer_name"] for p in traces] == ["model.layers.0.mlp.experts"]
+    assert json.loads((tmp_path / "run.manifest").read_text())["command"] == [  # what main() was given, not pytest's argv
+        "moe-fsm", "run", "--layers", "2", "--tokens", "8", "--env", "VLLM_USE_DEEP_GEMM=0", "--trace-dir", str(tmp_path)]
     assert main(["explain", str(tmp_path / "run.manifest"), "--layer", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Decision for a unquantized MoE layer (model.layers.1.mlp.experts)")
@@ -67,6 +69,8 @@ def test_run_across_two_processes(tmp_path, capfd):
     manifest = json.loads((tmp_path / "run.manifest").read_text())
     assert [layer["trace_files"] for layer in manifest["layers"]] == [
         ["layer000-model.layers.0.mlp.experts.rank0.json", "layer000-model.layers.0.mlp.experts.rank1.json"]] * 2
+    # the user's command, not rank 0's per-rank command line
+    assert manifest["command"] == ["moe-fsm", "run", "--nproc", "2", "--layers", "2", "--tokens", "4", "--trace-dir", str(tmp_path)]
     assert main(["explain", str(tmp_path / "run.manifest"), "--layer", "1", "--rank", "1"]) == 0
     assert "rank1.json, shared by 2 layer(s)" in capfd.readouterr().out
 

@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_BAD_INPUT
+    # the command as the user gave it, for the manifests that record it (sys.argv is the host's when called in-process)
+    args.command_line = ["moe-fsm", *(sys.argv[1:] if argv is None else argv)]
     stdout = sys.stdout
     sys.stdout = _CheckedStdout(stdout)
     try:

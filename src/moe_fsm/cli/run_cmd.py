@@ -176,7 +176,7 @@ def _run_here(args, model, request, env, device) -> int:
         raise named from err
     progress.done()
     write_manifest(
-        args.trace_dir, argv=sys.argv, preset=model.name, tokens=args.tokens, seed=args.seed,
+        args.trace_dir, argv=getattr(args, "command_line", sys.argv), preset=model.name, tokens=args.tokens, seed=args.seed,
         check_rows=options.check_rows, repeats=options.repeats, world_size=1, started_at=started_at,
         results=results, trace_files=[[layer.trace_path] for layer in engine.loaded],
     )

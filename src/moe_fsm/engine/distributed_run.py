@@ -12,6 +12,8 @@ experts and combine times (:class:`moe_fsm.modular.kernel.StageClock`).
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
 import time
@@ -36,6 +38,8 @@ from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.modular.kernel import ModularKernel, StageClock
 from moe_fsm.trace.document import remove_stale_temp_files
 
+LAUNCH_COMMAND_VAR = "MOE_FSM_RUN_COMMAND"  # the user's `run --nproc` command, as the launcher hands it to the ranks
+
 
 def launch_run(args, rank_flags: list[str]) -> int:
     """Start ``args.nproc`` ranks running ``run`` with ``rank_flags`` (every flag but the launcher's, checked here first).
@@ -47,7 +51,20 @@ def launch_run(args, rank_flags: list[str]) -> int:
     resolve_timeout()
     script = str(Path(moe_fsm.__file__).parent / "__main__.py")
     remove_stale_temp_files(args.trace_dir)
-    return launch(args.nproc, [script, "run", *rank_flags])
+    command = getattr(args, "command_line", sys.argv)
+    return launch(args.nproc, [script, "run", *rank_flags], env={LAUNCH_COMMAND_VAR: json.dumps(list(command))})
+
+
+def launched_command(args) -> list[str]:
+    """The command the user ran (handed to the ranks by the launcher), for rank 0's manifest; a rank's own argv is
+    the launcher's per-rank command, not the user's."""
+    try:
+        command = json.loads(os.environ.get(LAUNCH_COMMAND_VAR, ""))
+    except ValueError:
+        command = None
+    if isinstance(command, list) and all(isinstance(word, str) for word in command):
+        return command
+    return list(getattr(args, "command_line", sys.argv))
 
 
 def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
@@ -114,7 +131,7 @@ def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
         slowest_stages = torch.stack(everyone).cpu().amax(dim=0)
         if ctx.rank == 0:
             write_manifest(
-                args.trace_dir, argv=sys.argv, preset=model.name, tokens=args.tokens, seed=args.seed,
+                args.trace_dir, argv=launched_command(args), preset=model.name, tokens=args.tokens, seed=args.seed,
                 check_rows=options.check_rows, repeats=options.repeats, world_size=ctx.world_size,
                 started_at=started_at, results=rows,
                 trace_files=[[_rank_file(layer.trace_path, ctx.rank, r) for r in range(ctx.world_size)] for layer in loaded],
