@@ -132,6 +132,21 @@ class Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+FP8_GRANULARITIES = ("tensor", "channel", "block")
+
+
+def add_kernel_shape_flags(parser, *, dtype_help: str, fp8_help: str) -> None:
+    """The layer-shape flags of the commands that time kernels on a GPU (``tune``, ``measure``): E, N, K, top-k,
+    the dtype and FP8 weights. Unset by default: each command says which other source of layers it takes instead and
+    checks the sizes with the rest of its input."""
+    parser.add_argument("--experts", type=int, help="number of experts E")
+    parser.add_argument("--intermediate", type=int, help="intermediate size N (w1 is [E, 2N, K])")
+    parser.add_argument("--hidden", type=int, help="hidden size K")
+    parser.add_argument("--top-k", type=int, help="experts per token")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"), help=dtype_help)
+    parser.add_argument("--fp8", default=None, choices=FP8_GRANULARITIES, help=fp8_help)
+
+
 def _positive_int(text: str) -> int:
     import argparse
 

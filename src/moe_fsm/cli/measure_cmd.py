@@ -14,10 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from moe_fsm.cli.exit_codes import EXIT_OK
+from moe_fsm.cli.inputs import add_kernel_shape_flags
 from moe_fsm.errors import InputError
 
 DEFAULT_TOKENS = (1, 8, 64, 512, 2048)
-FP8_CHOICES = ("tensor", "channel", "block")
 
 
 def register(subparsers) -> None:
@@ -29,13 +29,8 @@ def register(subparsers) -> None:
         "float64, time it at each token count as CUDA-graph replays, and write the medians into the speed table.",
     )
     parser.add_argument("--preset", default=None, metavar="NAME", help="every distinct MoE layer of a built-in model preset")
-    parser.add_argument("--experts", type=int, help="number of experts E")
-    parser.add_argument("--intermediate", type=int, help="intermediate size N (w1 is [E, 2N, K])")
-    parser.add_argument("--hidden", type=int, help="hidden size K")
-    parser.add_argument("--top-k", type=int, help="experts per token")
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"), help="activation dtype (default bfloat16)")
-    parser.add_argument("--fp8", default=None, choices=FP8_CHOICES,
-                        help="FP8 weights of this scale granularity, dynamic activations (default: unquantized)")
+    add_kernel_shape_flags(parser, dtype_help="activation dtype (default bfloat16)",
+                           fp8_help="FP8 weights of this scale granularity, dynamic activations (default: unquantized)")
     parser.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS),
                         help=f"token counts to time (default {' '.join(map(str, DEFAULT_TOKENS))})")
     parser.add_argument("--replays", type=int, default=20, help="CUDA-graph replays per point; the median is kept (default 20)")

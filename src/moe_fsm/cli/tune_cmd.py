@@ -12,9 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from moe_fsm.cli.exit_codes import EXIT_OK
+from moe_fsm.cli.inputs import add_kernel_shape_flags
 from moe_fsm.errors import InputError
-
-FP8_CHOICES = ("tensor", "channel", "block")
 
 
 def register(subparsers) -> None:
@@ -35,12 +34,8 @@ def register(subparsers) -> None:
                         "E / ep whole experts (vLLM's --enable-expert-parallel: N is not split) (default 1)")
     parser.add_argument("--list", action="store_true", help="list the named layer shapes and exit")
     parser.add_argument("--dry-run", action="store_true", help="print the shapes that would be tuned and exit")
-    parser.add_argument("--experts", type=int, help="number of experts E")
-    parser.add_argument("--intermediate", type=int, help="intermediate size N (w1 is [E, 2N, K])")
-    parser.add_argument("--hidden", type=int, help="hidden size K")
-    parser.add_argument("--top-k", type=int, help="experts per token")
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"), help="compute dtype (default bfloat16)")
-    parser.add_argument("--fp8", default=None, choices=FP8_CHOICES, help="FP8 w8a8 weight scale granularity (default: unquantized)")
+    add_kernel_shape_flags(parser, dtype_help="compute dtype (default bfloat16)",
+                           fp8_help="FP8 w8a8 weight scale granularity (default: unquantized)")
     parser.add_argument("--tokens", type=int, nargs="+", default=None, help="token counts to tune (default 1 8 32 128 512 2048 8192)")
     parser.add_argument("--workers", type=int, default=8, help="processes that compile the candidates first (0: compile while timing)")
     parser.add_argument("--config-dir", type=Path, default=None, help="where the table goes (default: the user's config directory)")
