@@ -58,23 +58,27 @@ def _layer(name: str, shape: dict) -> MoELayer:
 
 
 def _problem(layer: MoELayer, tokens: int, seed: int):
-    gen = torch.Generator().manual_seed(seed)
+    """Weights, inputs and the float64 reference, all made on the GPU.
+
+    On the host, drawing and dequantizing the gpt-oss shape and its float64 reference took 15-70 s a test, which
+    kept the GPU suite from finishing; the reference's math is the same on either device.
+    """
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     e, n, k = layer.num_experts, layer.intermediate_size, layer.hidden_size
-    w1 = (torch.randn(e, 2 * n, k, generator=gen) / k**0.5).cuda()
-    w2 = (torch.randn(e, k, n, generator=gen) / n**0.5).cuda()
-    # quantized on the GPU: on the host, the gpt-oss shape alone takes tens of seconds
+    w1 = torch.randn(e, 2 * n, k, generator=gen, device="cuda") / k**0.5
+    w2 = torch.randn(e, k, n, generator=gen, device="cuda") / n**0.5
     w1q, w2q, scales = quantize_weights(w1, w2, layer.quant)
-    w1f, w2f = (t.cpu() for t in dequantize_weights(w1q, w2q, scales, layer.quant, torch.float32))
-    scales = type(scales)(**{f: (v.cpu() if v is not None else None) for f, v in vars(scales).items()})
+    del w1, w2
+    w1f, w2f = dequantize_weights(w1q, w2q, scales, layer.quant, torch.float32)
     if layer.bias:
-        scales = replace(scales, w1_bias=torch.randn(e, 2 * n, generator=gen) * 0.1, w2_bias=torch.randn(e, k, generator=gen) * 0.1)
-    x = torch.randn(tokens, k, generator=gen).to(torch.bfloat16)
-    logits = torch.randn(tokens, e, generator=gen)
+        scales = replace(scales, w1_bias=torch.randn(e, 2 * n, generator=gen, device="cuda") * 0.1,
+                         w2_bias=torch.randn(e, k, generator=gen, device="cuda") * 0.1)
+    x = torch.randn(tokens, k, generator=gen, device="cuda").to(torch.bfloat16)
+    logits = torch.randn(tokens, e, generator=gen, device="cuda")
     g, ids = torch.topk(torch.softmax(logits, -1), layer.top_k, dim=-1)
     ref = moe_reference(x, w1f, w2f, g, ids, activation=layer.activation.value, swiglu_limit=layer.swiglu_limit,
-                        w1_bias=scales.w1_bias, w2_bias=scales.w2_bias)
-    cuda = {f: (v.cuda() if v is not None else None) for f, v in vars(scales).items()}
-    return x.cuda(), w1q.cuda(), w2q.cuda(), type(scales)(**cuda), g.cuda(), ids.to(torch.int32).cuda(), ref
+                        w1_bias=scales.w1_bias, w2_bias=scales.w2_bias).cpu()
+    return x, w1q, w2q, scales, g, ids.to(torch.int32), ref
 
 
 @pytest.mark.parametrize("tokens", [1, 37, 300])
@@ -110,9 +114,8 @@ def test_slots_of_other_ranks_are_skipped():
     layer = _layer("int4 g128", QWEN3)
     x, w1, w2, scales, g, ids, _ = _problem(layer, 16, 5)
     ids[:, 0] = -1
-    w1f, w2f = dequantize_weights(w1.cpu(), w2.cpu(), replace(scales, **{f: (v.cpu() if v is not None else None) for f, v in vars(scales).items()}), layer.quant)
-    keep = ids[:, 1:].cpu()
-    ref = moe_reference(x.cpu(), w1f, w2f, g[:, 1:].cpu(), keep)
+    w1f, w2f = dequantize_weights(w1, w2, scales, layer.quant)
+    ref = moe_reference(x, w1f, w2f, g[:, 1:], ids[:, 1:]).cpu()
     poison_allocator()
     out = fused_wq_experts(x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant),
                            w1_scale=scales.w1_scale, w2_scale=scales.w2_scale)
@@ -261,7 +264,7 @@ def test_nvfp4_dequant_paths_and_tiles(cfg, split, fast):
 
 
 # Split-K decode (few tokens): the default tile's split and a forced one on both GEMMs, at decode shapes with the
-# real K and N (fewer experts than the models, so the float reference fits the host): a Kimi-K2-like EP8 shard
+# real K and N (fewer experts than the models, which keeps the float64 reference small): a Kimi-K2-like EP8 shard
 # (K7168, N2048, group 32), Qwen3-235B-A22B (K4096, N1536, g128 zero points), gpt-oss-120b TP2 (MXFP4, N1440).
 DECODE = [("int4 g32", dict(num_experts=10, top_k=8, hidden_size=7168, intermediate_size=2048)),
           ("int4 g128 zp act-order", dict(num_experts=10, top_k=8, hidden_size=4096, intermediate_size=1536)),
