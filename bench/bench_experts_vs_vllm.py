@@ -812,8 +812,8 @@ def main() -> None:
     r.add_argument("--series", nargs="*", default=None, help="named shapes (tuning.NAMED_SHAPES)")
     r.add_argument("--shape", nargs="*", default=None, metavar="NAME=E,N,K,TOP_K[,QUANT]",
                    help="layer shapes of your own (QUANT: bf16, tensor, channel, block; default bf16)")
-    r.add_argument("--sweep-shapes", choices=("fit", "held_out"), default=None,
-                   help="the FIT or HELD_OUT shapes of bench/sweep_default_rules.py")
+    r.add_argument("--sweep-shapes", choices=("fit", "held_out", "check"), default=None,
+                   help="the FIT, HELD_OUT or CHECK shapes of bench/sweep_default_rules.py")
     r.add_argument("--rep-ms", type=float, default=None, help="do_bench's rep per timing (default 100, 60 at 8192 tokens)")
     r.add_argument("--tokens", nargs="*", type=int, default=[1, 8, 32, 128, 512, 2048, 8192])
     r.add_argument("--workers", type=int, default=12, help="processes compiling every kernel first (0: none)")

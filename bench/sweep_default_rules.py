@@ -20,7 +20,12 @@ The rules (``RULES``):
   count, so a many-expert layer is not padded to 128-row blocks it fills a third of; then ``tma``'s tiles;
 - ``rows_flat``: ``rows`` with the persistent loop flattened (the Qwen3 shapes' tuned winner) at 128-row blocks
   and the pointer-load tile the tuner keeps at 64-row blocks;
-- ``default``: ``default_config`` as it is now, the rule fitted on the first run's ``FIT`` points.
+- ``default``: ``default_config`` as it is now (fitted on the first run's ``FIT`` points, refined by the second).
+
+The second sweep (``--rules default`` plus the ``CANDIDATES``, 2048 and 8192 tokens, FIT and HELD_OUT shapes) timed
+``default_config`` with one regime changed at a time: 64-row pointer-load blocks or the flattened TMA tiles at 8-96
+rows per expert, the flattened loop at every N, a 128-wide w2 tile, the Gluon kernel on 64-row blocks for block FP8.
+``CHECK`` shapes are in neither fit: ``bench_experts_vs_vllm.py run --sweep-shapes check`` measures the result there.
 
 ``score SWEEP.json`` (no GPU) reads a saved sweep and, for each point where ``default_config`` picks a config one of
 the timed rules picked, takes that rule's time: the fitted rule's figures on the fit and the held-out shapes without a
@@ -47,7 +52,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from moe_fsm.kernels.triton_moe.config import (  # noqa: E402
-    GemmConfig, MoEConfig, default_config, gluon_prefill_config, tma_mid_config, tma_prefill_config, vllm_tile_config,
+    GemmConfig, MoEConfig, default_config, gluon_mid_config, gluon_prefill_config, pointer_mid_config, tma_mid_config,
+    tma_prefill_config, vllm_tile_config,
 )
 
 # (name, E, N, K, top-k, quant): quant None (bf16), "tensor", "channel" or "block"
@@ -83,6 +89,27 @@ HELD_OUT = [
     ("qwen3-30b-ep2", 64, 768, 2048, 8, None),
     ("kimi-k2-tp8-block", 384, 256, 7168, 8, "block"),
     ("hunyuan-a13b-like", 64, 3072, 4096, 8, None),
+]
+# shapes neither fit looked at, for the benchmark of record after the second fit (bench_experts_vs_vllm.py
+# --sweep-shapes check): expert counts that are no power of two (60, 48, 40), hidden sizes outside the fit grid
+# (1536, 8192), N not a multiple of 128 (1440), FP8 layers of every granularity
+CHECK = [
+    ("dbrx-like", 16, 10752, 6144, 4, None),
+    ("qwen2-57b-a14b-like", 64, 2560, 3584, 8, None),
+    ("qwen1.5-moe-like", 60, 1408, 2048, 4, None),
+    ("olmoe-like", 64, 1024, 2048, 8, None),
+    ("deepseek-v3-tp4-block", 256, 512, 7168, 8, "block"),
+    ("ernie-4.5-300b-like-block", 64, 3584, 8192, 8, "block"),
+    ("minimax-like-tensor", 32, 9216, 6144, 2, "tensor"),
+    ("phi-3.5-moe-like-channel", 16, 6400, 4096, 2, "channel"),
+    ("granite-moe-like", 40, 512, 1536, 8, None),
+    ("qwen3-235b-tp2-tensor", 128, 768, 4096, 8, "tensor"),
+    ("kimi-k2-ep8-block", 48, 2048, 7168, 8, "block"),
+    ("gpt-oss-120b-tp2", 128, 1440, 2880, 4, None),
+    # in the regimes the second fit changed: block FP8 N >= 2048 at 40-256 rows per expert, 8-48 rows past 512 tokens
+    ("qwen3-coder-480b-like-block", 160, 2560, 6144, 8, "block"),
+    ("arctic-like-channel", 128, 4864, 7168, 2, "channel"),
+    ("qwen3-next-tp2", 512, 256, 2048, 10, None),
 ]
 TOKENS = (128, 512, 2048, 8192)
 
@@ -137,6 +164,63 @@ def rule_rows_flat(e, n, k, top_k, m, fp8):
 RULES = {"vllm_tiles": rule_vllm_tiles, "tma": rule_tma, "rows": rule_rows, "rows_flat": rule_rows_flat, "default": rule_default}
 
 
+# The second sweep's candidates: each is ``default_config`` with one regime changed, so a point costs a timing only
+# where the candidate differs from it (the default of the first fit when they were timed, default_rules_h200_2.json;
+# ``mid_pointer64`` and ``gluon64``, restricted, are in it now). They probe what the first fit left slow: pad rows of 128-row blocks at 8-96
+# rows per expert past 512 tokens (Qwen3-Next-like at 2048 tokens x0.96), the flattened persistent loop on wide
+# and FP8 row-wise layers, a narrower w2 tile, and 64-row Gluon blocks for block FP8 at 40-256 rows per expert
+# (Kimi-K2-like at 8192 tokens: a third of its 128-row blocks' rows are pads).
+
+
+def _prefill_regime(e, top_k, m, fp8) -> bool:
+    return m > 512 and fp8 != "block" and m * top_k / e >= 96
+
+
+def _mid_regime(e, top_k, m, fp8) -> bool:
+    return m > 512 and fp8 != "block" and 8 < m * top_k / e < 96
+
+
+def rule_mid_pointer64(e, n, k, top_k, m, fp8):
+    """8-96 rows per expert past 512 tokens: 64-row pointer-load blocks, vLLM's tuned H200 tile for E=512 N=512."""
+    if _mid_regime(e, top_k, m, fp8):
+        return pointer_mid_config(64 if fp8 is None else 128)
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
+def rule_mid_tma_flat(e, n, k, top_k, m, fp8):
+    """8-96 rows per expert past 512 tokens: the 128-row persistent TMA tiles, flattened."""
+    if _mid_regime(e, top_k, m, fp8):
+        return tma_prefill_config(64 if fp8 is None else 128, flatten=True)
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
+def rule_flat_all(e, n, k, top_k, m, fp8):
+    """96 rows per expert and more past 512 tokens (bf16, row-wise FP8): the persistent loop flattened at every N."""
+    if _prefill_regime(e, top_k, m, fp8):
+        return tma_prefill_config(64 if fp8 is None else 128, flatten=True)
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
+def rule_w2_narrow(e, n, k, top_k, m, fp8):
+    """The default's persistent TMA prefill tiles with w2 128 wide instead of 256 (more tiles for narrow outputs)."""
+    base = rule_default(e, n, k, top_k, m, fp8)
+    if base.hopper and base.block_m == 128 and not base.gluon:
+        return MoEConfig(128, base.w1, GemmConfig(128, base.w2.block_k, 16, 8, base.w2.num_stages, persistent=True,
+                                                  flatten=base.w2.flatten), hopper=True)
+    return base
+
+
+def rule_gluon64(e, n, k, top_k, m, fp8):
+    """Block FP8, 40-256 rows per expert past 512 tokens: the Gluon kernel on 64-row blocks (one math warpgroup)."""
+    if fp8 == "block" and m > 512 and 40 <= m * top_k / e < 256:
+        return gluon_mid_config()
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
+CANDIDATES = {"mid_pointer64": rule_mid_pointer64, "mid_tma_flat": rule_mid_tma_flat, "flat_all": rule_flat_all,
+              "w2_narrow": rule_w2_narrow, "gluon64": rule_gluon64}
+
+
 def _shape(entry):
     from moe_fsm.kernels.triton_moe.tuning import LayerShape
 
@@ -176,7 +260,7 @@ def _compile_worker(jobs):
 def score(path: Path) -> dict:
     """``default_config``'s ratio to vLLM at each saved point where it chose a config that some timed rule chose."""
     report = json.loads(path.read_text())
-    out: dict[str, list] = {"fit": [], "held_out": []}
+    out: dict[str, list] = {"fit": [], "held_out": [], "check": []}
     uncovered = []
     for p in report["points"]:
         fp8 = None if p["quant"] == "bf16" else p["quant"]
@@ -204,7 +288,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--extract", type=Path, default=ROOT / ".vllm_extract")
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    parser.add_argument("--only", nargs="*", default=None, help="shape names to run (default: every FIT and HELD_OUT)")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="shape names to run (default: every FIT and HELD_OUT; CHECK shapes only by name)")
+    parser.add_argument("--rules", nargs="+", default=list(RULES), choices=list(RULES) + list(CANDIDATES),
+                        help="rules to time (default: the first sweep's; the candidates of the second are CANDIDATES)")
     parser.add_argument("--workers", type=int, default=14)
     parser.add_argument("--rep-ms", type=float, default=25.0)
     parser.add_argument("--budget-s", type=float, default=240.0, help="no new shape is started after this long")
@@ -222,11 +309,12 @@ def main() -> None:
     fit, held = [(s, "fit") for s in FIT], [(s, "held_out") for s in HELD_OUT]
     entries = [e for pair in zip(fit, held) for e in pair] + fit[len(held):] + held[len(fit):]
     if args.only:
-        entries = [(s, part) for s, part in entries if s[0] in args.only]
+        entries = [(s, part) for s, part in entries + [(s, "check") for s in CHECK] if s[0] in args.only]
+    rules = {name: {**RULES, **CANDIDATES}[name] for name in args.rules}
 
     def configs_at(entry, m):
         _, e, n, k, top_k, fp8 = entry
-        return {name: rule(e, n, k, top_k, m, fp8) for name, rule in RULES.items()}
+        return {name: rule(e, n, k, top_k, m, fp8) for name, rule in rules.items()}
 
     jobs = []
     for entry, _ in entries:
@@ -245,7 +333,7 @@ def main() -> None:
     for f in failures:
         print("  " + f, flush=True)
 
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rules": list(RULES),
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rules": list(rules),
               "tokens": args.tokens, "points": [], "date": time.strftime("%Y-%m-%d")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for entry, part in entries:
@@ -296,23 +384,23 @@ def main() -> None:
             report["points"].append(point)
             v = point["us"].get("vllm", float("nan"))
             print(f"{part:8s} {entry[0]:30s} T={m:5d} vllm {v:9.1f} | " + "  ".join(
-                f"{name} {v / point['us'][name]:5.2f}x" if name in point["us"] else f"{name} err" for name in RULES),
+                f"{name} {v / point['us'][name]:5.2f}x" if name in point["us"] else f"{name} err" for name in rules),
                 flush=True)
             del inputs, routes
         del weights, theirs
         torch.cuda.empty_cache()
         args.out.write_text(json.dumps(report, indent=1) + "\n")
-    report["summary"] = summarize(report["points"])
+    report["summary"] = summarize(report["points"], list(rules))
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report["summary"], indent=1))
     print(f"done in {time.time() - start:.0f} s")
 
 
-def summarize(points: list[dict]) -> dict:
+def summarize(points: list[dict], rules: list[str]) -> dict:
     """Per rule and part: geometric mean and minimum of vLLM µs / rule µs, and points below 1."""
     out = {}
-    for part in ("fit", "held_out"):
-        for name in RULES:
+    for part in ("fit", "held_out", "check"):
+        for name in rules:
             ratios = [p["us"]["vllm"] / p["us"][name] for p in points
                       if p["part"] == part and name in p["us"] and "vllm" in p["us"]]
             if ratios:

@@ -20,6 +20,7 @@ pytest.importorskip("triton")
 
 from moe_fsm.kernels.triton_moe import Fp8Spec, GemmConfig, MoEConfig, align_tokens, fused_experts  # noqa: E402
 from moe_fsm.kernels.triton_moe.align import expert_runs  # noqa: E402
+from moe_fsm.kernels.triton_moe.config import gluon_mid_config  # noqa: E402
 from moe_fsm.kernels.triton_moe.hopper import (  # noqa: E402
     gather_sorted,
     gluon_kernels_available,
@@ -92,6 +93,8 @@ def _run(x, w1, w2, g, ids, config, **kw):
         (DEEPSEEK_V3_E16, 600, _config(128, warps=8, ws=True, persistent=True)),
         (DEEPSEEK_V3_E16, 2000, _config(ws=True, persistent=True, stages=3)),
         (RAGGED, 300, _config(ws=True, persistent=True)),
+        # what default_config takes for block FP8 with N >= 2048 at 40-256 rows per expert past 512 tokens
+        (DEEPSEEK_V3_E16, 2000, gluon_mid_config()),
     ],
 )
 def test_matches_emulation_and_pointer_kernel(shape, num_tokens, config):

@@ -23,10 +23,11 @@ def sweep():
 
 
 def test_every_rule_gives_a_valid_config_on_every_shape_of_the_grid(sweep):
-    assert not {s[0] for s in sweep.FIT} & {s[0] for s in sweep.HELD_OUT}
-    for _, e, n, k, top_k, fp8 in sweep.FIT + sweep.HELD_OUT:
+    names = [[s[0] for s in part] for part in (sweep.FIT, sweep.HELD_OUT, sweep.CHECK)]
+    assert sum(map(len, names)) == len(set().union(*names)), "a shape in two parts of the grid"
+    for _, e, n, k, top_k, fp8 in sweep.FIT + sweep.HELD_OUT + sweep.CHECK:
         for tokens in sweep.TOKENS:
-            for rule in sweep.RULES.values():
+            for rule in {**sweep.RULES, **sweep.CANDIDATES}.values():
                 validate_config(rule(e, n, k, top_k, tokens, fp8), block_fp8=fp8 == "block")
 
 
@@ -38,12 +39,12 @@ def point(sweep, entry, part, tokens, us):
 
 
 def test_score_takes_the_time_of_the_rule_that_chose_the_defaults_config(sweep, tmp_path):
-    kimi = next(s for s in sweep.HELD_OUT if s[0] == "kimi-k2-like-block")
+    glm = next(s for s in sweep.HELD_OUT if s[0] == "glm-4.5-like-block")
     mixtral = next(s for s in sweep.FIT if s[0] == "mixtral-8x7b")
-    # Kimi-K2-like at 8192 tokens: 171 rows per expert, the Gluon kernel, which "tma" and "rows" also pick
-    assert default_config(384, 2048, 7168, 8, 8192, block_fp8=True, fp8=True).gluon
+    # GLM-4.5-like at 8192 tokens: 410 rows per expert, the 128-row Gluon blocks, which "tma" and "rows" also pick
+    assert default_config(160, 1536, 5120, 8, 8192, block_fp8=True, fp8=True).block_m == 128
     times = {"vllm_tiles": 125.0, "tma": 80.0, "rows": 80.0, "rows_flat": 80.0}
-    report = {"points": [point(sweep, kimi, "held_out", 8192, times),
+    report = {"points": [point(sweep, glm, "held_out", 8192, times),
                          point(sweep, mixtral, "fit", 512, {**times, "rows": 50.0, "rows_flat": 200.0})]}
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps(report))

@@ -113,7 +113,10 @@ def test_the_vllm_tiles_are_vllms_rule_then_the_tuned_prefill_tile(tokens, fp8):
 DEFAULT_CASES = [
     ((256, 2048, 7168, 8, "block", 8), "vllm"),  # decode: vLLM's tiles
     ((256, 2048, 7168, 8, "block", 128), "thin"),  # 4 rows per expert: 16-row blocks with swap-AB
-    ((384, 2048, 7168, 8, "block", 2048), "tma_mid"),  # 43 rows
+    ((384, 2048, 7168, 8, "block", 2048), "gluon_mid"),  # 43 rows, N 2048: 64-row Gluon blocks
+    ((384, 2048, 7168, 8, "block", 8192), "gluon_mid"),  # 171 rows: a 128-row block would be a third pads
+    ((384, 256, 7168, 8, "block", 2048), "tma_mid"),  # 43 rows, N 256: the 64-row TMA tiles
+    ((160, 1536, 5120, 8, "block", 2048), "gluon"),  # 102 rows, N 1536: 128-row Gluon blocks
     ((256, 2048, 7168, 8, "block", 8192), "gluon"),  # 256 rows
     ((128, 1536, 4096, 8, "block", 512), "vllm"),  # 32 rows: vLLM's 64-row pointer-load tile
     ((512, 768, 4096, 8, None, 512), "thin"),  # 8 rows
@@ -123,6 +126,9 @@ DEFAULT_CASES = [
     ((128, 1536, 4096, 8, "channel", 2048), "vllm"),  # row-wise FP8 below 4096 tokens: the pointer-load 128 tile
     ((128, 1536, 4096, 8, "channel", 8192), "tma_flat"),
     ((128, 2880, 2880, 4, None, 2048), "vllm"),  # 64 rows: vLLM's rule (the 128-row pointer tile past 512)
+    ((512, 512, 2048, 10, None, 2048), "pointer_mid"),  # 40 rows past 512 tokens: 64-row pointer-load blocks
+    ((128, 8192, 5120, 1, "channel", 2048), "pointer_mid"),  # 16 rows
+    ((512, 768, 4096, 1, None, 4096), "thin"),  # 8 rows past 512 tokens: still thin blocks
 ]
 
 
@@ -137,6 +143,8 @@ def test_the_default_picks_by_rows_per_expert(case, kind):
         "thin": cfg.vllm_tile_config(e, 32, block_fp8=fp8 == "block", fp8=fp8 is not None),
         "tma_mid": cfg.tma_mid_config(block_k),
         "gluon": cfg.gluon_prefill_config(),
+        "gluon_mid": cfg.gluon_mid_config(),
+        "pointer_mid": cfg.pointer_mid_config(block_k),
         "tma_flat": cfg.tma_prefill_config(block_k, flatten=True),
         "tma": cfg.tma_prefill_config(block_k, flatten=False),
     }[kind]

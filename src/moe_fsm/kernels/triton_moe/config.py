@@ -290,8 +290,9 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     """The config for a shape no table holds, from the token count and the expected rows per expert.
 
     The rule was fitted on a sweep (``bench/sweep_default_rules.py``, ``docs/perf/vs_vllm.md``, "Shapes no table
-    holds") of 16 layer shapes against vLLM 0.33's kernel and checked on 13 others. Decode calls (64 tokens or fewer)
-    take vLLM's tiles (``vllm_tile_config``). Past that the expected rows per expert, ``tokens x top-k / E``, decides,
+    holds") of 16 layer shapes against vLLM 0.33's kernel and checked on 13 others, then refined by a second sweep of
+    candidates on those 29 (2048 and 8192 tokens) and checked on shapes neither sweep looked at (``CHECK``). Decode
+    calls (64 tokens or fewer) take vLLM's tiles (``vllm_tile_config``). Past that the expected rows per expert, ``tokens x top-k / E``, decides,
     because a row block is padded to ``block_m`` per expert: a many-expert layer at 128-512 tokens fills a 64-row
     block a tenth, and thin 16-row blocks with swap-AB ran it faster; a layer whose experts get 96 rows or more runs
     the Hopper paths the tuner picks for the named shapes (the TMA kernels, the Gluon kernel for block FP8). What the
@@ -299,12 +300,20 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
 
     - block FP8: 16 rows or fewer, thin blocks (x1.14-1.40 against vLLM at 128 tokens, where 64-row blocks gave
       x0.90-1.17); 40-96 rows, 64-row TMA tiles; 96 rows and more, the Gluon kernel (x1.27-1.57 at 8192 tokens
-      where the pointer-load tiles gave x1.13-1.29);
-    - bf16 and row-wise FP8: 8 rows or fewer up to 512 tokens, thin blocks; 96 rows and more up to 512 tokens, 64-row
+      where the pointer-load tiles gave x1.13-1.29); past 512 tokens, on layers with N >= 2048, 40-256 rows take
+      the Gluon kernel on 64-row blocks (``gluon_mid_config``): a 128-row block of an expert with 170 rows is a
+      third pads (Kimi-K2-like at 8192 tokens x1.25 -> x1.36, at 2048 x1.08 -> x1.12, DeepSeek-V3 at 2048 x1.09 ->
+      x1.18), while narrower layers (N 256-1536) lost 4-17% with it (not profiled; their w2 runs only 2-12 K
+      steps a tile);
+    - bf16 and row-wise FP8: 8 rows or fewer, thin blocks (swept up to 512 tokens; past it, where a 128-row block
+      would be 94% pads, they are kept by reasoning, not measured); 96 rows and more up to 512 tokens, 64-row
       TMA tiles (Mixtral-like layers at 512 tokens: x0.71 -> x0.97-1.32); past 512 tokens the 128-row TMA tiles,
       persistent with gate and up paired, the loop flattened where N <= 1536 (flattening won there, lost on the wide
       layers); row-wise FP8 keeps the pointer-load 128-row tile below 4096 tokens, where it beat the TMA one
-      (x1.33-1.54 against x1.12-1.31 at 2048).
+      (x1.33-1.54 against x1.12-1.31 at 2048); past 512 tokens, 8-48 rows take 64-row pointer-load blocks
+      (``pointer_mid_config``, vLLM's tuned H200 tile for E=512 N=512: Qwen3-Next-like at 2048 tokens x0.98 ->
+      x1.04, E512 N768 x1.08 -> x1.13, Llama-4-Maverick-like FP8 per-channel x1.32 -> x1.46) where the 128-row
+      blocks were 60-90% pads; at 64-77 rows they lost (x1.02 -> x0.81), so 48 rows and more keep 128.
 
     A ``hopper`` config runs the pointer-load kernels with the same tiles where the TMA kernels cannot
     (``hopper.hopper_usable``); a ``gluon`` one the Triton kernels (``fused.py``). The top-k sum is never folded into
@@ -315,6 +324,8 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     if m <= 64:
         return vllm_tile_config(num_experts, m, block_fp8=block_fp8, fp8=fp8)
     if block_fp8:
+        if m > 512 and n >= 2048 and 40 <= rows < 256:
+            return gluon_mid_config()
         if rows >= 96:
             return gluon_prefill_config()
         if rows >= 40:
@@ -327,8 +338,10 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
         if fp8 and m < 4096:
             return vllm_tile_config(num_experts, m, block_fp8=False, fp8=True)
         return tma_prefill_config(block_k, flatten=n <= 1536)
-    if rows <= 8 and m <= 512:
+    if rows <= 8:
         return vllm_tile_config(num_experts, 32, block_fp8=False, fp8=fp8)
+    if m > 512 and rows < 48:
+        return pointer_mid_config(block_k)
     return vllm_tile_config(num_experts, m, block_fp8=False, fp8=fp8)
 
 
@@ -343,6 +356,21 @@ def tma_prefill_config(block_k: int, *, flatten: bool) -> MoEConfig:
 def tma_mid_config(block_k: int) -> MoEConfig:
     """64-row blocks through the TMA kernels, w1 128 / w2 256 wide (DeepSeek-V3's tuned 2048-token entry)."""
     return MoEConfig(64, GemmConfig(128, block_k, 8, 8, 4), GemmConfig(256, block_k, 8, 8, 4), hopper=True)
+
+
+def pointer_mid_config(block_k: int) -> MoEConfig:
+    """64-row blocks on the pointer-load kernels, w1 64 (128 gate and up columns) / w2 128 wide, 4 warps, 3 stages,
+    no grouping: vLLM's tuned H200 tile for E=512 N=512 at 1024-3072 tokens, for past 512 tokens at 8-48 rows per
+    expert."""
+    return MoEConfig(64, GemmConfig(64, block_k, 1, 4, 3), GemmConfig(128, block_k, 1, 4, 3))
+
+
+def gluon_mid_config() -> MoEConfig:
+    """The Gluon block-FP8 kernel on 64-row blocks (one math warpgroup and the producer warp), persistent, 5 stages:
+    half the pad rows of ``gluon_prefill_config`` where experts get 40-256 rows."""
+    w1 = GemmConfig(64, FP8_GROUP, 8, 4, 5, persistent=True, warp_specialize=True)
+    w2 = GemmConfig(128, FP8_GROUP, 8, 4, 5, persistent=True, warp_specialize=True)
+    return MoEConfig(64, w1, w2, fold_topk=False, hopper=True, gather_input=True, gluon=True)
 
 
 def gluon_prefill_config() -> MoEConfig:
