@@ -27,7 +27,6 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
     refuses stand-ins and the profile's substitutes alike with ``BackendUnavailableError`` (the plan's reason):
     a strict build is the decided kernel itself or nothing. The decision never changes.
     """
-    from moe_fsm.backends import stand_ins
     from moe_fsm.modular.kernel import ModularKernel
     from moe_fsm.prepare_finalize.choice import build_prepare_finalize
 
@@ -36,10 +35,33 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
     if not isinstance(strict, bool):
         raise InputError(f"strict must be True or False, got {strict!r}")
     device = device_type(device)
-    registry = registry or default_registry(decision.inputs.profile.name)
-    plan, layer = decision.plan, decision.inputs.layer
+    plan = decision.plan
     if not plan.prepare_finalize_buildable:
         raise BackendUnavailableError(plan.prepare_finalize_because or plan.because)
+    experts, stand_in, layer = build_experts(decision, registry, strict=strict, device=device)
+    prepare_finalize = build_prepare_finalize(
+        decision.prepare_finalize, decision.inputs.parallel, num_experts=layer.num_experts, quant=layer.quant,
+    )
+    kernel = ModularKernel(prepare_finalize, experts, layer)
+    kernel.stand_in = stand_in
+    return kernel
+
+
+def build_experts(decision: Decision, registry: Registry | None = None, *, strict: bool = False,
+                  device: str | None = None):
+    """``(experts, stand_in, layer)``: the experts kernel ``build`` joins to the prepare/finalize, the stand-in
+    running in place of the decided kernel (None: the decided kernel or the profile's substitute itself), and the
+    layer the experts compute (a weight-only kernel's stand-in takes 16-bit activations). ``build``'s rules without
+    the prepare/finalize, which ``moe-fsm tune`` asks which kernel a layer runs on."""
+    from moe_fsm.backends import stand_ins
+
+    if not isinstance(decision, Decision):
+        raise InputError(f"build takes the Decision that select() or decide() returned, got {type(decision).__name__}")
+    if not isinstance(strict, bool):
+        raise InputError(f"strict must be True or False, got {strict!r}")
+    device = device_type(device)
+    registry = registry or default_registry(decision.inputs.profile.name)
+    plan, layer = decision.plan, decision.inputs.layer
     if strict and plan.how == SUBSTITUTE:
         decided = decision.kernel or f"{decision.backend} (the platform's own MoE path)"
         raise BackendUnavailableError(
@@ -71,12 +93,7 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
         layer = stand_ins.computed_layer(layer, stand_in.weight_only)  # the decided kernel's numerics
         module, _, attr = stand_in.impl.partition(":")
         experts = getattr(importlib.import_module(module), attr)(layer)
-    prepare_finalize = build_prepare_finalize(
-        decision.prepare_finalize, decision.inputs.parallel, num_experts=layer.num_experts, quant=layer.quant,
-    )
-    kernel = ModularKernel(prepare_finalize, experts, layer)
-    kernel.stand_in = stand_in
-    return kernel
+    return experts, stand_in, layer
 
 
 DEVICES = ("None (CUDA when torch sees it, else the CPU), a device name torch reads ('cpu', 'cuda', 'cuda:N', 'mps', "
