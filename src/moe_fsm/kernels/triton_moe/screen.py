@@ -9,16 +9,22 @@ next candidate starts clean. Workers are reused between passing candidates, so e
 its kernels once. A candidate's time starts when its worker has said it is ready (its imports done): a worker
 that starts slowly on a loaded machine does not make the candidate it is given look hung.
 
-Torch-free: the trial function is the caller's (``tuning.try_candidate`` on a GPU; tests pass their own).
+``screen_and_time`` is the tuner's whole run around it, for any kernel family: screen every candidate, time the
+ones that passed, write each shape's winners, within one time budget (``triton_moe/tuning.py`` for the 16-bit and
+FP8 kernels, ``triton_wq/tuning.py`` for the weight-quantized ones).
+
+Torch-free: the trial, timing and writing functions are the caller's (``tuning.try_candidate`` on a GPU; tests pass
+their own).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Callable, Hashable, Optional, Sequence
+from pathlib import Path
+from typing import Callable, Hashable, Mapping, Optional, Sequence
 
 POLL_S = 0.5
 STARTUP_S = 300.0  # a worker not ready by then (imports hung) is the machine's failure, not a candidate's
@@ -180,3 +186,71 @@ def screen(
     tried = ok | {r.candidate for r in refused}
     not_tried = [c for c in candidates if c not in tried]
     return passed, refused, not_tried
+
+
+@dataclass
+class TuneReport:
+    """What a tuning run did: the table written, the winners' times, the candidates refused by their
+    trial (never timed, never written) and those the budget left untried or untimed."""
+
+    path: Optional[Path] = None
+    best_us: dict = field(default_factory=dict)  # (shape, tokens) -> µs of the winner
+    refused: list = field(default_factory=list)  # Refusal, candidate = (shape, tokens, config)
+    not_tried: list = field(default_factory=list)  # candidates the budget left unscreened or untimed
+
+
+def screen_and_time(
+    plans: Mapping[Hashable, Mapping[int, list]],
+    trial: Callable[[tuple], None],
+    time_shape: Callable[[Hashable, dict, Optional[float]], tuple[dict, dict, list]],
+    write: Callable[[Hashable, dict], Path],
+    *,
+    workers: int,
+    candidate_timeout_s: float,
+    budget_s: Optional[float] = None,
+    start: Optional[float] = None,
+    log: Callable[[str], None] = print,
+    describe: Callable[[tuple], str] = str,
+    name: Callable[[Hashable], str] = str,
+) -> TuneReport:
+    """Tune ``plans`` ({shape: {token count: [config, ...]}}) and write each shape's winners.
+
+    Every (shape, tokens, config) first runs ``trial`` in a child process (``screen``: ``workers`` processes, at
+    most ``candidate_timeout_s`` each); what fails, computes a wrong layer, crashes or hangs is refused and never
+    timed. ``time_shape(shape, plan, deadline)`` times the rest of one shape -> (best config per count, its µs,
+    the (tokens, config) the deadline left untimed); ``write(shape, best)`` merges the winners into a table and
+    returns its path. ``budget_s`` (from ``start``, default now) bounds the whole: screening stops starting trials
+    at 60% of it (the first candidate of every count before the others, so a cut keeps them), timing stops after
+    it with the fastest so far.
+    """
+    start = time.monotonic() if start is None else start
+    deadline = None if budget_s is None else start + budget_s
+    ranked = sorted(((rank, s, t, c) for s, plan in plans.items() for t, cs in plan.items() for rank, c in enumerate(cs)),
+                    key=lambda r: r[0])
+    candidates = list(dict.fromkeys((s, t, c) for _, s, t, c in ranked))
+    screen_deadline = None if budget_s is None else start + 0.6 * budget_s
+    passed, refused, not_screened = screen(candidates, trial, workers=max(1, workers), timeout_s=candidate_timeout_s,
+                                           deadline=screen_deadline, log=log, describe=describe)
+    log(f"screened in {time.monotonic() - start:.0f} s: {len(passed)} passed, {len(refused)} refused, "
+        f"{len(not_screened)} left untried by the budget")
+    ok = set(passed)
+    report = TuneReport(refused=refused, not_tried=list(not_screened))
+    for shape, counts in plans.items():
+        plan = {t: [c for c in cs if (shape, t, c) in ok] for t, cs in counts.items()}
+        plan = {t: cs for t, cs in plan.items() if cs}
+        if deadline is not None and time.monotonic() >= deadline:
+            log(f"{name(shape)}: not timed, the budget of {budget_s:.0f} s is spent")
+            report.not_tried += [(shape, t, c) for t, cs in plan.items() for c in cs]
+            continue
+        log(f"timing {name(shape)}: " + ", ".join(f"T={t} {len(cs)}" for t, cs in plan.items())
+            + f" candidates ({time.monotonic() - start:.0f} s elapsed)")
+        best, best_us, untimed = time_shape(shape, plan, deadline)
+        report.not_tried += [(shape, t, c) for t, c in untimed]
+        if not best:
+            log(f"{name(shape)}: no candidate passed; nothing written")
+            continue
+        report.path = write(shape, best)
+        report.best_us.update({(shape, t): us for t, us in best_us.items()})
+        log(f"{name(shape)}: " + ", ".join(f"T={t} {us:.1f} us" for t, us in sorted(best_us.items()))
+            + f" -> {report.path}")
+    return report

@@ -8,7 +8,7 @@ timing each GEMM alone does not do. The winner per token count goes into the
 user's config directory (``config.write_user_table``), which the runtime reads
 before the shipped tables.
 
-Every candidate first runs in a worker process (``screen.screen``, ``try_candidate``) on a
+Every candidate first runs in a worker process (``screen.screen_and_time``, ``try_candidate``) on a
 copy of the shape with two experts, with a time limit: a tile that does not build, computes
 a wrong layer, crashes or hangs is refused there and never timed or written. That also
 compiles the kernels in parallel: they specialize on strides, dtypes and the config, never
@@ -26,7 +26,7 @@ import json
 import math
 import multiprocessing as mp
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -36,6 +36,7 @@ from moe_fsm.kernels.triton_moe.config import (
     FP8_GROUP, GemmConfig, MoEConfig, default_config, validate_config, vllm_tile_config,
 )
 from moe_fsm.kernels.triton_moe.fused import Fp8Spec, fused_experts
+from moe_fsm.kernels.triton_moe.screen import TuneReport, screen_and_time
 
 FP8_ACTIVATION = {"tensor": "tensor", "channel": "token", "block": "group"}
 
@@ -356,17 +357,6 @@ def shape_label(shape: LayerShape) -> str:
     return f"E={shape.num_experts} N={shape.intermediate} K={shape.hidden} top-{shape.top_k} {quant}"
 
 
-@dataclass
-class TuneReport:
-    """What ``tune_and_write`` did: the table written, the winners' times, the candidates refused by their
-    trial (never timed, never written) and those the budget left untried or untimed."""
-
-    path: Optional[Path] = None
-    best_us: dict = field(default_factory=dict)  # (shape, tokens) -> µs of the winner
-    refused: list = field(default_factory=list)  # screen.Refusal, candidate = (shape, tokens, config)
-    not_tried: list = field(default_factory=list)  # candidates the budget left unscreened or untimed
-
-
 def tune_shape(
     shape: LayerShape, plan: dict[int, list[MoEConfig]], *, rep_ms: float = 30.0, deadline: Optional[float] = None,
     log: Callable[[str], None] = print,
@@ -425,53 +415,35 @@ def tune_and_write(
 ) -> TuneReport:
     """Tune each shape on the current device, merging each result into the user's table as it comes.
 
-    Every candidate of every shape first runs in a child process (``screen.screen``: ``workers`` processes, at
-    most ``candidate_timeout_s`` each): what fails, computes a wrong layer, crashes or hangs is refused and never
-    timed. The rest are timed here. ``budget_s`` bounds the whole: screening stops starting trials at 60% of it
-    (the default and shipped tiles of every count first), timing stops after it with the fastest so far.
+    Every candidate of every shape first runs in a child process (``screen.screen_and_time``: ``workers``
+    processes, at most ``candidate_timeout_s`` each): what fails, computes a wrong layer, crashes or hangs is
+    refused and never timed. The rest are timed here. ``budget_s`` bounds the whole: screening stops starting
+    trials at 60% of it (the default and shipped tiles of every count first), timing stops after it with the
+    fastest so far.
     """
     import triton
 
     from moe_fsm.kernels.triton_moe._runtime import device_name
     from moe_fsm.kernels.triton_moe.config import dtype_key, shape_key, write_user_table
-    from moe_fsm.kernels.triton_moe.screen import screen
 
     start = time.monotonic()
-    deadline = None if budget_s is None else start + budget_s
     device = device_name(torch.device("cuda", torch.cuda.current_device()))
     hopper, gluon = _tma_kernels_here(), _gluon_kernels_here()
     plans = {s: {t: candidate_configs(s, t, hopper=hopper, gluon=gluon) for t in tokens} for s in shapes}
-    # screening order: the first candidates of every (shape, count) before the rest, so a budget cut keeps them
-    ranked = sorted(((rank, s, t, c) for s, plan in plans.items() for t, cs in plan.items() for rank, c in enumerate(cs)),
-                    key=lambda r: r[0])
-    candidates = list(dict.fromkeys((s, t, c) for _, s, t, c in ranked))
-    log(f"tuning {len(shapes)} shape(s) x {len(tokens)} token count(s) on {device}: {len(candidates)} candidates "
+    count = len({(s, t, c) for s, plan in plans.items() for t, cs in plan.items() for c in cs})
+    log(f"tuning {len(shapes)} shape(s) x {len(tokens)} token count(s) on {device}: {count} candidates "
         f"(pointer-load{', TMA' if hopper else ''}{', Gluon' if gluon else ''}), screening in {workers} process(es)"
         + (f", budget {budget_s:.0f} s" if budget_s else ""))
-    screen_deadline = None if budget_s is None else start + 0.6 * budget_s
-    passed, refused, not_screened = screen(candidates, trial, workers=max(1, workers), timeout_s=candidate_timeout_s,
-                                           deadline=screen_deadline, log=log, describe=describe_candidate)
-    log(f"screened in {time.monotonic() - start:.0f} s: {len(passed)} passed, {len(refused)} refused, "
-        f"{len(not_screened)} left untried by the budget")
-    ok = set(passed)
-    report = TuneReport(refused=refused, not_tried=list(not_screened))
-    for shape in shapes:
-        key = shape_key(shape.num_experts, shape.intermediate, shape.hidden, dtype_key(shape.dtype, shape.fp8))
-        plan = {t: [c for c in cs if (shape, t, c) in ok] for t, cs in plans[shape].items()}
-        plan = {t: cs for t, cs in plan.items() if cs}
-        if deadline is not None and time.monotonic() >= deadline:
-            log(f"{key} top_k={shape.top_k}: not timed, the budget of {budget_s:.0f} s is spent")
-            report.not_tried += [(shape, t, c) for t, cs in plan.items() for c in cs]
-            continue
-        log(f"timing {key} top_k={shape.top_k}: " + ", ".join(f"T={t} {len(cs)}" for t, cs in plan.items())
-            + f" candidates ({time.monotonic() - start:.0f} s elapsed)")
-        best, best_us, untimed = tune_shape(shape, plan, deadline=deadline, log=log)
-        report.not_tried += [(shape, t, c) for t, c in untimed]
-        if not best:
-            log(f"{key}: no candidate passed; nothing written")
-            continue
+
+    def key(shape: LayerShape) -> str:
+        return shape_key(shape.num_experts, shape.intermediate, shape.hidden, dtype_key(shape.dtype, shape.fp8))
+
+    def write(shape: LayerShape, best: dict) -> Path:
         meta = {"torch": torch.__version__, "triton": triton.__version__, "generated_by": "moe-fsm tune"}
-        report.path = write_user_table(device, key, best, meta, directory)
-        report.best_us.update({(shape, t): us for t, us in best_us.items()})
-        log(f"{key}: " + ", ".join(f"T={t} {us:.1f} us" for t, us in sorted(best_us.items())) + f" -> {report.path}")
-    return report
+        return write_user_table(device, key(shape), best, meta, directory)
+
+    return screen_and_time(
+        plans, trial, lambda shape, plan, deadline: tune_shape(shape, plan, deadline=deadline, log=log), write,
+        workers=workers, candidate_timeout_s=candidate_timeout_s, budget_s=budget_s, start=start, log=log,
+        describe=describe_candidate, name=lambda shape: f"{key(shape)} top_k={shape.top_k}",
+    )
