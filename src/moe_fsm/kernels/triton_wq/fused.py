@@ -13,8 +13,8 @@ bytes to the next multiple first, and the kernels mask the pad. ``sort_act_order
 the other one-time re-layout, for activation-ordered checkpoints (GPTQ ``desc_act``):
 each expert's columns sorted by their group, so groups are contiguous, and the
 permutation the kernels gather the activations through. ``WqConfig`` is the tile of one call; the
-tuned table (``configs/wq_<device>.json``, written by ``bench/bench_weight_quantized.py run --write-table``)
-is keyed by layer shape and token count, with ``default_wq_config`` elsewhere.
+tuned tables (``tables.py``: the user's, written by ``moe-fsm tune``, over the shipped ``configs/wq_<device>.json``)
+are keyed by layer shape and token count, with ``default_wq_config`` elsewhere.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.inputs.quant import MX_FP4, QuantFamily, QuantScheme
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe._runtime import require_device
+from moe_fsm.kernels.triton_wq.tables import user_table
 
 KINDS = {"mxfp4": 0, "int4": 1, "int8": 2, "nvfp4": 3}
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
@@ -299,8 +300,10 @@ def _shipped_table(device: str) -> dict:
 
 def get_wq_config(device: str, quant: WeightQuant, num_experts: int, n: int, k: int, top_k: int,
                   num_tokens: int, scaled_dot: bool = False, sm_count: int = FALLBACK_SM_COUNT) -> WqConfig:
-    """The tuned config of the nearest token count (log scale) for this shape and device, else the default."""
-    entries = _shipped_table(device).get(table_key(quant, num_experts, n, k, top_k, scaled_dot))
+    """The tuned config of the nearest token count (log scale) for this shape and device, else the default.
+    The user's table (``tables.py``: what ``moe-fsm tune`` wrote) over the shipped one, count by count."""
+    key = table_key(quant, num_experts, n, k, top_k, scaled_dot)
+    entries = {**_shipped_table(device).get(key, {}), **user_table(device).get(key, {})}
     if not entries:
         return default_wq_config(num_tokens, top_k, num_experts, n, k, sm_count)
     tuned = min(entries, key=lambda t: abs(math.log(int(t)) - math.log(max(num_tokens, 1))))
