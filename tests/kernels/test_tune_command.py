@@ -43,21 +43,28 @@ def test_other_checkpoints_and_shards(capsys, name, argv, expected):
     assert [line.split(" (")[0] for line in lines if line.startswith("shape ")] == [expected]
 
 
-def test_each_distinct_layer_of_a_mixed_checkpoint_once_and_the_untunable_ones_named(capsys):
+def test_each_distinct_layer_of_a_mixed_checkpoint_once(capsys, as_platform):
+    """Its NVFP4 layers too: on Hopper they run the Triton NVFP4 stand-in, whose tiles are tuned
+    (test_tune_weight_quantized.py)."""
+    as_platform("sm90")
     code, lines, _ = dry_run(capsys, "--config", str(CONFIGS / "synthetic-mixed-nvfp4-fp8"))
     assert code == 0
     shapes = [line for line in lines if line.startswith("shape ")]
     assert [s.split(" (")[0] for s in shapes] == ["shape E=128 N=768 K=2048 top-8 bfloat16",
+                                                  "shape E=128 N=768 K=2048 top-8 nvfp4 g16 bfloat16",
                                                   "shape E=128 N=768 K=2048 top-8 fp8 tensor"]
-    assert shapes[1].endswith("layers 3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47)")
-    assert any("not tuned: nvfp4 experts" in line for line in lines)
+    assert shapes[2].endswith("layers 3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47)")
 
 
 def test_a_checkpoint_with_no_tunable_layer_is_one_clear_line(capsys):
-    code, lines, err = dry_run(capsys, "--config", str(CONFIGS / "kimi-k2-thinking"))
+    """Kimi-K2's INT4 layers under the seeds profile, which has no int_wna16 policy: named with the profiles that
+    have one."""
+    code, lines, err = dry_run(capsys, "--config", str(CONFIGS / "kimi-k2-thinking"), "--policy", "seeds")
     assert code == 2
-    assert "not tuned: int_wna16 experts" in lines[0]
-    assert "no MoE layer moe-fsm tune can tune (16-bit or FP8 w8a8 experts)" in err
+    assert "not tuned: int_wna16 experts: seeds selects no kernel for them (NoPolicyError" in lines[0]
+    assert "vllm-0.33" in lines[0]
+    assert ("no MoE layer moe-fsm tune can tune (16-bit or FP8 w8a8 experts, or experts that run moe-fsm's "
+            "weight-quantized Triton kernels)") in err
     assert "Traceback" not in err
 
 
