@@ -217,8 +217,37 @@ def rule_gluon64(e, n, k, top_k, m, fp8):
     return rule_default(e, n, k, top_k, m, fp8)
 
 
+def _decode_w1_programs(e, n, top_k, m, config) -> int:
+    """How many programs the decode w1 GEMM launches: one per (row block, w1 tile); at a token or two the row
+    blocks are the experts hit, one each."""
+    return min(m * top_k, e) * -(-n // config.w1.block_n)
+
+
+def rule_decode_w1_16(e, n, k, top_k, m, fp8):
+    """Decode (64 tokens or fewer): w1 16 columns wide where the default's w1 launches fewer than two programs per SM
+    of an H100/H200 (132): a 1-token call of a narrow layer (TP/EP shards) is a weight stream that too few programs
+    cannot keep in flight."""
+    base = rule_default(e, n, k, top_k, m, fp8)
+    if m <= 64 and _decode_w1_programs(e, n, top_k, m, base) < 2 * 132:
+        g = base.w1
+        return MoEConfig(base.block_m, GemmConfig(16, g.block_k, g.group_m, g.num_warps, g.num_stages, g.swap_ab),
+                         base.w2)
+    return base
+
+
+def rule_decode_deep(e, n, k, top_k, m, fp8):
+    """Decode at 8 tokens or fewer: both GEMMs six stages deep (more weight bytes in flight per program)."""
+    base = rule_default(e, n, k, top_k, m, fp8)
+    if m <= 8:
+        w1, w2 = base.w1, base.w2
+        return MoEConfig(base.block_m, GemmConfig(w1.block_n, w1.block_k, w1.group_m, w1.num_warps, 6, w1.swap_ab),
+                         GemmConfig(w2.block_n, w2.block_k, w2.group_m, w2.num_warps, 6, w2.swap_ab))
+    return base
+
+
 CANDIDATES = {"mid_pointer64": rule_mid_pointer64, "mid_tma_flat": rule_mid_tma_flat, "flat_all": rule_flat_all,
-              "w2_narrow": rule_w2_narrow, "gluon64": rule_gluon64}
+              "w2_narrow": rule_w2_narrow, "gluon64": rule_gluon64, "decode_w1_16": rule_decode_w1_16,
+              "decode_deep": rule_decode_deep}
 
 
 def _shape(entry):

@@ -112,6 +112,10 @@ def test_the_vllm_tiles_are_vllms_rule_then_the_tuned_prefill_tile(tokens, fp8):
 # (E, N, K, top-k, FP8 granularity or None, tokens) -> what the fitted default takes (bench/sweep_default_rules.py)
 DEFAULT_CASES = [
     ((256, 2048, 7168, 8, "block", 8), "vllm"),  # decode: vLLM's tiles
+    ((64, 1408, 2048, 6, "tensor", 1), "vllm_deep"),  # one token, row-wise FP8: vLLM's tiles six stages deep
+    ((128, 8192, 5120, 1, "channel", 8), "vllm"),
+    ((128, 768, 2048, 8, None, 1), "vllm"),
+    ((256, 256, 7168, 8, "block", 1), "vllm"),
     ((256, 2048, 7168, 8, "block", 128), "thin"),  # 4 rows per expert: 16-row blocks with swap-AB
     ((384, 2048, 7168, 8, "block", 2048), "gluon_mid"),  # 43 rows, N 2048: 64-row Gluon blocks
     ((384, 2048, 7168, 8, "block", 8192), "gluon_mid"),  # 171 rows: a 128-row block would be a third pads
@@ -132,6 +136,11 @@ DEFAULT_CASES = [
 ]
 
 
+def deep(config: MoEConfig) -> MoEConfig:
+    return MoEConfig(config.block_m, GemmConfig(**{**config.w1.to_json(), "num_stages": 6}),
+                     GemmConfig(**{**config.w2.to_json(), "num_stages": 6}))
+
+
 @pytest.mark.parametrize("case, kind", DEFAULT_CASES)
 def test_the_default_picks_by_rows_per_expert(case, kind):
     e, n, k, top_k, fp8, tokens = case
@@ -144,6 +153,7 @@ def test_the_default_picks_by_rows_per_expert(case, kind):
         "tma_mid": cfg.tma_mid_config(block_k),
         "gluon": cfg.gluon_prefill_config(),
         "gluon_mid": cfg.gluon_mid_config(),
+        "vllm_deep": deep(cfg.vllm_tile_config(e, tokens, block_fp8=False, fp8=True)),
         "pointer_mid": cfg.pointer_mid_config(block_k),
         "tma_flat": cfg.tma_prefill_config(block_k, flatten=True),
         "tma": cfg.tma_prefill_config(block_k, flatten=False),

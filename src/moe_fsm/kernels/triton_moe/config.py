@@ -32,7 +32,7 @@ import functools
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Optional
@@ -292,7 +292,9 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     The rule was fitted on a sweep (``bench/sweep_default_rules.py``, ``docs/perf/vs_vllm.md``, "Shapes no table
     holds") of 16 layer shapes against vLLM 0.33's kernel and checked on 13 others, then refined by a second sweep of
     candidates on those 29 (2048 and 8192 tokens) and checked on shapes neither sweep looked at (``CHECK``). Decode
-    calls (64 tokens or fewer) take vLLM's tiles (``vllm_tile_config``). Past that the expected rows per expert, ``tokens x top-k / E``, decides,
+    calls (64 tokens or fewer) take vLLM's tiles (``vllm_tile_config``), six stages deep for a single token of a row-wise
+    FP8 layer (2-12% faster on 5 of 6 such shapes, 3% slower on one; deeper pipelines lost on bf16 and block FP8 and at
+    8 tokens, and w1 tiles 16 wide, for more programs, lost everywhere: ``docs/perf/default_rules_h200_2_decode.json``). Past that the expected rows per expert, ``tokens x top-k / E``, decides,
     because a row block is padded to ``block_m`` per expert: a many-expert layer at 128-512 tokens fills a 64-row
     block a tenth, and thin 16-row blocks with swap-AB ran it faster; a layer whose experts get 96 rows or more runs
     the Hopper paths the tuner picks for the named shapes (the TMA kernels, the Gluon kernel for block FP8). What the
@@ -322,7 +324,10 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     m = num_tokens
     rows = m * top_k / max(num_experts, 1)
     if m <= 64:
-        return vllm_tile_config(num_experts, m, block_fp8=block_fp8, fp8=fp8)
+        tiles = vllm_tile_config(num_experts, m, block_fp8=block_fp8, fp8=fp8)
+        if m == 1 and fp8 and not block_fp8:
+            return MoEConfig(tiles.block_m, replace(tiles.w1, num_stages=6), replace(tiles.w2, num_stages=6))
+        return tiles
     if block_fp8:
         if m > 512 and n >= 2048 and 40 <= rows < 256:
             return gluon_mid_config()
