@@ -589,9 +589,16 @@ def series_shapes(args) -> dict:
     if args.sweep_shapes:
         import sweep_default_rules
 
-        for name, e, n, k, top_k, fp8 in getattr(sweep_default_rules, args.sweep_shapes.upper()):
-            shapes[name] = LayerShape(e, n, k, top_k, "bfloat16", fp8)
-    return shapes or dict(NAMED_SHAPES)
+        for part in args.sweep_shapes:
+            for name, e, n, k, top_k, fp8 in getattr(sweep_default_rules, part.upper()):
+                shapes[name] = LayerShape(e, n, k, top_k, "bfloat16", fp8)
+    shapes = shapes or dict(NAMED_SHAPES)
+    if args.only:
+        unknown = sorted(set(args.only) - set(shapes))
+        if unknown:
+            sys.exit(f"--only {' '.join(unknown)}: not among the chosen shapes ({', '.join(shapes)})")
+        shapes = {name: shape for name, shape in shapes.items() if name in args.only}
+    return shapes
 
 
 def engine_eager(shape) -> dict:
@@ -812,8 +819,10 @@ def main() -> None:
     r.add_argument("--series", nargs="*", default=None, help="named shapes (tuning.NAMED_SHAPES)")
     r.add_argument("--shape", nargs="*", default=None, metavar="NAME=E,N,K,TOP_K[,QUANT]",
                    help="layer shapes of your own (QUANT: bf16, tensor, channel, block; default bf16)")
-    r.add_argument("--sweep-shapes", choices=("fit", "held_out", "check"), default=None,
-                   help="the FIT, HELD_OUT or CHECK shapes of bench/sweep_default_rules.py")
+    r.add_argument("--sweep-shapes", nargs="+", choices=("fit", "held_out", "check"), default=None,
+                   help="the FIT, HELD_OUT and/or CHECK shapes of bench/sweep_default_rules.py")
+    r.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="of the shapes chosen, run these (one process per GPU, each with its share of the shapes)")
     r.add_argument("--rep-ms", type=float, default=None, help="do_bench's rep per timing (default 100, 60 at 8192 tokens)")
     r.add_argument("--tokens", nargs="*", type=int, default=[1, 8, 32, 128, 512, 2048, 8192])
     r.add_argument("--workers", type=int, default=12, help="processes compiling every kernel first (0: none)")

@@ -53,3 +53,22 @@ def test_score_takes_the_time_of_the_rule_that_chose_the_defaults_config(sweep, 
     # Mixtral at 512 tokens: 128 rows per expert, the 64-row TMA tile, which only "rows" picks
     assert summary["fit"] == {"points": 1, "geomean": 2.0, "min": 2.0, "below_1": []}
     assert summary["not_timed"] == []
+
+
+def test_the_vllm_benchmark_runs_the_sweeps_parts_and_a_share_of_them(sweep):
+    """bench_experts_vs_vllm.py run --sweep-shapes held_out check --only ...: the parts' shapes, then the named ones
+    (one process per GPU takes its share); a name not among them is refused by name."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("bench_experts_vs_vllm", SCRIPT.parent / "bench_experts_vs_vllm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = argparse.Namespace(series=None, shape=None, sweep_shapes=["held_out", "check"], only=None)
+    assert list(bench.series_shapes(args)) == [s[0] for s in sweep.HELD_OUT + sweep.CHECK]
+    args.only = ["qwen3-next-tp2", "kimi-k2-like-block"]
+    shapes = bench.series_shapes(args)
+    assert list(shapes) == ["kimi-k2-like-block", "qwen3-next-tp2"]
+    assert (shapes["qwen3-next-tp2"].num_experts, shapes["qwen3-next-tp2"].intermediate) == (512, 256)
+    args.only = ["qwen3-next-tp2", "no-such-layer"]
+    with pytest.raises(SystemExit, match="no-such-layer: not among the chosen shapes"):
+        bench.series_shapes(args)
