@@ -122,7 +122,7 @@ def _shard(layer, tp: int, ep: int, where: str):
     return layer
 
 
-def layer_shape(layer, tp: int, ep: int, where: str, decider=None):
+def layer_shape(layer, tp: int, ep: int, where: str, decider):
     """One rank's LayerShape (16-bit, FP8 w8a8) or WqLayerShape (a layer the runtime runs on moe-fsm's
     weight-quantized Triton kernels) of a MoELayer under tp/ep, or a string saying why moe-fsm tune leaves it out.
     ``decider`` (a LayerDecider) decides the layers of other families."""
@@ -164,8 +164,6 @@ def weight_quantized_shape(layer, tp: int, ep: int, where: str, decider):
     from moe_fsm.runtime import build_experts
 
     family = layer.quant.family.value
-    if decider is None:
-        return f"{family} experts: moe-fsm tune tunes them from --preset or --config, which decide their kernel"
     try:
         decision = decide(decider.inputs_for(layer), registry=decider.registry, trace=False)
     except SelectionError as err:
@@ -183,7 +181,7 @@ def weight_quantized_shape(layer, tp: int, ep: int, where: str, decider):
     return WqLayerShape(replace(_shard(computed, tp, ep, where), model=None), impl), f"{decided} decided, runs as {runs}"
 
 
-def _distinct(layers: list, tp: int, ep: int, where: str, decider=None, decided_on: str = "") -> list:
+def _distinct(layers: list, tp: int, ep: int, where: str, decider, decided_on: str) -> list:
     """[(index or name, MoELayer)] -> [(shape, "layers ...")], one per distinct shape; skipped ones printed.
     ``decider`` decides the layers that are neither 16-bit nor FP8 w8a8, on ``decided_on`` (the platform, in words)."""
     from moe_fsm.plan.plan import layer_ranges
@@ -208,7 +206,7 @@ def _distinct(layers: list, tp: int, ep: int, where: str, decider=None, decided_
     if not shapes:
         raise InputError(f"{where}: no MoE layer moe-fsm tune can tune (16-bit or FP8 w8a8 experts, or experts that "
                          "run moe-fsm's weight-quantized Triton kernels)")
-    if decider is not None and any(runs for runs, _ in shapes.values()):
+    if any(runs for runs, _ in shapes.values()):
         print(f"weight-quantized layers decided by profile {decider.profile.name} on {decided_on}")
     return [(shape, f"{where}, {named(labels)}" + (f"; {runs}" if runs else "")) for shape, (runs, labels) in shapes.items()]
 
