@@ -315,3 +315,103 @@ def test_split_k_nvfp4_decode_matches_reference(tokens):
         split=True, config=WqConfig(16, 64, 128, 4, 4, split_k=4, w2_split_k=2),
     )
     assert rel_err(out.cpu(), ref) <= TOL
+
+
+# Prefill on the bf16 Hopper kernels (``WqConfig.hopper_bf16``): the hit experts dequantized into a 16-bit scratch,
+# both GEMMs on the TMA kernels with the bf16 experts' tile; every stored format, biases folded into K, NVFP4's global
+# scale, activation order, a tensor-parallel N (1440), interleaved gate/up rows and other ranks' slots.
+PREFILL = [("mxfp4", GPT_OSS), ("mxfp4", GPT_OSS_TP2), ("int4 g128", QWEN3), ("int4 g32 zp", QWEN3),
+           ("int4 g128 zp act-order", QWEN3), ("int4 channel", QWEN3), ("int8 g64 zp", QWEN3)]
+
+
+def _count_prefill_calls(monkeypatch) -> list:
+    from moe_fsm.kernels.triton_wq import prefill
+
+    calls = []
+    real = prefill.prefill_experts
+    monkeypatch.setattr(prefill, "prefill_experts", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
+
+
+def _needs_tma():
+    from moe_fsm.kernels.triton_moe.hopper import tma_kernels_available
+
+    if not tma_kernels_available(0):
+        pytest.skip("the bf16 Hopper kernels need an sm_90+ GPU and Triton's tensor descriptors")
+
+
+@pytest.mark.parametrize("tokens", [300, 2100])
+@pytest.mark.parametrize("name,shape", PREFILL, ids=lambda v: v if isinstance(v, str) else "E{num_experts}K{hidden_size}N{intermediate_size}".format(**v))
+def test_prefill_on_the_bf16_hopper_kernels_matches_reference(monkeypatch, name, shape, tokens):
+    from moe_fsm.kernels.triton_wq.fused import sort_act_order
+
+    _needs_tma()
+    layer = _layer(name, shape)
+    x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"prefill-{name}-{tokens}-{shape}".encode()))
+    quant = WeightQuant.for_scheme(layer.quant)
+    perms = {}
+    if quant.act_order:
+        (w1, p1), (w2, p2) = sort_act_order(w1, scales.w1_g_idx, quant), sort_act_order(w2, scales.w2_g_idx, quant)
+        perms = dict(w1_perm=p1, w2_perm=p2)
+    split = quant.kind != "int8"
+    if split:
+        w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
+    calls = _count_prefill_calls(monkeypatch)
+    poison_allocator(3 << 30)
+    out = fused_wq_experts(
+        x, w1, w2, g, ids, quant=quant, w1_scale=scales.w1_scale, w2_scale=scales.w2_scale,
+        w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point, w1_bias=scales.w1_bias,
+        w2_bias=scales.w2_bias, activation=layer.activation.value, swiglu_limit=layer.swiglu_limit, split=split,
+        config=WqConfig(128, hopper_bf16=True), **perms,
+    )
+    assert calls, "the call did not take the bf16 Hopper path"
+    assert rel_err(out.cpu(), ref) <= TOL
+
+
+def test_prefill_path_reads_interleaved_rows_nvfp4_and_skips_other_ranks(monkeypatch):
+    """gpt-oss's interleaved gate/up rows (de-interleaved by the dequantization), NVFP4's global scales, and slots
+    of other ranks (-1) that leave nothing behind."""
+    from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily
+
+    _needs_tma()
+    calls = _count_prefill_calls(monkeypatch)
+    layer = _layer("mxfp4", dict(num_experts=8, top_k=4, hidden_size=512, intermediate_size=384))
+    x, w1, w2, scales, g, ids, ref = _problem(layer, 400, 23)
+    poison_allocator()
+    out = fused_wq_experts(
+        x, relayout_nibbles(interleave_gate_up(w1)), relayout_nibbles(w2), g, ids,
+        quant=WeightQuant.for_scheme(layer.quant), w1_scale=interleave_gate_up(scales.w1_scale),
+        w2_scale=scales.w2_scale, w1_bias=interleave_gate_up(scales.w1_bias), w2_bias=scales.w2_bias,
+        activation="swigluoai", swiglu_limit=7.0, interleaved=True, split=True, config=WqConfig(128, hopper_bf16=True),
+    )
+    assert rel_err(out.cpu(), ref) <= TOL
+
+    layer = MoELayer(quant=QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None), dtype="bfloat16", **NVFP4_SHAPES[1])
+    x, w1, w2, scales, g, ids, _ = _problem(layer, 600, 29)
+    ids[:, 0] = -1
+    w1f, w2f = dequantize_weights(w1, w2, scales, layer.quant)
+    ref = moe_reference(x, w1f, w2f, g[:, 1:], ids[:, 1:]).cpu()
+    poison_allocator()
+    out = fused_wq_experts(
+        x, relayout_nibbles(w1), relayout_nibbles(w2), g, ids, quant=WeightQuant.for_scheme(layer.quant),
+        w1_scale=scales.w1_scale, w2_scale=scales.w2_scale, w1_global_scale=scales.w1_global_scale,
+        w2_global_scale=scales.w2_global_scale, split=True, config=WqConfig(128, hopper_bf16=True),
+    )
+    assert len(calls) == 2
+    assert rel_err(out.cpu(), ref) <= TOL
+
+
+def test_experts_take_the_bf16_hopper_path_by_default_at_prefill(monkeypatch):
+    """The experts with no tile given: from 256 pairs an expert the default tile runs the bf16 Hopper path."""
+    _needs_tma()
+    calls = _count_prefill_calls(monkeypatch)
+    shape = dict(num_experts=8, top_k=2, hidden_size=1024, intermediate_size=512)  # 1100 x 2 / 8 = 275 pairs an expert
+    for name in ("mxfp4", "int4 g32 zp"):
+        layer = _layer(name, shape)
+        x, w1, w2, scales, g, ids, ref = _problem(layer, 1100, zlib.crc32(f"prefill-default-{name}".encode()))
+        experts = TritonMxfp4Experts(layer) if name == "mxfp4" else TritonWna16Experts(layer)
+        kernel = ModularKernel(LocalPrepareFinalize(), experts, layer)
+        poison_allocator()
+        out = kernel(x, w1, w2, g, ids, scales=scales)
+        assert rel_err(out.cpu(), ref) <= TOL, name
+    assert len(calls) == 2

@@ -34,7 +34,8 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
-from moe_fsm.kernels.triton_wq.fused import can_split, relayout_nibbles, sort_act_order, split_columns
+from moe_fsm.kernels.triton_wq import prefill
+from moe_fsm.kernels.triton_wq.fused import can_split, default_wq_config, relayout_nibbles, sort_act_order, split_columns
 from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales, Experts, InputQuantizer, PreparedTokens, WeightAndReduce
 
 _LAYER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -102,12 +103,17 @@ class _TritonWeightQuantExperts(Experts):
         return None
 
     def workspace_bytes(self, num_tokens: int) -> int:
-        """Alignment buffers (worst case), the 16-bit intermediate and the per-pair outputs."""
+        """Alignment buffers (worst case), the 16-bit intermediate and the per-pair outputs; where the default tile
+        takes the bf16 Hopper path (prefill), the 16-bit weight scratch too."""
         layer = self.layer
         pairs = num_tokens * layer.top_k
-        padded = pairs + min(layer.num_experts, pairs) * 63
+        padded = pairs + min(layer.num_experts, pairs) * 127
         size = torch.empty((), dtype=_LAYER_DTYPES[layer.dtype]).element_size()
-        return 4 * (layer.num_experts + 2 * pairs + padded) + pairs * (layer.intermediate_size + layer.hidden_size) * size
+        total = 4 * (layer.num_experts + 2 * pairs + padded) + pairs * (layer.intermediate_size + layer.hidden_size) * size
+        if default_wq_config(num_tokens, layer.top_k, layer.num_experts).hopper_bf16:
+            total += prefill.scratch_bytes(layer.num_experts, layer.intermediate_size, layer.hidden_size,
+                                           layer.bias, size)
+        return total
 
     def apply(
         self,

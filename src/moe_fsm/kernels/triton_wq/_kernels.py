@@ -599,3 +599,155 @@ def wq_splitk_sum_kernel(ws_ptr, ids_ptr, rw_ptr, gs_ptr, b_ptr, out_ptr, K, num
                 acc += tl.load(b_ptr + expert * stride_be + offs, mask=ok, other=0.0).to(tl.float32)
             total += acc * tl.load(rw_ptr + pair).to(tl.float32)
     tl.store(out_ptr + token.to(tl.int64) * stride_om + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _dequant_values(codes, cols, rows, s_base, z_base, stride_sr, stride_zr, C, GROUP: tl.constexpr,
+                    KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr):
+    """codes (int32) of columns ``cols`` [B] of rows ``rows`` [R] -> fp32 weights, one scale (and zero point)
+    gathered per weight: any layout and group (checkpoint nibble order, INT8, channel groups of odd length)."""
+    g = (tl.minimum(cols, C - 1) // GROUP)[None, :]
+    s = tl.load(s_base + rows[:, None] * stride_sr + g)
+    if KIND == KIND_MXFP4:
+        return _mx_value(codes) * tl.exp2(s.to(tl.float32) - 127.0)
+    if KIND == KIND_NVFP4:
+        return _mx_value(codes) * _e4m3_value(s)
+    if HAS_ZP:
+        zero = tl.load(z_base + rows[:, None] * stride_zr + g).to(tl.float32)
+    else:
+        zero = ZERO
+    return (codes.to(tl.float32) - zero) * s.to(tl.float32)
+
+
+@triton.jit
+def _split_values(b, k0, rows, s_base, z_base, stride_sr, stride_zr, C, BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr,
+                  GROUP: tl.constexpr, KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr,
+                  FAST: tl.constexpr):
+    """(low, high) nibble values of a SPLIT tile of bytes ``b`` [BLOCK_R, BLOCK_B] starting at column k0, where
+    a 32-column half-chunk holds whole scale groups or lies in one: one scale (zero point) load per run of
+    min(GROUP, 32) columns, broadcast; with ``FAST`` (bf16) the nibbles decoded by the GEMM's inline PTX."""
+    RUN: tl.constexpr = GROUP if GROUP < 32 else 32
+    g_lo, g_hi = _split_run_groups(k0, BLOCK_B, GROUP, RUN)
+    s_row = rows * stride_sr
+    if KIND == KIND_MXFP4:
+        s_lo = _load_groups(s_base, s_row, g_lo, C, GROUP, False, 127)
+        s_hi = _load_groups(s_base, s_row, g_hi, C, GROUP, False, 127)
+        if FAST:
+            lo, hi = _mx_nibbles_bf16(b, _bcast(s_lo, BLOCK_R, BLOCK_B, RUN), _bcast(s_hi, BLOCK_R, BLOCK_B, RUN))
+        else:
+            bi = b.to(tl.int32)
+            lo = _group_scale(_mx_value(bi & 15), tl.exp2(s_lo.to(tl.float32) - 127.0), BLOCK_R, BLOCK_B, RUN)
+            hi = _group_scale(_mx_value(bi >> 4), tl.exp2(s_hi.to(tl.float32) - 127.0), BLOCK_R, BLOCK_B, RUN)
+    elif KIND == KIND_NVFP4:
+        s_lo = _e4m3_value(_load_groups(s_base, s_row, g_lo, C, GROUP, False, 0))
+        s_hi = _e4m3_value(_load_groups(s_base, s_row, g_hi, C, GROUP, False, 0))
+        if FAST:  # e2m1 times its e4m3 scale is exact in bf16 (2 + 4 significant bits)
+            unit = tl.full(b.shape, 127, tl.uint8)
+            lo, hi = _mx_nibbles_bf16(b, unit, unit)
+            lo = lo * _bcast(s_lo.to(lo.dtype), BLOCK_R, BLOCK_B, RUN)
+            hi = hi * _bcast(s_hi.to(hi.dtype), BLOCK_R, BLOCK_B, RUN)
+        else:
+            bi = b.to(tl.int32)
+            lo = _group_scale(_mx_value(bi & 15), s_lo, BLOCK_R, BLOCK_B, RUN)
+            hi = _group_scale(_mx_value(bi >> 4), s_hi, BLOCK_R, BLOCK_B, RUN)
+    else:
+        s_lo = _load_groups(s_base, s_row, g_lo, C, GROUP, False, 0).to(tl.float32)
+        s_hi = _load_groups(s_base, s_row, g_hi, C, GROUP, False, 0).to(tl.float32)
+        if FAST and not HAS_ZP:
+            lo, hi = _int4_nibbles_bf16(b)
+            lo = lo.to(tl.float32)
+            hi = hi.to(tl.float32)
+        else:
+            bi = b.to(tl.int32)
+            lo = (bi & 15).to(tl.float32)
+            hi = (bi >> 4).to(tl.float32)
+            if HAS_ZP:
+                z_row = rows * stride_zr
+                lo = lo - _bcast(_load_groups(z_base, z_row, g_lo, C, GROUP, False, 0).to(tl.float32),
+                                 BLOCK_R, BLOCK_B, RUN)
+                hi = hi - _bcast(_load_groups(z_base, z_row, g_hi, C, GROUP, False, 0).to(tl.float32),
+                                 BLOCK_R, BLOCK_B, RUN)
+            else:
+                lo = lo - ZERO
+                hi = hi - ZERO
+        lo = _group_scale(lo, s_lo, BLOCK_R, BLOCK_B, RUN)
+        hi = _group_scale(hi, s_hi, BLOCK_R, BLOCK_B, RUN)
+    return lo, hi
+
+
+@triton.jit
+def _store_dequant(out_base, perm_base, values, cols, dst_rows, row_ok, stride_or, C, HAS_PERM: tl.constexpr):
+    """values [R, B] of columns ``cols`` into their rows of the 16-bit scratch (columns through ``perm``: the
+    activation order's original columns); columns past C (the SPLIT layout's pad) are dropped."""
+    col_ok = cols < C
+    if HAS_PERM:
+        cols = tl.load(perm_base + cols, mask=col_ok, other=0)
+    ptrs = out_base + dst_rows[:, None] * stride_or + cols[None, :]
+    tl.store(ptrs, values.to(out_base.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def wq_dequant_kernel(
+    w_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, hit_ptr, out_ptr,
+    R, C, ROW_BYTES, PAD_COLS, stride_we, stride_wr, stride_se, stride_sr, stride_ze, stride_zr, stride_pe, stride_be,
+    stride_oe, stride_or,
+    BLOCK_R: tl.constexpr, BLOCK_B: tl.constexpr, GROUP: tl.constexpr, KIND: tl.constexpr, HAS_ZP: tl.constexpr,
+    ZERO: tl.constexpr, SPLIT: tl.constexpr, FAST: tl.constexpr, HAS_PERM: tl.constexpr, DEINTERLEAVE: tl.constexpr,
+    BIAS_COLUMNS: tl.constexpr,
+):
+    """One expert's quantized weight [R, C] (program 2) dequantized into a 16-bit scratch [E, R, C (+ PAD_COLS)], a
+    tile of BLOCK_R rows (program 1) by BLOCK_B stored bytes (program 0) a program: the prefill path's memory-bound
+    pass before the bf16 Hopper GEMMs (``prefill.py``). Experts no pair hits (``hit[e] == 0``) are skipped.
+
+    ``DEINTERLEAVE`` (w1 stored gate 2n, up 2n + 1): row r goes to r // 2 (+ R / 2 for up), the stacked order
+    the bf16 kernels read. ``BIAS_COLUMNS``: the tile of the first byte block also writes columns C .. C +
+    PAD_COLS - 1 (at most 64) of its rows: the row's bias split into a 16-bit head and tail (C, C + 1; the input
+    carries ones there) and zeros, so the bias enters the fp32 accumulator with about 16 significant bits.
+    """
+    expert = tl.program_id(2).to(tl.int64)
+    if tl.load(hit_ptr + expert) == 0:
+        return
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    rows = tl.minimum(rows, R - 1)
+    if DEINTERLEAVE:
+        dst_rows = rows // 2 + (rows % 2) * (R // 2)
+    else:
+        dst_rows = rows
+    offs_b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    b = tl.load(w_ptr + expert * stride_we + rows[:, None] * stride_wr + offs_b[None, :],
+                mask=row_ok[:, None] & (offs_b < ROW_BYTES)[None, :], other=0)
+    s_base = s_ptr + expert * stride_se
+    z_base = z_ptr + expert * stride_ze
+    out_base = out_ptr + expert * stride_oe
+    perm_base = perm_ptr + expert * stride_pe
+    if KIND == KIND_INT8:
+        v = _dequant_values(b.to(tl.int32), offs_b, rows, s_base, z_base, stride_sr, stride_zr, C, GROUP, KIND,
+                            HAS_ZP, ZERO)
+        _store_dequant(out_base, perm_base, v, offs_b, dst_rows, row_ok, stride_or, C, HAS_PERM)
+    else:
+        if SPLIT:  # byte j of a 64-column chunk: columns j (low nibble) and j + 32 (high)
+            c_lo = (offs_b // HALF_CHUNK) * SPLIT_CHUNK + offs_b % HALF_CHUNK
+            c_hi = c_lo + HALF_CHUNK
+        else:  # checkpoint order: columns 2j (low) and 2j + 1 (high)
+            c_lo = 2 * offs_b
+            c_hi = c_lo + 1
+        if SPLIT and (32 % GROUP == 0 or GROUP % 32 == 0):
+            k0 = tl.program_id(0) * (2 * BLOCK_B)
+            lo, hi = _split_values(b, k0, rows, s_base, z_base, stride_sr, stride_zr, C, BLOCK_R, BLOCK_B, GROUP, KIND,
+                                   HAS_ZP, ZERO, FAST)
+        else:
+            bi = b.to(tl.int32)
+            lo = _dequant_values(bi & 15, c_lo, rows, s_base, z_base, stride_sr, stride_zr, C, GROUP, KIND, HAS_ZP, ZERO)
+            hi = _dequant_values(bi >> 4, c_hi, rows, s_base, z_base, stride_sr, stride_zr, C, GROUP, KIND, HAS_ZP, ZERO)
+        _store_dequant(out_base, perm_base, lo, c_lo, dst_rows, row_ok, stride_or, C, HAS_PERM)
+        _store_dequant(out_base, perm_base, hi, c_hi, dst_rows, row_ok, stride_or, C, HAS_PERM)
+    if BIAS_COLUMNS:
+        if tl.program_id(0) == 0:
+            bias = tl.load(b_ptr + expert * stride_be + rows).to(tl.float32)
+            head = bias.to(out_ptr.dtype.element_ty)
+            tail = (bias - head.to(tl.float32)).to(out_ptr.dtype.element_ty)
+            pad = tl.arange(0, 64)[None, :]
+            v = tl.where(pad == 0, head[:, None], tl.where(pad == 1, tail[:, None], 0.0))
+            tl.store(out_base + dst_rows[:, None] * stride_or + C + pad, v.to(out_ptr.dtype.element_ty),
+                     mask=row_ok[:, None] & (pad < PAD_COLS))

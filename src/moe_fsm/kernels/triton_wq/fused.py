@@ -32,6 +32,7 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.inputs.quant import MX_FP4, QuantFamily, QuantScheme
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe._runtime import require_device
+from moe_fsm.kernels.triton_wq import prefill
 from moe_fsm.kernels.triton_wq.tables import user_table
 
 KINDS = {"mxfp4": 0, "int4": 1, "int8": 2, "nvfp4": 3}
@@ -199,7 +200,10 @@ class WqConfig:
     reduction per step. ``split_k`` / ``w2_split_k`` (default: ``split_k``): slices of w1's / w2's reduction run
     by separate programs (split-K, for few tokens, where the row blocks times the weight-row tiles are too few
     programs to keep the SMs' loads in flight), their fp32 partial sums added by a second pass that runs the
-    epilogue; 1 is the one-pass kernel.
+    epilogue; 1 is the one-pass kernel. ``hopper_bf16`` (prefill): the hit experts' weights dequantized into a
+    16-bit scratch and both GEMMs run on the bf16 Hopper kernels with the bf16 experts' tile (``prefill.py``);
+    the tile fields above are then unused. Where the call cannot take that path (no TMA, K or N not a multiple
+    of 8) the tile fields run the swap-AB kernel.
     """
 
     block_m: int
@@ -214,14 +218,16 @@ class WqConfig:
     w2_num_stages: Optional[int] = None
     split_k: int = 1
     w2_split_k: Optional[int] = None
+    hopper_bf16: bool = False
 
     def to_json(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        # hopper_bf16 stays out of a table until set, so older tables read back unchanged
+        return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
 
     @classmethod
     def from_json(cls, data: dict) -> "WqConfig":
         try:
-            return cls(**{k: int(v) for k, v in data.items()})
+            return cls(**{k: bool(v) if k == "hopper_bf16" else int(v) for k, v in data.items()})
         except (TypeError, ValueError) as exc:
             raise KernelInputError(f"bad weight-quantized MoE config {data!r}: {exc}") from None
 
@@ -238,6 +244,8 @@ class WqConfig:
 
     def check(self) -> None:
         for name, value in asdict(self).items():
+            if name == "hopper_bf16":
+                continue
             if value is not None and (value < 1 or (name.startswith(("block", "w2_block")) and value & (value - 1))):
                 raise KernelInputError(f"WqConfig.{name} must be a positive power of two; got {value}")
         if self.block_m < 16 or min(self.gemm("w1")[0], self.gemm("w2")[0]) < 16:
@@ -263,11 +271,24 @@ def decode_split_k(pairs: int, num_experts: int, row_tiles: int, k_tiles: int, s
     return max(1, min(wanted, k_tiles // MIN_K_TILES_PER_SLICE, MAX_SPLIT_K))
 
 
+# The bf16 Hopper path (``prefill.py``) writes and reads the hit experts' 16-bit weights once a call, about the
+# time of a bf16 GEMM over 100-200 rows an expert at the copy rate; at 2.0-2.3x the swap-AB kernel's TFLOP/s it
+# pays from there on. Measured on an H200 (docs/perf/weight_quantized.md): faster than the swap-AB kernel at 256
+# rows and more (1.44-1.94x), even at 128 (1.04x, Qwen3-30B-A3B at 2048 tokens), slower at 64 (0.39-0.76x). An
+# H100 copies 30% slower against much the same matmul rate, so its break-even lies higher (not measured there):
+# 256 keeps the measured losses out.
+PREFILL_ROWS_PER_EXPERT = 256
+
+
 def default_wq_config(num_tokens: int, top_k: int, num_experts: int, n: Optional[int] = None,
                       k: Optional[int] = None, sm_count: int = FALLBACK_SM_COUNT) -> WqConfig:
     """Untuned shapes: row blocks sized to the pairs an expert sees on average; small tiles for decode, split
-    along K (``decode_split_k``) where the layer's shape (``n``, ``k``) gives too few programs for the SMs."""
+    along K (``decode_split_k``) where the layer's shape (``n``, ``k``) gives too few programs for the SMs; from
+    ``PREFILL_ROWS_PER_EXPERT`` pairs an expert (and 256 tokens) the bf16 Hopper path (``hopper_bf16``), its
+    swap-AB tile kept for calls that cannot take it."""
     per_expert = num_tokens * top_k / max(num_experts, 1)
+    if per_expert >= PREFILL_ROWS_PER_EXPERT and num_tokens >= 256:
+        return WqConfig(128, 128, 64, 8, 3, group_m=8, hopper_bf16=True)
     if per_expert <= 16:
         tile = WqConfig(16, 64, 128, 4, 4)
         if n is None or k is None:
@@ -408,6 +429,14 @@ def fused_wq_experts(
         config = replace(config, block_m=block_m)
     config.check()
     kern = _kernels()
+    if config.hopper_bf16 and prefill.usable(hidden, n, k):
+        return prefill.prefill_experts(
+            kern, hidden, w1, w2, topk_weights, topk_ids, out, n=n, groups=(g1, g2), kind=KINDS[quant.kind],
+            zero_code=8 if quant.kind == "int4" else 128, scales=(w1_scale, w2_scale),
+            zero_points=(w1_zero_point, w2_zero_point) if quant.zero_point else (None, None),
+            perms=(w1_perm, w2_perm), global_scales=(w1_global_scale, w2_global_scale), biases=(w1_bias, w2_bias),
+            activation=activation, swiglu_limit=swiglu_limit, interleaved=interleaved, split=split,
+        )
     from moe_fsm.kernels.triton_moe.align import align_tokens, pair_blocks
     from moe_fsm.kernels.triton_moe.fused import topk_sum
 
