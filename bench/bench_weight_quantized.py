@@ -31,6 +31,10 @@ EP8 shard, INT4 g128 Mixtral-8x7B / Qwen3-235B-A22B / GLM-4.5-Air-like, MXFP4 gp
 the one-pass decode tile against the default tile now (split along K where the grid is small), with µs, weight
 TB/s and % of the copy rate measured in the same run, and moe-fsm's bf16 experts beside them; writes
 ``<out>/wq_decode.json`` and ``<out>/wq_decode.md`` after every point.
+``prefill`` (GPU, about 45 s on an H200): at 512/2048/8192 tokens on the three rows, the swap-AB kernel with the tile
+moe-fsm takes there now against the bf16 Hopper path (``WqConfig.hopper_bf16``: dequantized scratch, then the bf16
+TMA kernels), the dequantization pass alone (its tile picked from ``DEQUANT_TILES`` at the first count), moe-fsm's
+bf16 experts and the peer; writes ``<out>/wq_prefill.json`` and ``.md`` after every point.
 """
 
 from __future__ import annotations
@@ -123,7 +127,10 @@ def candidates(tokens: int, top_k: int, experts: int):
     else:
         tiles = [(128, 64, 128, 4, 3), (128, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 64, 128, 4, 3),
                  (128, 64, 128, 4, 4)]
-    return [WqConfig(*t, group_m=1 if per_expert <= 96 else 8) for t in tiles]
+    configs = [WqConfig(*t, group_m=1 if per_expert <= 96 else 8) for t in tiles]
+    if per_expert > 96:  # the bf16 Hopper path (its GEMM tiles are the bf16 experts')
+        configs.append(WqConfig(128, 128, 64, 8, 3, group_m=8, hopper_bf16=True))
+    return configs
 
 
 class TritonKernelsPeer:
@@ -448,6 +455,8 @@ def markdown(report: dict) -> str:
         tile = f"{cfg['block_m']},{cfg['block_n']},{cfg['block_k']},{cfg['num_warps']},{cfg['num_stages']}"
         if r.get("dequant") == "tl.dot_scaled":
             tile += " dot_scaled"
+        if cfg.get("hopper_bf16"):
+            tile = "bf16 Hopper path"
         if cfg.get("split_k", 1) > 1 or cfg.get("w2_split_k", 1) > 1:
             tile += f" split-K {cfg.get('split_k', 1)}/{cfg.get('w2_split_k') or cfg.get('split_k', 1)}"
         peer = f"{r['peer_us']:.1f}" if r["peer_us"] else "-"
@@ -632,6 +641,147 @@ def decode(args) -> None:
         print(f"[{time.time() - t0:.0f} s]", flush=True)
 
 
+# ---------------------------------------------------------------- prefill: the bf16 Hopper path vs the swap-AB kernel
+
+
+def prefill_compare(args) -> None:
+    """Per row and token count (512 / 2048 / 8192 by default): the swap-AB kernel with the tile moe-fsm takes there
+    now (the shipped table's, else the default), the same call on the bf16 Hopper path (``WqConfig.hopper_bf16``:
+    the hit experts dequantized into a 16-bit scratch, then the bf16 TMA kernels), the dequantization pass alone,
+    moe-fsm's bf16 experts and the peer, all on the same inputs and routings; the Hopper path's error against float64
+    on 16 sampled tokens. Writes ``<out>/wq_prefill.json`` and ``.md`` after every point."""
+    import torch
+    import triton
+    from bench_experts_roofline import measure_ceilings, time_graph
+
+    from moe_fsm.kernels.triton_moe import fused_experts
+    from moe_fsm.kernels.triton_moe._runtime import device_name
+    from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts, prefill
+    from moe_fsm.kernels.triton_wq.fused import _kernels, get_wq_config, relayout_nibbles
+
+    sys.path.insert(0, str(Path(args.extract)))
+    t0 = time.time()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ceilings = measure_ceilings()
+    device = torch.cuda.get_device_name()
+    header = ("| row | tokens | swap-AB µs | Hopper bf16 path µs | of which dequant µs | bf16 µs | peer µs | "
+              "path / swap-AB speed-up | bf16 / path | peer / path | TFLOP/s path (bf16) | err (path) | swap-AB tile |")
+    lines = [f"{device}; torch {torch.__version__}, Triton {triton.__version__}; copy {ceilings['copy_GBps']:.0f} GB/s, "
+             f"bf16 matmul {ceilings['bf16_matmul_TFLOPs']:.0f} TFLOP/s (measured in this run)", "",
+             header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    print("\n".join(lines), flush=True)
+    rows = []
+    shapes = _shapes()
+    kern = _kernels()
+    for name in args.rows or shapes:
+        shape, scheme, activation, limit, bias = shapes[name]
+        e, k, n, top_k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        w1q, w2q, scales = _quantized(shape, scheme, bias, gen)
+        quant = WeightQuant.for_scheme(scheme)
+        w1s, w2s = relayout_nibbles(w1q), relayout_nibbles(w2q)
+        w1b = torch.randn(e, 2 * n, k, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(k**-0.5)
+        w2b = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(n**-0.5)
+        peer = None
+        try:
+            if quant.kind == "mxfp4":
+                peer = TritonKernelsPeer(w1q, w2q, scales, e, n, k, top_k)
+            else:
+                peer = VllmGptqAwqPeer(Path(args.extract), w1q, w2q, scales, e, n, k, top_k, quant.group)
+        except Exception as exc:  # the peer is optional: say why it is missing
+            print(f"{name}: peer unavailable: {type(exc).__name__}: {exc}", flush=True)
+        for tokens in args.tokens:
+            count = 4 if tokens <= 512 else 2
+            x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            logits = [torch.randn(tokens, e, device="cuda", generator=gen) for _ in range(count)]
+            routes = []
+            for lg in logits:
+                vals, ids = lg.topk(top_k, dim=1)
+                routes.append((torch.softmax(vals, dim=1), ids.to(torch.int32)))
+            swap = replace(get_wq_config(device_name(x.device), quant, e, n, k, top_k, tokens), hopper_bf16=False)
+
+            def ours(cfg):
+                return lambda g, ids: fused_wq_experts(
+                    x, w1s, w2s, g, ids, quant=quant, w1_scale=scales.w1_scale, w2_scale=scales.w2_scale,
+                    w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
+                    w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale,
+                    w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=activation, swiglu_limit=limit,
+                    split=True, config=cfg)
+
+            hit = torch.ones(e + 1, dtype=torch.int32, device="cuda")
+            k_in = k + (prefill.bias_columns(k) if bias else 0)
+            scratch = torch.empty(e * max(2 * n * k_in, k * n), dtype=torch.bfloat16, device="cuda")
+            group = quant.columns_per_scale
+
+            def dequant_both(tile):
+                def fn(_g, _ids):
+                    prefill._dequantize(kern, w1s, scales.w1_scale, scales.w1_zero_point, None, scales.w1_bias, hit,
+                                        scratch[: e * 2 * n * k_in].view(e, 2 * n, k_in), rows=2 * n, cols=k,
+                                        group=group(k), kind=KIND_CODES[quant.kind],
+                                        zero_code=8 if quant.kind == "int4" else 128, split=True, deinterleave=False,
+                                        tile=tile)
+                    prefill._dequantize(kern, w2s, scales.w2_scale, scales.w2_zero_point, None, None, hit,
+                                        scratch[: e * k * n].view(e, k, n), rows=k, cols=n, group=group(n),
+                                        kind=KIND_CODES[quant.kind], zero_code=8 if quant.kind == "int4" else 128,
+                                        split=True, deinterleave=False, tile=tile)
+                return fn
+
+            if tokens == args.tokens[0]:  # the pass's tile, once a row: the fastest is what the path then runs
+                tiles = {t: time_graph(dequant_both(t), routes[:1], args.rep_ms) for t in DEQUANT_TILES}
+                prefill.DEQUANT_TILE = min(tiles, key=tiles.get)
+                print(f"  {name}: dequant pass µs by (rows, bytes, warps): "
+                      + ", ".join(f"{t}: {us:.1f}" for t, us in tiles.items()), flush=True)
+            dequant_us = time_graph(dequant_both(None), routes[:1], args.rep_ms)
+            del scratch
+            swap_us = time_graph(ours(swap), routes, args.rep_ms)
+            path_us = time_graph(ours(replace(swap, hopper_bf16=True)), routes, args.rep_ms)
+            bf16_us = time_graph(lambda g, ids: fused_experts(x, w1b, w2b, g, ids, activation=activation,
+                                                              swiglu_limit=limit), routes, args.rep_ms)
+            peer_us = None
+            if peer is not None:
+                try:
+                    if quant.kind == "mxfp4":
+                        routed = [peer.route(lg) for lg in logits]
+                        peer_us = time_graph(lambda rd, gi, si: peer(x, rd, gi, si), routed, args.rep_ms)
+                    else:
+                        peer_us = time_graph(lambda g, ids: peer(x, g, ids), routes, args.rep_ms)
+                except Exception as exc:
+                    print(f"  {name} T={tokens} peer failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            sample = torch.randperm(tokens, device="cuda", generator=gen)[:16]
+            g0, ids0 = routes[0]
+            torch.full((1 << 29,), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison the allocator's blocks
+            got = ours(replace(swap, hopper_bf16=True))(g0, ids0)[sample].double()
+            ref = _reference(x, w1q, w2q, scales, scheme, g0, ids0, activation, limit, sample)
+            err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
+            flops = 2 * tokens * top_k * 3 * n * k
+            row = {"row": name, "tokens": tokens, "swap_ab_us": swap_us, "hopper_bf16_us": path_us,
+                   "dequant_us": dequant_us, "dequant_tile": list(prefill.DEQUANT_TILE), "bf16_us": bf16_us, "peer_us": peer_us, "rel_err": err,
+                   "swap_ab_config": swap.to_json(), "tflops": flops / path_us / 1e6,
+                   "bf16_tflops": flops / bf16_us / 1e6}
+            rows.append(row)
+            peer_txt = f"{peer_us:.1f}" if peer_us else "-"
+            vs_peer = f"{peer_us / path_us:.2f}" if peer_us else "-"
+            c = swap.to_json()
+            line = (f"| {name} | {tokens} | {swap_us:.1f} | {path_us:.1f} | {dequant_us:.1f} | {bf16_us:.1f} | "
+                    f"{peer_txt} | {swap_us / path_us:.2f} | {bf16_us / path_us:.2f} | {vs_peer} | "
+                    f"{row['tflops']:.0f} ({row['bf16_tflops']:.0f}) | {err:.1e} | "
+                    f"{c['block_m']},{c['block_n']},{c['block_k']},{c['num_warps']},{c['num_stages']} |")
+            lines.append(line)
+            print(line, flush=True)
+            report = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
+                      "ceilings": ceilings, "rows": rows}
+            (out_dir / "wq_prefill.json").write_text(json.dumps(report, indent=1))
+            (out_dir / "wq_prefill.md").write_text("\n".join(lines) + "\n")
+        del w1q, w2q, w1s, w2s, w1b, w2b, scales, peer
+        torch.cuda.empty_cache()
+        print(f"[{time.time() - t0:.0f} s]", flush=True)
+
+
+KIND_CODES = {"mxfp4": 0, "int4": 1, "int8": 2, "nvfp4": 3}
+DEQUANT_TILES = ((16, 128, 4), (32, 128, 4), (16, 256, 4), (32, 256, 8), (64, 128, 8))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -652,8 +802,16 @@ def main() -> None:
     d.add_argument("--rows", nargs="*", choices=list(DECODE_ROWS))
     d.add_argument("--tokens", nargs="*", type=int, default=[1, 8, 32])
     d.add_argument("--rep-ms", type=float, default=20.0)
+    f = sub.add_parser("prefill", help="swap-AB kernel vs the bf16 Hopper path vs bf16 vs the peer at 512-8192 tokens (GPU)")
+    f.add_argument("--extract", default=str(ROOT / ".xfer" / "wq_peers"))
+    f.add_argument("--out", default=str(ROOT / "bench-out"))
+    f.add_argument("--rows", nargs="*")
+    f.add_argument("--tokens", nargs="*", type=int, default=[512, 2048, 8192])
+    f.add_argument("--rep-ms", type=float, default=40.0)
     args = parser.parse_args()
-    if args.cmd == "prepare":
+    if args.cmd == "prefill":
+        prefill_compare(args)
+    elif args.cmd == "prepare":
         prepare(Path(args.wheel), Path(args.extract))
     elif args.cmd == "decode":
         decode(args)
