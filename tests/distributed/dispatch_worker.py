@@ -5,8 +5,9 @@
 ``test_dispatch_combine.py`` starts it on 2 and 4 ranks over gloo, with
 ``TRITON_INTERPRET=1`` (the Triton kernels run on the CPU tensors, as on CUDA) or
 without (the torch operations that stand in for them off CUDA). For each case
-(variable and fixed-capacity all-to-all; bf16 rows, and FP8 per-token and 1x128
-group rows quantized while packing) the rank calls prepare and finalize three
+(variable all-to-all, the same P/F with fixed blocks of ``max_tokens_per_rank``
+rows ("capped": no host read), and the fixed-capacity batched all-to-all; bf16
+rows, and FP8 per-token and 1x128 group rows quantized while packing) the rank calls prepare and finalize three
 times with fresh tokens and routings; the last call is counted: every torch
 operation that computes (views and allocations are not launches), every
 collective, and every Triton launch, for prepare and for finalize apart. The
@@ -40,6 +41,7 @@ from moe_fsm.prepare_finalize.fixed_all2all import FixedCapacityAllToAllPrepareF
 
 NUM_EXPERTS, HIDDEN, TOP_K, CAPACITY = 16, 192, 4, 12  # 192 columns: the last 1x128 group is short
 CASES = [("variable", "none"), ("variable", "token"), ("variable", "group"),
+         ("capped", "none"), ("capped", "token"), ("capped", "group"),
          ("fixed", "none"), ("fixed", "token"), ("fixed", "group")]
 CALLS = 3
 
@@ -148,7 +150,7 @@ def run_case(mode: str, kind: str, rank: int, world: int, counters: list) -> dic
         pf = FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=CAPACITY)
         reduce = WeightAndReduce.BATCHED
     else:
-        pf = AllToAllPrepareFinalize(placement)
+        pf = AllToAllPrepareFinalize(placement, max_tokens_per_rank=CAPACITY if mode == "capped" else None)
         reduce = WeightAndReduce.CONTIGUOUS
     gen = torch.Generator().manual_seed(1000 * world + 10 * rank + CASES.index((mode, kind)))
     worst, counts = 0.0, None

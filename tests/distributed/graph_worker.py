@@ -1,10 +1,12 @@
-"""One rank of the CUDA-graph test: dispatch + batched Triton experts + combine, captured once, replayed.
+"""One rank of the CUDA-graph test: dispatch + Triton experts + combine, captured once, replayed.
 
     python tests/distributed/graph_worker.py OUT_DIR [QUANT ...]
 
 Needs one GPU per rank and NCCL (``test_graph_capture.py`` starts it). For each
-quantization (``none``, ``fp8_block_group``) the rank builds the fixed-capacity
-all-to-all P/F and BatchedTritonExperts for its experts, runs one eager call
+format and quantization (``none``, ``fp8_block_group``) the rank builds the P/F
+that sends fixed blocks in that format with its Triton experts (Batched: the
+fixed-capacity all-to-all and BatchedTritonExperts; Standard: the all-to-all P/F
+with ``max_tokens_per_rank`` and TritonExperts), runs one eager call
 (which also agrees on the row layout and checks the expert map, the only steps
 that wait on the host), captures prepare -> experts -> finalize in a CUDA graph
 with static input buffers, then copies new tokens and routings (uniform, hot
@@ -27,11 +29,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from moe_fsm.distributed import ExpertPlacement, destroy, init_from_env, rank_trace_path, shard_experts  # noqa: E402
-from moe_fsm.experts.triton_experts import BatchedTritonExperts  # noqa: E402
+from moe_fsm.experts.triton_experts import BatchedTritonExperts, TritonExperts  # noqa: E402
 from moe_fsm.inputs.layer import MoELayer  # noqa: E402
 from moe_fsm.inputs.quant import QuantScheme  # noqa: E402
 from moe_fsm.kernels.reference import moe_reference  # noqa: E402
 from moe_fsm.modular.interfaces import ExpertScales  # noqa: E402
+from moe_fsm.prepare_finalize.all2all import AllToAllPrepareFinalize  # noqa: E402
 from moe_fsm.prepare_finalize.fixed_all2all import FixedCapacityAllToAllPrepareFinalize  # noqa: E402
 from moe_fsm.quantize.weights import dequantize_weights, quantize_experts  # noqa: E402
 
@@ -39,6 +42,12 @@ NUM_EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, CAPACITY = 16, 256, 128, 4, 16
 QUANT = {"none": QuantScheme.unquantized, "fp8_block_group": lambda: QuantScheme.fp8("block", "group")}
 TOLERANCE = {"none": 2e-2, "fp8_block_group": 0.1}  # relative to max |reference|: bf16, and e4m3 activations
 ROUTINGS = ("uniform", "hot", "last_rank")
+# Per activation format: the P/F that sends fixed blocks of CAPACITY rows (no host read), and its experts.
+FORMATS = {
+    "batched": (lambda placement: FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=CAPACITY),
+                BatchedTritonExperts),
+    "standard": (lambda placement: AllToAllPrepareFinalize(placement, max_tokens_per_rank=CAPACITY), TritonExperts),
+}
 
 
 def routing(kind: str, tokens: int, world: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,7 +63,7 @@ def routing(kind: str, tokens: int, world: int, gen: torch.Generator) -> tuple[t
     return ids, (weights / weights.sum(dim=1, keepdim=True)).to(torch.float32)
 
 
-def run_quant(quant: str, rank: int, world: int, device: torch.device) -> list[dict]:
+def run_case(fmt: str, quant: str, rank: int, world: int, device: torch.device) -> list[dict]:
     layer = MoELayer(quant=QUANT[quant](), num_experts=NUM_EXPERTS, top_k=TOP_K, hidden_size=HIDDEN,
                      intermediate_size=INTERMEDIATE, dtype="bfloat16")
     gen = torch.Generator().manual_seed(7)  # the same weights on every rank
@@ -70,8 +79,9 @@ def run_quant(quant: str, rank: int, world: int, device: torch.device) -> list[d
     scales_r = ExpertScales(**{k: None if v is None else v.to(device) for k, v in vars(scales_r).items()})
     expert_map = placement.expert_map(device)
 
-    pf = FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=CAPACITY)
-    experts = BatchedTritonExperts(layer)
+    make_pf, experts_class = FORMATS[fmt]
+    pf = make_pf(placement)
+    experts = experts_class(layer)
     quantize = experts.input_quantizer(scales_r)
     tokens = CAPACITY - 3 * rank  # ranks hold different batch sizes
     hidden = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16, device=device)
@@ -120,7 +130,7 @@ def run_quant(quant: str, rank: int, world: int, device: torch.device) -> list[d
         ref = moe_reference(x.double(), w1d, w2d, w, i, activation=layer.activation.value)
         scale = max(float(ref.abs().max()), 1e-12)
         results.append({
-            "scenario": f"graph-{quant}-{kind}",
+            "scenario": f"graph-{fmt}-{quant}-{kind}",
             "rank": rank,
             "tokens": tokens,
             "ref_err": float((replayed.double() - ref).abs().max()) / scale,
@@ -137,8 +147,9 @@ def main(argv: list[str]) -> int:
     results: list[dict] = []
     status = 0
     try:
-        for quant in quants:
-            results += run_quant(quant, ctx.rank, ctx.world_size, ctx.device)
+        for fmt in FORMATS:
+            for quant in quants:
+                results += run_case(fmt, quant, ctx.rank, ctx.world_size, ctx.device)
     except Exception:
         results.append({"scenario": "graph", "rank": ctx.rank, "error": traceback.format_exc(limit=8)})
         status = 1

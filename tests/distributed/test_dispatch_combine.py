@@ -32,13 +32,18 @@ TOLERANCE = 1e-2  # relative to max |expected|: bf16 partial sums and output
 # copies, the counts all-to-all, one cat for the single host read, the send rows (payload, FP8 quantized in the
 # same pass; small fields), the rows' all-to-all, the local ids. Variable finalize: the local top-k reduce of the
 # CONTIGUOUS experts output used here (zeros, one addcmul per slot, a copy: none when the experts reduce), the
-# all-to-all back, the combine. Fixed prepare: the route (with the send order), two copies, the send rows
+# all-to-all back, the combine. Capped (the variable P/F with max_tokens_per_rank: fixed blocks, no host read)
+# prepare: the route (with the send order), two copies, the send rows (payload, small fields), the all-to-all, the
+# local ids; its finalize as the variable one's, the all-to-all with equal splits. Fixed prepare: the route (with the send order), two copies, the send rows
 # (payload, small fields), the all-to-all, one slab-layout kernel, the slab scatter of the rows (and of the FP8
 # scales). Fixed finalize: the slab reduce, the all-to-all, the combine.
 PINNED = {
     ("variable", "none"): (9, 8),
     ("variable", "token"): (9, 8),
     ("variable", "group"): (9, 8),
+    ("capped", "none"): (7, 8),
+    ("capped", "token"): (7, 8),
+    ("capped", "group"): (7, 8),
     ("fixed", "none"): (8, 3),
     ("fixed", "token"): (9, 3),
     ("fixed", "group"): (9, 3),

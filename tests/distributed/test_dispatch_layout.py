@@ -1,4 +1,4 @@
-"""The device-side index arithmetic of the all-to-all P/Fs, and the fixed-capacity P/F on one rank, in one process."""
+"""The device-side index arithmetic of the all-to-all P/Fs, and the P/Fs that send fixed blocks on one rank, in one process."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import torch.distributed as dist
 
 from moe_fsm.distributed import ExpertPlacement, pack_row_bytes, unpack_row_bytes
 from moe_fsm.errors import KernelInputError
-from moe_fsm.experts.torch_experts import TorchBatchedExperts
+from moe_fsm.experts.torch_experts import TorchBatchedExperts, TorchExperts
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.kernels.grouping import group_by_expert
 from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.prepare_finalize import dispatch_layout
+from moe_fsm.prepare_finalize.all2all import AllToAllPrepareFinalize
 from moe_fsm.prepare_finalize.dispatch_layout import (
     destinations,
     empty_row,
@@ -21,7 +22,7 @@ from moe_fsm.prepare_finalize.dispatch_layout import (
     slabs_for,
 )
 from moe_fsm.prepare_finalize.fixed_all2all import FixedCapacityAllToAllPrepareFinalize
-from moe_fsm.prepare_finalize.local import LocalBatchedPrepareFinalize
+from moe_fsm.prepare_finalize.local import LocalBatchedPrepareFinalize, LocalPrepareFinalize
 from moe_fsm.prepare_finalize.reduce import BatchedLayout, reduce_batched
 from moe_fsm.prepare_finalize.wire_kernels import add_returned_rows
 
@@ -152,3 +153,26 @@ def test_fixed_capacity_on_one_rank_matches_the_local_batched_kernel(world_of_on
         ModularKernel(small, TorchBatchedExperts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
     with pytest.raises(KernelInputError, match="max_tokens_per_rank must be a positive integer"):
         FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=0)
+
+
+def test_all_to_all_with_max_tokens_per_rank_on_one_rank_matches_the_local_kernel(world_of_one) -> None:
+    """The Standard-format P/F sending fixed blocks: the unfilled rows (empty, ids -1) change nothing; too many
+    tokens, and a capacity that is not a positive integer, are refused by name."""
+    gen = torch.Generator().manual_seed(6)
+    layer = MoELayer(num_experts=6, top_k=2, hidden_size=16, intermediate_size=8, dtype="float32")
+    x = torch.randn(5, 16, generator=gen)
+    ids = _random_ids(5, 2, 6, gen, hot=True)
+    weights = torch.rand(5, 2, generator=gen)
+    w1, w2 = torch.randn(6, 16, 16, generator=gen) * 0.2, torch.randn(6, 16, 8, generator=gen) * 0.2
+    placement = ExpertPlacement(6, 1, 0)
+    capped = AllToAllPrepareFinalize(placement, max_tokens_per_rank=8)
+    got = ModularKernel(capped, TorchExperts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
+    want = ModularKernel(LocalPrepareFinalize(), TorchExperts(layer), layer)(x, w1, w2, weights, ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+    small = AllToAllPrepareFinalize(placement, max_tokens_per_rank=4)
+    with pytest.raises(KernelInputError, match="at most 4 tokens per rank"):
+        ModularKernel(small, TorchExperts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
+    for bad in (0, True, 2.0):
+        with pytest.raises(KernelInputError, match="max_tokens_per_rank must be a positive integer or None"):
+            AllToAllPrepareFinalize(placement, max_tokens_per_rank=bad)

@@ -1,4 +1,6 @@
-"""The fixed-capacity all-to-all captured in a CUDA graph with the batched Triton experts, replayed with new routings.
+"""The all-to-all P/Fs that send fixed blocks captured in a CUDA graph with Triton experts, replayed with new routings:
+the fixed-capacity one with the batched experts, the Standard-format one built with ``max_tokens_per_rank`` with
+TritonExperts.
 
 Needs at least two CUDA devices (NCCL, one GPU per rank) and Triton; skipped
 elsewhere. The ranks run ``graph_worker.py``; see its docstring.
@@ -30,7 +32,7 @@ def test_graph_replays_dispatch_experts_combine_with_new_routings(tmp_path: Path
     results = [r for f in files for r in f["results"]]
     errors = [r["error"] for r in results if "error" in r]
     assert not errors, errors[0]
-    assert len(results) == 2 * 2 * 3  # ranks x quantizations x routings
+    assert len(results) == 2 * 2 * 2 * 3  # ranks x formats x quantizations x routings
     for r in results:
         assert r["ref_err"] <= r["tol"], r
         assert r["eager_err"] <= 1e-2, r  # the replay computes what the eager call computes (up to summation order)

@@ -24,7 +24,9 @@ the source rank adds them into its tokens. Ranks may hold any number of tokens,
 including none, and experts may receive none.
 
 :class:`moe_fsm.prepare_finalize.fixed_all2all.FixedCapacityAllToAllPrepareFinalize`
-is the variant without the host synchronisation, for batched experts.
+is the variant without the host synchronisation for batched experts; built with
+``max_tokens_per_rank``, this P/F has none either, for the Standard format (see
+:class:`AllToAllPrepareFinalize`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,16 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from moe_fsm.distributed.collectives import RowLayout, all_to_all_v, exchange_counts, row_layout, unpack_row_bytes, wire_view
+from moe_fsm.distributed.collectives import (
+    RowLayout,
+    all_gather_ints,
+    all_to_all_equal,
+    all_to_all_v,
+    exchange_counts,
+    row_layout,
+    unpack_row_bytes,
+    wire_view,
+)
 from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.distributed.group import group_rank_and_size
 from moe_fsm.errors import KernelInputError
@@ -65,6 +76,7 @@ from moe_fsm.prepare_finalize.wire_kernels import (
     SourcePack,
     WireBuffers,
     combine_returned,
+    gather_send_rows,
     kernels_apply,
     local_ids,
     pack_source,
@@ -78,13 +90,16 @@ class DispatchState:
     """How the rows went out, so they can come back: each token's send rows, the splits.
 
     ``row_bytes`` is the width of one dispatched row on the wire (payload plus scale, ids, weights, padding).
+    ``send_counts`` / ``recv_counts`` are None where every rank sent every rank a block of ``max_tokens_per_rank``
+    rows (the combine returns them the same way); ``received_rows`` is the rows this rank's experts got.
     """
 
-    slot: torch.Tensor  # [M, W] the send (and return) row of token t for rank d; M * W where t does not go to d
-    send_counts: tuple[int, ...]
-    recv_counts: tuple[int, ...]
+    slot: torch.Tensor  # [M, W] the send (and return) row of token t for rank d; >= the rows sent where t does not go to d
+    send_counts: Optional[tuple[int, ...]]
+    recv_counts: Optional[tuple[int, ...]]
     row_bytes: int
     local: PreparedTokens
+    received_rows: int
 
 
 class ExpertParallelDispatch(PrepareFinalize):
@@ -101,6 +116,21 @@ class ExpertParallelDispatch(PrepareFinalize):
         self._empty_rows: dict[tuple[RowLayout, torch.device], torch.Tensor] = {}
         self._maps: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # expert map -> its int32 copy
         self._buffers = WireBuffers()
+        self._agreed: set[tuple[int, int]] = set()
+
+    def _agree_on_layout(self, signature: tuple[int, int], device: torch.device) -> None:
+        """Once per row layout: check every rank packs rows alike (the only call that waits on the host).
+
+        For the paths that send fixed blocks, whose calls otherwise never wait on the host. Ranks meet here on
+        their first call with a layout, outside any graph capture, since a capture replays the shapes of the
+        warm-up call before it. Ranks must switch layouts (dtype, quantizer) together: a rank meeting here while
+        the others dispatch would stall them until the process group's timeout.
+        """
+        if signature in self._agreed:
+            return
+        records = all_gather_ints(list(signature), group=self.group, device=device)
+        check_row_layouts(records, signature, self.name)
+        self._agreed.add(signature)
 
     def _check_call(self, num_experts: int, expert_map: Optional[torch.Tensor]) -> int:
         """The world size, after checking that this rank, group and layer are the ones the placement describes."""
@@ -194,11 +224,21 @@ class ExpertParallelDispatch(PrepareFinalize):
 
 
 class AllToAllPrepareFinalize(ExpertParallelDispatch):
-    """EP dispatch/combine with variable-size ``all_to_all_single`` over ``group``, Standard or Batched format.
+    """EP dispatch/combine with ``all_to_all_single`` over ``group``, Standard or Batched format.
 
     ``placement`` says which experts each rank owns; the kernel must be called with
     ``expert_map=placement.expert_map()`` and the local experts' weights.
     ``quantize_first`` and ``max_num_tokens`` as in the all-gather P/F.
+
+    Without ``max_tokens_per_rank`` the splits are the exact row counts, exchanged before the dispatch and read
+    by the host (``all_to_all_single`` takes them as Python integers): the fewest bytes, one host
+    synchronisation. With it (the most tokens any rank passes in one call, the same on every rank, as engines
+    pad data-parallel ranks to one batch size), every rank sends every rank a block of that many rows, the
+    rows its tokens do not fill being the empty row (ids -1, computed by no expert), and the combine returns
+    them the same way: no counts travel, no call waits on the host after the first (which checks the row
+    layouts once), and in the Standard format a call can be captured in a CUDA graph (the Batched format's
+    local packing reads its busiest expert's count on the host; the fixed-capacity P/F is the batched one); a token goes to a rank at
+    most once, so a block never overflows. The price is the unfilled rows on the wire and in the experts' input.
     """
 
     name = "AllToAllPrepareFinalize"
@@ -211,8 +251,14 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         group: Optional[dist.ProcessGroup] = None,
         quantize_first: bool = True,
         max_num_tokens: Optional[int] = None,
+        max_tokens_per_rank: Optional[int] = None,
     ) -> None:
+        if max_tokens_per_rank is not None and (
+            isinstance(max_tokens_per_rank, bool) or not isinstance(max_tokens_per_rank, int) or max_tokens_per_rank < 1
+        ):
+            raise KernelInputError(f"max_tokens_per_rank must be a positive integer or None; got {max_tokens_per_rank!r}")
         super().__init__(placement, group=group, quantize_first=quantize_first)
+        self.max_tokens_per_rank = max_tokens_per_rank
         self._format = ActivationFormat(activation_format)
         self.local = local_prepare_finalize(self._format, max_num_tokens)
         self._signatures: dict[tuple[RowLayout, torch.device], torch.Tensor] = {}
@@ -242,25 +288,41 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         quantize: Optional[InputQuantizer],
     ) -> PreparedTokens:
         world = self._check_call(num_experts, expert_map)
+        capacity = self.max_tokens_per_rank
+        if capacity is not None and hidden_states.shape[0] > capacity:
+            raise KernelInputError(
+                f"{self.name} was built for at most {capacity} tokens per rank (max_tokens_per_rank) but was "
+                f"called with {hidden_states.shape[0]}; split the batch or build it with a larger capacity"
+            )
         source, packed = self._source(
             hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
         )
         layout = packed.layout
-        # Each pair's send row, its count written straight into the records that travel (with this rank's layout
-        # signature), before the host waits.
-        records = self._records(layout, hidden_states.device, world)
-        routes = self._routes(topk_ids, world, counts_out=records[:, 0])
-        received = exchange_counts(records, group=self.group)
-        # The one host synchronisation: all_to_all_single takes its splits as Python integers. Everything
-        # but the send rows' one pass is queued before it, so little is left to launch after it.
-        counts = torch.cat([routes.counts, received.reshape(-1)]).tolist()
-        send = tuple(counts[:world])
-        check_row_layouts(
-            [tuple(counts[world + 3 * s + 1 : world + 3 * s + 3]) for s in range(world)], layout_signature(layout), self.name
-        )
-        recv = tuple(counts[world + 3 * s] for s in range(world))
-        wire = all_to_all_v(scatter_send_rows(packed, routes.slot, sum(send), buffers=self._buffers), send, recv,
-                            group=self.group)
+        send: Optional[tuple[int, ...]]
+        recv: Optional[tuple[int, ...]]
+        if capacity is None:
+            # Each pair's send row, its count written straight into the records that travel (with this rank's
+            # layout signature), before the host waits.
+            records = self._records(layout, hidden_states.device, world)
+            routes = self._routes(topk_ids, world, counts_out=records[:, 0])
+            received = exchange_counts(records, group=self.group)
+            # The one host synchronisation: all_to_all_single takes its splits as Python integers. Everything
+            # but the send rows' one pass is queued before it, so little is left to launch after it.
+            counts = torch.cat([routes.counts, received.reshape(-1)]).tolist()
+            send = tuple(counts[:world])
+            check_row_layouts(
+                [tuple(counts[world + 3 * s + 1 : world + 3 * s + 3]) for s in range(world)], layout_signature(layout),
+                self.name,
+            )
+            recv = tuple(counts[world + 3 * s] for s in range(world))
+            wire = all_to_all_v(scatter_send_rows(packed, routes.slot, sum(send), buffers=self._buffers), send, recv,
+                                group=self.group)
+        else:
+            # Fixed blocks: gathered by send row, so the rows past each rank's count hold the empty row.
+            self._agree_on_layout(layout_signature(layout), hidden_states.device)
+            routes = self._routes(topk_ids, world, capacity)
+            wire = all_to_all_equal(gather_send_rows(packed, routes.order, buffers=self._buffers), group=self.group)
+            send = recv = None
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         if expert_map is not None and kernels_apply(ids):
             # The ids mapped to local ones here, in one kernel; the local P/F then sees only local experts.
@@ -280,7 +342,7 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
             topk_ids=local.topk_ids,
             topk_weights=local.topk_weights,
             expert_num_tokens=local.expert_num_tokens,
-            state=DispatchState(routes.slot, send, recv, layout.row_bytes, local),
+            state=DispatchState(routes.slot, send, recv, layout.row_bytes, local, wire.shape[0]),
         )
 
     def finalize(
@@ -299,7 +361,7 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         if reduce is WeightAndReduce.EXPERTS and expert_output.dtype == output.dtype:
             partial = expert_output  # the experts already reduced each row: send it as it is
         else:
-            partial = output.new_empty((sum(state.recv_counts), output.shape[1]))
+            partial = output.new_empty((state.received_rows, output.shape[1]))
             self.local.finalize(
                 partial,
                 expert_output,
@@ -309,5 +371,8 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
                 apply_router_weight_on_input=apply_router_weight_on_input,
                 reduce=reduce,
             )
-        returned = all_to_all_v(partial, state.recv_counts, state.send_counts, group=self.group)
+        if state.send_counts is None:
+            returned = all_to_all_equal(partial, group=self.group)
+        else:
+            returned = all_to_all_v(partial, state.recv_counts, state.send_counts, group=self.group)
         combine_returned(output, returned, state.slot)

@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from moe_fsm.distributed.collectives import all_gather_ints, all_to_all_equal, unpack_row_bytes
+from moe_fsm.distributed.collectives import all_to_all_equal, unpack_row_bytes
 from moe_fsm.distributed.expert_map import ExpertPlacement
 from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.grouping import local_expert_ids
@@ -40,7 +40,7 @@ from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, Prepare
 from moe_fsm.prepare_finalize.all2all import ExpertParallelDispatch
 from moe_fsm.prepare_finalize.dispatch_layout import Slabs, slabs_for
 from moe_fsm.prepare_finalize.reduce import require_batched_reduce
-from moe_fsm.prepare_finalize.transport import check_row_layouts, layout_signature
+from moe_fsm.prepare_finalize.transport import layout_signature
 from moe_fsm.prepare_finalize.wire_kernels import combine_returned, gather_send_rows, kernels_apply, slab_layout
 
 # vLLM's default batch for batched-format DP dispatch (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP).
@@ -81,7 +81,6 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
             raise KernelInputError(f"max_tokens_per_rank must be a positive integer; got {max_tokens_per_rank!r}")
         super().__init__(placement, group=group, quantize_first=quantize_first)
         self.max_tokens_per_rank = max_tokens_per_rank
-        self._agreed: set[tuple[int, int]] = set()
 
     @property
     def activation_format(self) -> ActivationFormat:
@@ -91,20 +90,6 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
     def expert_capacity(self) -> int:
         """Rows of each local expert's slab: every rank's every token may pick the expert."""
         return self.placement.world_size * self.max_tokens_per_rank
-
-    def _agree_on_layout(self, signature: tuple[int, int], device: torch.device) -> None:
-        """Once per row layout: check every rank packs rows alike (the only call that waits on the host).
-
-        Ranks meet here on their first call with a layout, outside any graph capture,
-        since a capture replays the shapes of the warm-up call before it. Ranks must
-        switch layouts (dtype, quantizer) together: a rank meeting here while the
-        others dispatch would stall them until the process group's timeout.
-        """
-        if signature in self._agreed:
-            return
-        records = all_gather_ints(list(signature), group=self.group, device=device)
-        check_row_layouts(records, signature, self.name)
-        self._agreed.add(signature)
 
     def prepare(
         self,
