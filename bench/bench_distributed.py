@@ -1,7 +1,8 @@
 """Dispatch + combine time of moe-fsm's distributed prepare/finalize, next to plain collectives of the same bytes.
 
     python bench/bench_distributed.py [--nproc N] [--out bench-out] [--tokens 128 1024 4096] [--quant none fp8]
-                                      [--routing uniform skewed] [--pf all2all fixed fixed_graph allgather]
+                                      [--routing uniform skewed]
+                                      [--pf all2all capped capped_graph fixed fixed_graph allgather]
                                       [--with-experts] [--profile]
 
 Starts itself on N ranks through ``moe_fsm.distributed.launch`` (NCCL with one
@@ -16,6 +17,10 @@ each token count per rank, it times
   pack, counts exchange, one all_to_all_single dispatch; all_to_all_single combine and
   scatter-add), against two plain ``all_to_all_single`` calls with the very same split
   sizes and byte widths;
+* ``capped``: the same P/F built with ``max_tokens_per_rank`` = the tokens per rank: fixed blocks
+  of that many rows each way, no counts exchange and no host read, against two plain equal-split
+  ``all_to_all_single`` of the same bytes; ``capped_graph``: that call captured in a CUDA graph
+  and replayed (CUDA only);
 * ``fixed``: FixedCapacityAllToAllPrepareFinalize (Batched format, capacity = the tokens
   per rank), eagerly, against two plain equal-split ``all_to_all_single`` of the same
   bytes (W blocks of capacity rows each way);
@@ -44,8 +49,13 @@ reduce-scatter: the input), summed over dispatch and combine, divided by the
 slowest rank's median time. The P/F and its baseline are charged the same
 bytes, so their ratio is the P/F's own overhead.
 
-``--profile`` also prints rank 0's torch.profiler table of one P/F call per case
-(where the time goes, operator by operator).
+``--profile`` also prints rank 0's torch.profiler tables of one P/F call per case
+(where the time goes, operator by operator) and its Python profile of 20 calls
+(the host time around them: Triton's launcher, the collectives' Python, the wait
+of the host synchronisation).
+
+The column "host ms" is the median time until the call returns, before the device sync that ends
+it: where it is close to "P/F ms", the host's launches, not the GPU or the wire, set the time.
 
 Writes ``distributed_{backend}_w{N}.json`` and ``.md`` into ``--out``.
 """
@@ -86,7 +96,7 @@ QUANTS = {
     "none": None,
     "fp8": QuantScheme.fp8("block", "group"),  # DeepSeek-V3: 1x128 dynamic activation groups
 }
-PF_KINDS = ("all2all", "fixed", "fixed_graph", "allgather")
+PF_KINDS = ("all2all", "capped", "capped_graph", "fixed", "fixed_graph", "allgather")
 # Environment the GPU run must keep as the machine sets it; recorded in the report.
 RECORDED_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "NCCL_DEBUG", "OMP_NUM_THREADS")
 
@@ -112,7 +122,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(default: 60 on CUDA, 1.5 on CPU)")
     p.add_argument("--warmup", type=int, default=None, help="untimed iterations (default: 5 on GPU, 1 on CPU)")
     p.add_argument("--iters", type=int, default=None, help="timed iterations (default: 20 on GPU, 5 on CPU)")
-    p.add_argument("--profile", action="store_true", help="print rank 0's torch.profiler table of one P/F call per case")
+    p.add_argument("--profile", action="store_true", help="print rank 0's torch.profiler tables of one P/F call per case and its Python profile of 20 calls")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the launch is stopped")
     return p.parse_args(argv)
 
@@ -122,19 +132,21 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], None], device: torch.device, warmup: int, iters: int) -> list[float]:
-    """Seconds per call, each call started together on every rank (barrier) and ended by a device sync."""
+def timed(fn: Callable[[], None], device: torch.device, warmup: int, iters: int) -> tuple[list[float], list[float]]:
+    """Seconds per call, each call started together on every rank (barrier) and ended by a device sync; and the
+    seconds until each call returned, before that sync (the host's share)."""
     for _ in range(warmup):
         fn()
-    times = []
+    times, host = [], []
     for _ in range(iters):
         synchronize(device)
         dist.barrier()
         start = time.perf_counter()
         fn()
+        host.append(time.perf_counter() - start)
         synchronize(device)
         times.append(time.perf_counter() - start)
-    return times
+    return times, host
 
 
 def routing(tokens: int, device: torch.device, seed: int, kind: str = "uniform",
@@ -230,6 +242,44 @@ def all2all_case(ctx, tokens, hidden, ids, weights, quantize, output) -> Case:
     return Case(pf.name, step, baseline, "all_to_all_single x2", row_bytes, sum(send), nbytes)
 
 
+def capped_case(ctx, tokens, hidden, ids, weights, quantize, output, graph: bool) -> Case:
+    """AllToAllPrepareFinalize with max_tokens_per_rank = tokens: equal blocks, no host read (graph-capturable)."""
+    device, world = ctx.device, ctx.world_size
+    placement = ExpertPlacement(NUM_EXPERTS, world, ctx.rank)
+    expert_map = placement.expert_map(device)
+    pf = AllToAllPrepareFinalize(placement, quantize_first=True, max_tokens_per_rank=tokens)
+
+    def prepare():
+        return pf.prepare(hidden, weights, ids, num_experts=NUM_EXPERTS, expert_map=expert_map,
+                          apply_router_weight_on_input=False, quantize=quantize)
+
+    first = prepare()
+    stand_in = torch.zeros(first.hidden.shape[0], HIDDEN, dtype=DTYPE, device=device)  # the experts' reduced output
+
+    def step() -> None:
+        prepared = prepare()
+        pf.finalize(output, stand_in, prepared, topk_weights=prepared.topk_weights, topk_ids=prepared.topk_ids,
+                    apply_router_weight_on_input=False, reduce=WeightAndReduce.EXPERTS)
+
+    return _equal_blocks_case(pf.name + " (max_tokens_per_rank" + (", CUDA graph)" if graph else ")"),
+                              captured(step, device) if graph else step, world * tokens, first.state.row_bytes, device)
+
+
+def _equal_blocks_case(name: str, step: Callable[[], None], rows: int, row_bytes: int, device: torch.device) -> Case:
+    """A P/F that sends ``rows`` rows of ``row_bytes`` each way in equal blocks, against bare equal-split collectives."""
+    d_in = torch.zeros(rows, row_bytes, dtype=torch.uint8, device=device)
+    d_out = torch.empty_like(d_in)
+    c_in = torch.zeros(rows, HIDDEN, dtype=DTYPE, device=device)
+    c_out = torch.empty_like(c_in)
+
+    def baseline() -> None:
+        dist.all_to_all_single(d_out, d_in)
+        dist.all_to_all_single(c_out, c_in)
+
+    return Case(name, step, baseline, "all_to_all_single x2 (equal splits)", row_bytes, rows,
+                rows * (row_bytes + HIDDEN * DTYPE.itemsize))
+
+
 def fixed_case(ctx, tokens, hidden, ids, weights, quantize, output, graph: bool) -> Case:
     device, world = ctx.device, ctx.world_size
     placement = ExpertPlacement(NUM_EXPERTS, world, ctx.rank)
@@ -248,20 +298,9 @@ def fixed_case(ctx, tokens, hidden, ids, weights, quantize, output, graph: bool)
         pf.finalize(output, stand_in, prepared, topk_weights=prepared.topk_weights, topk_ids=prepared.topk_ids,
                     apply_router_weight_on_input=False, reduce=WeightAndReduce.BATCHED)
 
-    rows = world * tokens
-    row_bytes = first.state.row_bytes
-    d_in = torch.zeros(rows, row_bytes, dtype=torch.uint8, device=device)
-    d_out = torch.empty_like(d_in)
-    c_in = torch.zeros(rows, HIDDEN, dtype=DTYPE, device=device)
-    c_out = torch.empty_like(c_in)
-
-    def baseline() -> None:
-        dist.all_to_all_single(d_out, d_in)
-        dist.all_to_all_single(c_out, c_in)
-
     name = pf.name + (" (CUDA graph)" if graph else "")
-    return Case(name, captured(step, device) if graph else step, baseline, "all_to_all_single x2 (equal splits)",
-                row_bytes, rows, rows * (row_bytes + HIDDEN * DTYPE.itemsize))
+    return _equal_blocks_case(name, captured(step, device) if graph else step, world * tokens, first.state.row_bytes,
+                              device)
 
 
 def allgather_case(ctx, tokens, hidden, ids, weights, quantize, output) -> Case:
@@ -302,10 +341,31 @@ def fixed_slab_gib(tokens: int, world: int, quant: str) -> float:
     return rows * HIDDEN * (payload + DTYPE.itemsize) / 2**30
 
 
-def profile_table(fn: Callable[[], None], device: torch.device) -> str:
-    """Operators of one call by host time (what the launches cost) and, on CUDA, by device time."""
+# Calls the Python profile of --profile averages over (each rank makes them, rank 0 records).
+PROFILED_CALLS = 20
+
+
+def profile_table(fn: Callable[[], None], device: torch.device, record: bool) -> str:
+    """Where one call's time goes: torch's operators by host and device time, and Python's functions.
+
+    torch.profiler sees torch operators and kernels but not the Python around them, nor Triton's launcher (a
+    Python function); cProfile over PROFILED_CALLS calls does, and names the host synchronisation as the torch
+    call that waits in it (``tolist``). Every rank makes the same calls, so the collectives pair up; only
+    ``record`` (rank 0) records.
+    """
+    import cProfile
+    import io
+    import pstats
+
     from torch.profiler import ProfilerActivity, profile
 
+    if not record:
+        fn()
+        synchronize(device)
+        for _ in range(PROFILED_CALLS):
+            fn()
+        synchronize(device)
+        return ""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         fn()
@@ -314,12 +374,22 @@ def profile_table(fn: Callable[[], None], device: torch.device) -> str:
     tables = [averages.table(sort_by="self_cpu_time_total", row_limit=25)]
     if device.type == "cuda":
         tables.append(averages.table(sort_by="self_device_time_total", row_limit=15))
+    python = cProfile.Profile()
+    python.enable()
+    for _ in range(PROFILED_CALLS):
+        fn()
+    synchronize(device)
+    python.disable()
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(python, stream=text).sort_stats(order).print_stats(30)
+        tables.append(f"Python functions over {PROFILED_CALLS} calls, by {order}:\n{text.getvalue()}")
     return "\n".join(tables)
 
 
 def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, warmup: int, iters: int) -> Optional[dict]:
     device, rank, world = ctx.device, ctx.rank, ctx.world_size
-    if pf_kind == "fixed_graph" and device.type != "cuda":
+    if pf_kind.endswith("_graph") and device.type != "cuda":
         return None  # CUDA graphs need CUDA
     limit = args.fixed_max_gib if args.fixed_max_gib is not None else (60.0 if device.type == "cuda" else 1.5)
     if pf_kind.startswith("fixed") and fixed_slab_gib(tokens, world, quant) > limit:
@@ -334,16 +404,18 @@ def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, war
         case = all2all_case(*args_)
     elif pf_kind == "allgather":
         case = allgather_case(*args_)
+    elif pf_kind.startswith("capped"):
+        case = capped_case(*args_, graph=pf_kind == "capped_graph")
     else:
         case = fixed_case(*args_, graph=pf_kind == "fixed_graph")
 
-    pf_times = timed(case.step, device, warmup, iters)
-    base_times = timed(case.baseline, device, warmup, iters)
-    quant_times = timed(lambda: quantize(hidden), device, warmup, iters) if quantize is not None else [0.0]
-    if args.profile and rank == 0:
-        print(f"--- profile: {case.pf} {quant} {tokens} tok/rank\n{profile_table(case.step, device)}", flush=True)
-    elif args.profile:
-        case.step()  # the other ranks join the profiled call's collectives
+    pf_times, host_times = timed(case.step, device, warmup, iters)
+    base_times, _ = timed(case.baseline, device, warmup, iters)
+    quant_times = timed(lambda: quantize(hidden), device, warmup, iters)[0] if quantize is not None else [0.0]
+    if args.profile:
+        table = profile_table(case.step, device, record=rank == 0)
+        if rank == 0:
+            print(f"--- profile: {case.pf} {quant} {route} {tokens} tok/rank\n{table}", flush=True)
     return {
         "pf": case.pf,
         "quant": quant,
@@ -354,6 +426,7 @@ def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, war
         "rows_dispatched": case.rows_sent,
         "bytes": case.nbytes,
         "pf_median_s": statistics.median(pf_times),
+        "host_median_s": statistics.median(host_times),
         "quantize_median_s": statistics.median(quant_times),
         "baseline": case.baseline_name,
         "baseline_median_s": statistics.median(base_times),
@@ -375,6 +448,7 @@ def summarize(per_rank: list[dict]) -> dict:
         "rows_dispatched_per_rank": statistics.mean(r["rows_dispatched"] for r in per_rank),
         "bytes_per_rank": nbytes,
         "pf_ms": pf_s * 1e3,
+        "host_ms": max(r["host_median_s"] for r in per_rank) * 1e3,
         "pf_gbps": nbytes / pf_s / 1e9,
         "quantize_ms": max(r["quantize_median_s"] for r in per_rank) * 1e3,
         "baseline": first["baseline"],
@@ -386,26 +460,34 @@ def summarize(per_rank: list[dict]) -> dict:
 
 
 def target_lines(cases: list[dict]) -> list[str]:
-    """Issue 42's targets per (payload, routing, tokens): all-to-all over bare, fixed over variable, replay over eager."""
+    """Issue 42's targets per (payload, routing, tokens): all-to-all over bare, the P/Fs that send fixed blocks (no
+    host read) over the variable one, the replays over the eager calls."""
     by = {(c["quant"], c["routing"], c["tokens_per_rank"], c["pf"]): c for c in cases}
     keys = sorted({k[:3] for k in by}, key=lambda k: (k[0], k[1], k[2]))
     variable, fixed = AllToAllPrepareFinalize.name, FixedCapacityAllToAllPrepareFinalize.name
+    capped = variable + " (max_tokens_per_rank"
     rows = []
     for key in keys:
-        a2a, eager, graph = by.get((*key, variable)), by.get((*key, fixed)), by.get((*key, fixed + " (CUDA graph)"))
+        a2a = by.get((*key, variable))
         if a2a is None:
             continue
+        eager, graph = by.get((*key, fixed)), by.get((*key, fixed + " (CUDA graph)"))
+        capped_eager, capped_graph = by.get((*key, capped + ")")), by.get((*key, capped + ", CUDA graph)"))
         cell = lambda num, den: f"{num['pf_ms'] / den['pf_ms']:.2f}x" if num and den else "-"  # noqa: E731
         best_fixed = min((c for c in (eager, graph) if c), key=lambda c: c["pf_ms"], default=None)
+        over_bare = lambda c: f"{c['pf_ms'] * 1e3:.0f} µs, {c['pf_over_baseline']:.2f}x" if c else "-"  # noqa: E731
         rows.append(f"| {key[0]} | {key[1]} | {key[2]} | {a2a['pf_ms'] * 1e3:.0f} | {a2a['pf_over_baseline']:.2f}x | "
-                    f"{cell(best_fixed, a2a)} | {cell(graph, eager)} |")
+                    f"{over_bare(capped_graph)} | {cell(best_fixed, a2a)} | {cell(graph, eager)} | "
+                    f"{cell(capped_graph, capped_eager)} |")
     if not rows:
         return []
     return ["", "Targets (issue 42): all-to-all P/F over the bare collectives (<= 1.3x at 4096 tokens/rank; <= 3x and "
-            "<= 250 µs at 128), the faster fixed-capacity call (eager or replay) over the variable one (<= 1.2x), the "
-            "replay over the eager fixed-capacity call (<= 1x):", "",
-            "| payload | routing | tokens/rank | all-to-all µs | over bare | fixed / variable | replay / eager |",
-            "|---|---|---:|---:|---:|---:|---:|", *rows]
+            "<= 250 µs at 128; the variable call, and the call with max_tokens_per_rank replayed in a CUDA graph over "
+            "the bare equal-split collectives), the faster fixed-capacity call (eager or replay) over the variable one "
+            "(<= 1.2x), the replays over the eager calls (<= 1x):", "",
+            "| payload | routing | tokens/rank | all-to-all µs | over bare | max_tokens_per_rank replayed | "
+            "fixed / variable | replay / eager (fixed) | replay / eager (max_tokens_per_rank) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|", *rows]
 
 
 def release_memory(device: torch.device) -> None:
@@ -499,19 +581,21 @@ def write_report(out: Path, meta: dict, cases: list[dict], skipped: list[str], l
         f"after a barrier and ends with a device sync",
         "- GB/s: algorithm bandwidth (per-rank bytes of the larger buffer of each collective, dispatch + combine); "
         "the P/F and its baseline are charged the same bytes",
+        "- host ms: the slowest rank's median time until the call returned, before the device sync (the host's share)",
         "- quantize ms: the activation quantizer alone on the rank's tokens, as a separate pass (the all-to-all P/Fs quantize inside their send-row kernel on CUDA; the all-gather P/F calls it)",
         f"- environment: {', '.join(f'{k}={v}' for k, v in meta['env'].items()) or 'none of the recorded variables set'}",
         f"- host load average at the end (1, 5, 15 min): {', '.join(map(str, meta['load_average']))} on {os.cpu_count()} cores",
         f"- command: `{meta['command']}`",
         f"- run at {meta['date']}",
         "",
-        "| P/F | payload | routing | tokens/rank | row bytes | rows sent/rank | MB/rank | P/F ms | quantize ms | P/F GB/s | baseline | baseline ms | baseline GB/s | P/F / baseline |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| P/F | payload | routing | tokens/rank | row bytes | rows sent/rank | MB/rank | P/F ms | host ms | quantize ms | P/F GB/s | baseline | baseline ms | baseline GB/s | P/F / baseline |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for c in cases:
         lines.append(
             f"| {c['pf']} | {c['quant']} | {c['routing']} | {c['tokens_per_rank']} | {c['dispatch_row_bytes']} | "
-            f"{c['rows_dispatched_per_rank']:.0f} | {c['bytes_per_rank'] / 1e6:.1f} | {c['pf_ms']:.3f} | {c['quantize_ms']:.3f} | "
+            f"{c['rows_dispatched_per_rank']:.0f} | {c['bytes_per_rank'] / 1e6:.1f} | {c['pf_ms']:.3f} | {c['host_ms']:.3f} | "
+            f"{c['quantize_ms']:.3f} | "
             f"{c['pf_gbps']:.2f} | {c['baseline']} | {c['baseline_ms']:.3f} | {c['baseline_gbps']:.2f} | {c['pf_over_baseline']:.2f}x |"
         )
     lines += target_lines(cases)
