@@ -672,9 +672,9 @@ def prefill_compare(args) -> None:
              header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     print("\n".join(lines), flush=True)
     rows = []
-    shapes = _shapes()
+    shapes = {**_shapes(), **_decode_shapes()}  # the decode rows too: other formats (NVFP4, INT4 g32) and shapes
     kern = _kernels()
-    for name in args.rows or shapes:
+    for name in args.rows or _shapes():
         shape, scheme, activation, limit, bias = shapes[name]
         e, k, n, top_k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -687,8 +687,10 @@ def prefill_compare(args) -> None:
         try:
             if quant.kind == "mxfp4":
                 peer = TritonKernelsPeer(w1q, w2q, scales, e, n, k, top_k)
-            else:
+            elif quant.kind == "int4" and not quant.zero_point:
                 peer = VllmGptqAwqPeer(Path(args.extract), w1q, w2q, scales, e, n, k, top_k, quant.group)
+            else:
+                print(f"{name}: no peer timed for {quant.kind}{' with zero points' if quant.zero_point else ''}", flush=True)
         except Exception as exc:  # the peer is optional: say why it is missing
             print(f"{name}: peer unavailable: {type(exc).__name__}: {exc}", flush=True)
         for tokens in args.tokens:
@@ -805,7 +807,7 @@ def main() -> None:
     f = sub.add_parser("prefill", help="swap-AB kernel vs the bf16 Hopper path vs bf16 vs the peer at 512-8192 tokens (GPU)")
     f.add_argument("--extract", default=str(ROOT / ".xfer" / "wq_peers"))
     f.add_argument("--out", default=str(ROOT / "bench-out"))
-    f.add_argument("--rows", nargs="*")
+    f.add_argument("--rows", nargs="*", help="row names of run or decode (default: run's three)")
     f.add_argument("--tokens", nargs="*", type=int, default=[512, 2048, 8192])
     f.add_argument("--rep-ms", type=float, default=40.0)
     args = parser.parse_args()
