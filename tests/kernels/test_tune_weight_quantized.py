@@ -138,6 +138,16 @@ def test_prefill_candidates_are_wide_row_blocks(tokens, block_ms, group_m):
     assert all(c.splits("w1") == c.splits("w2") == 1 for c in found)
 
 
+@pytest.mark.parametrize("tokens, default_takes_it", [(512, False), (1536, False), (8192, True)])
+def test_the_bf16_hopper_path_is_a_candidate_past_the_mid_counts(tokens, default_takes_it):
+    """Past 96 pairs an expert the tuner tries the dequantize-into-bf16 Hopper path, below the default rule's 256."""
+    e, n, k, top_k = 64, 2048, 7168, 8  # 512 tokens: 64 pairs an expert; 1536: 192; 8192: 1024
+    found = candidate_wq_configs(tokens, top_k, e, n, k)
+    hopper = [c for c in found if c.hopper_bf16]
+    assert len(hopper) == (0 if tokens == 512 else 1)
+    assert found[0].hopper_bf16 is default_takes_it
+
+
 def test_the_user_table_is_read_over_the_shipped_one_count_by_count(tmp_path, monkeypatch):
     monkeypatch.setenv(CONFIG_DIR_ENV, str(tmp_path))
     quant = WeightQuant("int4", 128)

@@ -110,6 +110,10 @@ def candidate_wq_configs(num_tokens: int, top_k: int, num_experts: int, n: int, 
     else:
         tiles, group_m = (MID_TILES, 1) if per_expert <= 96 else (PREFILL_TILES, 8)
         found += [WqConfig(*tile, group_m=group_m) for tile in tiles]
+        if per_expert > 96:
+            # the bf16 Hopper path (hit experts dequantized into a scratch; its GEMM tiles are the bf16 experts'):
+            # the default rule takes it from PREFILL_ROWS_PER_EXPERT pairs an expert, the tuner tries it below too
+            found.append(WqConfig(*PREFILL_TILES[0], group_m=8, hopper_bf16=True))
     return list(dict.fromkeys(found))
 
 
