@@ -293,7 +293,7 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     holds") of 16 layer shapes against vLLM 0.33's kernel and checked on 13 others, then refined by a second sweep of
     candidates on those 29 (2048 and 8192 tokens) and checked on shapes neither sweep looked at (``CHECK``). Decode
     calls (64 tokens or fewer) take vLLM's tiles (``vllm_tile_config``), six stages deep for a single token of a row-wise
-    FP8 layer (2-12% faster on 5 of 6 such shapes, 3% slower on one; deeper pipelines lost on bf16 and block FP8 and at
+    FP8 layer (1-12% faster on 5 of 6 such shapes, 3% slower on one; deeper pipelines lost on bf16 and block FP8 and at
     8 tokens, and w1 tiles 16 wide, for more programs, lost everywhere: ``docs/perf/default_rules_h200_2_decode.json``). Past that the expected rows per expert, ``tokens x top-k / E``, decides,
     because a row block is padded to ``block_m`` per expert: a many-expert layer at 128-512 tokens fills a 64-row
     block a tenth, and thin 16-row blocks with swap-AB ran it faster; a layer whose experts get 96 rows or more runs
@@ -305,7 +305,7 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
       where the pointer-load tiles gave x1.13-1.29); past 512 tokens, on layers with N >= 2048, 40-256 rows take
       the Gluon kernel on 64-row blocks (``gluon_mid_config``): a 128-row block of an expert with 170 rows is a
       third pads (Kimi-K2-like at 8192 tokens x1.25 -> x1.36, at 2048 x1.08 -> x1.12, DeepSeek-V3 at 2048 x1.09 ->
-      x1.18), while narrower layers (N 256-1536) lost 4-17% with it (not profiled; their w2 runs only 2-12 K
+      x1.18), while narrower layers (N 256-1536) lost 4-16% with it (not profiled; their w2 runs only 2-12 K
       steps a tile);
     - bf16 and row-wise FP8: 8 rows or fewer, thin blocks (swept up to 512 tokens; past it, where a 128-row block
       would be 94% pads, they are kept by reasoning, not measured); 96 rows and more up to 512 tokens, 64-row
