@@ -291,11 +291,12 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
 
     The rule was fitted on a sweep (``bench/sweep_default_rules.py``, ``docs/perf/vs_vllm.md``, "Shapes no table
     holds") of 16 layer shapes against vLLM 0.33's kernel and checked on 13 others, then refined by a second sweep of
-    candidates on those 29 (2048 and 8192 tokens) and checked on shapes neither sweep looked at (``CHECK``). Decode
-    calls (64 tokens or fewer) take vLLM's tiles (``vllm_tile_config``), six stages deep for a single token of a row-wise
-    FP8 layer (1-12% faster on 5 of 6 such shapes, 3% slower on one; deeper pipelines lost on bf16 and block FP8 and at
-    8 tokens, and w1 tiles 16 wide, for more programs, lost everywhere: ``docs/perf/default_rules_h200_2_decode.json``). Past that the expected rows per expert, ``tokens x top-k / E``, decides,
-    because a row block is padded to ``block_m`` per expert: a many-expert layer at 128-512 tokens fills a 64-row
+    candidates on those 29 (1, 8, 2048 and 8192 tokens) and checked on shapes neither sweep looked at (``CHECK``).
+    Decode calls (64 tokens or fewer) take vLLM's tiles (``vllm_tile_config``), six stages deep for a single token of a
+    row-wise FP8 layer (1-12% faster on 5 of 6 such shapes, 3% slower on one; deeper pipelines lost on bf16 and block
+    FP8 and at 8 tokens, and w1 tiles 16 wide, for more programs, lost everywhere:
+    ``docs/perf/default_rules_h200_2_decode.json``). Past that the expected rows per expert, ``tokens x top-k / E``,
+    decides, because a row block is padded to ``block_m`` per expert: a many-expert layer at 128-512 tokens fills a 64-row
     block a tenth, and thin 16-row blocks with swap-AB ran it faster; a layer whose experts get 96 rows or more runs
     the Hopper paths the tuner picks for the named shapes (the TMA kernels, the Gluon kernel for block FP8). What the
     sweep found per regime:
