@@ -180,7 +180,8 @@ tagged_pids() {
 }
 
 rank_of() {
-    tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n 's/^RANK=//p'
+    # a process may end between listing and reading: the redirection's error is silenced too
+    { tr '\0' '\n' < "/proc/$1/environ"; } 2>/dev/null | sed -n 's/^RANK=//p'
 }
 
 # Which processes of the step are running (pid, RANK, command line); each rank's stacks and log tail.
