@@ -28,7 +28,7 @@ import multiprocessing as mp
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
@@ -357,56 +357,76 @@ def shape_label(shape: LayerShape) -> str:
     return f"E={shape.num_experts} N={shape.intermediate} K={shape.hidden} top-{shape.top_k} {quant}"
 
 
-def tune_shape(
-    shape: LayerShape, plan: dict[int, list[MoEConfig]], *, rep_ms: float = 30.0, deadline: Optional[float] = None,
-    log: Callable[[str], None] = print,
-) -> tuple[dict[int, MoEConfig], dict[int, float], list[tuple[int, MoEConfig]]]:
+def time_plan(
+    plan: Mapping[int, list], fn_for: Callable[[Any], Callable], *, num_experts: int, top_k: int, hidden: int,
+    dtype: str, served: Callable[[int], Any], describe: Callable[[Any], str] = str, rep_ms: float = 30.0,
+    deadline: Optional[float] = None, log: Callable[[str], None] = print, device: str = "cuda",
+    timer: Callable[[Callable, list, float], float] = time_graph,
+) -> tuple[dict[int, Any], dict[int, float], list[tuple[int, Any]]]:
     """The fastest of ``plan``'s screened candidates per token count, its time (µs per layer call), and the
-    (tokens, config) the deadline left untimed. The first candidate of a count is the reference a candidate's full-size
-    output must match before its time counts."""
-    weights = make_weights(shape)
-    best: dict[int, MoEConfig] = {}
+    (tokens, candidate) the deadline left untimed: the timing half of every kernel family's tuner.
+
+    ``fn_for(candidate)`` is the layer call fn(x, topk_weights, topk_ids) with that candidate. A count's first
+    candidate (the default tile) is the reference a candidate's full-size output must match (relative 2e-2, finite)
+    before its time counts; one that raises is skipped with its error. ``served(num_tokens)`` is the tile the
+    runtime serves now, logged beside the best when it is not the default. ``device`` and ``timer`` are the GPU's
+    (tests pass the CPU and their own timer)."""
+    best: dict[int, Any] = {}
     best_us: dict[int, float] = {}
-    untimed: list[tuple[int, MoEConfig]] = []
-    for num_tokens, configs in plan.items():
-        routes = routings(num_tokens, shape.num_experts, shape.top_k, replays_per_graph(num_tokens), seed=num_tokens)
-        gen = torch.Generator(device="cuda").manual_seed(num_tokens + 1)
-        xs = [torch.randn(num_tokens, shape.hidden, device="cuda", dtype=getattr(torch, shape.dtype), generator=gen) for _ in routes]
-        inputs = [(x, g, ids) for x, (g, ids) in zip(xs, routes)]
+    untimed: list[tuple[int, Any]] = []
+    for num_tokens, candidates in plan.items():
+        routes = routings(num_tokens, num_experts, top_k, replays_per_graph(num_tokens), seed=num_tokens, device=device)
+        gen = torch.Generator(device=device).manual_seed(num_tokens + 1)
+        inputs = [(torch.randn(num_tokens, hidden, device=device, dtype=getattr(torch, dtype), generator=gen), g, ids)
+                  for g, ids in routes]
         results = []
         expected = None
-        for index, config in enumerate(configs):
+        for index, candidate in enumerate(candidates):
             if deadline is not None and time.monotonic() >= deadline and results:
-                untimed += [(num_tokens, c) for c in configs[index:]]
+                untimed += [(num_tokens, c) for c in candidates[index:]]
                 break
-            fn = layer_fn(shape, weights, config)
+            fn = fn_for(candidate)
             try:
                 out = fn(*inputs[0]).float()
                 if expected is None:
                     expected = out
                 elif not bool(torch.isfinite(out).all()) or float((out - expected).norm() / expected.norm()) > 2e-2:
-                    log(f"  T={num_tokens} wrong result at full size, dropped: {config}")
+                    log(f"  T={num_tokens} wrong result at full size, dropped: {describe(candidate)}")
                     continue
-                us = time_graph(fn, inputs, rep_ms)
+                us = timer(fn, inputs, rep_ms)
             except Exception as exc:
-                torch.cuda.synchronize()
-                log(f"  T={num_tokens} skip {config}: {type(exc).__name__}: {str(exc)[:120]}")
+                if device != "cpu":
+                    torch.cuda.synchronize()
+                log(f"  T={num_tokens} skip {describe(candidate)}: {type(exc).__name__}: {str(exc)[:120]}")
                 continue
-            results.append((us, config))
+            results.append((us, candidate))
         if not results:
             continue
         results.sort(key=lambda r: r[0])
         best_us[num_tokens], best[num_tokens] = results[0]
-        default_us = next((u for u, c in results if c == configs[0]), float("nan"))
-        shipped = shipped_config(shape, num_tokens)
-        shipped_us = next((u for u, c in results if c == shipped), None)
-        log(f"  T={num_tokens:5d}: best {results[0][0]:9.1f} us (first candidate {default_us:9.1f} us"
-            + (f", the shipped table's entry {shipped_us:9.1f} us" if shipped_us is not None else "")
-            + f", {len(results)} timed) {results[0][1]}")
-        del xs, routes, inputs
+        default_us = next((u for u, c in results if c == candidates[0]), float("nan"))
+        now = served(num_tokens)
+        served_us = next((u for u, c in results if c == now and c != candidates[0]), None)
+        log(f"  T={num_tokens:5d}: best {results[0][0]:9.1f} us (default tile {default_us:9.1f} us"
+            + (f", the tables' entry now {served_us:9.1f} us" if served_us is not None else "")
+            + f", {len(results)} timed) {describe(results[0][1])}")
+        del inputs, routes
+    return best, best_us, untimed
+
+
+def tune_shape(
+    shape: LayerShape, plan: dict[int, list[MoEConfig]], *, rep_ms: float = 30.0, deadline: Optional[float] = None,
+    log: Callable[[str], None] = print,
+) -> tuple[dict[int, MoEConfig], dict[int, float], list[tuple[int, MoEConfig]]]:
+    """``time_plan`` on a 16-bit or FP8 layer of ``shape`` (random weights; the shipped table's entry as served)."""
+    weights = make_weights(shape)
+    timed = time_plan(plan, lambda config: layer_fn(shape, weights, config), num_experts=shape.num_experts,
+                      top_k=shape.top_k, hidden=shape.hidden, dtype=shape.dtype,
+                      served=lambda num_tokens: shipped_config(shape, num_tokens), rep_ms=rep_ms, deadline=deadline,
+                      log=log)
     del weights
     torch.cuda.empty_cache()
-    return best, best_us, untimed
+    return timed
 
 
 def tune_and_write(

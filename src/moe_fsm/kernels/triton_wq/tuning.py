@@ -212,58 +212,23 @@ def tune_wq_shape(
     shape: WqLayerShape, plan: dict[int, list[WqConfig]], *, rep_ms: float = 30.0, deadline: Optional[float] = None,
     log: Callable[[str], None] = print,
 ) -> tuple[dict[int, WqConfig], dict[int, float], list[tuple[int, WqConfig]]]:
-    """The fastest of ``plan``'s screened tiles per token count, its µs per layer call, and the (tokens, tile) the
-    deadline left untimed. A count's first tile is the reference a tile's full-size output must match (2e-2)."""
+    """``triton_moe.tuning.time_plan`` on a weight-quantized layer of ``shape`` (random weights quantized on the
+    GPU; the tables' entry as the runtime serves it now)."""
     from moe_fsm.kernels.triton_moe._runtime import device_name
-    from moe_fsm.kernels.triton_moe.tuning import replays_per_graph, routings, time_graph
+    from moe_fsm.kernels.triton_moe.tuning import time_plan
 
     layer = shape.layer
     arguments = kernel_arguments(shape, *quantized_weights(shape, layer.num_experts, seed=0))
     device = device_name(torch.device("cuda", torch.cuda.current_device()))
     sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    best: dict[int, WqConfig] = {}
-    best_us: dict[int, float] = {}
-    untimed: list[tuple[int, WqConfig]] = []
-    for num_tokens, configs in plan.items():
-        routes = routings(num_tokens, layer.num_experts, layer.top_k, replays_per_graph(num_tokens), seed=num_tokens)
-        gen = torch.Generator(device="cuda").manual_seed(num_tokens + 1)
-        xs = [torch.randn(num_tokens, layer.hidden_size, device="cuda", dtype=getattr(torch, layer.dtype), generator=gen)
-              for _ in routes]
-        inputs = [(x, g, ids) for x, (g, ids) in zip(xs, routes)]
-        results = []
-        expected = None
-        for index, config in enumerate(configs):
-            if deadline is not None and time.monotonic() >= deadline and results:
-                untimed += [(num_tokens, c) for c in configs[index:]]
-                break
-            fn = layer_fn(arguments, config)
-            try:
-                out = fn(*inputs[0]).float()
-                if expected is None:
-                    expected = out
-                elif not bool(torch.isfinite(out).all()) or float((out - expected).norm() / expected.norm()) > TOLERANCE:
-                    log(f"  T={num_tokens} wrong result at full size, dropped: {config.to_json()}")
-                    continue
-                us = time_graph(fn, inputs, rep_ms)
-            except Exception as exc:
-                torch.cuda.synchronize()
-                log(f"  T={num_tokens} skip {config.to_json()}: {type(exc).__name__}: {str(exc)[:120]}")
-                continue
-            results.append((us, config))
-        if not results:
-            continue
-        results.sort(key=lambda r: r[0])
-        best_us[num_tokens], best[num_tokens] = results[0]
-        default_us = next((u for u, c in results if c == configs[0]), float("nan"))
-        served = served_wq_config(shape, num_tokens, device, sm_count)
-        served_us = next((u for u, c in results if c == served and c != configs[0]), None)
-        log(f"  T={num_tokens:5d}: best {results[0][0]:9.1f} us (default tile {default_us:9.1f} us"
-            + (f", the tables' entry now {served_us:9.1f} us" if served_us is not None else "")
-            + f", {len(results)} timed) {json.dumps(results[0][1].to_json(), sort_keys=True)}")
-        del xs, routes, inputs
+    timed = time_plan(plan, lambda config: layer_fn(arguments, config), num_experts=layer.num_experts,
+                      top_k=layer.top_k, hidden=layer.hidden_size, dtype=layer.dtype,
+                      served=lambda num_tokens: served_wq_config(shape, num_tokens, device, sm_count),
+                      describe=lambda config: json.dumps(config.to_json(), sort_keys=True), rep_ms=rep_ms,
+                      deadline=deadline, log=log)
     del arguments
     torch.cuda.empty_cache()
-    return best, best_us, untimed
+    return timed
 
 
 def served_wq_config(shape: WqLayerShape, num_tokens: int, device: str, sm_count: int) -> WqConfig:
