@@ -134,8 +134,13 @@ def world_of_one():
     dist.destroy_process_group()
 
 
-def test_fixed_capacity_on_one_rank_matches_the_local_batched_kernel(world_of_one) -> None:
-
+@pytest.mark.parametrize("capped_pf, experts, local_pf", [
+    (FixedCapacityAllToAllPrepareFinalize, TorchBatchedExperts, LocalBatchedPrepareFinalize),
+    (AllToAllPrepareFinalize, TorchExperts, LocalPrepareFinalize),  # the Standard-format P/F sending fixed blocks
+], ids=["fixed-capacity", "all-to-all"])
+def test_a_capacity_bound_pf_on_one_rank_matches_the_local_kernel(world_of_one, capped_pf, experts, local_pf) -> None:
+    """With max_tokens_per_rank the unfilled rows (empty, ids -1) change nothing; too many tokens, and a capacity
+    that is not a positive integer, are refused by name."""
     gen = torch.Generator().manual_seed(5)
     layer = MoELayer(num_experts=6, top_k=2, hidden_size=16, intermediate_size=8, dtype="float32")
     x = torch.randn(5, 16, generator=gen)
@@ -143,36 +148,14 @@ def test_fixed_capacity_on_one_rank_matches_the_local_batched_kernel(world_of_on
     weights = torch.rand(5, 2, generator=gen)
     w1, w2 = torch.randn(6, 16, 16, generator=gen) * 0.2, torch.randn(6, 16, 8, generator=gen) * 0.2
     placement = ExpertPlacement(6, 1, 0)
-    fixed = FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=8)
-    got = ModularKernel(fixed, TorchBatchedExperts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
-    want = ModularKernel(LocalBatchedPrepareFinalize(), TorchBatchedExperts(layer), layer)(x, w1, w2, weights, ids)
+    capped = capped_pf(placement, max_tokens_per_rank=8)
+    got = ModularKernel(capped, experts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
+    want = ModularKernel(local_pf(), experts(layer), layer)(x, w1, w2, weights, ids)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
-    small = FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=4)
+    small = capped_pf(placement, max_tokens_per_rank=4)
     with pytest.raises(KernelInputError, match="at most 4 tokens per rank"):
-        ModularKernel(small, TorchBatchedExperts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
-    with pytest.raises(KernelInputError, match="max_tokens_per_rank must be a positive integer"):
-        FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=0)
-
-
-def test_all_to_all_with_max_tokens_per_rank_on_one_rank_matches_the_local_kernel(world_of_one) -> None:
-    """The Standard-format P/F sending fixed blocks: the unfilled rows (empty, ids -1) change nothing; too many
-    tokens, and a capacity that is not a positive integer, are refused by name."""
-    gen = torch.Generator().manual_seed(6)
-    layer = MoELayer(num_experts=6, top_k=2, hidden_size=16, intermediate_size=8, dtype="float32")
-    x = torch.randn(5, 16, generator=gen)
-    ids = _random_ids(5, 2, 6, gen, hot=True)
-    weights = torch.rand(5, 2, generator=gen)
-    w1, w2 = torch.randn(6, 16, 16, generator=gen) * 0.2, torch.randn(6, 16, 8, generator=gen) * 0.2
-    placement = ExpertPlacement(6, 1, 0)
-    capped = AllToAllPrepareFinalize(placement, max_tokens_per_rank=8)
-    got = ModularKernel(capped, TorchExperts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
-    want = ModularKernel(LocalPrepareFinalize(), TorchExperts(layer), layer)(x, w1, w2, weights, ids)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-
-    small = AllToAllPrepareFinalize(placement, max_tokens_per_rank=4)
-    with pytest.raises(KernelInputError, match="at most 4 tokens per rank"):
-        ModularKernel(small, TorchExperts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
+        ModularKernel(small, experts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
     for bad in (0, True, 2.0):
-        with pytest.raises(KernelInputError, match="max_tokens_per_rank must be a positive integer or None"):
-            AllToAllPrepareFinalize(placement, max_tokens_per_rank=bad)
+        with pytest.raises(KernelInputError, match="max_tokens_per_rank must be a positive integer"):
+            capped_pf(placement, max_tokens_per_rank=bad)
