@@ -17,7 +17,8 @@ from moe_fsm.decision import Decision
 from moe_fsm.errors import BackendUnavailableError, InputError, KernelInputError
 
 
-def build(decision: Decision, registry: Registry | None = None, *, strict: bool = False, device: str | None = None):
+def build(decision: Decision, registry: Registry | None = None, *, strict: bool = False, device: str | None = None,
+          max_tokens_per_rank: int | None = None):
     """The decision's experts and prepare/finalize pair as one modular kernel.
 
     ``registry``: the one the decision was made with (default: its profile's). Where moe-fsm cannot load
@@ -25,7 +26,10 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
     run lacks (``device``: where the run computes, one of ``DEVICES``), a stand-in of
     the same numerics runs instead (``backends.stand_ins``), named by the kernel's ``stand_in``; ``strict``
     refuses stand-ins and the profile's substitutes alike with ``BackendUnavailableError`` (the plan's reason):
-    a strict build is the decided kernel itself or nothing. The decision never changes.
+    a strict build is the decided kernel itself or nothing. ``max_tokens_per_rank`` (``check_max_tokens_per_rank``):
+    the most tokens any rank passes in one call, the same on every rank; the all-to-all prepare/finalize then sends
+    fixed blocks and never reads the device on the host, so an expert-parallel layer can be captured in a CUDA
+    graph. The decision never changes.
     """
     from moe_fsm.modular.kernel import ModularKernel
     from moe_fsm.prepare_finalize.choice import build_prepare_finalize
@@ -35,12 +39,14 @@ def build(decision: Decision, registry: Registry | None = None, *, strict: bool 
     if not isinstance(strict, bool):
         raise InputError(f"strict must be True or False, got {strict!r}")
     device = device_type(device)
+    check_max_tokens_per_rank(max_tokens_per_rank)
     plan = decision.plan
     if not plan.prepare_finalize_buildable:
         raise BackendUnavailableError(plan.prepare_finalize_because or plan.because)
     experts, stand_in, layer = build_experts(decision, registry, strict=strict, device=device)
     prepare_finalize = build_prepare_finalize(
         decision.prepare_finalize, decision.inputs.parallel, num_experts=layer.num_experts, quant=layer.quant,
+        max_tokens_per_rank=max_tokens_per_rank,
     )
     kernel = ModularKernel(prepare_finalize, experts, layer)
     kernel.stand_in = stand_in
@@ -94,6 +100,13 @@ def build_experts(decision: Decision, registry: Registry | None = None, *, stric
         module, _, attr = stand_in.impl.partition(":")
         experts = getattr(importlib.import_module(module), attr)(layer)
     return experts, stand_in, layer
+
+
+def check_max_tokens_per_rank(value) -> None:
+    """``max_tokens_per_rank`` is None or a positive integer (what ``build`` and ``Engine`` take)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise InputError(f"max_tokens_per_rank must be None or a positive integer (the most tokens any rank passes in "
+                         f"one call), got {value!r}")
 
 
 DEVICES = ("None (CUDA when torch sees it, else the CPU), a device name torch reads ('cpu', 'cuda', 'cuda:N', 'mps', "

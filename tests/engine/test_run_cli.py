@@ -14,6 +14,7 @@ from moe_fsm.engine.presets import preset
 from moe_fsm.engine.run import KernelTimer, RunOptions, compare, run_model
 from moe_fsm.inputs.env import EnvSnapshot
 from moe_fsm.inputs.platform import preset as platform_preset
+from moe_fsm.trace import schema as trace_schema
 
 
 def test_run_prints_the_table_and_writes_one_trace_per_distinct_decision(tmp_path, capsys):
@@ -75,6 +76,21 @@ def test_run_across_two_processes(tmp_path, capfd):
     assert "rank1.json, shared by 2 layer(s)" in capfd.readouterr().out
 
 
+@pytest.mark.distributed
+def test_run_across_two_processes_in_fixed_blocks(tmp_path, capfd):
+    """--max-tokens-per-rank: the all-to-all sends fixed blocks (no host read); the layer still checks out against
+    float64 and each rank's trace records the blocks."""
+    code = main(["run", "--nproc", "2", "--layers", "1", "--tokens", "4", "--max-tokens-per-rank", "6",
+                 "--trace-dir", str(tmp_path)])
+    out = capfd.readouterr().out
+    assert code == 0, out
+    assert "all-to-all in fixed blocks of 6 rows a rank" in out and "1/1 layers within tolerance" in out
+    for rank in (0, 1):
+        trace = json.loads((tmp_path / f"layer000-model.layers.0.mlp.experts.rank{rank}.json").read_text())
+        assert trace["build"]["max_tokens_per_rank"] == 6
+        assert trace_schema.errors(trace) == []
+
+
 # -- issue 12, item 10: `run --nproc` checks its flags before launching anything --------------------
 
 
@@ -89,6 +105,11 @@ def test_run_across_two_processes(tmp_path, capfd):
     (["--seed", "-1"], "--seed must be from 0 to 2**63-1"),
     (["--layers", "1000000"], "--layers must be from 1 to 48 (the MoE layers of qwen3-30b-a3b), got 1000000"),
     (["--repeats", "0"], "--repeats must be from 1 to 1000"),
+    (["--max-tokens-per-rank", "64"], "--max-tokens-per-rank sizes the all-to-all's blocks: it needs --nproc 2 or more"),
+    (["--nproc", "2", "--all2all", "allgather_reducescatter", "--max-tokens-per-rank", "64"],
+     "and --all2all torch_all2all, got --nproc 2 --all2all allgather_reducescatter"),
+    (["--nproc", "2", "--tokens", "8", "--max-tokens-per-rank", "8"],
+     "--max-tokens-per-rank must be from 9 (the most tokens a rank holds: --tokens 8 + 1) to 131072, got 8"),
 ])
 def test_run_refuses_bad_flags_before_launching(argv, message, capsys, monkeypatch, tmp_path):
     if "cuda" in argv and torch.cuda.is_available():

@@ -27,6 +27,7 @@ SET_EVERY_FLAG = {
     "all2all": ["--all2all", "allgather_reducescatter"],
     "full_check": ["--full-check"],
     "repeats": ["--repeats", "2"],
+    "max_tokens_per_rank": ["--max-tokens-per-rank", "64"],
     "speed_table": ["--speed-table", "tests/data/speed/nvidia_h100.json"],
 }
 

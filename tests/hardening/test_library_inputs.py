@@ -144,6 +144,10 @@ CPU_DECISION = select(MoELayer(), platform=preset("cpu"), env={})
     (lambda: Engine(trace_dir=5), "trace_dir must be a directory path (a str or a pathlib.Path), got 5"),
     (lambda: Engine(trace_dir=b"traces"), "trace_dir must be a directory path"),
     (lambda: Engine(strict_build="no"), "strict_build must be True or False, got 'no'"),
+    (lambda: build(CPU_DECISION, max_tokens_per_rank=0), "max_tokens_per_rank must be None or a positive integer"),
+    (lambda: Engine(max_tokens_per_rank=True), "max_tokens_per_rank must be None or a positive integer (the most "
+                                                "tokens any rank passes in one call), got True"),
+    (lambda: Engine(max_tokens_per_rank=8.0), "max_tokens_per_rank must be None or a positive integer"),
 ])
 def test_replay_build_and_engine_take_only_what_they_can_use(call, message):
     with pytest.raises(InputError, match=re.escape(message)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -56,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=1, help="run across N processes (gloo on CPU, NCCL on GPUs)")
     parser.add_argument("--all2all", default="torch_all2all",
                         help=f"with --nproc > 1: how tokens travel ({' or '.join(RUNNABLE_ALL2ALL)})")
+    parser.add_argument("--max-tokens-per-rank", type=int, default=None, metavar="N",
+                        help="with --nproc > 1 and --all2all torch_all2all: the all-to-all sends fixed blocks of N "
+                             "rows per rank, with no host read (CUDA-graph capturable); N >= the most tokens a rank "
+                             "holds (--tokens + nproc - 1)")
     parser.add_argument("--full-check", action="store_true",
                         help="check every row of every layer against float64 (default: a sample of rows per layer)")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
@@ -110,6 +115,17 @@ def check_args(args, model) -> None:
         from moe_fsm.inputs.speed import read_speed_table
 
         read_speed_table(args.speed_table)  # a bad table is refused before any rank starts
+    if args.max_tokens_per_rank is not None:
+        from moe_fsm.distributed.group import is_launched
+
+        ranks = int(os.environ["WORLD_SIZE"]) if is_launched() else args.nproc  # a rank's own --nproc is 1
+        most = args.tokens + ranks - 1  # rank r holds --tokens + r tokens
+        if ranks == 1 or args.all2all != "torch_all2all":
+            raise InputError("--max-tokens-per-rank sizes the all-to-all's blocks: it needs --nproc 2 or more and "
+                             f"--all2all torch_all2all, got --nproc {ranks} --all2all {args.all2all}")
+        if not most <= args.max_tokens_per_rank <= MAX_TOKENS:
+            raise InputError(f"--max-tokens-per-rank must be from {most} (the most tokens a rank holds: --tokens "
+                             f"{args.tokens} + {ranks - 1}) to {MAX_TOKENS}, got {args.max_tokens_per_rank}")
     if args.nproc > 1:
         if args.all2all not in RUNNABLE_ALL2ALL:
             raise InputError(f"--all2all {args.all2all!r} is not one of {list(RUNNABLE_ALL2ALL)} (what --nproc runs)")

@@ -80,13 +80,16 @@ def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
         specs = list(model.layers[: args.layers or len(model.layers)])
         if ctx.rank == 0:
             parallel_line = (f"  parallel: dp={parallel.dp_size} ep={parallel.ep_size} all2all={parallel.all2all.value}; "
-                             f"rank r holds {args.tokens} + r tokens")
+                             f"rank r holds {args.tokens} + r tokens"
+                             + (f"; all-to-all in fixed blocks of {args.max_tokens_per_rank} rows a rank"
+                                if args.max_tokens_per_rank is not None else ""))
             print(render_header(model, args.tokens, args.layers, f"{device} x {ctx.world_size} ranks ({backend})",
                                 platform, request, env, (parallel_line, render_check_mode(options))), flush=True)
         engine = Engine(specs, parallel=parallel, request=request, env=env, platform=platform,
                         trace_dir=args.trace_dir, rank=ctx.rank,
                         policy=args.policy if args.policy is not None else model.policy,
-                        strict_build=args.strict_build, device=device.type, speed_table=args.speed_table)
+                        strict_build=args.strict_build, device=device.type, speed_table=args.speed_table,
+                        max_tokens_per_rank=args.max_tokens_per_rank)
         loaded = engine.load()
         generator = torch.Generator().manual_seed(args.seed)
         counts = [args.tokens + r for r in range(ctx.world_size)]

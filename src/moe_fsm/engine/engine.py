@@ -45,11 +45,13 @@ class Engine(LayerDecider):
     """
 
     def __init__(self, layers: Optional[list[LayerSpec]] = None, *, build: bool = True, strict_build: bool = False,
-                 device: Optional[str] = None, **settings) -> None:
+                 device: Optional[str] = None, max_tokens_per_rank: Optional[int] = None, **settings) -> None:
         """``settings``: the ``LayerDecider``'s (parallel, request, env, platform, trace_dir, rank, registry, policy).
 
         ``strict_build`` refuses stand-ins and substitutes (``runtime.build``); ``device`` is where the run computes,
-        which decides whether CUDA-only kernels can be built (None: CUDA when torch sees it).
+        which decides whether CUDA-only kernels can be built (None: CUDA when torch sees it);
+        ``max_tokens_per_rank``, the most tokens any rank passes in one call, makes the all-to-all prepare/finalize
+        send fixed blocks with no host read (``runtime.build``), and is recorded in those layers' traces.
         """
         super().__init__(**settings)
         if layers is not None and not (isinstance(layers, (list, tuple)) and all(isinstance(s, LayerSpec) for s in layers)):
@@ -59,8 +61,10 @@ class Engine(LayerDecider):
                 raise InputError(f"{name} must be True or False, got {flag!r}")
         if device is not None:
             runtime.device_type(device)  # refused here, before any layer is decided
+        runtime.check_max_tokens_per_rank(max_tokens_per_rank)
         self.strict_build = strict_build
         self.device = device
+        self.max_tokens_per_rank = max_tokens_per_rank
         self.layers = list(layers or [])
         self.build = build
         self._kernels: dict[DecisionInputs, object] = {}
@@ -91,7 +95,10 @@ class Engine(LayerDecider):
         # the trace's build section names what runs in place of the decided kernel and the weights' one-time
         # re-layout (the decision is unchanged)
         built = {"stand_in": stand_in.to_json() if stand_in is not None else None,
-                 "weight_layout": getattr(getattr(kernel, "experts", None), "relayout", None)}
+                 "weight_layout": getattr(getattr(kernel, "experts", None), "relayout", None),
+                 # the fixed blocks an all-to-all P/F sends when the engine was given them (not a default capacity)
+                 "max_tokens_per_rank": getattr(getattr(kernel, "prepare_finalize", None), "max_tokens_per_rank", None)
+                 if self.max_tokens_per_rank is not None else None}
         missing = {k: v for k, v in built.items() if v is not None and k not in (decision.trace.get("build") or {})}
         if missing:
             decision = replace(decision, trace={**decision.trace, "build": {**decision.trace["build"], **missing}})
@@ -109,7 +116,8 @@ class Engine(LayerDecider):
         if not self.build:
             return None
         try:
-            return runtime.build(decision, self.registry, strict=self.strict_build, device=self.device)
+            return runtime.build(decision, self.registry, strict=self.strict_build, device=self.device,
+                                 max_tokens_per_rank=self.max_tokens_per_rank)
         except BackendUnavailableError as err:
             raise BackendUnavailableError(f"layer {index} ({spec.name}): {err}") from err
 

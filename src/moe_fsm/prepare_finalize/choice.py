@@ -36,6 +36,7 @@ def build_prepare_finalize(
     group: Optional[dist.ProcessGroup] = None,
     quant: Optional[QuantScheme] = None,
     max_num_tokens: Optional[int] = None,
+    max_tokens_per_rank: Optional[int] = None,
 ) -> PrepareFinalize:
     """Instantiate ``choice`` on this process's group (``group``, default: the world).
 
@@ -43,7 +44,11 @@ def build_prepare_finalize(
     before they travel (not for dynamic per-tensor FP8). ``max_num_tokens`` is the
     batched format's per-expert capacity (None: sized per call), except for the
     fixed-capacity all-to-all, where it is vLLM's ``max_num_tokens``: the most tokens
-    per rank (None: 256, vLLM's default for batched DP). The distributed
+    per rank (None: 256, vLLM's default for batched DP). ``max_tokens_per_rank``, the
+    most tokens any rank passes in one call (the same on every rank), makes both
+    all-to-all kinds send fixed blocks of that many rows: the fixed-capacity one's
+    capacity, and the Standard-format one's mode with no host read, which a CUDA
+    graph can capture; the other kinds do not need it. The distributed
     kinds need an initialized process group of ``choice.group_size`` ranks; the
     vLLM-only kinds raise BackendUnavailableError saying what they would need.
     """
@@ -78,7 +83,7 @@ def build_prepare_finalize(
     if choice.kind is PrepareFinalizeKind.TORCH_ALL2ALL and choice.activation_format is ActivationFormat.BATCHED:
         return FixedCapacityAllToAllPrepareFinalize(
             placement,
-            max_tokens_per_rank=max_num_tokens or DEFAULT_MAX_TOKENS_PER_RANK,
+            max_tokens_per_rank=max_tokens_per_rank or max_num_tokens or DEFAULT_MAX_TOKENS_PER_RANK,
             group=group,
             quantize_first=quantize_before_communication(quant),
         )
@@ -89,6 +94,7 @@ def build_prepare_finalize(
             group=group,
             quantize_first=quantize_before_communication(quant),
             max_num_tokens=max_num_tokens,
+            max_tokens_per_rank=max_tokens_per_rank,
         )
     return ExpertParallelReducePrepareFinalize(
         placement, activation_format=choice.activation_format, group=group, max_num_tokens=max_num_tokens
