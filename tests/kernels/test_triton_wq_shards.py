@@ -103,11 +103,9 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.to(torch.float64) - ref).norm() / ref.norm())
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.split_k}")
-@pytest.mark.parametrize("tokens", [1, 5])
-@pytest.mark.parametrize("name", list(SHAPES))
-@interpreter
-def test_every_format_at_shard_shapes(poisoned, name, tokens, cfg):
+def check_every_stored_layout(name: str, tokens: int, config: WqConfig) -> None:
+    """``name``'s layer with ``config`` in each layout its weights may be stored in (checkpoint order and, for 4-bit
+    codes, the SPLIT re-layout; act-order weights sorted as the build sorts them) against float64."""
     scheme, x, w1, w2, scales, b1, b2, g, ids, ref = _problem(name, tokens)
     quant = WeightQuant.for_scheme(scheme)
     p1 = p2 = None
@@ -118,10 +116,18 @@ def test_every_format_at_shard_shapes(poisoned, name, tokens, cfg):
             x, relayout_nibbles(w1) if split else w1, relayout_nibbles(w2) if split else w2, g, ids, quant=quant,
             w1_scale=scales.w1_scale, w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point,
             w2_zero_point=scales.w2_zero_point, w1_perm=p1, w2_perm=p2, w1_bias=b1, w2_bias=b2, split=split,
-            fast=False, config=cfg,
+            fast=False, config=config,
         )
         assert out.shape == ref.shape and bool(torch.isfinite(out).all()), (name, split)
         assert _rel(out, ref) <= TOL, (name, split)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.split_k}")
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("name", list(SHAPES))
+@interpreter
+def test_every_format_at_shard_shapes(poisoned, name, tokens, cfg):
+    check_every_stored_layout(name, tokens, cfg)
 
 
 @interpreter
