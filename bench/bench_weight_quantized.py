@@ -659,6 +659,11 @@ def prefill_compare(args) -> None:
     from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts, prefill
     from moe_fsm.kernels.triton_wq.fused import _kernels, get_wq_config, relayout_nibbles
 
+    shapes = {**_shapes(), **_decode_shapes()}  # the decode rows too: other formats (NVFP4, INT4 g32) and shapes
+    unknown = [name for name in args.rows or () if name not in shapes]
+    if unknown:
+        raise SystemExit(f"prefill --rows: no row named {', '.join(map(repr, unknown))}; the rows: "
+                         f"{', '.join(map(repr, shapes))}")
     sys.path.insert(0, str(Path(args.extract)))
     t0 = time.time()
     out_dir = Path(args.out)
@@ -672,7 +677,6 @@ def prefill_compare(args) -> None:
              header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     print("\n".join(lines), flush=True)
     rows = []
-    shapes = {**_shapes(), **_decode_shapes()}  # the decode rows too: other formats (NVFP4, INT4 g32) and shapes
     kern = _kernels()
     for name in args.rows or _shapes():
         shape, scheme, activation, limit, bias = shapes[name]
