@@ -57,6 +57,19 @@ def test_a_broken_user_table_names_its_file(user_dir):
         cfg.get_config(DEVICE, 8, 64, 32, 2, 1, "bfloat16", None)
 
 
+@pytest.mark.parametrize("content, message", [(b"\x80\x81 binary", "is not UTF-8 text"),
+                                              (b"\xff\xfe{}", "is UTF-16 text")])
+def test_a_user_table_that_is_not_utf8_names_its_file_and_is_kept(user_dir, content, message):
+    """One line naming the file (was a UnicodeDecodeError), at lookup and when tuning would write into it."""
+    path = user_dir / "NVIDIA_H100_80GB_HBM3.json"
+    path.write_bytes(content)
+    with pytest.raises(KernelInputError, match=f"NVIDIA_H100_80GB_HBM3.json {message}"):
+        cfg.get_config(DEVICE, 8, 64, 32, 2, 1, "bfloat16", None)
+    with pytest.raises(KernelInputError, match=f"NVIDIA_H100_80GB_HBM3.json {message}"):
+        cfg.write_user_table(DEVICE, cfg.shape_key(8, 64, 32, "bf16"), {1: tuned(16)}, {})
+    assert path.read_bytes() == content
+
+
 @pytest.mark.parametrize("digits", [400, 5000])  # read but past a float; past Python's int max str digits
 def test_a_user_table_with_a_huge_integer_names_its_file(user_dir, digits):
     (user_dir / "NVIDIA_H100_80GB_HBM3.json").write_text('{"configs": {}, "version": ' + "9" * digits + "}")

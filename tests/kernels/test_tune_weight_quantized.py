@@ -180,11 +180,22 @@ def test_a_file_moe_fsm_did_not_make_is_never_replaced(tmp_path, text):
     assert path.read_text() == text
 
 
-def test_a_broken_user_table_is_one_error_naming_it_at_lookup(tmp_path, monkeypatch):
+@pytest.mark.parametrize("content, message", [
+    (b'{"a": [1]}', "is not a JSON object of shape keys"),
+    (b"\x80\x81 binary", "is not UTF-8 text"),  # was a UnicodeDecodeError
+    (b"\xff\xfe{}", "is UTF-16 text"),
+])
+def test_a_broken_user_table_is_one_error_naming_it_at_lookup_and_is_never_replaced(tmp_path, monkeypatch, content,
+                                                                                    message):
     monkeypatch.setenv(CONFIG_DIR_ENV, str(tmp_path))
-    (tmp_path / tables.table_file_name("Broken GPU")).write_text('{"a": [1]}')
-    with pytest.raises(KernelInputError, match=f"{tmp_path}.*is not a JSON object of shape keys"):
+    path = tmp_path / tables.table_file_name("Broken GPU")
+    path.write_bytes(content)
+    tables.load_user_table.cache_clear()
+    with pytest.raises(KernelInputError, match=f"{tmp_path}.*{message}"):
         get_wq_config("Broken GPU", WeightQuant("int4", 128), 8, 64, 64, 2, 1)
+    with pytest.raises(KernelInputError, match="moe-fsm does not replace it"):
+        tables.write_user_table("Broken GPU", "a", {1: WqConfig(16).to_json()}, tmp_path)
+    assert path.read_bytes() == content
 
 
 def refuse_split_k(candidate) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Optional
 
 from moe_fsm.errors import InputError, KernelInputError
-from moe_fsm.trace.document import parse_json, write_atomic
+from moe_fsm.trace.document import parse_json, read_text, write_atomic
 
 FP8_GROUP = 128  # DeepSeek-V3 block size: 128x128 weight blocks, 1x128 activation groups
 HOPPER_SMEM_BYTES = 232448  # the shared memory one sm_90 program may opt into
@@ -447,6 +447,15 @@ def _parse_table(text: str, where: str):
         raise KernelInputError(str(exc)) from None
 
 
+def read_table_text(path: Path, what: str) -> str:
+    """A user's tile table file as text; KernelInputError naming it when it is not readable UTF-8 (binary, UTF-16, a
+    directory or device, too big): the Triton MoE tables here and the weight-quantized ones (``triton_wq.tables``)."""
+    try:
+        return read_text(path, what)
+    except InputError as exc:
+        raise KernelInputError(str(exc)) from None
+
+
 def _read_table(text: str, where: str) -> dict:
     data = _parse_table(text, where)
     configs = data.get("configs") if isinstance(data, dict) else None
@@ -470,7 +479,7 @@ def load_user_table(directory: str, device_name: str) -> dict:
     path = Path(directory) / config_file_name(device_name)
     if not path.is_file():
         return {}
-    return _read_table(path.read_text(), str(path))
+    return _read_table(read_table_text(path, "the Triton MoE config table"), str(path))
 
 
 def load_table(device_name: str) -> dict:
@@ -495,7 +504,7 @@ def write_user_table(device_name: str, key: str, entries: dict[int, MoEConfig], 
     directory = Path(directory) if directory is not None else user_config_dir()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / config_file_name(device_name)
-    data = _parse_table(path.read_text(), str(path)) if path.is_file() else {"configs": {}}
+    data = _parse_table(read_table_text(path, "the Triton MoE config table"), str(path)) if path.is_file() else {"configs": {}}
     if not isinstance(data, dict) or not isinstance(data.get("configs"), dict):
         raise KernelInputError(f"{path} is not a Triton MoE config table (a JSON object with a 'configs' object), so "
                                "moe-fsm does not replace it: move it away or tune into another --config-dir")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from moe_fsm.errors import InputError, KernelInputError
-from moe_fsm.kernels.triton_moe.config import user_config_dir
+from moe_fsm.kernels.triton_moe.config import read_table_text, user_config_dir
 from moe_fsm.trace.document import parse_json, write_atomic
 
 
@@ -64,7 +64,7 @@ def load_user_table(directory: str, device: str) -> dict:
     path = Path(directory) / table_file_name(device)
     if not path.is_file():
         return {}
-    return read_table(path.read_text(), str(path))
+    return read_table(read_table_text(path, "the weight-quantized MoE tile table"), str(path))
 
 
 def user_table(device: str) -> dict:
@@ -84,7 +84,7 @@ def write_user_table(device: str, key: str, entries: dict[int, dict], directory:
     data = {}
     if path.is_file():
         try:
-            data = read_table(path.read_text(), str(path))
+            data = read_table(read_table_text(path, "the weight-quantized MoE tile table"), str(path))
         except KernelInputError as exc:
             raise KernelInputError(f"{exc}, so moe-fsm does not replace it: move it away or tune into another "
                                    "--config-dir") from None
