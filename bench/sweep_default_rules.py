@@ -25,7 +25,11 @@ The rules (``RULES``):
 The second sweep (``--rules default`` plus the ``CANDIDATES``, 2048 and 8192 tokens, FIT and HELD_OUT shapes) timed
 ``default_config`` with one regime changed at a time: 64-row pointer-load blocks or the flattened TMA tiles at 8-96
 rows per expert, the flattened loop at every N, a 128-wide w2 tile, the Gluon kernel on 64-row blocks for block FP8.
-``CHECK`` shapes are in neither fit: ``bench_experts_vs_vllm.py run --sweep-shapes check`` measures the result there.
+The third sweep (``--rules default thin_wide_k64 thin_wide_w8 thin32 mid_tma64``, bf16 and row-wise FP8 FIT and
+HELD_OUT shapes at 8 and 128 tokens, six of them at 512 and 2048) timed vLLM's tuned tiles for the layers the check
+run left below vLLM: 128-wide weight tiles on thin blocks (``thin_wide_w8`` kept for narrow bf16 layers and row-wise
+FP8 past 64 tokens), 32-row blocks at 8-32 rows per expert and 64-row TMA tiles at 48-96 rows past 512 tokens (both
+lost). ``CHECK`` shapes are in no fit: ``bench_experts_vs_vllm.py run --sweep-shapes check`` measures the result there.
 
 ``score SWEEP.json`` (no GPU) reads a saved sweep and, for each point where ``default_config`` picks a config one of
 the timed rules picked, takes that rule's time: the fitted rule's figures on the fit and the held-out shapes without a
@@ -52,8 +56,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from moe_fsm.kernels.triton_moe.config import (  # noqa: E402
-    GemmConfig, MoEConfig, default_config, gluon_mid_config, gluon_prefill_config, pointer_mid_config, tma_mid_config,
-    tma_prefill_config, vllm_tile_config,
+    GemmConfig, MoEConfig, default_config, gluon_mid_config, gluon_prefill_config, pointer_mid_config, thin_wide_config,
+    tma_mid_config, tma_prefill_config, vllm_tile_config,
 )
 
 # (name, E, N, K, top-k, quant): quant None (bf16), "tensor", "channel" or "block"
@@ -245,9 +249,59 @@ def rule_decode_deep(e, n, k, top_k, m, fp8):
     return base
 
 
+# The third sweep's candidates (issue 44): where the check run was below vLLM's tuned H200 entries. Many-expert bf16
+# layers at 8-128 tokens run thin 16-row blocks with vLLM's default 64-wide weight tiles (w1 32 gate + 32 up), which
+# on a narrow layer give w2 programs of a few K steps each; vLLM's tuned E=512 entries take 128-wide tiles, 64-wide K
+# steps at 8 tokens and 8 warps with 128-wide K steps at 128. At 16-32 rows per expert and 128-512 tokens vLLM's tuned
+# E=64 N=1280/2560 entries take 32-row blocks where the default pads to 64; at 48-96 rows past 512 tokens the default's
+# 128-row pointer-load tile is half pads (GPT-OSS-120B TP2 at 2048 tokens x0.999).
+
+
+def _thin(e, n, k, top_k, m, fp8) -> bool:
+    """Where the default runs 16-row swap-AB blocks on a bf16 or row-wise FP8 layer, past one token."""
+    return m > 1 and fp8 != "block" and rule_default(e, n, k, top_k, m, fp8).block_m == 16
+
+
+def _wide_thin_tiles(block_m: int, block_k: int, warps: int) -> MoEConfig:
+    """Swap-AB blocks of ``block_m`` rows with 128-wide weight tiles (w1 64 gate + 64 up, w2 128), 3 stages."""
+    return MoEConfig(block_m, GemmConfig(64, block_k, 1, warps, 3, True), GemmConfig(128, block_k, 1, warps, 3, True))
+
+
+def rule_thin_wide_k64(e, n, k, top_k, m, fp8):
+    """Thin blocks: 128-wide weight tiles, 64-wide K steps (128 for FP8: the same bytes), 4 warps (vLLM's tuned
+    H200 entry for E=512 N=256/512 at 8 tokens)."""
+    if _thin(e, n, k, top_k, m, fp8):
+        return _wide_thin_tiles(16, 64 if fp8 is None else 128, 4)
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
+def rule_thin_wide_w8(e, n, k, top_k, m, fp8):
+    """Thin blocks: 128-wide weight tiles, 128-wide K steps (256 for FP8), 8 warps (vLLM's tuned H200 entry for
+    E=512 N=256/512 at 128 tokens; ``config.thin_wide_config``, which the default now takes where it paid)."""
+    if _thin(e, n, k, top_k, m, fp8):
+        return thin_wide_config(fp8=fp8 is not None)
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
+def rule_thin32(e, n, k, top_k, m, fp8):
+    """8-32 rows per expert at 97-512 tokens: 32-row swap-AB blocks with 128-wide tiles, 128-wide K steps, 4 warps
+    (vLLM's tuned H200 entries for E=64 N=1280/2560 at 128 tokens), where the default pads to 64-row blocks."""
+    if fp8 != "block" and 96 < m <= 512 and 8 < m * top_k / e <= 32:
+        return _wide_thin_tiles(32, 128 if fp8 is None else 256, 4)
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
+def rule_mid_tma64(e, n, k, top_k, m, fp8):
+    """48-96 rows per expert past 512 tokens: the 64-row TMA tiles the default takes at 96+ rows up to 512 tokens."""
+    if m > 512 and fp8 != "block" and 48 <= m * top_k / e < 96:
+        return tma_mid_config(64 if fp8 is None else 128)
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
 CANDIDATES = {"mid_pointer64": rule_mid_pointer64, "mid_tma_flat": rule_mid_tma_flat, "flat_all": rule_flat_all,
               "w2_narrow": rule_w2_narrow, "gluon64": rule_gluon64, "decode_w1_16": rule_decode_w1_16,
-              "decode_deep": rule_decode_deep}
+              "decode_deep": rule_decode_deep, "thin_wide_k64": rule_thin_wide_k64, "thin_wide_w8": rule_thin_wide_w8,
+              "thin32": rule_thin32, "mid_tma64": rule_mid_tma64}
 
 
 def _shape(entry):

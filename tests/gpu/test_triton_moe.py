@@ -233,6 +233,45 @@ def test_fp8_block_tiles_across_scale_groups(shape, config):
     assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
 
 
+# The default's 128-wide tiles on thin blocks (config.wide_thin_tiles_pay): a narrow bf16 layer (Qwen3-Next TP2-like,
+# N = 256: two K steps a w2 tile) past one token, a row-wise FP8 layer past 64 tokens
+NARROW = Shape("narrow", 64, 1024, 256, 10)
+
+
+@pytest.mark.parametrize("num_tokens", [2, 8, 32])
+def test_default_wide_thin_tiles_bf16(num_tokens):
+    from moe_fsm.kernels.triton_moe.config import default_config, thin_wide_config
+
+    shape = NARROW
+    assert default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens,
+                          block_fp8=False) == thin_wide_config(fp8=False)
+    w1, w2 = float_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=31 + num_tokens)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=31 + num_tokens)
+    poison_allocator()
+    out = fused_experts(x, w1, w2, g, ids, out=_nan_out(num_tokens, shape.hidden, torch.bfloat16))
+    assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+
+
+@pytest.mark.parametrize("weight,activation", [("channel", "token"), ("tensor", "tensor")])
+def test_default_wide_thin_tiles_fp8_rowwise(weight, activation):
+    from moe_fsm.kernels.triton_moe.config import default_config, thin_wide_config
+
+    shape, num_tokens = Shape("wide-few-rows", 128, 1024, 1536, 2), 128  # 2 rows per expert: thin blocks
+    assert default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens,
+                          block_fp8=False, fp8=True) == thin_wide_config(fp8=True)
+    w1, w2 = float_weights(shape)
+    w1q, w2q, s1, s2, deq = quantize_rowwise(w1, w2, weight)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=33)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=33)
+    poison_allocator()
+    out = fused_experts(x, w1q, w2q, g, ids, fp8=Fp8Spec(weight, activation), w1_scale=s1, w2_scale=s2,
+                        out=_nan_out(num_tokens, shape.hidden, torch.bfloat16))
+    assert rel_err(out, reference(x, w1q, w2q, g, ids, dequantize=deq)) < FP8_VS_FLOAT_TOL
+    emulated = emulate_fp8(x, w1q, w2q, g, ids, granularity=activation, dequantize=deq)
+    assert rel_err(out, emulated) < FP8_VS_EMULATION_TOL
+
+
 @pytest.mark.parametrize(
     "weight,activation,static",
     [("tensor", "tensor", False), ("tensor", "tensor", True), ("channel", "token", False), ("tensor", "token", False)],

@@ -136,7 +136,13 @@ DEFAULT_CASES = [
     ((160, 1536, 5120, 8, "block", 2048), "gluon"),  # 102 rows, N 1536: 128-row Gluon blocks
     ((256, 2048, 7168, 8, "block", 8192), "gluon"),  # 256 rows
     ((128, 1536, 4096, 8, "block", 512), "vllm"),  # 32 rows: vLLM's 64-row pointer-load tile
-    ((512, 768, 4096, 8, None, 512), "thin"),  # 8 rows
+    ((512, 768, 4096, 8, None, 512), "thin_wide"),  # 8 rows, narrow bf16 (N <= 768): 128-wide tiles in 8 warps
+    ((128, 2880, 2880, 4, None, 128), "thin"),  # 4 rows, wide bf16: vLLM's 64-wide decode tiles
+    ((512, 256, 2048, 10, None, 8), "thin_wide"),  # decode, narrow bf16 (Qwen3-Next TP2)
+    ((512, 512, 2048, 10, None, 128), "thin_wide"),  # 2.5 rows, narrow bf16 (Qwen3-Next)
+    ((512, 256, 2048, 10, None, 1), "vllm"),  # one token keeps vLLM's tiles
+    ((64, 768, 3072, 8, "tensor", 8), "vllm"),  # decode, row-wise FP8: vLLM's tiles
+    ((128, 8192, 5120, 1, "channel", 128), "thin_wide"),  # 1 row, row-wise FP8 past 64 tokens
     ((8, 14336, 4096, 2, None, 512), "tma_mid"),  # 128 rows at 512 tokens
     ((128, 768, 2048, 8, None, 8192), "tma_flat"),  # 512 rows, narrow N
     ((8, 14336, 4096, 2, None, 8192), "tma"),  # wide N: not flattened
@@ -145,7 +151,8 @@ DEFAULT_CASES = [
     ((128, 2880, 2880, 4, None, 2048), "vllm"),  # 64 rows: vLLM's rule (the 128-row pointer tile past 512)
     ((512, 512, 2048, 10, None, 2048), "pointer_mid"),  # 40 rows past 512 tokens: 64-row pointer-load blocks
     ((128, 8192, 5120, 1, "channel", 2048), "pointer_mid"),  # 16 rows
-    ((512, 768, 4096, 1, None, 4096), "thin"),  # 8 rows past 512 tokens: still thin blocks
+    ((512, 768, 4096, 1, None, 4096), "thin_wide"),  # 8 rows past 512 tokens: still thin blocks
+    ((512, 1024, 4096, 1, None, 4096), "thin"),
 ]
 
 
@@ -163,6 +170,7 @@ def test_the_default_picks_by_rows_per_expert(case, kind):
     expected = {
         "vllm": cfg.vllm_tile_config(e, tokens, block_fp8=fp8 == "block", fp8=fp8 is not None),
         "thin": cfg.vllm_tile_config(e, 32, block_fp8=fp8 == "block", fp8=fp8 is not None),
+        "thin_wide": cfg.thin_wide_config(fp8=fp8 is not None),
         "tma_mid": cfg.tma_mid_config(block_k),
         "gluon": cfg.gluon_prefill_config(),
         "gluon_mid": cfg.gluon_mid_config(),

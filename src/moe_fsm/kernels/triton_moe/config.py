@@ -295,7 +295,9 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     Decode calls (64 tokens or fewer) take vLLM's tiles (``vllm_tile_config``), six stages deep for a single token of a
     row-wise FP8 layer (1-12% faster on 5 of 6 such shapes, 3% slower on one; deeper pipelines lost on bf16 and block
     FP8 and at 8 tokens, and w1 tiles 16 wide, for more programs, lost everywhere:
-    ``docs/perf/default_rules_h200_2_decode.json``). Past that the expected rows per expert, ``tokens x top-k / E``,
+    ``docs/perf/default_rules_h200_2_decode.json``), except that thin 16-row blocks of narrow bf16 layers (N <= 768)
+    past one token, and of row-wise FP8 layers past 64 tokens, take 128-wide weight tiles in 8 warps
+    (``wide_thin_tiles_pay``, the third sweep: ``docs/perf/default_rules_h200_3.json``). Past that the expected rows per expert, ``tokens x top-k / E``,
     decides, because a row block is padded to ``block_m`` per expert: a many-expert layer at 128-512 tokens fills a 64-row
     block a tenth, and thin 16-row blocks with swap-AB ran it faster; a layer whose experts get 96 rows or more runs
     the Hopper paths the tuner picks for the named shapes (the TMA kernels, the Gluon kernel for block FP8). What the
@@ -328,6 +330,8 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
         tiles = vllm_tile_config(num_experts, m, block_fp8=block_fp8, fp8=fp8)
         if m == 1 and fp8 and not block_fp8:
             return MoEConfig(tiles.block_m, replace(tiles.w1, num_stages=6), replace(tiles.w2, num_stages=6))
+        if tiles.block_m == 16 and not block_fp8 and wide_thin_tiles_pay(n, m, fp8=fp8):
+            return thin_wide_config(fp8=fp8)
         return tiles
     if block_fp8:
         if m > 512 and n >= 2048 and 40 <= rows < 256:
@@ -345,10 +349,38 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
             return vllm_tile_config(num_experts, m, block_fp8=False, fp8=True)
         return tma_prefill_config(block_k, flatten=n <= 1536)
     if rows <= 8:
+        if wide_thin_tiles_pay(n, m, fp8=fp8):
+            return thin_wide_config(fp8=fp8)
         return vllm_tile_config(num_experts, 32, block_fp8=False, fp8=fp8)
     if m > 512 and rows < 48:
         return pointer_mid_config(block_k)
     return vllm_tile_config(num_experts, m, block_fp8=False, fp8=fp8)
+
+
+def wide_thin_tiles_pay(n: int, num_tokens: int, *, fp8: bool) -> bool:
+    """Whether a bf16 or row-wise FP8 layer that runs thin 16-row blocks takes ``thin_wide_config`` over vLLM's
+    64-wide decode tiles: a bf16 layer with N <= 768 past one token, a row-wise FP8 layer past 64 tokens.
+
+    A 64-wide w2 tile of a narrow layer is a program that streams 64 x N weights in N / 128 K steps (2 at a Qwen3-Next
+    TP2 shard's N = 256): too short to fill its pipeline, so twice the width in twice the warps moves more per
+    program. The third sweep (``docs/perf/vs_vllm.md``, "The third sweep"), against vLLM on an H200: at 128 tokens
+    faster or level on every narrow bf16 and every row-wise FP8 layer (Qwen3-Next-like x0.99 -> x1.02, E256 N512
+    x1.05 -> x1.09, Llama-4-Maverick-like per-channel x1.01 -> x1.04) and 1% slower on wide bf16 layers
+    (GPT-OSS-120B-shaped x1.07 -> x1.05, Llama-4-Scout-like x1.08 -> x1.07); at 8 tokens level or faster on the
+    narrow bf16 layers (E256 N512 x1.14 -> x1.17), 1-3% slower on wide bf16 layers and within 1% either way on
+    row-wise FP8 ones. One token keeps vLLM's tiles (not swept); 32 tokens follows 8 and 128 (not swept).
+    """
+    if num_tokens <= 1:
+        return False
+    return num_tokens > 64 if fp8 else n <= 768
+
+
+def thin_wide_config(*, fp8: bool) -> MoEConfig:
+    """16-row swap-AB blocks with 128-wide weight tiles (w1 64 gate + 64 up columns, w2 128), 128-wide K steps (256
+    for FP8: the same bytes), 8 warps, 3 stages: vLLM's tuned H200 entry for E=512 N=256/512 at 128 tokens
+    (``wide_thin_tiles_pay`` says where)."""
+    block_k = 256 if fp8 else 128
+    return MoEConfig(16, GemmConfig(64, block_k, 1, 8, 3, swap_ab=True), GemmConfig(128, block_k, 1, 8, 3, swap_ab=True))
 
 
 def tma_prefill_config(block_k: int, *, flatten: bool) -> MoEConfig:
