@@ -295,13 +295,14 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     Decode calls (64 tokens or fewer) take vLLM's tiles (``vllm_tile_config``), six stages deep for a single token of a
     row-wise FP8 layer (1-12% faster on 5 of 6 such shapes, 3% slower on one; deeper pipelines lost on bf16 and block
     FP8 and at 8 tokens, and w1 tiles 16 wide, for more programs, lost everywhere:
-    ``docs/perf/default_rules_h200_2_decode.json``), except that thin 16-row blocks of narrow bf16 layers (N <= 768)
-    past one token, and of row-wise FP8 layers past 64 tokens, take 128-wide weight tiles in 8 warps
-    (``wide_thin_tiles_pay``, the third sweep: ``docs/perf/default_rules_h200_3.json``). Past that the expected rows per expert, ``tokens x top-k / E``,
-    decides, because a row block is padded to ``block_m`` per expert: a many-expert layer at 128-512 tokens fills a 64-row
-    block a tenth, and thin 16-row blocks with swap-AB ran it faster; a layer whose experts get 96 rows or more runs
-    the Hopper paths the tuner picks for the named shapes (the TMA kernels, the Gluon kernel for block FP8). What the
-    sweep found per regime:
+    ``docs/perf/default_rules_h200_2_decode.json``). Past that the expected rows per expert, ``tokens x top-k / E``,
+    decides, because a row block is padded to ``block_m`` per expert: a many-expert layer at 128-512 tokens fills a
+    64-row block a tenth, and thin 16-row blocks with swap-AB ran it faster; a layer whose experts get 96 rows or more
+    runs the Hopper paths the tuner picks for the named shapes (the TMA kernels, the Gluon kernel for block FP8). Thin
+    16-row blocks of narrow bf16 layers (N <= 768) past one token, and of row-wise FP8 layers past 64 tokens, take
+    128-wide weight tiles in 8 warps (``wide_thin_tiles_pay``; the third sweep, ``docs/perf/default_rules_h200_3.json``,
+    which found 32-row blocks at 8-32 rows per expert and 64-row TMA tiles at 48-96 rows past 512 tokens slower).
+    What the first two sweeps found per regime:
 
     - block FP8: 16 rows or fewer, thin blocks (x1.14-1.40 against vLLM at 128 tokens, where 64-row blocks gave
       x0.90-1.17); 40-96 rows, 64-row TMA tiles; 96 rows and more, the Gluon kernel (x1.27-1.57 at 8192 tokens
@@ -365,10 +366,11 @@ def wide_thin_tiles_pay(n: int, num_tokens: int, *, fp8: bool) -> bool:
     TP2 shard's N = 256): too short to fill its pipeline, so twice the width in twice the warps moves more per
     program. The third sweep (``docs/perf/vs_vllm.md``, "The third sweep"), against vLLM on an H200: at 128 tokens
     faster or level on every narrow bf16 and every row-wise FP8 layer (Qwen3-Next-like x0.99 -> x1.02, E256 N512
-    x1.05 -> x1.09, Llama-4-Maverick-like per-channel x1.01 -> x1.04) and 1% slower on wide bf16 layers
-    (GPT-OSS-120B-shaped x1.07 -> x1.05, Llama-4-Scout-like x1.08 -> x1.07); at 8 tokens level or faster on the
-    narrow bf16 layers (E256 N512 x1.14 -> x1.17), 1-3% slower on wide bf16 layers and within 1% either way on
-    row-wise FP8 ones. One token keeps vLLM's tiles (not swept); 32 tokens follows 8 and 128 (not swept).
+    x1.05 -> x1.09, Llama-4-Maverick-like per-channel x1.01 -> x1.04) and level to 1% slower on wide bf16 layers
+    (GPT-OSS-120B-shaped x1.07 -> x1.05, Llama-4-Scout-like x1.08 -> x1.07); at 8 tokens within 0.4% or faster on the
+    narrow bf16 layers (E256 N512 x1.14 -> x1.17), 0.5-4% slower on wide bf16 layers and from 1% slower to 5% faster
+    on row-wise FP8 ones, which keep vLLM's tiles there. One token keeps vLLM's tiles (not swept); 32 tokens follows 8
+    and 128, and row-wise FP8 past 128 tokens (8 rows per expert or fewer) follows 128 (neither swept).
     """
     if num_tokens <= 1:
         return False
@@ -380,7 +382,8 @@ def thin_wide_config(*, fp8: bool) -> MoEConfig:
     for FP8: the same bytes), 8 warps, 3 stages: vLLM's tuned H200 entry for E=512 N=256/512 at 128 tokens
     (``wide_thin_tiles_pay`` says where)."""
     block_k = 256 if fp8 else 128
-    return MoEConfig(16, GemmConfig(64, block_k, 1, 8, 3, swap_ab=True), GemmConfig(128, block_k, 1, 8, 3, swap_ab=True))
+    w1 = GemmConfig(64, block_k, 1, 8, 3, swap_ab=True)
+    return MoEConfig(16, w1, GemmConfig(128, block_k, 1, 8, 3, swap_ab=True))
 
 
 def tma_prefill_config(block_k: int, *, flatten: bool) -> MoEConfig:
