@@ -63,20 +63,22 @@ def test_send_rows_hold_each_tokens_packed_row(device, payload_dtype, hidden, wi
             expect = t[token].contiguous().view(torch.uint8).reshape(-1) if token < tokens else empty[f.start : f.start + f.nbytes]
             assert torch.equal(sent[s, f.start : f.start + f.nbytes], expect), (s, token, f)
 
-    # fixed blocks, gathered by send row: rows past a rank's count hold the empty row
-    capacity = max(tokens, 1)
+    # fixed blocks: rows past a rank's count hold the empty row (the send buffer poisoned first)
+    buffers = wire_kernels.WireBuffers()
+    capacity = max(tokens, 1) + 2
     total = world * capacity
     slot = send_slots(dest, torch.arange(world, device=device) * capacity, total)
     order = send_order(slot, total)
-    sent = torch.full((total, layout.row_bytes), 0x5A, dtype=torch.uint8, device=device)
-    sent.copy_(wire_kernels.gather_send_rows(packed, order))
+    buffers.rows("send", total, (layout.row_bytes,), torch.uint8, device).fill_(0x5A)
+    sent = wire_kernels.send_rows(packed, slot, total, counts=counts, capacity=capacity, buffers=buffers)
     for d in range(world):
         for i in range(capacity):
             check(sent, d * capacity + i, int(order[d * capacity + i]) if i < int(counts[d]) else tokens)
-    # variable counts, scattered by token: every send row filled, in destination and token order
+    # variable counts: every send row filled, in destination and token order
     total = int(counts.sum())
     slot = send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel())
-    sent = wire_kernels.scatter_send_rows(packed, slot, total)
+    buffers.rows("send", total, (layout.row_bytes,), torch.uint8, device).fill_(0x5A)
+    sent = wire_kernels.send_rows(packed, slot, total, buffers=buffers)
     assert sent.shape == (total, layout.row_bytes)
     expected_order = [t for d in range(world) for t in range(tokens) if bool(dest[t, d])]
     for s, token in enumerate(expected_order):
@@ -148,10 +150,17 @@ def test_the_kernels_apply_only_on_cuda_or_under_the_interpreter(monkeypatch) ->
 
 
 @pytest.mark.parametrize("capacity", [None, 40])
-@pytest.mark.parametrize("tokens,world,top_k", [(0, 2, 8), (1, 2, 8), (37, 3, 6), (1500, 4, 8)])
-def test_route_gives_the_slots_and_counts_of_the_torch_scan(device, tokens, world, top_k, capacity) -> None:
+@pytest.mark.parametrize("tokens,world,top_k,programs", [(0, 2, 8, None), (1, 2, 8, None), (37, 3, 6, None),
+                                                         (1500, 4, 8, None), (1500, 4, 8, (32, 3))])
+def test_route_gives_the_slots_and_counts_of_the_torch_scan(device, monkeypatch, tokens, world, top_k, capacity,
+                                                            programs) -> None:
+    """The route's programs each scan their tokens after counting the ones before; ``programs`` (tokens per scan
+    step, most programs) small makes each program take several steps."""
     if device.type == "cpu" and not wire_kernels.kernels_apply(torch.zeros(1)):
         pytest.skip("route() is the kernel only; send_slots is its torch form")
+    if programs is not None:
+        monkeypatch.setattr(wire_kernels, "ROUTE_BLOCK_T", programs[0])
+        monkeypatch.setattr(wire_kernels, "ROUTE_PROGRAMS", programs[1])
     if capacity is not None and tokens > capacity:
         capacity = tokens
     gen = torch.Generator().manual_seed(tokens + world)
@@ -172,10 +181,6 @@ def test_route_gives_the_slots_and_counts_of_the_torch_scan(device, tokens, worl
                                 capacity=capacity)
     assert torch.equal(routes.counts.cpu(), counts)
     assert torch.equal(routes.slot.cpu(), expect)
-    if capacity is None:
-        assert routes.order is None
-    else:  # the send order of the fixed blocks, the empty row (M) past each rank's count
-        assert torch.equal(routes.order.cpu(), send_order(expect, world * capacity))
     records = torch.full((world, 3), 7, dtype=torch.int64, device=device)  # counts written into a column
     wire_kernels.route(ids.to(device), placement.owner_table(device).to(torch.int32), world, counts_out=records[:, 0])
     assert torch.equal(records[:, 0].cpu(), counts) and bool((records[:, 1:] == 7).all())
@@ -185,7 +190,7 @@ def test_route_gives_the_slots_and_counts_of_the_torch_scan(device, tokens, worl
 @pytest.mark.parametrize("tokens", [0, 1, 37])
 def test_send_rows_quantized_while_packing_hold_the_quantizers_bytes(device, rows_kind, tokens) -> None:
     """FP8 per token / per 1x128 group applied by the send-row kernel: the same bytes and scales as the torch
-    quantizer, in every send row the token goes to (scattered) and by send order with empty rows (gathered)."""
+    quantizer, in every send row the token goes to, with empty rows past each rank's count in fixed blocks."""
     if not wire_kernels.kernels_apply(torch.zeros(1, device=device)):
         pytest.skip("quantizing while packing is the kernels' path (CUDA, or TRITON_INTERPRET=1)")
     from moe_fsm.kernels import fp8
@@ -213,19 +218,19 @@ def test_send_rows_quantized_while_packing_hold_the_quantizers_bytes(device, row
             expect = t[token].contiguous().view(torch.uint8).reshape(-1) if token < tokens else empty[f.start : f.start + f.nbytes].cpu()
             assert torch.equal(sent[s, f.start : f.start + f.nbytes], expect), (s, token, f)
 
-    capacity = max(tokens, 1)
+    capacity = max(tokens, 1) + 2
     total = world * capacity
     slot = send_slots(dest, torch.arange(world, device=device) * capacity, total)
     order = send_order(slot, total)
     buffers.rows("send", total, (layout.row_bytes,), torch.uint8, device).fill_(0x5A)  # poisoned, then reused
-    sent = wire_kernels.gather_send_rows(packed, order, buffers=buffers).cpu()
+    sent = wire_kernels.send_rows(packed, slot, total, counts=counts, capacity=capacity, buffers=buffers).cpu()
     for d in range(world):
         for i in range(capacity):
             check(sent, d * capacity + i, int(order[d * capacity + i]) if i < int(counts[d]) else tokens)
     total = int(counts.sum())
     slot = send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel())
     buffers.rows("send", total, (layout.row_bytes,), torch.uint8, device).fill_(0x5A)
-    sent = wire_kernels.scatter_send_rows(packed, slot, total, buffers=buffers).cpu()
+    sent = wire_kernels.send_rows(packed, slot, total, buffers=buffers).cpu()
     expected_order = [t for d in range(world) for t in range(tokens) if bool(dest[t, d])]
     for s, token in enumerate(expected_order):
         check(sent, s, token)

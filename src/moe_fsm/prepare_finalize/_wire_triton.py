@@ -5,18 +5,42 @@ import triton.language as tl
 
 
 @triton.jit
-def gather_rows_kernel(dst_ptr, dst_stride, src_ptr, src_stride, index_ptr, num_src, n_cols, empty_ptr,
-                       HAS_EMPTY: tl.constexpr, BLOCK: tl.constexpr):
-    """dst[r] = src[index[r]], or where index[r] >= num_src the row at empty_ptr (HAS_EMPTY) or zeros."""
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+def _fill_empty_rows(dst_ptr, dst_stride, empty_ptr, counts_ptr, pad, pad_programs, capacity, n_cols, cols):
+    """Pad program ``pad`` of rank d = pad // pad_programs: the empty row into every ``pad_programs``-th row of d's
+    block past its count (rows d * capacity + counts[d] .. (d + 1) * capacity), columns ``cols``."""
+    d = (pad // pad_programs).to(tl.int64)
     inside = cols < n_cols
-    src_row = tl.load(index_ptr + row).to(tl.int64)
-    found = cols * 0 + src_row < num_src
-    values = tl.load(src_ptr + src_row * src_stride + cols, mask=inside & found, other=0)
-    if HAS_EMPTY:
-        values = tl.where(found, values, tl.load(empty_ptr + cols, mask=inside & (found == 0), other=0))
-    tl.store(dst_ptr + row.to(tl.int64) * dst_stride + cols, values, mask=inside)
+    empty = tl.load(empty_ptr + cols, mask=inside, other=0)
+    first = d * capacity + tl.load(counts_ptr + d) + pad % pad_programs
+    for r in range(first, (d + 1) * capacity, pad_programs):
+        tl.store(dst_ptr + r * dst_stride + cols, empty, mask=inside)
+
+
+@triton.jit
+def send_rows_kernel(dst_ptr, dst_stride, payload_ptr, payload_stride, payload_cols, meta_ptr, meta_stride, meta_start,
+                     n_cols, slot_ptr, world, not_sent, num_tokens, empty_ptr, counts_ptr, pad_programs, capacity,
+                     HAS_META: tl.constexpr, FIXED: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (t, c) for t < num_tokens: columns c of token t's whole row (the payload, then the packed small fields
+    from column meta_start) read once and written to each send row slot[t, d] < not_sent. FIXED: programs past the
+    tokens write the empty row into the rows of each rank's block that no token fills (_fill_empty_rows)."""
+    program = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    if program < num_tokens:
+        token = program.to(tl.int64)
+        in_payload = cols < payload_cols
+        values = tl.load(payload_ptr + token * payload_stride + cols, mask=in_payload, other=0)
+        inside = in_payload
+        if HAS_META:
+            in_meta = (cols >= meta_start) & (cols < n_cols)
+            meta = tl.load(meta_ptr + token * meta_stride + cols - meta_start, mask=in_meta, other=0)
+            values = tl.where(in_meta, meta, values)
+            inside = in_payload | in_meta
+        for d in range(world):
+            dst_row = tl.load(slot_ptr + token * world + d)
+            tl.store(dst_ptr + dst_row * dst_stride + cols, values, mask=inside & (cols * 0 + dst_row < not_sent))
+    elif FIXED:
+        _fill_empty_rows(dst_ptr, dst_stride, empty_ptr, counts_ptr, program - num_tokens, pad_programs, capacity, n_cols,
+                         cols)
 
 
 @triton.jit
@@ -33,15 +57,18 @@ def _rounded_for(acc, out_ptr):
 
 
 @triton.jit
-def combine_kernel(out_ptr, out_stride, ret_ptr, ret_stride, slot_ptr, world, num_returned, n_cols,
+def combine_kernel(out_ptr, out_stride, ret_ptr, ret_stride, slot_ptr, num_returned, n_cols, WORLD: tl.constexpr,
                    BLOCK: tl.constexpr):
-    """out[t] = sum over ranks d of returned[slot[t, d]] (slots >= num_returned skipped), summed in float32."""
+    """out[t] = sum over ranks d of returned[slot[t, d]] (slots >= num_returned skipped), summed in float32.
+
+    The ranks' loop is unrolled (WORLD is a constant), so a program's W row loads are in flight together.
+    """
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = cols < n_cols
     acc = tl.full((BLOCK,), 0.0, tl.float32)  # tl.full, not tl.zeros: see _kernel_module
-    for d in range(world):
-        slot = tl.load(slot_ptr + token * world + d).to(tl.int64)
+    for d in tl.static_range(WORLD):
+        slot = tl.load(slot_ptr + token * WORLD + d).to(tl.int64)
         rows = tl.load(ret_ptr + slot * ret_stride + cols, mask=inside & (cols * 0 + slot < num_returned), other=0.0)
         acc += rows.to(tl.float32)
     tl.store(out_ptr + token * out_stride + cols, _rounded_for(acc, out_ptr), mask=inside)
@@ -90,42 +117,57 @@ def _larger(a, b):
 
 
 @triton.jit
-def route_kernel(ids_ptr, ids_stride, owner_ptr, slot_ptr, counts_ptr, counts_stride, order_ptr, num_tokens, top_k,
-                 num_experts, not_sent, capacity, WORLD: tl.constexpr, FIXED: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
-    """One program: for each rank d in turn, which tokens route a slot to d's experts, and their send rows.
+def _owners(ids_ptr, ids_stride, owner_ptr, ts, ks, num_tokens, top_k, num_experts):
+    """int32 [len(ts), BLOCK_K]: the rank owning each slot's expert of tokens ts; -1 for skipped slots, ids outside
+    [0, E) and tokens past num_tokens."""
+    inside = (ts < num_tokens)[:, None] & (ks < top_k)[None, :]
+    ids = tl.load(ids_ptr + ts.to(tl.int64)[:, None] * ids_stride + ks[None, :], mask=inside, other=-1)
+    return tl.load(owner_ptr + ids, mask=inside & (ids >= 0) & (ids < num_experts), other=-1)
 
-    slot[t, d] = start of d's rows + the number of earlier tokens that go to d, or not_sent; counts[d] = tokens
-    that go to d. d's rows start at d * capacity (FIXED) or after the rows of ranks before d. FIXED also writes
-    the send order: order[slot[t, d]] = t, and num_tokens (the empty row) in the rows of d's block past its count.
-    (Scans and reductions go through tl.reduce / tl.associative_scan with the combiners above: see _kernel_module.)
+
+@triton.jit
+def route_kernel(ids_ptr, ids_stride, owner_ptr, slot_ptr, counts_ptr, counts_stride, num_tokens, top_k, num_experts,
+                 not_sent, capacity, span, WORLD: tl.constexpr, FIXED: tl.constexpr, BLOCK_T: tl.constexpr,
+                 COUNT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Program p: the send rows of tokens [p * span, (p + 1) * span), for every rank.
+
+    slot[t, d] = start of d's rows + the number of earlier tokens that go to d, or not_sent; counts[d] = tokens that
+    go to d (written by program 0). d's rows start at d * capacity (FIXED) or after the rows of the ranks before d.
+    Each program first counts, in wide chunks, the tokens before its own (and, for the starts, all of them) that go
+    to each rank, then scans its own tokens: programs run side by side, with no pass that walks every token in
+    small steps. (Scans and reductions go through tl.reduce / tl.associative_scan with the combiners above: see
+    _kernel_module.)
     """
     ks = tl.arange(0, BLOCK_K)
-    base = 0
-    for d in tl.static_range(WORLD):
-        if FIXED:
-            base = d * capacity
-        running = 0
-        for t0 in range(0, num_tokens, BLOCK_T):
-            ts = t0 + tl.arange(0, BLOCK_T)
-            inside = (ts < num_tokens)[:, None] & (ks < top_k)[None, :]
-            ids = tl.load(ids_ptr + ts.to(tl.int64)[:, None] * ids_stride + ks[None, :], mask=inside, other=-1)
-            valid = inside & (ids >= 0) & (ids < num_experts)
-            owner = tl.load(owner_ptr + ids, mask=valid, other=-1)
+    ws = tl.arange(0, BLOCK_W)
+    first = tl.program_id(0) * span
+    last = tl.minimum(first + span, num_tokens)
+    before = tl.full((BLOCK_W,), 0, tl.int32)  # per rank: tokens before this program's that go to it
+    total = tl.full((BLOCK_W,), 0, tl.int32)  # per rank: all tokens that go to it
+    for t0 in range(0, num_tokens, COUNT_T):
+        ts = t0 + tl.arange(0, COUNT_T)
+        owner = _owners(ids_ptr, ids_stride, owner_ptr, ts, ks, num_tokens, top_k, num_experts)
+        for d in tl.static_range(WORLD):
             hit = tl.reduce((owner == d).to(tl.int32), 1, _larger)
-            before = tl.associative_scan(hit, 0, _add) - hit
-            slot = tl.where(hit > 0, base + running + before, not_sent)
-            tl.store(slot_ptr + ts.to(tl.int64) * WORLD + d, slot.to(tl.int64), mask=ts < num_tokens)
+            total = tl.where(ws == d, total + tl.reduce(hit, 0, _add), total)
+            before = tl.where(ws == d, before + tl.reduce(tl.where(ts < first, hit, 0), 0, _add), before)
+    if tl.program_id(0) == 0:
+        tl.store(counts_ptr + ws * counts_stride, total.to(tl.int64), mask=ws < WORLD)
+    for t0 in range(first, last, BLOCK_T):
+        ts = t0 + tl.arange(0, BLOCK_T)
+        mine = ts < last
+        owner = _owners(ids_ptr, ids_stride, owner_ptr, ts, ks, last, top_k, num_experts)
+        for d in tl.static_range(WORLD):
+            hit = tl.reduce((owner == d).to(tl.int32), 1, _larger)
             if FIXED:
-                tl.store(order_ptr + slot, ts.to(tl.int64), mask=(ts < num_tokens) & (hit > 0))
-            running += tl.reduce(hit, 0, _add)
-        if FIXED:
-            for p0 in range(running, capacity, BLOCK_T):
-                ps = p0 + tl.arange(0, BLOCK_T)
-                tl.store(order_ptr + base + ps, (ps * 0 + num_tokens).to(tl.int64), mask=ps < capacity)
-        tl.store(counts_ptr + d * counts_stride, running.to(tl.int64))
-        if not FIXED:
-            base += running
+                base = d * capacity
+            else:
+                base = tl.reduce(tl.where(ws < d, total, 0), 0, _add)
+            running = tl.reduce(tl.where(ws == d, before, 0), 0, _add)
+            position = running + tl.associative_scan(hit, 0, _add) - hit
+            slot = tl.where(hit > 0, base + position, not_sent)
+            tl.store(slot_ptr + ts.to(tl.int64) * WORLD + d, slot.to(tl.int64), mask=mine)
+            before = tl.where(ws == d, before + tl.reduce(hit, 0, _add), before)
 
 
 @triton.jit
@@ -148,65 +190,77 @@ def _e4m3_bits(v):
 
 
 @triton.jit
-def quantize_rows_kernel(q_ptr, q_stride, s_ptr, s_stride, x_ptr, x_stride, index_ptr, index_cols, num_src, trash,
-                         n_cols, GATHER: tl.constexpr, PER_TOKEN: tl.constexpr, GROUP: tl.constexpr,
-                         GROUPS: tl.constexpr):
-    """Dynamic FP8 of each source row, written with its scales straight into its send rows (one read of x).
+def _fp8_bytes(v, HW_FP8: tl.constexpr):
+    """float8_e4m3fn bytes of float32 ``v`` clamped to [-448, 448], rounded to nearest even: the hardware conversion
+    where the kernel is compiled (HW_FP8), the same bytes by integer arithmetic under the interpreter."""
+    v = tl.clamp(v, -448.0, 448.0)
+    if HW_FP8:
+        return v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return _e4m3_bits(v)
 
-    GATHER: program r fills send row r from source row index[r] (zeros and a zero scale where it is >= num_src);
-    else program r reads source row r and writes every send row index[r, d] < trash. PER_TOKEN: one scale per
-    row, max(amax, 1e-10) / 448 (one program walks the row twice); else one per GROUP columns (GROUPS groups per
-    program). Divisions are correctly rounded, as the experts' own quantizer's, so the bytes are the same.
+
+@triton.jit
+def quantize_rows_kernel(q_ptr, q_stride, s_ptr, s_stride, x_ptr, x_stride, slot_ptr, world, not_sent, num_tokens,
+                         n_cols, q_columns, words_ptr, words_stride, meta_ptr, meta_stride, meta_start, row_words,
+                         empty_ptr, counts_ptr, pad_programs, capacity, PER_TOKEN: tl.constexpr, GROUP: tl.constexpr,
+                         GROUPS: tl.constexpr, FIXED: tl.constexpr, HW_FP8: tl.constexpr, BLOCK: tl.constexpr):
+    """Dynamic FP8 of each token's row, written with its scales and small fields straight into its send rows.
+
+    Program (t, c) for t < num_tokens reads token t once and writes every send row slot[t, d] < not_sent: for
+    c < q_columns, the quantized bytes and scales of its columns (PER_TOKEN: the whole row, one scale
+    max(amax, 1e-10) / 448, walked twice; else GROUPS groups of GROUP columns, one scale each); for c = q_columns
+    (the grid has that column where there are small fields) the packed small fields, copied as words of the send
+    rows (``words_ptr``) from word meta_start.
+    FIXED: programs past the tokens write the empty row, in words, into the rows of each rank's block no token
+    fills (_fill_empty_rows). Divisions are correctly rounded, as the experts' own quantizer's, so the bytes are
+    the same.
     """
-    row = tl.program_id(0).to(tl.int64)
-    if GATHER:
-        src = tl.load(index_ptr + row).to(tl.int64)
-    else:
-        src = row
-    valid = src < num_src
-    raw = src
-    src = tl.where(valid, src, 0)
-    if PER_TOKEN:
-        cols = tl.arange(0, GROUPS * GROUP)
-        amax = 0.0
-        for c0 in range(0, n_cols, GROUPS * GROUP):
-            x = tl.load(x_ptr + src * x_stride + c0 + cols, mask=(c0 + cols < n_cols) & (cols * 0 + raw < num_src), other=0.0)
-            amax = tl.maximum(amax, tl.reduce(tl.abs(x.to(tl.float32)), 0, _larger))
-        scale = tl.div_rn(tl.maximum(amax, 1e-10), 448.0)
-        for c0 in range(0, n_cols, GROUPS * GROUP):
-            inside = c0 + cols < n_cols
-            x = tl.load(x_ptr + src * x_stride + c0 + cols, mask=inside & (cols * 0 + raw < num_src), other=0.0)
-            q = _e4m3_bits(tl.clamp(tl.div_rn(x.to(tl.float32), scale), -448.0, 448.0))
-            if GATHER:
-                tl.store(q_ptr + row * q_stride + c0 + cols, q, mask=inside)
-            else:
-                for d in range(index_cols):
-                    dst = tl.load(index_ptr + row * index_cols + d).to(tl.int64)
-                    tl.store(q_ptr + dst * q_stride + c0 + cols, q, mask=inside & (cols * 0 + dst < trash))
-        scale = tl.where(valid, scale, 0.0)
-        if GATHER:
-            tl.store(s_ptr + row * s_stride, scale)
+    program = tl.program_id(0)
+    column = tl.program_id(1)
+    if program < num_tokens:
+        row = program.to(tl.int64)
+        if column >= q_columns:
+            words = meta_start + tl.arange(0, BLOCK)
+            for c0 in range(0, row_words - meta_start, BLOCK):
+                in_row = c0 + words < row_words
+                meta = tl.load(meta_ptr + row * meta_stride + c0 + words - meta_start, mask=in_row, other=0)
+                for d in range(world):
+                    dst_m = tl.load(slot_ptr + row * world + d)
+                    tl.store(words_ptr + dst_m * words_stride + c0 + words, meta,
+                             mask=in_row & (words * 0 + dst_m < not_sent))
+        elif PER_TOKEN:
+            tcols = tl.arange(0, GROUPS * GROUP)
+            amax = 0.0
+            for c0 in range(0, n_cols, GROUPS * GROUP):
+                xt = tl.load(x_ptr + row * x_stride + c0 + tcols, mask=c0 + tcols < n_cols, other=0.0)
+                amax = tl.maximum(amax, tl.reduce(tl.abs(xt.to(tl.float32)), 0, _larger))
+            token_scale = tl.div_rn(tl.maximum(amax, 1e-10), 448.0)
+            for c0 in range(0, n_cols, GROUPS * GROUP):
+                in_tok = c0 + tcols < n_cols
+                xt = tl.load(x_ptr + row * x_stride + c0 + tcols, mask=in_tok, other=0.0)
+                qt = _fp8_bytes(tl.div_rn(xt.to(tl.float32), token_scale), HW_FP8)
+                for d in range(world):
+                    dst_t = tl.load(slot_ptr + row * world + d)
+                    tl.store(q_ptr + dst_t * q_stride + c0 + tcols, qt, mask=in_tok & (tcols * 0 + dst_t < not_sent))
+            for d in range(world):
+                dst_t = tl.load(slot_ptr + row * world + d)
+                tl.store(s_ptr + dst_t * s_stride, token_scale, mask=dst_t < not_sent)
         else:
-            for d in range(index_cols):
-                dst = tl.load(index_ptr + row * index_cols + d).to(tl.int64)
-                tl.store(s_ptr + dst * s_stride, scale, mask=dst < trash)
-    else:
-        groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
-        cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-        inside = cols < n_cols
-        x = tl.load(x_ptr + src * x_stride + cols, mask=inside & (cols * 0 + raw < num_src), other=0.0).to(tl.float32)
-        scale = tl.div_rn(tl.maximum(tl.reduce(tl.abs(x), 1, _larger), 1e-10), 448.0)
-        q = _e4m3_bits(tl.clamp(tl.div_rn(x, scale[:, None]), -448.0, 448.0))
-        scale = tl.where(groups * 0 + raw < num_src, scale, 0.0)
-        has_group = groups * GROUP < n_cols
-        if GATHER:
-            tl.store(q_ptr + row * q_stride + cols, q, mask=inside)
-            tl.store(s_ptr + row * s_stride + groups, scale, mask=has_group)
-        else:
-            for d in range(index_cols):
-                dst = tl.load(index_ptr + row * index_cols + d).to(tl.int64)
-                tl.store(q_ptr + dst * q_stride + cols, q, mask=inside & (cols * 0 + dst < trash))
-                tl.store(s_ptr + dst * s_stride + groups, scale, mask=has_group & (groups * 0 + dst < trash))
+            groups = column * GROUPS + tl.arange(0, GROUPS)
+            cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+            inside = cols < n_cols
+            x = tl.load(x_ptr + row * x_stride + cols, mask=inside, other=0.0).to(tl.float32)
+            scale = tl.div_rn(tl.maximum(tl.reduce(tl.abs(x), 1, _larger), 1e-10), 448.0)
+            q = _fp8_bytes(tl.div_rn(x, scale[:, None]), HW_FP8)
+            has_group = groups * GROUP < n_cols
+            for d in range(world):
+                dst_g = tl.load(slot_ptr + row * world + d)
+                tl.store(q_ptr + dst_g * q_stride + cols, q, mask=inside & (cols * 0 + dst_g < not_sent))
+                tl.store(s_ptr + dst_g * s_stride + groups, scale, mask=has_group & (groups * 0 + dst_g < not_sent))
+    elif FIXED:
+        for c0 in range(column * BLOCK, row_words, tl.num_programs(1) * BLOCK):
+            _fill_empty_rows(words_ptr, words_stride, empty_ptr, counts_ptr, program - num_tokens, pad_programs,
+                             capacity, row_words, c0 + tl.arange(0, BLOCK))
 
 
 @triton.jit

@@ -58,7 +58,7 @@ from moe_fsm.modular.interfaces import (
     PreparedTokens,
     WeightAndReduce,
 )
-from moe_fsm.prepare_finalize.dispatch_layout import destinations, empty_row, send_order, send_slots
+from moe_fsm.prepare_finalize.dispatch_layout import destinations, empty_row, send_slots
 from moe_fsm.prepare_finalize.reduce import apply_router_weight_to_input
 from moe_fsm.prepare_finalize.transport import (
     PlacementGuard,
@@ -76,12 +76,11 @@ from moe_fsm.prepare_finalize.wire_kernels import (
     SourcePack,
     WireBuffers,
     combine_returned,
-    gather_send_rows,
     kernels_apply,
     local_ids,
     pack_source,
     route,
-    scatter_send_rows,
+    send_rows,
 )
 
 
@@ -147,7 +146,7 @@ class ExpertParallelDispatch(PrepareFinalize):
     def _routes(
         self, topk_ids: torch.Tensor, world: int, capacity: Optional[int] = None, counts_out: Optional[torch.Tensor] = None
     ) -> Routes:
-        """Each token's send row per rank, the send counts and, for fixed blocks, the send order (``wire_kernels.route``).
+        """Each token's send row per rank and the send counts (``wire_kernels.route``).
 
         One kernel on CUDA (writing the counts into ``counts_out`` where given); off it, torch operations.
         """
@@ -163,9 +162,8 @@ class ExpertParallelDispatch(PrepareFinalize):
         dest = destinations(topk_ids, self._owner[key])
         counts = dest.sum(dim=0) if counts_out is None else torch.sum(dest, dim=0, out=counts_out)
         if capacity is None:
-            return Routes(send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel()), counts, None)
-        slot = send_slots(dest, torch.arange(world, device=device) * capacity, world * capacity)
-        return Routes(slot, counts, send_order(slot, world * capacity))
+            return Routes(send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel()), counts)
+        return Routes(send_slots(dest, torch.arange(world, device=device) * capacity, world * capacity), counts)
 
     def _local_map(self, expert_map: torch.Tensor) -> torch.Tensor:
         """``expert_map`` as int32 for the id kernels, converted once per map tensor."""
@@ -315,13 +313,14 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
                 self.name,
             )
             recv = tuple(counts[world + 3 * s] for s in range(world))
-            wire = all_to_all_v(scatter_send_rows(packed, routes.slot, sum(send), buffers=self._buffers), send, recv,
+            wire = all_to_all_v(send_rows(packed, routes.slot, sum(send), buffers=self._buffers), send, recv,
                                 group=self.group)
         else:
-            # Fixed blocks: gathered by send row, so the rows past each rank's count hold the empty row.
+            # Fixed blocks: the rows past each rank's count hold the empty row.
             self._agree_on_layout(layout_signature(layout), hidden_states.device)
             routes = self._routes(topk_ids, world, capacity)
-            wire = all_to_all_equal(gather_send_rows(packed, routes.order, buffers=self._buffers), group=self.group)
+            wire = all_to_all_equal(send_rows(packed, routes.slot, world * capacity, counts=routes.counts,
+                                              capacity=capacity, buffers=self._buffers), group=self.group)
             send = recv = None
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         if expert_map is not None and kernels_apply(ids):

@@ -41,7 +41,7 @@ from moe_fsm.prepare_finalize.all2all import ExpertParallelDispatch
 from moe_fsm.prepare_finalize.dispatch_layout import Slabs, slabs_for
 from moe_fsm.prepare_finalize.reduce import require_batched_reduce
 from moe_fsm.prepare_finalize.transport import layout_signature
-from moe_fsm.prepare_finalize.wire_kernels import combine_returned, gather_send_rows, kernels_apply, slab_layout
+from moe_fsm.prepare_finalize.wire_kernels import combine_returned, kernels_apply, send_rows, slab_layout
 
 # vLLM's default batch for batched-format DP dispatch (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP).
 DEFAULT_MAX_TOKENS_PER_RANK = 256
@@ -115,8 +115,9 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
         layout = packed.layout
         self._agree_on_layout(layout_signature(layout), hidden_states.device)
         routes = self._routes(topk_ids, world, capacity)
-        # Gathered by send row: the rows past each rank's count must hold the empty row.
-        send = gather_send_rows(packed, routes.order, buffers=self._buffers)
+        # The rows past each rank's count hold the empty row.
+        send = send_rows(packed, routes.slot, world * capacity, counts=routes.counts, capacity=capacity,
+                         buffers=self._buffers)
         wire = all_to_all_equal(send, group=self.group)
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         if not source.quantized and quantize is not None:

@@ -5,13 +5,15 @@ pass over those bytes is overhead, so on CUDA each is one Triton kernel that
 reads its input once and writes its output once:
 
 * :func:`route`: every token's send row for each rank, and the per-rank counts, in one
-  program, instead of a dozen torch operations (a destination mask, a count, a scan
-  down its columns that torch runs as a serial kernel, index arithmetic);
-* :func:`scatter_send_rows` / :func:`gather_send_rows`: the send buffer, grouped by
-  destination, written straight from the (quantized) payload and the small per-token
-  fields (scale, top-k ids, weights, packed by :func:`pack_source`), instead of
-  packing every token's whole row and then gathering the packed rows (two passes,
-  and ``index_select`` on bytes);
+  kernel whose programs scan blocks of tokens side by side, instead of a dozen torch
+  operations (a destination mask, a count, a scan down its columns that torch runs as
+  a serial kernel, index arithmetic);
+* :func:`send_rows`: the send buffer, grouped by destination, written straight from
+  the (quantized) payload and the small per-token fields (scale, top-k ids, weights,
+  packed by :func:`pack_source`): each token is read (and quantized) once and written
+  to each of its send rows, and with fixed blocks the same launch writes the empty row
+  into the rows no token fills, instead of packing every token's whole row and then
+  gathering the packed rows (two passes, and ``index_select`` on bytes);
 * :func:`combine_returned`: each token's returned partial rows (at most one per
   rank) summed in float32 and written to the output in its dtype, instead of zeros,
   a float32 copy of every returned row, an atomic ``index_add_`` and a cast;
@@ -142,13 +144,19 @@ def _buffer(buffers: Optional[WireBuffers], name: str, rows: int, trailing: tupl
 
 @dataclass(frozen=True)
 class Routes:
-    """Where this rank's rows go: ``slot`` [M, W] int64 (token t's send row for rank d), ``counts`` [W] int64
-    (tokens per rank; a column of a bigger buffer where one was given), and for fixed blocks ``order``
-    [W * capacity] int64, the token of each send row (M: the empty row)."""
+    """Where this rank's rows go: ``slot`` [M, W] int64 (token t's send row for rank d) and ``counts`` [W] int64
+    (tokens per rank; a column of a bigger buffer where one was given)."""
 
     slot: torch.Tensor
     counts: torch.Tensor
-    order: Optional[torch.Tensor]
+
+
+# Tokens one route program scans at a time, and the most programs: each program also counts every token (the
+# ones before its own set where its rows start), so more programs cost more of that counting.
+ROUTE_BLOCK_T = 256
+ROUTE_PROGRAMS = 64
+# Slots of top-k ids one counting step of the route loads (a chunk of tokens x top_k).
+ROUTE_COUNT_SLOTS = 8192
 
 
 def route(
@@ -167,7 +175,7 @@ def route(
     order. A pair not sent holds ``W * capacity``, else ``M * W`` (at least the number of send rows either way).
     ``counts_out`` (int64 [W], any stride) receives the counts where given: a column of the records that travel
     next to them, so no copy is needed. Only on CUDA or under the interpreter (:func:`kernels_apply`);
-    ``send_slots`` and ``send_order`` are the torch form.
+    ``send_slots`` is the torch form.
     """
     num_tokens, top_k = topk_ids.shape
     fixed = capacity is not None
@@ -175,15 +183,17 @@ def route(
     device = topk_ids.device
     slot = torch.empty((num_tokens, world), dtype=torch.int64, device=device)
     counts = counts_out if counts_out is not None else torch.empty(world, dtype=torch.int64, device=device)
-    order = torch.empty(world * capacity, dtype=torch.int64, device=device) if fixed else None
     ids = topk_ids if topk_ids.stride(-1) == 1 else topk_ids.contiguous()
     block_k = max(_next_power_of_2(top_k), 2)
-    _kernels(ids).route_kernel[(1,)](
-        ids, ids.stride(0), owner, slot, counts, counts.stride(0), order if fixed else slot, num_tokens, top_k,
-        owner.shape[0], not_sent, capacity or 0,
-        WORLD=world, FIXED=fixed, BLOCK_T=max(16, min(1024, 4096 // block_k)), BLOCK_K=block_k,
+    programs = max(1, min(ROUTE_PROGRAMS, -(-num_tokens // ROUTE_BLOCK_T)))
+    span = -(-num_tokens // programs)
+    _kernels(ids).route_kernel[(programs,)](
+        ids, ids.stride(0), owner, slot, counts, counts.stride(0), num_tokens, top_k, owner.shape[0], not_sent,
+        capacity or 0, span, WORLD=world, FIXED=fixed, BLOCK_T=ROUTE_BLOCK_T,
+        COUNT_T=max(ROUTE_BLOCK_T, ROUTE_COUNT_SLOTS // block_k), BLOCK_K=block_k,
+        BLOCK_W=max(_next_power_of_2(world), 2), num_warps=8,
     )
-    return Routes(slot, counts, order)
+    return Routes(slot, counts)
 
 
 def _next_power_of_2(n: int) -> int:
@@ -271,82 +281,84 @@ def _torch_send_rows(source: SourcePack, order: torch.Tensor) -> torch.Tensor:
     return packed.index_select(0, order)
 
 
-def _parts(source: SourcePack, send: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(source rows, their columns of ``send``, their part of the empty row) as words of the widest type that fits.
+# Programs per rank that write the empty row into the rows of its fixed block that no token fills.
+PAD_PROGRAMS = 32
 
-    The payload is not among them when the kernel quantizes it (:func:`_quantize_into`).
+
+def send_rows(
+    source: SourcePack,
+    slot: torch.Tensor,
+    total: int,
+    *,
+    counts: Optional[torch.Tensor] = None,
+    capacity: Optional[int] = None,
+    buffers: Optional[WireBuffers] = None,
+) -> torch.Tensor:
+    """uint8 [total, row_bytes]: token t's row written to send row ``slot[t, d]`` for each rank d it goes to.
+
+    Variable counts (``capacity`` None): the counts fill every send row. Fixed blocks of ``capacity`` rows a rank
+    (``counts`` [W], the route's): the rows of rank d's block past ``counts[d]`` hold the empty row. One kernel
+    either way, each token read (and, with ``source.fp8_rows``, quantized) once.
     """
-    parts = []
-    if source.fp8_rows is None:
-        payload = source.payload
-        word = _word_dtype(payload.shape[1], payload.stride(0), payload.storage_offset(), send.stride(0))
-        empty = source.empty[: payload.shape[1]]
-        parts.append((_words(payload, word), _words(send[:, : payload.shape[1]], word), _words(empty, word)))
-    if source.meta is not None:
-        meta, start = source.meta, source.meta_start
-        word = _word_dtype(start, meta.shape[1], meta.stride(0), send.stride(0))  # meta: a leading slice, offset 0
-        parts.append((_words(meta, word), _words(send[:, start:], word), _words(source.empty[start:], word)))
-    return parts
+    if not kernels_apply(slot, source.payload):
+        return _torch_send_rows(source, send_order(slot, total))
+    layout = source.layout
+    send = _buffer(buffers, "send", total, (layout.row_bytes,), torch.uint8, slot.device)
+    fixed = capacity is not None
+    pad_programs = PAD_PROGRAMS if fixed else 0
+    world = slot.shape[1]
+    if total == 0 or (source.num_tokens == 0 and not fixed):
+        return send
+    index = slot.contiguous()
+    counts_arg = counts if fixed else index  # a placeholder pointer where no program pads
+    meta = source.meta
+    if source.fp8_rows is not None:
+        _quantize_into(source, send, index, total, counts_arg, capacity or 0, pad_programs)
+        return send
+    payload = source.payload
+    strides = [payload.shape[1], payload.stride(0), payload.storage_offset(), send.stride(0), layout.row_bytes]
+    if meta is not None:
+        strides += [source.meta_start, meta.stride(0)]  # meta: a leading slice, offset 0
+    word = _word_dtype(*strides)
+    size = word.itemsize
+    dst = _words(send, word)
+    meta_words = _words(meta, word) if meta is not None else dst  # a placeholder pointer without small fields
+    grid = (source.num_tokens + world * pad_programs, -(-dst.shape[1] // BLOCK_COLUMNS))
+    _kernels(index).send_rows_kernel[grid](
+        dst, dst.stride(0), _words(payload, word), payload.stride(0) // size, payload.shape[1] // size, meta_words,
+        meta_words.stride(0), source.meta_start // size, dst.shape[1], index, world, total, source.num_tokens,
+        _words(source.empty, word), counts_arg, max(pad_programs, 1), capacity or 0,
+        HAS_META=meta is not None, FIXED=fixed, BLOCK=BLOCK_COLUMNS,
+    )
+    return send  # alignment padding between fields is sent as it is: nobody reads it
 
 
-def _quantize_into(source: SourcePack, send: torch.Tensor, index: torch.Tensor, gather: bool) -> None:
-    """The payload and row-scale fields of ``send`` from the unquantized rows, quantized in the same pass."""
+def _quantize_into(source: SourcePack, send: torch.Tensor, index: torch.Tensor, total: int, counts: torch.Tensor,
+                   capacity: int, pad_programs: int) -> None:
+    """``send`` from the unquantized rows, quantized in the same pass, with the small fields and empty rows."""
     x = source.payload if source.payload.stride(-1) == 1 else source.payload.contiguous()
     hidden = x.shape[1]
     payload, scale = source.layout.fields[0], source.layout.fields[1]
     q = send[:, payload.start : payload.start + payload.nbytes]  # float8_e4m3fn bytes
     s = send[:, scale.start : scale.start + scale.nbytes].view(torch.float32)
+    words = send.view(torch.int32)  # rows are ROW_ALIGN bytes; the small fields start on a word (scale: float32)
+    meta = source.meta
+    meta_start = source.meta_start // 4
+    if meta is not None and (source.meta_start % 4 or meta.shape[1] % 4):
+        raise KernelInputError(f"the small fields of an FP8 send row must be whole 4-byte words; got {source.layout}")
+    meta_words = meta.view(torch.int32) if meta is not None else words  # a placeholder pointer without small fields
     per_token = source.fp8_rows == "token"
     num_groups = -(-hidden // FP8_GROUP)
     groups = 8 if per_token else min(8, _next_power_of_2(num_groups))  # groups of 128 columns per program or pass
-    grid = (index.shape[0], 1 if per_token else -(-num_groups // groups))
+    q_columns = 1 if per_token else -(-num_groups // groups)
+    grid = (source.num_tokens + index.shape[1] * pad_programs, q_columns + (meta is not None))
+    interpreted = index.device.type != "cuda"
     _kernels(index).quantize_rows_kernel[grid](
-        q, q.stride(0), s, s.stride(0), x, x.stride(0), index, 1 if gather else index.shape[1], source.num_tokens,
-        send.shape[0], hidden, GATHER=gather, PER_TOKEN=per_token, GROUP=FP8_GROUP, GROUPS=groups,
+        q, q.stride(0), s, s.stride(0), x, x.stride(0), index, index.shape[1], total, source.num_tokens, hidden,
+        q_columns, words, words.stride(0), meta_words, meta_words.stride(0), meta_start, words.shape[1],
+        source.empty.view(torch.int32), counts, max(pad_programs, 1), capacity, PER_TOKEN=per_token, GROUP=FP8_GROUP,
+        GROUPS=groups, FIXED=pad_programs > 0, HW_FP8=not interpreted, BLOCK=BLOCK_COLUMNS,
     )
-
-
-def gather_send_rows(source: SourcePack, order: torch.Tensor, *, buffers: Optional[WireBuffers] = None) -> torch.Tensor:
-    """uint8 [S, row_bytes]: send row s is the row of token ``order[s]``, or the empty row where it is M.
-
-    For fixed-size blocks, whose rows past a rank's count must hold the empty row.
-    """
-    if not kernels_apply(order, source.payload):
-        return _torch_send_rows(source, order)
-    total = order.shape[0]
-    send = _buffer(buffers, "send", total, (source.layout.row_bytes,), torch.uint8, order.device)
-    if total == 0:
-        return send
-    if source.fp8_rows is not None:
-        _quantize_into(source, send, order, gather=True)
-    gather = _kernels(order).gather_rows_kernel
-    for src, dst, empty in _parts(source, send):
-        gather[_grid(total, src.shape[1])](dst, dst.stride(0), src, src.stride(0), order, source.num_tokens,
-                                           src.shape[1], empty, HAS_EMPTY=True, BLOCK=BLOCK_COLUMNS)
-    return send  # alignment padding between fields is sent as it is: nobody reads it
-
-
-def scatter_send_rows(
-    source: SourcePack, slot: torch.Tensor, total: int, *, buffers: Optional[WireBuffers] = None
-) -> torch.Tensor:
-    """uint8 [total, row_bytes]: token t's row written to send row ``slot[t, d]`` for each rank d it goes to.
-
-    For the variable-size exchange, where the counts fill every send row: each token's
-    row is read once and written once per destination, with no send order to compute.
-    """
-    if not kernels_apply(slot, source.payload):
-        return _torch_send_rows(source, send_order(slot, total))
-    send = _buffer(buffers, "send", total, (source.layout.row_bytes,), torch.uint8, slot.device)
-    if total == 0 or source.num_tokens == 0:
-        return send
-    index = slot.contiguous()
-    if source.fp8_rows is not None:
-        _quantize_into(source, send, index, gather=False)
-    scatter = _kernels(slot).scatter_rows_kernel
-    for src, dst, _ in _parts(source, send):
-        scatter[_grid(source.num_tokens, src.shape[1])](dst, dst.stride(0), src, src.stride(0), index, index.shape[1],
-                                                        total, src.shape[1], BLOCK=BLOCK_COLUMNS)
-    return send
 
 
 def _id_blocks(top_k: int) -> tuple[int, int]:
@@ -409,8 +421,8 @@ def combine_returned(output: torch.Tensor, returned: torch.Tensor, slot: torch.T
     direct = output.stride(-1) == 1
     target = output if direct else torch.empty_like(output, memory_format=torch.contiguous_format)
     _kernels(returned).combine_kernel[_grid(num_tokens, hidden)](
-        target, target.stride(0), returned, returned.stride(0), slot.contiguous(), slot.shape[1], returned.shape[0],
-        hidden, BLOCK=BLOCK_COLUMNS,
+        target, target.stride(0), returned, returned.stride(0), slot.contiguous(), returned.shape[0], hidden,
+        WORLD=slot.shape[1], BLOCK=BLOCK_COLUMNS,
     )
     if not direct:
         output.copy_(target)
