@@ -5,9 +5,12 @@ Needs only Triton (its bundled ptxas and cuobjdump): no CUDA device, no torch. F
 compiles ``wq_gemm_kernel`` exactly as ``fused_wq_experts`` launches it and reports registers,
 spills, shared memory and whether the tensor-core instructions are warpgroup ones (wgmma on sm_90a).
 
-    python tools/sm90_compile_weight_quantized.py [--quick] [--sass NAME]
+    python tools/sm90_compile_weight_quantized.py [--quick] [--only TEXT] [--dump DIR] [--loop]
 
-Compile errors, spills and a missing wgmma show here in seconds, before a GPU call.
+Compile errors, spills and a missing wgmma show here in seconds, before a GPU call. ``--loop`` adds the
+K loop's cost from the SASS: instructions one warp issues per loop iteration, and thread-instructions per
+weight byte (all warps' instructions over the weight bytes one iteration reads), the dequantization's
+budget at decode, where the weights stream.
 """
 
 from __future__ import annotations
@@ -116,6 +119,25 @@ def resources(kernel) -> dict:
             "ld_u8": len(re.findall(r"ld\.global(?:\.\w+)*\.(?:u8|b8)\b", ptx))}
 
 
+def loop_cost(kernel, v) -> tuple[int, float]:
+    """(SASS instructions per warp in the K loop's body, thread-instructions per weight byte): the loop is the
+    longest span closed by a backward branch; one iteration reads BLOCK_N x BLOCK_K weights (twice gated)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
+    seq = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+    addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16) for line in seq]
+    body = 0
+    for i, line in enumerate(seq):
+        target = re.search(r"BRA 0x([0-9a-f]+)", line)
+        if target and int(target.group(1), 16) < addr[i] and int(target.group(1), 16) in addr:
+            body = max(body, i - addr.index(int(target.group(1), 16)) + 1)
+    weight_bytes = (2 if v["gated"] else 1) * v["block_n"] * v["block_k"] // (1 if v["kind"] == "int8" else 2)
+    return body, body * 32 * v["warps"] / weight_bytes
+
+
 def matrix(quick: bool):
     out = []
     for kind, k, n, group, zp, perm in (("mxfp4", 2880, 2880, 32, False, False), ("int4", 2048, 768, 128, False, False),
@@ -148,6 +170,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", help="substring of the variant name")
     ap.add_argument("--dump", help="directory to write ptx/ttgir of each variant")
+    ap.add_argument("--loop", action="store_true", help="the K loop's SASS instructions per weight byte")
     args = ap.parse_args()
     mod = _load()
     failures = 0
@@ -169,7 +192,9 @@ def main() -> None:
             continue
         r = resources(kernel)
         print(f"ok   {name}: regs {r['regs']} stack {r['stack']} smem {r['shared']} wgmma {r['wgmma']} "
-              f"mma.sync {r['mma']} prmt {r['prmt']} ld.v4 {r['ld128']} ld.u8 {r['ld_u8']}", flush=True)
+              f"mma.sync {r['mma']} prmt {r['prmt']} ld.v4 {r['ld128']} ld.u8 {r['ld_u8']}"
+              + (" loop {} SASS/iteration, {:.2f} per weight byte".format(*loop_cost(kernel, v)) if args.loop else ""),
+              flush=True)
         if args.dump:
             d = Path(args.dump)
             d.mkdir(parents=True, exist_ok=True)

@@ -31,24 +31,32 @@ Weights stay quantized in memory and are dequantized in registers inside the K l
 * ``FAST`` (bf16 activations, 4-bit weights): the nibbles become bf16 in inline PTX,
   two per 32-bit instruction: MXFP4 e2m1 bits are moved into bf16's sign, exponent
   and mantissa fields and multiplied by 2**126 and by the E8M0 scale (``mul.bf16x2``,
-  exact: powers of two); INT4 codes are or-ed into the bf16 magic number 128 and the
-  symmetric zero (136) subtracted (``sub.bf16x2``, exact). Otherwise (fp16
-  activations, INT8, zero points) plain Triton arithmetic in fp32.
+  exact: powers of two; in the SPLIT layout the scale made bf16 once per group,
+  ``_e8m0_bf16``); INT4 codes are or-ed into the bf16 magic number 128 and the
+  symmetric zero (136) subtracted (``sub.bf16x2``, exact), and where scales come per
+  run of columns (SPLIT, group 32 / 64 or a tile wider than the group) multiplied by
+  their fp16 scale split into two bf16 parts, rounded once as the fp32 product is
+  (``_int4_nibbles_scaled_bf16``). The SPLIT layout's decode PTX takes two bytes a call
+  (a thread's pair in the dot's register layout). Otherwise (fp16 activations, INT8,
+  zero points) plain Triton arithmetic in fp32.
 * Activation order (``HAS_PERM``, GPTQ ``desc_act``): the build sorted each expert's columns
   by their group (``sort_act_order``), so groups are contiguous as above, and stored column
   j multiplies activation column ``perm[e, j]``: the activation tile is gathered through
   the expert's permutation.
 * NVFP4 weight-only (``KIND_NVFP4``, as Marlin runs it on Hopper): e2m1 nibbles like MXFP4's,
   an e4m3 scale per 16 columns (read as bytes and decoded in registers) and a global scale per
-  expert, applied once to the fp32 accumulators. With ``FAST`` the nibbles become bf16 through
-  the MXFP4 PTX at scale 1 and are multiplied by the e4m3 scale in bf16, exactly (2 + 4
-  significant bits, within bf16's range).
+  expert, applied once to the fp32 accumulators. With ``FAST`` in the SPLIT layout each e4m3
+  scale becomes bf16 s x 2^118 once per group (``_e4m3_bf16_scaled``) and one ``mul.bf16x2``
+  per two weights gives value x s x 2^-8, exact (2 + 4 significant bits, a normal bf16), the
+  fp32 sums scaled back by 2^8 (``_nv_nibbles_bf16``); in checkpoint order through the MXFP4
+  PTX at scale 1, times the e4m3 scale in bf16 (exact as well).
 * INT group scales: when a K tile lies inside one scale group (``BLOCK_K <= GROUP``)
   the tile's product with the exact integer codes is scaled once per (row, pair) on
   the fp32 partial sum instead of per weight element (fewer operations, and no bf16
   rounding of ``code * scale``); otherwise (and for MXFP4's groups of 32) each weight
   is scaled, the scale tile loaded once per group and broadcast (in the SPLIT layout per run of
   min(GROUP, 32) columns of each half, ``_split_run_groups``: group 32 is one scale per half-chunk).
+  Scale and zero-point tiles are loaded one K tile ahead (``_tile_scales``).
 * Split-K (``SPLIT_K``, few tokens): one token hits top_k experts, so the row blocks times the weight-row
   tiles can be fewer programs than the SMs need to keep enough loads in flight (gpt-oss-120b at one token:
   4 x 45 per GEMM on 132 SMs). A second grid axis splits the reduction into slices; each program writes
@@ -68,6 +76,8 @@ ACT_SILU, ACT_GELU, ACT_SWIGLUOAI = tl.constexpr(0), tl.constexpr(1), tl.constex
 SWIGLUOAI_ALPHA = tl.constexpr(1.702)
 SPLIT_CHUNK = tl.constexpr(64)  # columns per chunk of the SPLIT nibble layout
 HALF_CHUNK = tl.constexpr(32)
+# The fast NVFP4 path's bf16 weights are value x scale x 2^-8 (``_nv_nibbles_bf16``); the fp32 sums get the 2^8 back.
+NVFP4_FAST_SUM_SCALE = tl.constexpr(256.0)
 
 
 @triton.jit
@@ -129,36 +139,192 @@ def _mx_nibbles_bf16(b, s_lo, s_hi):
 
 @triton.jit
 def _int4_nibbles_bf16(b):
-    """(low, high) nibbles of the bytes ``b`` as bf16 ``code - 8`` (exact; inline PTX)."""
+    """(low, high) nibbles of the bytes ``b`` as bf16 ``code - 8`` (exact; inline PTX). Two bytes a call
+    (``pack=2``): in the dot's register layout a thread holds its weight bytes in pairs, one 16-bit shared-memory
+    load each, so a pair goes in as loaded (four a call made the compiler join two loads with byte permutes)."""
     return tl.inline_asm_elementwise(
         r"""
         {
-            .reg .b32 t0, t1, a, magic, off;
+            .reg .b32 t0, a, magic, off;
             mov.b32 magic, 0x43004300;
             mov.b32 off, 0x43084308;
-            prmt.b32 t0, $4, 0, 0x5140;
-            prmt.b32 t1, $4, 0, 0x7362;
+            cvt.u32.u16 t0, $2;
+            prmt.b32 t0, t0, 0, 0x5140;
             and.b32 a, t0, 0x000f000f;
             or.b32 a, a, magic;
             sub.bf16x2 $0, a, off;
-            and.b32 a, t1, 0x000f000f;
-            or.b32 a, a, magic;
-            sub.bf16x2 $1, a, off;
             shr.b32 a, t0, 4;
             and.b32 a, a, 0x000f000f;
             or.b32 a, a, magic;
-            sub.bf16x2 $2, a, off;
-            shr.b32 a, t1, 4;
-            and.b32 a, a, 0x000f000f;
-            or.b32 a, a, magic;
-            sub.bf16x2 $3, a, off;
+            sub.bf16x2 $1, a, off;
         }
         """,
-        constraints="=r,=r,=r,=r,r",
+        constraints="=r,=r,h",
         args=[b],
         dtype=(tl.bfloat16, tl.bfloat16),
         is_pure=True,
+        pack=2,
+    )
+
+
+@triton.jit
+def _int4_nibbles_scaled_bf16(b, s_lo_hi, s_lo_lo, s_hi_hi, s_hi_lo):
+    """(low, high) nibbles of the bytes ``b`` as bf16 ``(code - 8) x scale``, rounded once (inline PTX): the fp16
+    scale of each comes split into bf16 parts (``_fp16_scale_split``: hi + lo, exactly); ``(code - 8) x lo`` is
+    exact in bf16 (4 x 4 significant bits) and one fused ``fma.rn.bf16x2`` adds ``(code - 8) x hi`` to it, so the
+    result is the fp32 product rounded to bf16, bit for bit what the plain path computes, in 3 instructions per 2
+    weights instead of 6 (unpack to fp32, 2 multiplies, repack). All operands shaped like ``b``; two bytes a call
+    as in ``_int4_nibbles_bf16``."""
+    return tl.inline_asm_elementwise(
+        r"""
+        {
+            .reg .b32 t0, a, c, p, magic, off;
+            mov.b32 magic, 0x43004300;
+            mov.b32 off, 0x43084308;
+            cvt.u32.u16 t0, $2;
+            prmt.b32 t0, t0, 0, 0x5140;
+            and.b32 a, t0, 0x000f000f;
+            or.b32 a, a, magic;
+            sub.bf16x2 c, a, off;
+            mul.bf16x2 p, c, $4;
+            fma.rn.bf16x2 $0, c, $3, p;
+            shr.b32 a, t0, 4;
+            and.b32 a, a, 0x000f000f;
+            or.b32 a, a, magic;
+            sub.bf16x2 c, a, off;
+            mul.bf16x2 p, c, $6;
+            fma.rn.bf16x2 $1, c, $5, p;
+        }
+        """,
+        constraints="=r,=r,h,r,r,r,r",
+        args=[b, s_lo_hi, s_lo_lo, s_hi_hi, s_hi_lo],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=2,
+    )
+
+
+@triton.jit
+def _fp16_scale_split(s):
+    """fp16 scales -> (hi, lo) in bf16 with hi + lo == s exactly: hi is s rounded to bf16's 8 significant bits, lo
+    the remainder (at most 4 significant bits, a multiple of s's fp16 ulp: exact in bf16)."""
+    s32 = s.to(tl.float32)
+    hi = s32.to(tl.bfloat16)
+    return hi, (s32 - hi.to(tl.float32)).to(tl.bfloat16)
+
+
+@triton.jit
+def _e4m3_bf16_scaled(bits):
+    """float8 e4m3fn bytes (uint8) -> bf16 ``s x 2^118``, exact (inline PTX): the 7 magnitude
+    bits moved into bf16's exponent and mantissa fields give s x 2^-120 (subnormals included), and two exact
+    power-of-two multiplies (2^127, 2^111) take it to s x 2^118, below bf16's 2^128 for every finite scale (<= 448)."""
+    return tl.inline_asm_elementwise(
+        r"""
+        {
+            .reg .b32 t0, t1, a, c, k1, k2;
+            mov.b32 k1, 0x7f007f00;
+            mov.b32 k2, 0x77007700;
+            prmt.b32 t0, $2, 0, 0x5140;
+            prmt.b32 t1, $2, 0, 0x7362;
+            shl.b32 a, t0, 4;
+            and.b32 a, a, 0x07f007f0;
+            shl.b32 c, t0, 8;
+            and.b32 c, c, 0x80008000;
+            or.b32 a, a, c;
+            mul.bf16x2 a, a, k1;
+            mul.bf16x2 $0, a, k2;
+            shl.b32 a, t1, 4;
+            and.b32 a, a, 0x07f007f0;
+            shl.b32 c, t1, 8;
+            and.b32 c, c, 0x80008000;
+            or.b32 a, a, c;
+            mul.bf16x2 a, a, k1;
+            mul.bf16x2 $1, a, k2;
+        }
+        """,
+        constraints="=r,=r,r",
+        args=[bits],
+        dtype=tl.bfloat16,
+        is_pure=True,
         pack=4,
+    )
+
+
+@triton.jit
+def _nv_nibbles_bf16(b, s_lo, s_hi):
+    """(low, high) nibbles of the bytes ``b`` as NVFP4 values times their scales times 2^-8 in bf16 (inline PTX,
+    exact): the e2m1 bits moved into bf16's fields are the value times 2^-126, and one ``mul.bf16x2`` by the scale
+    as ``_e4m3_bf16_scaled`` gives it (s x 2^118) leaves value x s x 2^-8, a normal bf16 of at most 6 significant
+    bits. ``s_lo`` / ``s_hi`` (bf16) shaped like ``b``; the kernel multiplies the fp32 sums by 2^8. Two bytes a
+    call as in ``_int4_nibbles_bf16``."""
+    return tl.inline_asm_elementwise(
+        r"""
+        {
+            .reg .b32 t0, a, c;
+            cvt.u32.u16 t0, $2;
+            prmt.b32 t0, t0, 0, 0x5140;
+            shl.b32 a, t0, 6;
+            and.b32 a, a, 0x01c001c0;
+            shl.b32 c, t0, 12;
+            and.b32 c, c, 0x80008000;
+            or.b32 a, a, c;
+            mul.bf16x2 $0, a, $3;
+            shl.b32 a, t0, 2;
+            and.b32 a, a, 0x01c001c0;
+            shl.b32 c, t0, 8;
+            and.b32 c, c, 0x80008000;
+            or.b32 a, a, c;
+            mul.bf16x2 $1, a, $4;
+        }
+        """,
+        constraints="=r,=r,h,r,r",
+        args=[b, s_lo, s_hi],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=2,
+    )
+
+
+@triton.jit
+def _e8m0_bf16(e):
+    """E8M0 exponents (uint8) -> bf16 2^(e - 127): the exponent moved into bf16's exponent field (as the MXFP4 PTX
+    does per weight; e = 0 gives 0, e = 255 infinity, as there)."""
+    return (e.to(tl.int16) << 7).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _mx_nibbles_scaled_bf16(b, s_lo, s_hi):
+    """(low, high) nibbles of the bytes ``b`` as MXFP4 values times bf16 scales ``s_lo`` / ``s_hi`` (powers of two
+    from ``_e8m0_bf16``, shaped like ``b``; inline PTX, exact): ``_mx_nibbles_bf16`` with the scales already bf16,
+    so no per-weight byte shuffling of the exponents. Two bytes a call as in ``_int4_nibbles_bf16``."""
+    return tl.inline_asm_elementwise(
+        r"""
+        {
+            .reg .b32 t0, a, c, bias;
+            mov.b32 bias, 0x7e807e80;
+            cvt.u32.u16 t0, $2;
+            prmt.b32 t0, t0, 0, 0x5140;
+            shl.b32 a, t0, 6;
+            and.b32 a, a, 0x01c001c0;
+            shl.b32 c, t0, 12;
+            and.b32 c, c, 0x80008000;
+            or.b32 a, a, c;
+            mul.bf16x2 a, a, bias;
+            mul.bf16x2 $0, a, $3;
+            shl.b32 a, t0, 2;
+            and.b32 a, a, 0x01c001c0;
+            shl.b32 c, t0, 8;
+            and.b32 c, c, 0x80008000;
+            or.b32 a, a, c;
+            mul.bf16x2 a, a, bias;
+            mul.bf16x2 $1, a, $4;
+        }
+        """,
+        constraints="=r,=r,h,r,r",
+        args=[b, s_lo, s_hi],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=2,
     )
 
 
@@ -225,26 +391,83 @@ def _columns(perm_base, k, KRED, EVEN_K: tl.constexpr, HAS_PERM: tl.constexpr):
 
 
 @triton.jit
-def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRED, ROW_BYTES,
+def _tile_scales(s_ptr, z_ptr, s_row, z_row, ki, KRED,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, KIND: tl.constexpr,
+                 HAS_ZP: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr,
+                 SCALED_DOT: tl.constexpr):
+    """The raw scale and zero-point tiles of K tile ``ki`` for ``_tile_dot``: (s_a, s_b, z_a, z_b), the low and high
+    halves' (SPLIT 4-bit) or the whole tile's in s_a / z_a, a constant where a format has none.
+
+    The kernel loads them one K tile ahead and carries them through the loop: a scale tile is too narrow for the
+    pipeliner's asynchronous copies (one 8-16-bit value per thread), so loaded where it is used each K step waited
+    for its global-memory latency. Nothing here may use the loaded values (that would wait for them); decoding
+    (e4m3, E8M0, the fp16 split) happens in ``_tile_dot``."""
+    k0 = ki * BLOCK_K
+    none = tl.zeros((1,), dtype=tl.int8)
+    s_b = none
+    z_a = none
+    z_b = none
+    if SCALE_ACC:
+        s_a = tl.load(s_ptr + s_row + k0 // GROUP)
+        if HAS_ZP:
+            z_a = tl.load(z_ptr + z_row + k0 // GROUP)
+    elif KIND == KIND_INT8 or not SPLIT or SCALED_DOT:
+        g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        other = 127 if KIND == KIND_MXFP4 else 0
+        s_a = _load_groups(s_ptr, s_row, g, KRED, GROUP, EVEN_K, other)
+        if HAS_ZP:
+            z_a = _load_groups(z_ptr, z_row, g, KRED, GROUP, EVEN_K, 0)
+    else:
+        HALF: tl.constexpr = BLOCK_K // 2
+        if KIND == KIND_MXFP4:
+            # the low nibbles' 32-column groups are the tile's even scale groups, the high ones' the odd
+            g_lo = k0 // GROUP + 2 * tl.arange(0, HALF // GROUP)
+            g_hi = g_lo + 1
+        elif KIND == KIND_NVFP4:
+            # a chunk's low half holds its first HALF_CHUNK // GROUP groups, the high half the next ones
+            PER_HALF: tl.constexpr = HALF_CHUNK // GROUP
+            t = tl.arange(0, HALF // GROUP)
+            g_lo = k0 // GROUP + (t // PER_HALF) * (2 * PER_HALF) + t % PER_HALF
+            g_hi = g_lo + PER_HALF
+        elif 32 % GROUP == 0 or GROUP % 32 == 0:
+            # INT4: one value per run of min(GROUP, 32) columns of a half (a 32-column half-chunk holds whole
+            # groups or lies inside one), broadcast in _tile_dot: [BLOCK_N, HALF // RUN] loads, not one per weight
+            RUN: tl.constexpr = GROUP if GROUP < 32 else 32
+            g_lo, g_hi = _split_run_groups(k0, HALF, GROUP, RUN)
+        else:  # INT4 groups that split a half-chunk unevenly: one value per weight
+            idx = tl.arange(0, HALF)
+            k_lo = k0 + (idx // HALF_CHUNK) * SPLIT_CHUNK + idx % HALF_CHUNK
+            g_lo = k_lo // GROUP
+            g_hi = (k_lo + HALF_CHUNK) // GROUP
+        other = 127 if KIND == KIND_MXFP4 else 0
+        s_a = _load_groups(s_ptr, s_row, g_lo, KRED, GROUP, EVEN_K, other)
+        s_b = _load_groups(s_ptr, s_row, g_hi, KRED, GROUP, EVEN_K, other)
+        if HAS_ZP:
+            z_a = _load_groups(z_ptr, z_row, g_lo, KRED, GROUP, EVEN_K, 0)
+            z_b = _load_groups(z_ptr, z_row, g_hi, KRED, GROUP, EVEN_K, 0)
+    return s_a, s_b, z_a, z_b
+
+
+@triton.jit
+def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a, z_b,
               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
               KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, SPLIT: tl.constexpr,
               FAST: tl.constexpr, EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] += W[rows, K tile ki] @ X^T[K tile ki, pairs], weights dequantized in registers.
 
-    w_row/s_row/z_row: [BLOCK_N] int64 element offsets of the tile's weight rows in w, s, z; ROW_BYTES: the
-    stored length of a 4-bit row in bytes (KRED / 2, or more with SPLIT's pad). x_lo, x_hi: the
-    activation tiles, [BLOCK_K // 2, BLOCK_M] each (SPLIT 4-bit: the columns of the low / high nibbles), or
-    x_lo the whole [BLOCK_K, BLOCK_M] tile.
+    w_row: [BLOCK_N] int64 element offsets of the tile's weight rows in w; ROW_BYTES: the stored length of a 4-bit
+    row in bytes (KRED / 2, or more with SPLIT's pad). x_lo, x_hi: the activation tiles, [BLOCK_K // 2, BLOCK_M]
+    each (SPLIT 4-bit: the columns of the low / high nibbles), or x_lo the whole [BLOCK_K, BLOCK_M] tile.
+    s_a, s_b, z_a, z_b: the tile's scales and zero points as ``_tile_scales`` loaded them.
     """
-    k0 = ki * BLOCK_K
     if SCALE_ACC:
         # the tile lies in one scale group: scale the fp32 product of the exact codes once per (row, pair)
-        s_tile = tl.load(s_ptr + s_row + k0 // GROUP).to(tl.float32)
+        s_tile = s_a.to(tl.float32)
         part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         part = acc
     if KIND == KIND_INT8:
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+        offs_k = ki * BLOCK_K + tl.arange(0, BLOCK_K)
         if EVEN_K:
             codes = tl.load(w_ptr + w_row[:, None] + offs_k[None, :])
         else:
@@ -252,17 +475,13 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
         v = codes.to(tl.int32).to(tl.float32)
         if HAS_ZP:
             if SCALE_ACC:
-                v = v - tl.load(z_ptr + z_row + k0 // GROUP).to(tl.float32)[:, None]
+                v = v - z_a.to(tl.float32)[:, None]
             else:
-                g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-                z = _load_groups(z_ptr, z_row, g, KRED, GROUP, EVEN_K, 0).to(tl.float32)
-                v = v - _bcast(z, BLOCK_N, BLOCK_K, GROUP)
+                v = v - _bcast(z_a.to(tl.float32), BLOCK_N, BLOCK_K, GROUP)
         else:
             v = v - ZERO
         if not SCALE_ACC:
-            g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-            v = _group_scale(v, _load_groups(s_ptr, s_row, g, KRED, GROUP, EVEN_K, 0).to(tl.float32),
-                             BLOCK_N, BLOCK_K, GROUP)
+            v = _group_scale(v, s_a.to(tl.float32), BLOCK_N, BLOCK_K, GROUP)
         part = tl.dot(v.to(x_lo.dtype), x_lo, part)
     else:
         HALF: tl.constexpr = BLOCK_K // 2
@@ -271,61 +490,57 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
             b = tl.load(w_ptr + w_row[:, None] + offs_b[None, :])
         else:
             b = tl.load(w_ptr + w_row[:, None] + offs_b[None, :], mask=(offs_b < ROW_BYTES)[None, :], other=0)
-        if SPLIT:
-            # byte j of 64-column chunk c: column c*64 + j (low nibble) and c*64 + 32 + j (high nibble)
-            idx = tl.arange(0, HALF)
-            k_lo = k0 + (idx // HALF_CHUNK) * SPLIT_CHUNK + idx % HALF_CHUNK
-            k_hi = k_lo + HALF_CHUNK
+        # SPLIT INT4 scales of whole runs (a 32-column half-chunk holds whole groups or lies in one)
+        RUNS: tl.constexpr = SPLIT and (32 % GROUP == 0 or GROUP % 32 == 0)
+        RUN: tl.constexpr = GROUP if GROUP < 32 else 32
         if KIND == KIND_MXFP4 and SCALED_DOT:
             # checkpoint nibble order, Triton's own MXFP4 upcast (tl.dot_scaled: e2m1 -> bf16, times the E8M0 scale)
-            g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-            s = _load_groups(s_ptr, s_row, g, KRED, GROUP, EVEN_K, 127)
-            part = tl.dot_scaled(b, s, "e2m1", x_lo, None, "bf16", part, fast_math=True)
+            part = tl.dot_scaled(b, s_a, "e2m1", x_lo, None, "bf16", part, fast_math=True)
         elif KIND == KIND_MXFP4:
             if SPLIT:
-                # the low nibbles' 32-column groups are the tile's even scale groups, the high ones' the odd
-                g_lo = k0 // GROUP + 2 * tl.arange(0, HALF // GROUP)
-                s_lo = _load_groups(s_ptr, s_row, g_lo, KRED, GROUP, EVEN_K, 127)
-                s_hi = _load_groups(s_ptr, s_row, g_lo + 1, KRED, GROUP, EVEN_K, 127)
                 if FAST:
-                    lo, hi = _mx_nibbles_bf16(b, _bcast(s_lo, BLOCK_N, HALF, GROUP), _bcast(s_hi, BLOCK_N, HALF, GROUP))
+                    # each E8M0 exponent made bf16 2^(e - 127) once per group, not per weight inside the PTX
+                    lo, hi = _mx_nibbles_scaled_bf16(b, _bcast(_e8m0_bf16(s_a), BLOCK_N, HALF, GROUP),
+                                                     _bcast(_e8m0_bf16(s_b), BLOCK_N, HALF, GROUP))
                 else:
                     bi = b.to(tl.int32)
-                    lo = _group_scale(_mx_value(bi & 15), tl.exp2(s_lo.to(tl.float32) - 127.0), BLOCK_N, HALF, GROUP)
-                    hi = _group_scale(_mx_value(bi >> 4), tl.exp2(s_hi.to(tl.float32) - 127.0), BLOCK_N, HALF, GROUP)
+                    lo = _group_scale(_mx_value(bi & 15), tl.exp2(s_a.to(tl.float32) - 127.0), BLOCK_N, HALF, GROUP)
+                    hi = _group_scale(_mx_value(bi >> 4), tl.exp2(s_b.to(tl.float32) - 127.0), BLOCK_N, HALF, GROUP)
             else:
-                g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-                s = _load_groups(s_ptr, s_row, g, KRED, GROUP, EVEN_K, 127)
                 if FAST:
                     # columns 2j (low) and 2j + 1 (high) share byte j's group: 16 bytes per group
-                    s_b = _bcast(s, BLOCK_N, HALF, GROUP // 2)
-                    lo, hi = _mx_nibbles_bf16(b, s_b, s_b)
+                    s_bytes = _bcast(s_a, BLOCK_N, HALF, GROUP // 2)
+                    lo, hi = _mx_nibbles_bf16(b, s_bytes, s_bytes)
                     w = tl.interleave(lo, hi)
                 else:
                     bi = b.to(tl.int32)
                     w = tl.interleave(_mx_value(bi & 15), _mx_value(bi >> 4))
-                    w = _group_scale(w, tl.exp2(s.to(tl.float32) - 127.0), BLOCK_N, BLOCK_K, GROUP)
+                    w = _group_scale(w, tl.exp2(s_a.to(tl.float32) - 127.0), BLOCK_N, BLOCK_K, GROUP)
         elif KIND == KIND_NVFP4:
-            if FAST:
-                unit = tl.full(b.shape, 127, tl.uint8)  # E8M0 2^0: the e2m1 values themselves, in bf16
-                lo, hi = _mx_nibbles_bf16(b, unit, unit)
-            else:
+            if SPLIT and FAST:
+                # e2m1 x (e4m3 scale x 2^118) in one bf16 multiply, exact; the kernel undoes the 2^-8 on the fp32 sums
+                lo, hi = _nv_nibbles_bf16(b, _bcast(_e4m3_bf16_scaled(s_a), BLOCK_N, HALF, GROUP),
+                                          _bcast(_e4m3_bf16_scaled(s_b), BLOCK_N, HALF, GROUP))
+            elif SPLIT:
                 bi = b.to(tl.int32)
-                lo = _mx_value(bi & 15)
-                hi = _mx_value(bi >> 4)
-            if SPLIT:
-                # a chunk's low half holds its first HALF_CHUNK // GROUP groups, the high half the next ones
-                PER_HALF: tl.constexpr = HALF_CHUNK // GROUP
-                t = tl.arange(0, HALF // GROUP)
-                g_lo = k0 // GROUP + (t // PER_HALF) * (2 * PER_HALF) + t % PER_HALF
-                s_lo = _e4m3_value(_load_groups(s_ptr, s_row, g_lo, KRED, GROUP, EVEN_K, 0)).to(lo.dtype)
-                s_hi = _e4m3_value(_load_groups(s_ptr, s_row, g_lo + PER_HALF, KRED, GROUP, EVEN_K, 0)).to(hi.dtype)
-                lo = lo * _bcast(s_lo, BLOCK_N, HALF, GROUP)
-                hi = hi * _bcast(s_hi, BLOCK_N, HALF, GROUP)
+                lo = _mx_value(bi & 15) * _bcast(_e4m3_value(s_a), BLOCK_N, HALF, GROUP)
+                hi = _mx_value(bi >> 4) * _bcast(_e4m3_value(s_b), BLOCK_N, HALF, GROUP)
             else:
-                g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-                sb = _bcast(_e4m3_value(_load_groups(s_ptr, s_row, g, KRED, GROUP, EVEN_K, 0)), BLOCK_N, HALF, GROUP // 2)
+                if FAST:
+                    unit = tl.full(b.shape, 127, tl.uint8)  # E8M0 2^0: the e2m1 values themselves, in bf16
+                    lo, hi = _mx_nibbles_bf16(b, unit, unit)
+                else:
+                    bi = b.to(tl.int32)
+                    lo = _mx_value(bi & 15)
+                    hi = _mx_value(bi >> 4)
+                sb = _bcast(_e4m3_value(s_a), BLOCK_N, HALF, GROUP // 2)
                 w = tl.interleave(lo * sb.to(lo.dtype), hi * sb.to(hi.dtype))
+        elif FAST and not HAS_ZP and RUNS and not SCALE_ACC:
+            # INT4 code - 8 times its fp16 scale, rounded once to bf16 as the fp32 product would be (``_int4_scaled``)
+            s_lo_hi, s_lo_lo = _fp16_scale_split(s_a)
+            s_hi_hi, s_hi_lo = _fp16_scale_split(s_b)
+            lo, hi = _int4_nibbles_scaled_bf16(b, _bcast(s_lo_hi, BLOCK_N, HALF, RUN), _bcast(s_lo_lo, BLOCK_N, HALF, RUN),
+                                               _bcast(s_hi_hi, BLOCK_N, HALF, RUN), _bcast(s_hi_lo, BLOCK_N, HALF, RUN))
         else:  # INT4
             if FAST and not HAS_ZP:
                 lo, hi = _int4_nibbles_bf16(b)
@@ -335,44 +550,31 @@ def _tile_dot(acc, w_ptr, s_ptr, z_ptr, w_row, s_row, z_row, x_lo, x_hi, ki, KRE
                 hi = (bi >> 4).to(tl.float32)
                 if HAS_ZP:
                     if SCALE_ACC:
-                        z = tl.load(z_ptr + z_row + k0 // GROUP).to(tl.float32)[:, None]
+                        z = z_a.to(tl.float32)[:, None]
                         lo = lo - z
                         hi = hi - z
-                    elif SPLIT and (32 % GROUP == 0 or GROUP % 32 == 0):
-                        RUN_Z: tl.constexpr = GROUP if GROUP < 32 else 32
-                        gz_lo, gz_hi = _split_run_groups(k0, HALF, GROUP, RUN_Z)
-                        lo = lo - _bcast(_load_groups(z_ptr, z_row, gz_lo, KRED, GROUP, EVEN_K, 0).to(tl.float32),
-                                         BLOCK_N, HALF, RUN_Z)
-                        hi = hi - _bcast(_load_groups(z_ptr, z_row, gz_hi, KRED, GROUP, EVEN_K, 0).to(tl.float32),
-                                         BLOCK_N, HALF, RUN_Z)
+                    elif RUNS:
+                        lo = lo - _bcast(z_a.to(tl.float32), BLOCK_N, HALF, RUN)
+                        hi = hi - _bcast(z_b.to(tl.float32), BLOCK_N, HALF, RUN)
                     elif SPLIT:
-                        lo = lo - _load_groups(z_ptr, z_row, k_lo // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
-                        hi = hi - _load_groups(z_ptr, z_row, k_hi // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
+                        lo = lo - z_a.to(tl.float32)
+                        hi = hi - z_b.to(tl.float32)
                     else:
-                        g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-                        z = _load_groups(z_ptr, z_row, g, KRED, GROUP, EVEN_K, 0).to(tl.float32)
-                        zb = _bcast(z, BLOCK_N, HALF, GROUP // 2)
+                        zb = _bcast(z_a.to(tl.float32), BLOCK_N, HALF, GROUP // 2)
                         lo = lo - zb
                         hi = hi - zb
                 else:
                     lo = lo - ZERO
                     hi = hi - ZERO
             if not SCALE_ACC:
-                if SPLIT and (32 % GROUP == 0 or GROUP % 32 == 0):
-                    # one scale per run of RUN columns of a half (a 32-column half-chunk holds whole groups, or
-                    # lies inside one): [BLOCK_N, HALF // RUN] loads broadcast, not one load per weight
-                    RUN: tl.constexpr = GROUP if GROUP < 32 else 32
-                    g_lo, g_hi = _split_run_groups(k0, HALF, GROUP, RUN)
-                    s_lo = _load_groups(s_ptr, s_row, g_lo, KRED, GROUP, EVEN_K, 0).to(tl.float32)
-                    s_hi = _load_groups(s_ptr, s_row, g_hi, KRED, GROUP, EVEN_K, 0).to(tl.float32)
-                    lo = _group_scale(lo.to(tl.float32), s_lo, BLOCK_N, HALF, RUN)
-                    hi = _group_scale(hi.to(tl.float32), s_hi, BLOCK_N, HALF, RUN)
+                if RUNS:
+                    lo = _group_scale(lo.to(tl.float32), s_a.to(tl.float32), BLOCK_N, HALF, RUN)
+                    hi = _group_scale(hi.to(tl.float32), s_b.to(tl.float32), BLOCK_N, HALF, RUN)
                 elif SPLIT:
-                    lo = lo.to(tl.float32) * _load_groups(s_ptr, s_row, k_lo // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
-                    hi = hi.to(tl.float32) * _load_groups(s_ptr, s_row, k_hi // GROUP, KRED, GROUP, EVEN_K, 0).to(tl.float32)
+                    lo = lo.to(tl.float32) * s_a.to(tl.float32)
+                    hi = hi.to(tl.float32) * s_b.to(tl.float32)
                 else:
-                    g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
-                    sb = _bcast(_load_groups(s_ptr, s_row, g, KRED, GROUP, EVEN_K, 0).to(tl.float32), BLOCK_N, HALF, GROUP // 2)
+                    sb = _bcast(s_a.to(tl.float32), BLOCK_N, HALF, GROUP // 2)
                     lo = lo.to(tl.float32) * sb
                     hi = hi.to(tl.float32) * sb
             if not SPLIT:
@@ -482,8 +684,21 @@ def wq_gemm_kernel(
     else:
         k_first = 0
         k_last = tl.cdiv(KRED, BLOCK_K)
+    # scales and zero points travel one K tile ahead of the weights (``_tile_scales``)
+    sa_a, sb_a, za_a, zb_a = _tile_scales(s_base, z_base, rows_a * stride_sr, rows_a * stride_zr, k_first, KRED,
+                                          BLOCK_N, BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC, SCALED_DOT)
+    if GATED:
+        sa_b, sb_b, za_b, zb_b = _tile_scales(s_base, z_base, rows_b * stride_sr, rows_b * stride_zr, k_first, KRED,
+                                              BLOCK_N, BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC,
+                                              SCALED_DOT)
     for ki in range(k_first, k_last):
         k0 = ki * BLOCK_K
+        k_next = tl.minimum(ki + 1, k_last - 1)  # the last tile reloads its own (never used)
+        next_a = _tile_scales(s_base, z_base, rows_a * stride_sr, rows_a * stride_zr, k_next, KRED, BLOCK_N,
+                              BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC, SCALED_DOT)
+        if GATED:
+            next_b = _tile_scales(s_base, z_base, rows_b * stride_sr, rows_b * stride_zr, k_next, KRED, BLOCK_N,
+                                  BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC, SCALED_DOT)
         if SPLIT and KIND != KIND_INT8:
             idx = tl.arange(0, BLOCK_K // 2)
             k_lo = k0 + (idx // HALF_CHUNK) * SPLIT_CHUNK + idx % HALF_CHUNK
@@ -504,13 +719,19 @@ def wq_gemm_kernel(
             else:
                 x_lo = tl.load(x_ptr + x_row_off[None, :] + cols[:, None], mask=pair_ok[None, :] & (offs_k < KRED)[:, None], other=0.0)
             x_hi = x_lo
-        acc_a = _tile_dot(acc_a, w_base, s_base, z_base, rows_a * stride_wr, rows_a * stride_sr, rows_a * stride_zr,
-                          x_lo, x_hi, ki, KRED, stride_wr, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO,
-                          SPLIT, FAST, EVEN_K, SCALE_ACC, SCALED_DOT)
+        acc_a = _tile_dot(acc_a, w_base, rows_a * stride_wr, x_lo, x_hi, ki, KRED, stride_wr, sa_a, sb_a, za_a, zb_a,
+                          BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K, SCALE_ACC,
+                          SCALED_DOT)
+        sa_a, sb_a, za_a, zb_a = next_a
         if GATED:
-            acc_b = _tile_dot(acc_b, w_base, s_base, z_base, rows_b * stride_wr, rows_b * stride_sr,
-                              rows_b * stride_zr, x_lo, x_hi, ki, KRED, stride_wr, BLOCK_N, BLOCK_M, BLOCK_K,
-                              GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K, SCALE_ACC, SCALED_DOT)
+            acc_b = _tile_dot(acc_b, w_base, rows_b * stride_wr, x_lo, x_hi, ki, KRED, stride_wr, sa_b, sb_b, za_b,
+                              zb_b, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K,
+                              SCALE_ACC, SCALED_DOT)
+            sa_b, sb_b, za_b, zb_b = next_b
+    if KIND == KIND_NVFP4 and SPLIT and FAST:
+        acc_a = acc_a * NVFP4_FAST_SUM_SCALE
+        if GATED:
+            acc_b = acc_b * NVFP4_FAST_SUM_SCALE
 
     if SPLIT_K:  # raw fp32 partial sums of this slice; the reduction kernel runs the epilogue
         ws_rows = out_ptr + tl.program_id(1).to(tl.int64) * stride_os + pair.to(tl.int64)[None, :] * stride_om
