@@ -7,7 +7,8 @@ mask out. Everything happens on the device and every buffer is sized from the
 shapes alone (at most ``P + min(E, P) * (BLOCK_M - 1)`` rows for P pairs, since
 at most min(E, P) experts are non-empty and each wastes fewer than BLOCK_M rows),
 so nothing waits for the device and the step can be captured in a CUDA graph.
-A decode batch (``SMALL_PAIRS``) is aligned by one program, in one launch.
+A decode batch (``SMALL_PAIRS``) is aligned by one program, in one launch; a single token
+is not sorted at all (``pair_blocks_pay``, ``pair_blocks``).
 
 Slots whose id is -1 (owned by another rank) or outside [0, E) are not placed:
 no GEMM row computes them. Pairs of one expert appear in atomic-counter order
@@ -17,6 +18,7 @@ independently of its position in the block, so results do not.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -54,12 +56,12 @@ class AlignedRouting:
 
 @dataclass(frozen=True)
 class PairBlocks:
-    """Row source for one token: row block b computes pair b alone, its expert read from ``topk_ids``.
+    """Row source without sorting: row block b computes pair b alone, its expert read from ``topk_ids``.
 
-    A single token's top-k slots name distinct experts, so sorting buys nothing and
-    skipping it saves the alignment's three launches, which at one token cost a
-    large share of the layer. (Repeated ids stay correct, each pair reading its
-    expert's weights again.)
+    Where ``pair_blocks_pay``: one token, whose top-k slots name distinct experts, or (opted in) a
+    batch of pairs so few against the experts that they rarely share one. Skipping the sort saves the
+    alignment's launches, which at decode are a visible share of the layer. Pairs that do share an
+    expert stay correct, each reading its expert's weights again.
     """
 
     topk_ids: torch.Tensor
@@ -87,6 +89,34 @@ def expert_runs(routing: AlignedRouting) -> tuple[torch.Tensor, torch.Tensor]:
         dict(BLOCK_M=routing.block_m, BLOCK=block, SEARCH_STEPS=max(num_blocks, 1).bit_length() + 1),
     )
     return run_first, run_count
+
+
+# with UNSORTED_PAIRS_ENV=1, a batch of at most one (token, slot) pair per this many experts skips the sort
+# (``pair_blocks_pay``), as vLLM's ``fused_experts_impl`` does at tokens x top-k x 4 <= E
+EXPERTS_PER_PAIR_UNSORTED = 4
+UNSORTED_PAIRS_ENV = "MOE_FSM_TRITON_UNSORTED_PAIRS"
+
+
+def unsorted_pairs_opted_in() -> bool:
+    """Whether batches past one token may skip the sort (``UNSORTED_PAIRS_ENV`` set to anything but 0)."""
+    return os.environ.get(UNSORTED_PAIRS_ENV, "") not in ("", "0")
+
+
+def pair_blocks_pay(num_tokens: int, top_k: int, num_experts: int) -> bool:
+    """Whether a batch skips the sort (``pair_blocks``): one token always; past one token, with
+    ``UNSORTED_PAIRS_ENV`` set, at most one pair per ``EXPERTS_PER_PAIR_UNSORTED`` experts.
+
+    Sorting puts the pairs of one expert in one row block, so its weights are read once; unsorted, an
+    expert that several pairs chose is read once per pair, but the alignment launches are saved (the two
+    launches and a memset of the general alignment past ``SMALL_EXPERTS`` experts: Qwen3-Next's 512).
+    P pairs over E experts share about P^2 / 2E of them (6 of 80 pairs over 512 experts, Qwen3-Next at 8
+    tokens). vLLM leaves the pairs unsorted at P <= E / 4, where it beat moe-fsm (``docs/perf/vs_vllm.md``);
+    that threshold is not yet measured on moe-fsm's kernels, so it waits behind the opt-in
+    (``bench_experts_vs_vllm.py run --columns ours,vllm,other`` times both layouts side by side).
+    """
+    if num_tokens == 1:
+        return True
+    return unsorted_pairs_opted_in() and num_tokens * top_k * EXPERTS_PER_PAIR_UNSORTED <= num_experts
 
 
 def pair_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> PairBlocks:

@@ -23,7 +23,9 @@ import torch
 from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
 from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, launch, require_device
-from moe_fsm.kernels.triton_moe.align import AlignedRouting, PairBlocks, align_tokens, expert_runs, pair_blocks
+from moe_fsm.kernels.triton_moe.align import (
+    AlignedRouting, PairBlocks, align_tokens, expert_runs, pair_blocks, pair_blocks_pay,
+)
 from moe_fsm.kernels.triton_moe.config import (
     FP8_GROUP,
     GemmConfig,
@@ -420,6 +422,7 @@ def fused_experts(
     out: Optional[torch.Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
     config: Optional[MoEConfig] = None,
+    unsorted: Optional[bool] = None,
 ) -> torch.Tensor:
     """The MoE layer, out[t] = sum_j g[t,j] * w2[e] @ act(w1[e] @ x[t]) with e = topk_ids[t,j]: [M, K].
 
@@ -428,6 +431,9 @@ def fused_experts(
     scales (see ``Fp8Spec``); a2_scale, when given with one element, is the static scale of the
     intermediate, otherwise it is quantized dynamically. With ``apply_router_weight_on_input``
     (top-k 1) the weight scales the input (as ``moe_reference`` does) and not the output.
+    ``unsorted`` gives each (token, slot) pair a row block of its own with no alignment launch
+    (``align.pair_blocks``) when True, sorts the pairs by expert when False; None (the default) decides
+    by ``align.pair_blocks_pay``. The benchmark times both layouts; either computes the same layer.
     """
     require_device(hidden, w1, w2, topk_weights, topk_ids)
     if activation not in ACTIVATIONS:
@@ -442,6 +448,8 @@ def fused_experts(
             f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}"
         )
     top_k = topk_ids.shape[1]
+    if unsorted is not None and not isinstance(unsorted, bool):
+        raise KernelInputError(f"unsorted must be True, False or None (the rule decides); got {unsorted!r}")
     if apply_router_weight_on_input and top_k != 1:
         raise KernelInputError(f"apply_router_weight_on_input needs top_k == 1, got top_k={top_k}")
     a, a_scale, result_dtype = _prepare_input(hidden, a1_scale, fp8, out_dtype, defer_groups=True)
@@ -464,8 +472,9 @@ def fused_experts(
     if fp8 is not None and a_scale is None and not (config.gluon and num_tokens > 1):
         # float input in 1x128 groups is left to the Gluon path, which quantizes it straight into sorted order
         a, a_scale = quantize_activation(a, fp8.activation)
-    # one token: its top-k experts are distinct, so skip sorting (and its launches)
-    align = pair_blocks if num_tokens == 1 else align_tokens
+    if unsorted is None:
+        unsorted = pair_blocks_pay(num_tokens, top_k, num_experts)
+    align = pair_blocks if unsorted else align_tokens
     routing = align(topk_ids, num_experts, config.block_m)
     flat_weights = topk_weights.reshape(-1)
     if hopper_usable(config, routing, a, w1, w2):

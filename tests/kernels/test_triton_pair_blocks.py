@@ -1,0 +1,175 @@
+"""Unsorted pair blocks past one token: the opt-in rule that picks them, the launches it saves, and the layer they
+compute.
+
+``align.pair_blocks_pay`` decides whether a batch skips the alignment (one row block per (token, slot) pair, its
+expert read from ``topk_ids``): one token always; past one token, with ``MOE_FSM_TRITON_UNSORTED_PAIRS=1``, at most
+one pair per four experts, vLLM's threshold (not yet measured on moe-fsm's kernels, hence the opt-in). The rule and
+the kernels each call launches are checked on the CPU (the launches need Triton, not CUDA); the layer itself runs
+under Triton's interpreter (``TRITON_INTERPRET=1 python3 -m pytest tests/kernels/test_triton_pair_blocks.py``;
+small shapes in float16, which the interpreter computes) against float64, outputs poisoned with NaN first, with
+pairs that share an expert and slots of another rank. ``tests/gpu/test_triton_moe.py`` runs model-sized layers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+
+from moe_fsm.kernels.reference import moe_reference
+from moe_fsm.kernels.triton_moe.align import EXPERTS_PER_PAIR_UNSORTED, UNSORTED_PAIRS_ENV, pair_blocks_pay
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or not HAS_TRITON,
+                                 reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
+needs_triton = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1",
+                                  reason="binds launches with Triton's JIT binder: needs Triton, not its interpreter")
+
+TOL = 1e-2  # fp16 operands and intermediate, fp32 accumulation
+
+
+@pytest.fixture
+def opted_in(monkeypatch):
+    monkeypatch.setenv(UNSORTED_PAIRS_ENV, "1")
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,unsorted", [
+    (1, 8, 8, True),  # one token: distinct experts, never sorted
+    (1, 2, 8, True),
+    (8, 10, 512, True),  # Qwen3-Next (TP shards too) at 8 tokens: 80 pairs over 512 experts
+    (8, 8, 256, True),  # DeepSeek-V3 at 8 tokens: 64 pairs, exactly a quarter of 256
+    (9, 8, 256, False),  # 72 pairs: past a quarter
+    (8, 10, 256, False),
+    (2, 8, 64, True),
+    (8, 8, 128, False),  # Qwen3-30B-A3B at 8 tokens
+    (8, 2, 8, False),  # Mixtral at 8 tokens
+    (128, 10, 512, False),
+    (0, 8, 256, True),  # no pair at all: nothing to sort
+])
+def test_opted_in_rule_takes_pair_blocks_at_one_pair_per_four_experts(opted_in, tokens, top_k, experts, unsorted):
+    assert EXPERTS_PER_PAIR_UNSORTED == 4
+    assert pair_blocks_pay(tokens, top_k, experts) is unsorted
+
+
+@pytest.mark.parametrize("value", [None, "0"])
+@pytest.mark.parametrize("tokens,top_k,experts", [(8, 10, 512), (8, 8, 256), (2, 8, 64), (0, 8, 256)])
+def test_by_default_only_one_token_skips_the_sort(monkeypatch, value, tokens, top_k, experts):
+    if value is None:
+        monkeypatch.delenv(UNSORTED_PAIRS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(UNSORTED_PAIRS_ENV, value)
+    assert pair_blocks_pay(1, top_k, experts)
+    assert not pair_blocks_pay(tokens, top_k, experts)
+
+
+def _recorded_launches(monkeypatch, num_tokens: int, top_k: int, experts: int, **kwargs) -> list[str]:
+    """The kernels one ``fused_experts`` call launches on a bf16 layer, recorded and bound for sm_90, not run."""
+    from triton.runtime.jit import JITFunction
+    from triton_launches import Recorder, bind
+
+    from moe_fsm.kernels.triton_moe import _kernels, _runtime, align, fused, quant
+    from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig
+
+    monkeypatch.setattr(_runtime, "_pdl_capable", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    calls = []
+    for name, fn in vars(_kernels).copy().items():
+        if isinstance(fn, JITFunction) and name.endswith("_kernel"):
+            monkeypatch.setattr(_kernels, name, Recorder(fn, calls))
+    for module in (fused, align, quant):
+        monkeypatch.setattr(module, "require_device", lambda *tensors: None)
+    n, k = 32, 64
+    w1, w2 = torch.zeros(experts, 2 * n, k, dtype=torch.bfloat16), torch.zeros(experts, k, n, dtype=torch.bfloat16)
+    ids = (torch.arange(num_tokens * top_k, dtype=torch.int32) * 7 % experts).reshape(num_tokens, top_k)
+    config = MoEConfig(16, GemmConfig(32, 64, 1, 4, 4, swap_ab=True), GemmConfig(64, 64, 1, 4, 3, swap_ab=True))
+    fused.fused_experts(torch.zeros(num_tokens, k, dtype=torch.bfloat16), w1, w2, torch.full(ids.shape, 1 / top_k),
+                        ids, config=config, **kwargs)
+    names = []
+    for fn, grid, args, launch_kwargs in calls:
+        _, constexprs = bind(fn, args, launch_kwargs)
+        if fn.__name__ == "moe_gemm_kernel":
+            pair_blocks = constexprs[(fn.arg_names.index("PAIR_BLOCKS"),)]
+            # unsorted: one row block per pair, times the output tiles
+            assert pair_blocks is not any(name.startswith("align_") for name in names)
+            if pair_blocks:
+                assert grid[0] % (num_tokens * top_k) == 0
+        names.append(fn.__name__)
+    return names
+
+
+GEMMS_AND_SUM = ["moe_gemm_kernel", "moe_gemm_kernel", "topk_sum_kernel"]
+# sorting 512 experts takes the two-launch alignment (past align.SMALL_EXPERTS), 256 the one-program one
+SORT_512 = ["align_count_kernel", "align_scatter_kernel"]
+
+
+@needs_triton
+@pytest.mark.parametrize("env,tokens,top_k,experts,kwargs,expected", [
+    (None, 8, 10, 512, {}, SORT_512 + GEMMS_AND_SUM),  # the default sorts past one token
+    (None, 1, 4, 8, {}, GEMMS_AND_SUM),
+    ("1", 8, 10, 512, {}, GEMMS_AND_SUM),  # opted in: no alignment launch
+    ("1", 8, 10, 256, {}, ["align_small_kernel"] + GEMMS_AND_SUM),
+    ("1", 8, 10, 512, {"unsorted": False}, SORT_512 + GEMMS_AND_SUM),  # forced either way
+    (None, 8, 10, 256, {"unsorted": True}, GEMMS_AND_SUM),
+])
+def test_unsorted_batches_launch_no_alignment(monkeypatch, env, tokens, top_k, experts, kwargs, expected):
+    if env is None:
+        monkeypatch.delenv(UNSORTED_PAIRS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(UNSORTED_PAIRS_ENV, env)
+    assert _recorded_launches(monkeypatch, tokens, top_k, experts, **kwargs) == expected
+
+
+@needs_triton
+@pytest.mark.parametrize("bad", ["yes", 1, 0.0])
+def test_unsorted_takes_a_bool_or_none(monkeypatch, bad):
+    from moe_fsm.errors import KernelInputError
+
+    with pytest.raises(KernelInputError, match="unsorted must be True, False or None"):
+        _recorded_launches(monkeypatch, 2, 2, 16, unsorted=bad)
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """torch.empty / empty_like hand out NaN-filled float tensors: an element the kernels never write shows."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def poison(t: torch.Tensor) -> torch.Tensor:
+        return t.fill_(math.nan) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_empty_like(*a, **k)))
+
+
+def _layer(seed: int, tokens: int, experts: int, top_k: int, k: int = 64, n: int = 48):
+    """A float16 layer whose routing has pairs sharing an expert (tokens 0 and 1) and a slot of another rank (-1)."""
+    gen = torch.Generator().manual_seed(seed)
+    w1 = (torch.randn(experts, 2 * n, k, generator=gen) / k**0.5).half()
+    w2 = (torch.randn(experts, k, n, generator=gen) / n**0.5).half()
+    x = torch.randn(tokens, k, generator=gen).half()
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)]).to(torch.int32)
+    ids[1, 0] = ids[0, 1]  # two tokens on one expert: read twice, unsorted
+    ids[tokens - 1, top_k - 1] = -1
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=gen), -1)
+    local = ids >= 0
+    ref = moe_reference(x, w1.double(), w2.double(), weights * local, ids.clamp(min=0))
+    return x, w1, w2, weights, ids, ref
+
+
+@interpreter
+@pytest.mark.parametrize("swap_ab", [False, True])
+@pytest.mark.parametrize("fold_topk", [False, True])
+@pytest.mark.parametrize("unsorted", [True, False, None])
+def test_unsorted_and_sorted_layers_match_float64(poisoned, opted_in, swap_ab, fold_topk, unsorted):
+    from moe_fsm.kernels.triton_moe import GemmConfig, MoEConfig, fused_experts
+
+    tokens, experts, top_k = 3, 32, 2  # 6 pairs over 32 experts: the opted-in rule leaves them unsorted
+    x, w1, w2, weights, ids, ref = _layer(7, tokens, experts, top_k)
+    config = MoEConfig(16, GemmConfig(16, 32, 1, 4, 2, swap_ab=swap_ab), GemmConfig(32, 16, 1, 4, 2, swap_ab=swap_ab),
+                       fold_topk=fold_topk)
+    out = torch.full((tokens, x.shape[1]), math.nan, dtype=torch.float16)
+    fused_experts(x, w1, w2, weights, ids, out=out, config=config, unsorted=unsorted)
+    assert bool(torch.isfinite(out).all())
+    assert float((out.double() - ref).norm() / ref.norm()) <= TOL
