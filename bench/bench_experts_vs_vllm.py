@@ -33,6 +33,12 @@ shape and token count once, before timing. On Hopper it needs the module ``moe-f
 build`` installs. A column whose kernel is missing here (no ``.vllm_extract``, no FlashInfer
 module) is left out with a line that says why.
 
+Another column, ``other`` (``--columns ours,vllm,other``), times moe-fsm's layer with the row layout its rule
+(``align.pair_blocks_pay``) did not pick: sorted where it leaves the pairs unsorted (one row block each, no
+alignment launch), unsorted where it sorts, at the points past one token with at most one pair per expert
+(more pairs would read each expert's weights several times over); ``other / ours`` > 1 means the rule's layout
+was the faster.
+
 ``run --untuned`` takes both sides off their tables: moe-fsm's ``default_config`` against vLLM's
 ``get_default_config``, what each runs on a shape no table holds.
 
@@ -335,7 +341,7 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
     from moe_fsm.kernels.triton_moe.tuning import LayerShape, layer_fn, make_weights
 
     failures = []
-    for extract, series, shape_fields, tokens, ours_json, vllm_cfg, naive in jobs:
+    for extract, series, shape_fields, tokens, ours_json, vllm_cfg, naive, layouts in jobs:
         shape = LayerShape(*shape_fields)
         small = shape.with_experts(2)
         try:
@@ -343,7 +349,8 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
             x = torch.randn(tokens, shape.hidden, device="cuda", dtype=torch.bfloat16)
             ids = torch.randint(0, 2, (tokens, shape.top_k), device="cuda", dtype=torch.int32)
             g = torch.full(ids.shape, 1.0 / shape.top_k, device="cuda")
-            layer_fn(small, weights, MoEConfig.from_json(ours_json))(x, g, ids)
+            for unsorted in layouts:  # the full shape's layouts (two experts alone would always sort)
+                layer_fn(small, weights, MoEConfig.from_json(ours_json), unsorted)(x, g, ids)
             if extract is not None:
                 vllm = VllmTriton(Path(extract), torch.cuda.get_device_name(), torch.cuda.get_device_capability())
                 pipe = VllmPipeline(vllm, small, weights)
@@ -418,6 +425,7 @@ def main_run(args) -> None:
     from bench_experts_roofline import measure_ceilings, versions
     from bench_read_floor import read_floor
     from moe_fsm.kernels.triton_moe import get_config
+    from moe_fsm.kernels.triton_moe.align import pair_blocks_pay
     from moe_fsm.kernels.triton_moe.config import default_config
     from moe_fsm.kernels.triton_moe._runtime import device_name
     from dataclasses import astuple
@@ -438,6 +446,9 @@ def main_run(args) -> None:
     series_list = list(shapes)
     start = time.time()
 
+    def other_layout_timed(shape, t):
+        return "other" in columns and 1 < t and t * shape.top_k <= shape.num_experts
+
     def ours_config(shape, t):
         if args.untuned:
             return default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, t,
@@ -451,8 +462,10 @@ def main_run(args) -> None:
             shape = shapes[series]
             for t in args.tokens:
                 cfg = vllm.config(t, shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, shape.fp8)[0] if vllm else None
+                rule = pair_blocks_pay(t, shape.top_k, shape.num_experts)
+                layouts = (rule, not rule) if other_layout_timed(shape, t) else (rule,)
                 jobs.append((str(args.extract) if vllm else None, series, astuple(shape), t, ours_config(shape, t).to_json(), cfg,
-                             t * shape.top_k * 4 <= shape.num_experts))
+                             t * shape.top_k * 4 <= shape.num_experts, layouts))
         chunks = [c for c in (jobs[i::args.workers] for i in range(args.workers)) if c]
         with mp.get_context("spawn").Pool(len(chunks)) as pool:
             failures = [f for fs in pool.map(precompile_worker, chunks) for f in fs]
@@ -463,7 +476,7 @@ def main_run(args) -> None:
     ceilings = measure_ceilings()
     print(json.dumps(ceilings), flush=True)
     report = {"machine": versions(), "ceilings": ceilings, "vllm": VLLM_VERSION if vllm else None,
-              "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c == "flashinfer"],
+              "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c in ("flashinfer", "other")],
               "results": [], "eager": [], "flashinfer_missing": {}, "untuned": args.untuned}
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -502,6 +515,11 @@ def main_run(args) -> None:
                 b = theirs(*inputs[0]).float()
                 row["rel_diff"] = float((a - b).norm() / b.norm().clamp(min=1e-30))
             fns = [("vllm", theirs), ("ours", ours_t)] if theirs is not None else [("ours", ours_t)]
+            if other_layout_timed(shape, t):
+                row["ours_unsorted"] = pair_blocks_pay(t, shape.top_k, shape.num_experts)
+                other = layer_fn(shape, weights, ours_config(shape, t), not row["ours_unsorted"])
+                row["other_rel_diff"] = float((other(*inputs[0]).float() - a).norm() / a.norm().clamp(min=1e-30))
+                fns.append(("other", other))
             if fi is not None:
                 try:
                     fi.calibrate(inputs[0][0])
@@ -531,6 +549,8 @@ def main_run(args) -> None:
                 row["speedup"] = row["vllm_us"] / row["ours_us"]
                 row["ours_TFLOPs"] = flops / row["ours_us"] / 1e6
                 row["ours_x_roofline"] = row["ours_us"] / roofline_us
+            if "other_us" in row and "ours_us" in row:
+                row["other_over_ours"] = row["other_us"] / row["ours_us"]
             if "fi_us" in row and "ours_us" in row:
                 row["fi_speedup_over_ours"] = row["ours_us"] / row["fi_us"]
                 row["fi_TFLOPs"] = flops / row["fi_us"] / 1e6
@@ -553,7 +573,9 @@ def main_run(args) -> None:
                   f"floor {row.get('floor_two_kernels_us', nan):7.1f} (x{row.get('ours_x_floor', nan):5.2f})  "
                   f"diff {row.get('rel_diff', nan):.1e}  flashinfer {row.get('fi_us', nan):9.1f} "
                   f"(ours/fi x{row.get('fi_speedup_over_ours', nan):5.2f}, diff {row.get('fi_rel_diff', nan):.1e})"
-                  + (f"  {row['fi_error'][:120]}" if "fi_error" in row else ""), flush=True)
+                  + (f"  {row['fi_error'][:120]}" if "fi_error" in row else "")
+                  + (f"  {'unsorted' if row['ours_unsorted'] else 'sorted'}; other layout {row['other_us']:.1f} "
+                     f"(other/ours x{row['other_over_ours']:.3f})" if "other_over_ours" in row else ""), flush=True)
             del xs, routes, inputs
         del weights, ours_fns, theirs, fi
         torch.cuda.empty_cache()
@@ -657,8 +679,17 @@ def summarize(report: dict) -> dict:
         "missing": report.get("flashinfer_missing", {}),
         "errors": {f"{r['series']}/{r['tokens']}": r["fi_error"] for r in report["results"] if "fi_error" in r},
     }
+    layout_rows = [r for r in report["results"] if "other_over_ours" in r]
+    other_layout = {
+        "points": len(layout_rows),
+        "geomean_other_over_ours": round(geomean([r["other_over_ours"] for r in layout_rows]), 3) if layout_rows else None,
+        "rule_slower": [f"{r['series']}/{r['tokens']} ({'unsorted' if r['ours_unsorted'] else 'sorted'}): "
+                        f"x{r['other_over_ours']:.3f}" for r in layout_rows if r["other_over_ours"] < 1.0],
+        "max_rel_diff_vs_ours": max((r["other_rel_diff"] for r in layout_rows), default=None),
+    }
     return {
         "flashinfer": flashinfer,
+        "other_layout": other_layout,
         "points": len(rows),
         "geomean_speedup": round(geomean([r["speedup"] for r in rows]), 3),
         "min_speedup": round(min((r["speedup"] for r in rows), default=float("nan")), 3),
@@ -829,7 +860,8 @@ def main() -> None:
     r.add_argument("--out-dir", type=Path, default=ROOT / "bench-out")
     r.add_argument("--name", default=None)
     r.add_argument("--columns", default="ours,vllm,flashinfer",
-                   help="which kernels to time beside moe-fsm's Triton (ours): vllm, flashinfer (default all three)")
+                   help="which kernels to time beside moe-fsm's Triton (ours): vllm, flashinfer (default all three) and "
+                        "other (ours with the row layout its rule did not pick)")
     r.add_argument("--untuned", action="store_true",
                    help="both sides on their default rules (moe-fsm's default_config, vLLM's get_default_config), "
                         "no table of either: the case of a shape no table holds")
