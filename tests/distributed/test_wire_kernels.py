@@ -40,7 +40,7 @@ def _routing(tokens: int, world: int, gen: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("payload_dtype,hidden,with_scale", [(torch.bfloat16, 256, False), (torch.float8_e4m3fn, 384, True),
                                                               (torch.uint8, 52, False)])
 @pytest.mark.parametrize("tokens", [0, 1, 37])
-def test_send_rows_hold_each_tokens_packed_row(device, payload_dtype, hidden, with_scale, tokens) -> None:
+def test_send_rows_hold_each_tokens_packed_row(device, monkeypatch, payload_dtype, hidden, with_scale, tokens) -> None:
     gen = torch.Generator().manual_seed(tokens * 7 + hidden)
     if payload_dtype == torch.uint8:
         payload = torch.randint(0, 256, (tokens, hidden), generator=gen, dtype=torch.uint8)
@@ -63,17 +63,20 @@ def test_send_rows_hold_each_tokens_packed_row(device, payload_dtype, hidden, wi
             expect = t[token].contiguous().view(torch.uint8).reshape(-1) if token < tokens else empty[f.start : f.start + f.nbytes]
             assert torch.equal(sent[s, f.start : f.start + f.nbytes], expect), (s, token, f)
 
-    # fixed blocks: rows past a rank's count hold the empty row (the send buffer poisoned first)
+    # fixed blocks: rows past a rank's count hold the empty row (the send buffer poisoned first); with 2 programs
+    # a rank, each writes several of them
     buffers = wire_kernels.WireBuffers()
     capacity = max(tokens, 1) + 2
     total = world * capacity
     slot = send_slots(dest, torch.arange(world, device=device) * capacity, total)
     order = send_order(slot, total)
-    buffers.rows("send", total, (layout.row_bytes,), torch.uint8, device).fill_(0x5A)
-    sent = wire_kernels.send_rows(packed, slot, total, counts=counts, capacity=capacity, buffers=buffers)
-    for d in range(world):
-        for i in range(capacity):
-            check(sent, d * capacity + i, int(order[d * capacity + i]) if i < int(counts[d]) else tokens)
+    for pad_programs in (wire_kernels.PAD_PROGRAMS, 2):
+        monkeypatch.setattr(wire_kernels, "PAD_PROGRAMS", pad_programs)
+        buffers.rows("send", total, (layout.row_bytes,), torch.uint8, device).fill_(0x5A)
+        sent = wire_kernels.send_rows(packed, slot, total, counts=counts, capacity=capacity, buffers=buffers)
+        for d in range(world):
+            for i in range(capacity):
+                check(sent, d * capacity + i, int(order[d * capacity + i]) if i < int(counts[d]) else tokens)
     # variable counts: every send row filled, in destination and token order
     total = int(counts.sum())
     slot = send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel())
@@ -188,7 +191,7 @@ def test_route_gives_the_slots_and_counts_of_the_torch_scan(device, monkeypatch,
 
 @pytest.mark.parametrize("rows_kind", ["token", "group"])
 @pytest.mark.parametrize("tokens", [0, 1, 37])
-def test_send_rows_quantized_while_packing_hold_the_quantizers_bytes(device, rows_kind, tokens) -> None:
+def test_send_rows_quantized_while_packing_hold_the_quantizers_bytes(device, monkeypatch, rows_kind, tokens) -> None:
     """FP8 per token / per 1x128 group applied by the send-row kernel: the same bytes and scales as the torch
     quantizer, in every send row the token goes to, with empty rows past each rank's count in fixed blocks."""
     if not wire_kernels.kernels_apply(torch.zeros(1, device=device)):
@@ -222,11 +225,13 @@ def test_send_rows_quantized_while_packing_hold_the_quantizers_bytes(device, row
     total = world * capacity
     slot = send_slots(dest, torch.arange(world, device=device) * capacity, total)
     order = send_order(slot, total)
-    buffers.rows("send", total, (layout.row_bytes,), torch.uint8, device).fill_(0x5A)  # poisoned, then reused
-    sent = wire_kernels.send_rows(packed, slot, total, counts=counts, capacity=capacity, buffers=buffers).cpu()
-    for d in range(world):
-        for i in range(capacity):
-            check(sent, d * capacity + i, int(order[d * capacity + i]) if i < int(counts[d]) else tokens)
+    for pad_programs in (wire_kernels.PAD_PROGRAMS, 2):  # with 2 programs a rank, each writes several empty rows
+        monkeypatch.setattr(wire_kernels, "PAD_PROGRAMS", pad_programs)
+        buffers.rows("send", total, (layout.row_bytes,), torch.uint8, device).fill_(0x5A)  # poisoned, then reused
+        sent = wire_kernels.send_rows(packed, slot, total, counts=counts, capacity=capacity, buffers=buffers).cpu()
+        for d in range(world):
+            for i in range(capacity):
+                check(sent, d * capacity + i, int(order[d * capacity + i]) if i < int(counts[d]) else tokens)
     total = int(counts.sum())
     slot = send_slots(dest, torch.cumsum(counts, 0) - counts, dest.numel())
     buffers.rows("send", total, (layout.row_bytes,), torch.uint8, device).fill_(0x5A)
