@@ -7,7 +7,8 @@ one pair per four experts, vLLM's threshold (not yet measured on moe-fsm's kerne
 the kernels each call launches are checked on the CPU (the launches need Triton, not CUDA); the layer itself runs
 under Triton's interpreter (``TRITON_INTERPRET=1 python3 -m pytest tests/kernels/test_triton_pair_blocks.py``;
 small shapes in float16, which the interpreter computes) against float64, outputs poisoned with NaN first, with
-pairs that share an expert and slots of another rank. ``tests/gpu/test_triton_moe.py`` runs model-sized layers.
+pairs that share an expert and slots of another rank. ``tests/gpu/test_triton_moe.py`` runs model-sized layers;
+``bench_experts_vs_vllm.py``'s ``other`` column times the two layouts side by side (its summary is checked here).
 """
 
 from __future__ import annotations
@@ -173,3 +174,24 @@ def test_unsorted_and_sorted_layers_match_float64(poisoned, opted_in, swap_ab, f
     fused_experts(x, w1, w2, weights, ids, out=out, config=config, unsorted=unsorted)
     assert bool(torch.isfinite(out).all())
     assert float((out.double() - ref).norm() / ref.norm()) <= TOL
+
+
+def test_the_benchmark_summarizes_the_other_layout_column():
+    """bench_experts_vs_vllm.py's ``other`` column (the layout the rule did not pick): other / ours per point, its
+    geometric mean, and the points where the rule's layout was the slower, named with the layout the rule took."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "bench_experts_vs_vllm.py"
+    spec = importlib.util.spec_from_file_location("bench_experts_vs_vllm", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [
+        {"series": "qwen3-next-tp2", "tokens": 8, "ours_unsorted": False, "other_over_ours": 0.9, "other_rel_diff": 2e-3},
+        {"series": "olmoe-like", "tokens": 8, "ours_unsorted": False, "other_over_ours": 1.6, "other_rel_diff": 1e-3},
+        {"series": "olmoe-like", "tokens": 1, "ours_us": 10.0},  # one token: no other layout timed
+    ]
+    summary = bench.summarize({"results": rows})["other_layout"]
+    assert summary["points"] == 2
+    assert summary["geomean_other_over_ours"] == pytest.approx(math.sqrt(0.9 * 1.6), abs=1e-3)
+    assert summary["rule_slower"] == ["qwen3-next-tp2/8 (sorted): x0.900"]
+    assert summary["max_rel_diff_vs_ours"] == 2e-3
