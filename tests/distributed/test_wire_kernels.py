@@ -88,6 +88,20 @@ def test_send_rows_hold_each_tokens_packed_row(device, monkeypatch, payload_dtyp
         check(sent, s, token)
 
 
+@pytest.mark.parametrize("given", ["counts", "capacity"])
+def test_send_rows_takes_counts_and_capacity_together(given) -> None:
+    """Fixed blocks need both the per-rank counts and the block size; one without the other is refused in one line."""
+    from moe_fsm.errors import KernelInputError
+
+    fields = [torch.zeros(2, 16, dtype=torch.bfloat16), torch.zeros(2, 4, dtype=torch.int32)]
+    layout = row_layout(fields)
+    packed = wire_kernels.pack_source(fields, layout, empty_row(layout, -1, torch.device("cpu")))
+    slot = torch.zeros(2, 2, dtype=torch.int64)
+    extra = {"counts": torch.ones(2, dtype=torch.int64)} if given == "counts" else {"capacity": 2}
+    with pytest.raises(KernelInputError, match="counts and capacity together"):
+        wire_kernels.send_rows(packed, slot, 4, **extra)
+
+
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("tokens,world", [(0, 2), (1, 2), (29, 4)])
 def test_combine_returned_sums_each_tokens_rows_in_float32(device, out_dtype, tokens, world) -> None:

@@ -117,12 +117,18 @@ def _larger(a, b):
 
 
 @triton.jit
-def _owners(ids_ptr, ids_stride, owner_ptr, ts, ks, num_tokens, top_k, num_experts):
-    """int32 [len(ts), BLOCK_K]: the rank owning each slot's expert of tokens ts; -1 for skipped slots, ids outside
-    [0, E) and tokens past num_tokens."""
+def _rank_hits(ids_ptr, ids_stride, owner_ptr, ts, ks, ws, num_tokens, top_k, num_experts, ROWS: tl.constexpr,
+               BLOCK_W: tl.constexpr, WORLD: tl.constexpr):
+    """int32 [ROWS, BLOCK_W]: 1 where token ts routes a slot to an expert of rank ws (skipped slots, ids outside
+    [0, E) and tokens past num_tokens route nowhere)."""
     inside = (ts < num_tokens)[:, None] & (ks < top_k)[None, :]
     ids = tl.load(ids_ptr + ts.to(tl.int64)[:, None] * ids_stride + ks[None, :], mask=inside, other=-1)
-    return tl.load(owner_ptr + ids, mask=inside & (ids >= 0) & (ids < num_experts), other=-1)
+    owner = tl.load(owner_ptr + ids, mask=inside & (ids >= 0) & (ids < num_experts), other=-1)
+    hits = tl.full((ROWS, BLOCK_W), 0, tl.int32)
+    for d in tl.static_range(WORLD):
+        hit = tl.reduce((owner == d).to(tl.int32), 1, _larger)
+        hits = tl.where(ws[None, :] == d, hit[:, None], hits)
+    return hits
 
 
 @triton.jit
@@ -135,8 +141,9 @@ def route_kernel(ids_ptr, ids_stride, owner_ptr, slot_ptr, counts_ptr, counts_st
     go to d (written by program 0). d's rows start at d * capacity (FIXED) or after the rows of the ranks before d.
     Each program first counts, in wide chunks, the tokens before its own (and, for the starts, all of them) that go
     to each rank, then scans its own tokens: programs run side by side, with no pass that walks every token in
-    small steps. (Scans and reductions go through tl.reduce / tl.associative_scan with the combiners above: see
-    _kernel_module.)
+    small steps. Every rank's column is counted and scanned together ([tokens, ranks] tiles), so a step makes one
+    reduction or scan across the program's warps, not one per rank. (Scans and reductions go through tl.reduce /
+    tl.associative_scan with the combiners above: see _kernel_module.)
     """
     ks = tl.arange(0, BLOCK_K)
     ws = tl.arange(0, BLOCK_W)
@@ -146,28 +153,24 @@ def route_kernel(ids_ptr, ids_stride, owner_ptr, slot_ptr, counts_ptr, counts_st
     total = tl.full((BLOCK_W,), 0, tl.int32)  # per rank: all tokens that go to it
     for t0 in range(0, num_tokens, COUNT_T):
         ts = t0 + tl.arange(0, COUNT_T)
-        owner = _owners(ids_ptr, ids_stride, owner_ptr, ts, ks, num_tokens, top_k, num_experts)
-        for d in tl.static_range(WORLD):
-            hit = tl.reduce((owner == d).to(tl.int32), 1, _larger)
-            total = tl.where(ws == d, total + tl.reduce(hit, 0, _add), total)
-            before = tl.where(ws == d, before + tl.reduce(tl.where(ts < first, hit, 0), 0, _add), before)
+        hits = _rank_hits(ids_ptr, ids_stride, owner_ptr, ts, ks, ws, num_tokens, top_k, num_experts, COUNT_T, BLOCK_W,
+                          WORLD)
+        total += tl.reduce(hits, 0, _add)
+        before += tl.reduce(tl.where((ts < first)[:, None], hits, 0), 0, _add)
     if tl.program_id(0) == 0:
         tl.store(counts_ptr + ws * counts_stride, total.to(tl.int64), mask=ws < WORLD)
+    if FIXED:
+        base = ws * capacity
+    else:
+        base = tl.associative_scan(total, 0, _add) - total
     for t0 in range(first, last, BLOCK_T):
         ts = t0 + tl.arange(0, BLOCK_T)
-        mine = ts < last
-        owner = _owners(ids_ptr, ids_stride, owner_ptr, ts, ks, last, top_k, num_experts)
-        for d in tl.static_range(WORLD):
-            hit = tl.reduce((owner == d).to(tl.int32), 1, _larger)
-            if FIXED:
-                base = d * capacity
-            else:
-                base = tl.reduce(tl.where(ws < d, total, 0), 0, _add)
-            running = tl.reduce(tl.where(ws == d, before, 0), 0, _add)
-            position = running + tl.associative_scan(hit, 0, _add) - hit
-            slot = tl.where(hit > 0, base + position, not_sent)
-            tl.store(slot_ptr + ts.to(tl.int64) * WORLD + d, slot.to(tl.int64), mask=mine)
-            before = tl.where(ws == d, before + tl.reduce(hit, 0, _add), before)
+        hits = _rank_hits(ids_ptr, ids_stride, owner_ptr, ts, ks, ws, last, top_k, num_experts, BLOCK_T, BLOCK_W, WORLD)
+        position = before[None, :] + tl.associative_scan(hits, 0, _add) - hits
+        slot = tl.where(hits > 0, base[None, :] + position, not_sent)
+        tl.store(slot_ptr + ts.to(tl.int64)[:, None] * WORLD + ws[None, :], slot.to(tl.int64),
+                 mask=(ts < last)[:, None] & (ws < WORLD)[None, :])
+        before += tl.reduce(hits, 0, _add)
 
 
 @triton.jit

@@ -300,6 +300,8 @@ def send_rows(
     (``counts`` [W], the route's): the rows of rank d's block past ``counts[d]`` hold the empty row. One kernel
     either way, each token read (and, with ``source.fp8_rows``, quantized) once.
     """
+    if (capacity is None) != (counts is None):
+        raise KernelInputError("send_rows takes counts and capacity together (fixed blocks) or neither (variable counts)")
     if not kernels_apply(slot, source.payload):
         return _torch_send_rows(source, send_order(slot, total))
     layout = source.layout
@@ -341,11 +343,11 @@ def _quantize_into(source: SourcePack, send: torch.Tensor, index: torch.Tensor, 
     payload, scale = source.layout.fields[0], source.layout.fields[1]
     q = send[:, payload.start : payload.start + payload.nbytes]  # float8_e4m3fn bytes
     s = send[:, scale.start : scale.start + scale.nbytes].view(torch.float32)
-    words = send.view(torch.int32)  # rows are ROW_ALIGN bytes; the small fields start on a word (scale: float32)
+    # Rows are ROW_ALIGN bytes, and the small fields after the float32 scales (int32/int64 ids, float32 weights)
+    # start on a 4-byte word, so the small fields and the empty row are copied as int32 words.
+    words = send.view(torch.int32)
     meta = source.meta
     meta_start = source.meta_start // 4
-    if meta is not None and (source.meta_start % 4 or meta.shape[1] % 4):
-        raise KernelInputError(f"the small fields of an FP8 send row must be whole 4-byte words; got {source.layout}")
     meta_words = meta.view(torch.int32) if meta is not None else words  # a placeholder pointer without small fields
     per_token = source.fp8_rows == "token"
     num_groups = -(-hidden // FP8_GROUP)
