@@ -227,8 +227,8 @@ end_tagged() {
 #               many GPUs) and the CUDA-graph capture test (2 GPUs)
 #   bench.log   bench/bench_distributed.py output at world NPROC (BENCH_ARGS are added to its command line)
 #   perf/       distributed_nccl_w$NPROC.json and .md (the table docs/perf/distributed.md shows)
-# Each step runs under `step` (above) with its own limit, TESTS_S (default 200 s) and BENCH_S (240 s), so the whole
-# ends inside the device tool's 10 minutes whatever hangs, and a hang names its step and ranks. Every process group
+# Each step runs under `step` (above) with its own limit, TESTS_S (default 200 s) and BENCH_S (240 s; 0 runs the tests
+# alone, e.g. beside another GPU job whose timings would be disturbed), so the whole ends inside the device tool's 10 minutes whatever hangs, and a hang names its step and ranks. Every process group
 # times out after MOE_FSM_DIST_TIMEOUT (default 60 s) and NCCL's watchdog aborts a rank whose collective timed out
 # (TORCH_NCCL_ASYNC_ERROR_HANDLING=1, heartbeat monitor TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=90), both below the steps'
 # limits; pytest gives each test TEST_TIMEOUT_S (150 s). The carried wheels (.whl) the machine lacks are installed
@@ -247,6 +247,11 @@ distributed() (
             echo "refusing to run: $name is '${!name-<unset>}', expected $want as the machine sets it (NVLink multicast must stay off)" >&2
             exit 3
         fi
+    done
+    for pair in "TESTS_S=${TESTS_S-}" "BENCH_S=${BENCH_S-}"; do
+        case "${pair#*=}" in
+            *[!0-9]*) echo "gpu.sh distributed: ${pair%%=*} is '${pair#*=}'; accepted: a whole number of seconds (BENCH_S=0: no benchmark)" >&2; exit 2 ;;
+        esac
     done
     mkdir -p "$OUT/perf"
     PY=${PYTHON:-python3}
@@ -290,6 +295,10 @@ distributed() (
     grep -E "^gpu.sh: |^  (pid|---)" "$OUT/tests.log" | tail -n 40
     tail -n 5 "$OUT/tests.log"
 
+    if [ "$BENCH_S" -eq 0 ]; then
+        echo "gpu.sh distributed: BENCH_S=0: the benchmark is not run"
+        exit $status
+    fi
     # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
     step bench "$BENCH_S" -- "$PY" bench/bench_distributed.py --nproc "$NPROC" --out "$OUT/perf" --timeout "$((BENCH_S - 15))" \
         ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1

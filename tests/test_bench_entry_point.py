@@ -71,6 +71,14 @@ def test_distributed_needs_an_output_directory():
     assert done.returncode == 2 and "set OUT" in done.stderr
 
 
+@pytest.mark.parametrize("name", ["TESTS_S", "BENCH_S"])
+def test_distributed_refuses_a_step_limit_that_is_not_seconds(tmp_path, name):
+    out = tmp_path / "out"
+    done = gpu_sh("distributed", env={**NVLINK_MULTICAST_OFF, "OUT": str(out), name: "2m"})
+    assert done.returncode == 2 and f"{name} is '2m'" in done.stderr and "BENCH_S=0: no benchmark" in done.stderr
+    assert not out.exists(), "nothing is written before the refusal"
+
+
 def test_weight_quantized_refuses_a_budget_that_is_not_seconds(tmp_path):
     done = gpu_sh("weight-quantized", "ten", env={"OUT": str(tmp_path / "out")})
     assert done.returncode == 2 and "BUDGET_S is 'ten'" in done.stderr
