@@ -141,7 +141,8 @@ def loop_cost(kernel, v) -> tuple[int, float]:
 def matrix(quick: bool):
     out = []
     for kind, k, n, group, zp, perm in (("mxfp4", 2880, 2880, 32, False, False), ("int4", 2048, 768, 128, False, False),
-                                        ("int4", 2048, 768, 32, True, False), ("int8", 2048, 768, 64, True, False),
+                                        ("int4", 2048, 768, 32, True, False), ("int4", 2048, 768, 128, True, False),
+                                        ("int8", 2048, 768, 64, True, False),
                                         ("int4", 2048, 768, 128, False, True), ("nvfp4", 2048, 768, 16, False, False),
                                         ("int4", 7168, 2048, 32, False, False), ("int4", 2048, 768, 64, False, False)):
         tiles = [(16, 64, 128, 4, 4), (64, 128, 64, 8, 3)] if quick else [

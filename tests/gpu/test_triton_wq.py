@@ -318,21 +318,27 @@ def test_split_k_nvfp4_decode_matches_reference(tokens):
 
 
 # The fast (inline PTX) decode paths form the very bf16 weights the plain Triton path forms: INT4 with group scales
-# in runs (group 32 / 64, or a tile wider than the group) rounds code x fp16 scale once, as the fp32 product is
-# rounded; NVFP4 carries value x e4m3 scale (exact) times 2^-8 and scales the fp32 sums back by 2^8. So the layer's
-# output is the same bit for bit, in one pass and split along K.
+# in runs (group 32 / 64, or a tile wider than the group) rounds (code - zero point) x fp16 scale once, as the fp32
+# product is rounded; with one scale a K tile (g128, 128-column tile) code - zero point is exact either way; zero
+# points (AWQ, compressed-tensors asymmetric) are subtracted in bf16, exactly; NVFP4 carries value x e4m3 scale
+# (exact) times 2^-8 and scales the fp32 sums back by 2^8. So the layer's output is the same bit for bit, in one pass
+# and split along K, in the SPLIT layout and (zero points) in checkpoint order.
 @pytest.mark.parametrize("tokens", [1, 8])
-@pytest.mark.parametrize("name", ["int4 g32", "int4 g64", "int4 g128 tile 256", "nvfp4"])
+@pytest.mark.parametrize("name", ["int4 g32", "int4 g64", "int4 g128 tile 256", "int4 g32 zp", "int4 g128 zp",
+                                  "int4 g128 zp tile 256", "int4 g32 zp checkpoint order", "nvfp4"])
 def test_fast_decode_dequant_is_the_plain_path_bit_for_bit(name, tokens):
     from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily
 
     if name == "nvfp4":
         layer = MoELayer(quant=QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None), dtype="bfloat16", **NVFP4_SHAPES[0])
     else:
-        scheme = QuantScheme.int_wna16(4, int(name.split()[1][1:]))
+        zero_point = " zp" in name
+        scheme = QuantScheme.int_wna16(4, int(name.split()[1][1:]), zero_point, "awq" if zero_point else "gptq")
         layer = MoELayer(quant=scheme, dtype="bfloat16", activation="silu", **QWEN3)
     x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"fast-bits-{name}-{tokens}".encode()))
-    w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
+    split = "checkpoint order" not in name
+    if split:
+        w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
     block_k = 256 if "tile 256" in name else 128
     for cfg in (WqConfig(16, 64, block_k, 4, 3), WqConfig(16, 64, block_k, 4, 3, split_k=3, w2_split_k=2)):
         outs = []
@@ -340,8 +346,9 @@ def test_fast_decode_dequant_is_the_plain_path_bit_for_bit(name, tokens):
             poison_allocator()
             outs.append(fused_wq_experts(
                 x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
-                w2_scale=scales.w2_scale, w1_global_scale=scales.w1_global_scale,
-                w2_global_scale=scales.w2_global_scale, split=True, fast=fast, config=cfg,
+                w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
+                w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale, split=split,
+                fast=fast, config=cfg,
             ))
         assert torch.equal(outs[0], outs[1]), cfg
         assert rel_err(outs[0].cpu(), ref) <= TOL, cfg

@@ -32,13 +32,14 @@ Weights stay quantized in memory and are dequantized in registers inside the K l
   two per 32-bit instruction: MXFP4 e2m1 bits are moved into bf16's sign, exponent
   and mantissa fields and multiplied by 2**126 and by the E8M0 scale (``mul.bf16x2``,
   exact: powers of two; in the SPLIT layout the scale made bf16 once per group,
-  ``_e8m0_bf16``); INT4 codes are or-ed into the bf16 magic number 128 and the
-  symmetric zero (136) subtracted (``sub.bf16x2``, exact), and where scales come per
-  run of columns (SPLIT, group 32 / 64 or a tile wider than the group) multiplied by
-  their fp16 scale split into two bf16 parts, rounded once as the fp32 product is
-  (``_int4_nibbles_scaled_bf16``). The SPLIT layout's decode PTX takes two bytes a call
-  (a thread's pair in the dot's register layout). Otherwise (fp16 activations, INT8,
-  zero points) plain Triton arithmetic in fp32.
+  ``_e8m0_bf16``); INT4 codes are or-ed into the bf16 magic number 128 and 128 + the
+  zero (136 symmetric, 128 + the zero point made bf16 once per group with zero points:
+  AWQ, compressed-tensors asymmetric) subtracted (``sub.bf16x2``, exact), and where
+  scales come per run of columns (SPLIT, group 32 / 64 or a tile wider than the group)
+  multiplied by their fp16 scale split into two bf16 parts, rounded once as the fp32
+  product is (``_int4_nibbles_scaled_bf16``). The SPLIT layout's decode PTX takes two
+  bytes a call (a thread's pair in the dot's register layout). Otherwise (fp16
+  activations, INT8) plain Triton arithmetic in fp32.
 * Activation order (``HAS_PERM``, GPTQ ``desc_act``): the build sorted each expert's columns
   by their group (``sort_act_order``), so groups are contiguous as above, and stored column
   j multiplies activation column ``perm[e, j]``: the activation tile is gathered through
@@ -138,29 +139,31 @@ def _mx_nibbles_bf16(b, s_lo, s_hi):
 
 
 @triton.jit
-def _int4_nibbles_bf16(b):
-    """(low, high) nibbles of the bytes ``b`` as bf16 ``code - 8`` (exact; inline PTX). Two bytes a call
-    (``pack=2``): in the dot's register layout a thread holds its weight bytes in pairs, one 16-bit shared-memory
-    load each, so a pair goes in as loaded (four a call made the compiler join two loads with byte permutes)."""
+def _int4_nibbles_bf16(b, zero_lo, zero_hi):
+    """(low, high) nibbles of the bytes ``b`` as bf16 ``code - zero point`` (exact; inline PTX): the code or-ed into
+    bf16 128's mantissa is 128 + code, and ``sub.bf16x2`` takes ``zero_lo`` / ``zero_hi`` (bf16 128 + zero point,
+    ``_int4_zero_bf16``; 136 for symmetric weights) from it: integers of 128-143, so the difference is exact. Two
+    bytes a call (``pack=2``): in the dot's register layout a thread holds its weight bytes in pairs, one 16-bit
+    shared-memory load each, so a pair goes in as loaded (four a call made the compiler join two loads with byte
+    permutes). The zero operands shaped like ``b``."""
     return tl.inline_asm_elementwise(
         r"""
         {
-            .reg .b32 t0, a, magic, off;
+            .reg .b32 t0, a, magic;
             mov.b32 magic, 0x43004300;
-            mov.b32 off, 0x43084308;
             cvt.u32.u16 t0, $2;
             prmt.b32 t0, t0, 0, 0x5140;
             and.b32 a, t0, 0x000f000f;
             or.b32 a, a, magic;
-            sub.bf16x2 $0, a, off;
+            sub.bf16x2 $0, a, $3;
             shr.b32 a, t0, 4;
             and.b32 a, a, 0x000f000f;
             or.b32 a, a, magic;
-            sub.bf16x2 $1, a, off;
+            sub.bf16x2 $1, a, $4;
         }
         """,
-        constraints="=r,=r,h",
-        args=[b],
+        constraints="=r,=r,h,r,r",
+        args=[b, zero_lo, zero_hi],
         dtype=(tl.bfloat16, tl.bfloat16),
         is_pure=True,
         pack=2,
@@ -168,46 +171,81 @@ def _int4_nibbles_bf16(b):
 
 
 @triton.jit
-def _int4_nibbles_scaled_bf16(b, s_lo_hi, s_lo_lo, s_hi_hi, s_hi_lo):
-    """(low, high) nibbles of the bytes ``b`` as bf16 ``(code - 8) x scale``, rounded once (inline PTX): the fp16
-    scale of each comes split into bf16 parts (``_fp16_scale_split``: hi + lo, exactly); ``(code - 8) x lo`` is
-    exact in bf16 (4 x 4 significant bits) and one fused ``fma.rn.bf16x2`` adds ``(code - 8) x hi`` to it, so the
-    result is the fp32 product rounded to bf16, bit for bit what the plain path computes, in 3 instructions per 2
-    weights instead of 6 (unpack to fp32, 2 multiplies, repack). All operands shaped like ``b``; two bytes a call
-    as in ``_int4_nibbles_bf16``."""
+def _int4_nibbles_scaled_bf16(b, zero_lo, zero_hi, s_lo_hi, s_lo_lo, s_hi_hi, s_hi_lo):
+    """(low, high) nibbles of the bytes ``b`` as bf16 ``(code - zero point) x scale``, rounded once (inline PTX):
+    ``c = code - zero point`` as in ``_int4_nibbles_bf16`` (exact, |c| <= 15: 4 significant bits), the fp16 scale
+    of each split into bf16 parts (``_fp16_scale_split``: hi + lo, exactly); ``c x lo`` is exact in bf16 (4 x 2
+    significant bits) and one fused ``fma.rn.bf16x2`` adds ``c x hi`` to it, so the result is the fp32 product
+    rounded to bf16, bit for bit what the plain path computes, in 3 instructions per 2 weights instead of 6
+    (unpack to fp32, 2 multiplies, repack). All operands shaped like ``b``; two bytes a call as in
+    ``_int4_nibbles_bf16``."""
     return tl.inline_asm_elementwise(
         r"""
         {
-            .reg .b32 t0, a, c, p, magic, off;
+            .reg .b32 t0, a, c, p, magic;
             mov.b32 magic, 0x43004300;
-            mov.b32 off, 0x43084308;
             cvt.u32.u16 t0, $2;
             prmt.b32 t0, t0, 0, 0x5140;
             and.b32 a, t0, 0x000f000f;
             or.b32 a, a, magic;
-            sub.bf16x2 c, a, off;
-            mul.bf16x2 p, c, $4;
-            fma.rn.bf16x2 $0, c, $3, p;
+            sub.bf16x2 c, a, $3;
+            mul.bf16x2 p, c, $6;
+            fma.rn.bf16x2 $0, c, $5, p;
             shr.b32 a, t0, 4;
             and.b32 a, a, 0x000f000f;
             or.b32 a, a, magic;
-            sub.bf16x2 c, a, off;
-            mul.bf16x2 p, c, $6;
-            fma.rn.bf16x2 $1, c, $5, p;
+            sub.bf16x2 c, a, $4;
+            mul.bf16x2 p, c, $8;
+            fma.rn.bf16x2 $1, c, $7, p;
         }
         """,
-        constraints="=r,=r,h,r,r,r,r",
-        args=[b, s_lo_hi, s_lo_lo, s_hi_hi, s_hi_lo],
+        constraints="=r,=r,h,r,r,r,r,r,r",
+        args=[b, zero_lo, zero_hi, s_lo_hi, s_lo_lo, s_hi_hi, s_hi_lo],
         dtype=(tl.bfloat16, tl.bfloat16),
         is_pure=True,
         pack=2,
     )
+
+
+@triton.jit
+def _int4_zero_bf16(z):
+    """INT4 zero points (uint8, 0..15 as every INT4 format stores them) -> bf16 128 + z, exact: z moved into
+    bf16 128's mantissa field, the value ``_int4_nibbles_bf16`` subtracts from 128 + code."""
+    return (z.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _int4_zero_operands(b, z_a, z_b, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, RUN: tl.constexpr,
+                        HAS_ZP: tl.constexpr, ZERO: tl.constexpr, SPLIT: tl.constexpr, RUNS: tl.constexpr,
+                        SCALE_ACC: tl.constexpr):
+    """The (low, high) nibbles' zero operands of ``_int4_nibbles_bf16``, shaped like the bytes ``b``: bf16 128 +
+    the symmetric zero (a constant), or the zero points ``_tile_scales`` loaded (z_a, z_b), made bf16 once per
+    group and broadcast as the scales are (one per row with ``SCALE_ACC``, per run of columns of each half in
+    the SPLIT layout, per weight for groups that split a half-chunk unevenly, per byte in checkpoint order)."""
+    HALF: tl.constexpr = b.shape[1]
+    if not HAS_ZP:
+        zero_lo = tl.full(b.shape, 128.0 + ZERO, tl.bfloat16)
+        zero_hi = zero_lo
+    elif SCALE_ACC:
+        zero_lo = tl.broadcast_to(_int4_zero_bf16(z_a)[:, None], b.shape)
+        zero_hi = zero_lo
+    elif RUNS:
+        zero_lo = _bcast(_int4_zero_bf16(z_a), BLOCK_N, HALF, RUN)
+        zero_hi = _bcast(_int4_zero_bf16(z_b), BLOCK_N, HALF, RUN)
+    elif SPLIT:
+        zero_lo = _int4_zero_bf16(z_a)
+        zero_hi = _int4_zero_bf16(z_b)
+    else:
+        zero_lo = _bcast(_int4_zero_bf16(z_a), BLOCK_N, HALF, GROUP // 2)
+        zero_hi = zero_lo
+    return zero_lo, zero_hi
 
 
 @triton.jit
 def _fp16_scale_split(s):
     """fp16 scales -> (hi, lo) in bf16 with hi + lo == s exactly: hi is s rounded to bf16's 8 significant bits, lo
-    the remainder (at most 4 significant bits, a multiple of s's fp16 ulp: exact in bf16)."""
+    the remainder (at most half of hi's last place and a multiple of s's fp16 ulp: at most 2 significant bits,
+    exact in bf16; checked for every fp16 value in ``tests/kernels/test_triton_wq_decode_rounding.py``)."""
     s32 = s.to(tl.float32)
     hi = s32.to(tl.bfloat16)
     return hi, (s32 - hi.to(tl.float32)).to(tl.bfloat16)
@@ -535,15 +573,20 @@ def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a,
                     hi = _mx_value(bi >> 4)
                 sb = _bcast(_e4m3_value(s_a), BLOCK_N, HALF, GROUP // 2)
                 w = tl.interleave(lo * sb.to(lo.dtype), hi * sb.to(hi.dtype))
-        elif FAST and not HAS_ZP and RUNS and not SCALE_ACC:
-            # INT4 code - 8 times its fp16 scale, rounded once to bf16 as the fp32 product would be (``_int4_scaled``)
+        elif FAST and RUNS and not SCALE_ACC:
+            # INT4 code - zero point times its fp16 scale, rounded once to bf16 as the fp32 product would be
             s_lo_hi, s_lo_lo = _fp16_scale_split(s_a)
             s_hi_hi, s_hi_lo = _fp16_scale_split(s_b)
-            lo, hi = _int4_nibbles_scaled_bf16(b, _bcast(s_lo_hi, BLOCK_N, HALF, RUN), _bcast(s_lo_lo, BLOCK_N, HALF, RUN),
-                                               _bcast(s_hi_hi, BLOCK_N, HALF, RUN), _bcast(s_hi_lo, BLOCK_N, HALF, RUN))
+            zero_lo, zero_hi = _int4_zero_operands(b, z_a, z_b, BLOCK_N, GROUP, RUN, HAS_ZP, ZERO, SPLIT, RUNS,
+                                                   SCALE_ACC)
+            lo, hi = _int4_nibbles_scaled_bf16(b, zero_lo, zero_hi, _bcast(s_lo_hi, BLOCK_N, HALF, RUN),
+                                               _bcast(s_lo_lo, BLOCK_N, HALF, RUN), _bcast(s_hi_hi, BLOCK_N, HALF, RUN),
+                                               _bcast(s_hi_lo, BLOCK_N, HALF, RUN))
         else:  # INT4
-            if FAST and not HAS_ZP:
-                lo, hi = _int4_nibbles_bf16(b)
+            if FAST:
+                zero_lo, zero_hi = _int4_zero_operands(b, z_a, z_b, BLOCK_N, GROUP, RUN, HAS_ZP, ZERO, SPLIT, RUNS,
+                                                       SCALE_ACC)
+                lo, hi = _int4_nibbles_bf16(b, zero_lo, zero_hi)
             else:
                 bi = b.to(tl.int32)
                 lo = (bi & 15).to(tl.float32)
@@ -875,7 +918,8 @@ def _split_values(b, k0, rows, s_base, z_base, stride_sr, stride_zr, C, BLOCK_R:
         s_lo = _load_groups(s_base, s_row, g_lo, C, GROUP, False, 0).to(tl.float32)
         s_hi = _load_groups(s_base, s_row, g_hi, C, GROUP, False, 0).to(tl.float32)
         if FAST and not HAS_ZP:
-            lo, hi = _int4_nibbles_bf16(b)
+            symmetric = tl.full(b.shape, 128.0 + ZERO, tl.bfloat16)
+            lo, hi = _int4_nibbles_bf16(b, symmetric, symmetric)
             lo = lo.to(tl.float32)
             hi = hi.to(tl.float32)
         else:
