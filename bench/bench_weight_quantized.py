@@ -61,7 +61,8 @@ FUSED_MOE = "vllm/model_executor/layers/fused_moe/fused_moe.py"
 TK_PREFIX = "vllm/third_party/triton_kernels/"
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 DECODE_ROWS = ("Kimi-K2-like EP8 INT4 g32", "Mixtral-8x7B INT4 g128", "Qwen3-235B-A22B INT4 g128",
-               "GLM-4.5-Air-like INT4 g128", "gpt-oss-120b MXFP4", "Qwen3-235B-A22B NVFP4 W4A16")
+               "GLM-4.5-Air-like INT4 g128", "gpt-oss-120b MXFP4", "Qwen3-235B-A22B NVFP4 W4A16",
+               "Qwen3-235B-A22B INT4 g128 AWQ")
 TARGETS = {"decode_TBps": 1.9, "faster_than_bf16_up_to": 512, "bf16_tflops_ratio_large": 0.8,
            "vs_peer_min": 1.0, "vs_peer_geomean": 1.2}
 
@@ -535,12 +536,15 @@ def _decode_shapes():
         (Shape("glm-4.5-air", 128, 4096, 1408, 8), int4(4, 128), "silu", None, False),
         (Shape("gpt-oss-120b", 128, 2880, 2880, 4), QuantScheme.mxfp4(), "swigluoai", 7.0, True),
         (qwen3_235b, QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None), "silu", None, False),
+        (qwen3_235b, int4(4, 128, True, "awq"), "silu", None, False),  # zero points
     )))
 
 
 def decode(args) -> None:
     """Per shape and token count: the one-pass decode tile (the default before split-K) against the default tile now
-    (split along K where the grid is small), moe-fsm's bf16 experts beside them, the copy rate measured first."""
+    (split along K where the grid is small), moe-fsm's bf16 experts beside them, the copy rate measured first. With
+    ``--plain`` also the default tile with the plain Triton fp32 dequantization (``fast=False``; what INT4 with zero
+    points ran before their inline-PTX decode), and its time over the default's."""
     import torch
     import triton
     from bench_experts_roofline import time_graph
@@ -564,8 +568,10 @@ def decode(args) -> None:
     print(f"{device}, {sms} SMs; torch {torch.__version__}, Triton {triton.__version__}; copy rate {copy_tbps:.2f} TB/s "
           f"(1 GiB device copy, read + written)", flush=True)
     header = ("| row | tokens | experts hit | one-pass µs | TB/s | % copy | split-K tile µs | TB/s | % copy | "
-              "splits w1/w2 | speed-up | bf16 µs | bf16 TB/s | bf16/split-K | err (split-K) |")
-    lines = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "splits w1/w2 | speed-up | bf16 µs | bf16 TB/s | bf16/split-K | err (split-K) |"
+              + (" plain dequant µs | plain/split-K |" if args.plain else ""))
+    lines = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+             + (" ---: | ---: |" if args.plain else "")]
     print(header, flush=True)
     rows = []
     shapes = _decode_shapes()
@@ -591,14 +597,14 @@ def decode(args) -> None:
                 routes.append((torch.softmax(vals, dim=1), ids.to(torch.int32)))
             active = sum(torch.unique(ids).numel() for _, ids in routes) / len(routes)
 
-            def ours(cfg):
+            def ours(cfg, fast=True):
                 def fn(g, ids):
                     return fused_wq_experts(
                         x, w1s, w2s, g, ids, quant=quant, w1_scale=scales.w1_scale, w2_scale=scales.w2_scale,
                         w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
                         w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale,
                         w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=activation, swiglu_limit=limit,
-                        split=True, config=cfg)
+                        split=True, fast=fast, config=cfg)
                 return fn
 
             one_pass = default_wq_config(tokens, top_k, e)
@@ -608,6 +614,7 @@ def decode(args) -> None:
             split_us = one_us if unsplit else time_graph(ours(split_k), routes, args.rep_ms)
             bf16_us = time_graph(lambda g, ids: fused_experts(x, w1b, w2b, g, ids, activation=activation,
                                                               swiglu_limit=limit), routes, args.rep_ms)
+            plain_us = time_graph(ours(split_k, fast=False), routes, args.rep_ms) if args.plain else None
             sample = torch.arange(min(tokens, 2), device="cuda")  # float64 on the experts of two tokens
             g0, ids0 = routes[0]
             got = ours(split_k)(g0, ids0)[sample].double()
@@ -618,12 +625,13 @@ def decode(args) -> None:
                    "split_k_us": split_us, "one_pass_TBps": tb(one_us, per_expert_q),
                    "split_k_TBps": tb(split_us, per_expert_q), "bf16_us": bf16_us, "bf16_TBps": tb(bf16_us, per_expert_b),
                    "copy_TBps": copy_tbps, "splits": [split_k.splits("w1"), split_k.splits("w2")],
-                   "split_k_config": split_k.to_json(), "rel_err": err}
+                   "split_k_config": split_k.to_json(), "rel_err": err, "plain_dequant_us": plain_us}
             rows.append(row)
             line = (f"| {name} | {tokens} | {active:.1f} | {one_us:.1f} | {row['one_pass_TBps']:.2f} | "
                     f"{100 * row['one_pass_TBps'] / copy_tbps:.0f}% | {split_us:.1f} | {row['split_k_TBps']:.2f} | "
                     f"{100 * row['split_k_TBps'] / copy_tbps:.0f}% | {row['splits'][0]}/{row['splits'][1]} | "
-                    f"{one_us / split_us:.2f} | {bf16_us:.1f} | {row['bf16_TBps']:.2f} | {bf16_us / split_us:.2f} | {err:.1e} |")
+                    f"{one_us / split_us:.2f} | {bf16_us:.1f} | {row['bf16_TBps']:.2f} | {bf16_us / split_us:.2f} | {err:.1e} |"
+                    + (f" {plain_us:.1f} | {plain_us / split_us:.2f} |" if args.plain else ""))
             lines.append(line)
             print(line, flush=True)
             report = {"device": device, "sms": sms, "torch": torch.__version__, "triton": triton.__version__,
@@ -808,6 +816,8 @@ def main() -> None:
     d.add_argument("--rows", nargs="*", choices=list(DECODE_ROWS))
     d.add_argument("--tokens", nargs="*", type=int, default=[1, 8, 32])
     d.add_argument("--rep-ms", type=float, default=20.0)
+    d.add_argument("--plain", action="store_true",
+                   help="also time the default tile with the plain Triton fp32 dequantization (fast=False)")
     f = sub.add_parser("prefill", help="swap-AB kernel vs the bf16 Hopper path vs bf16 vs the peer at 512-8192 tokens (GPU)")
     f.add_argument("--extract", default=str(ROOT / ".xfer" / "wq_peers"))
     f.add_argument("--out", default=str(ROOT / "bench-out"))
