@@ -319,13 +319,13 @@ def test_split_k_nvfp4_decode_matches_reference(tokens):
 
 # The fast (inline PTX) decode paths form the very bf16 weights the plain Triton path forms: INT4 with group scales
 # in runs (group 32 / 64, or a tile wider than the group) rounds (code - zero point) x fp16 scale once, as the fp32
-# product is rounded; with one scale a K tile (g128, 128-column tile) code - zero point is exact either way; zero
-# points (AWQ, compressed-tensors asymmetric) are subtracted in bf16, exactly; NVFP4 carries value x e4m3 scale
-# (exact) times 2^-8 and scales the fp32 sums back by 2^8. So the layer's output is the same bit for bit, in one pass
-# and split along K, in the SPLIT layout and (zero points) in checkpoint order.
+# product is rounded; with one scale a K tile (g128, 128-column tile) code - zero point is exact either way, in the
+# SPLIT layout and in checkpoint order; zero points (AWQ, compressed-tensors asymmetric) are subtracted in bf16,
+# exactly; NVFP4 carries value x e4m3 scale (exact) times 2^-8 and scales the fp32 sums back by 2^8. So the layer's
+# output is the same bit for bit, in one pass and split along K.
 @pytest.mark.parametrize("tokens", [1, 8])
 @pytest.mark.parametrize("name", ["int4 g32", "int4 g64", "int4 g128 tile 256", "int4 g32 zp", "int4 g128 zp",
-                                  "int4 g128 zp tile 256", "int4 g32 zp checkpoint order", "nvfp4"])
+                                  "int4 g128 zp tile 256", "int4 g128 zp checkpoint order", "nvfp4"])
 def test_fast_decode_dequant_is_the_plain_path_bit_for_bit(name, tokens):
     from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily
 

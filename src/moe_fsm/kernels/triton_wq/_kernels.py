@@ -33,13 +33,14 @@ Weights stay quantized in memory and are dequantized in registers inside the K l
   and mantissa fields and multiplied by 2**126 and by the E8M0 scale (``mul.bf16x2``,
   exact: powers of two; in the SPLIT layout the scale made bf16 once per group,
   ``_e8m0_bf16``); INT4 codes are or-ed into the bf16 magic number 128 and 128 + the
-  zero (136 symmetric, 128 + the zero point made bf16 once per group with zero points:
-  AWQ, compressed-tensors asymmetric) subtracted (``sub.bf16x2``, exact), and where
+  zero (136 symmetric; with zero points, AWQ or compressed-tensors asymmetric, 128 + the
+  zero point made bf16 once per group) subtracted (``sub.bf16x2``, exact), and where
   scales come per run of columns (SPLIT, group 32 / 64 or a tile wider than the group)
   multiplied by their fp16 scale split into two bf16 parts, rounded once as the fp32
   product is (``_int4_nibbles_scaled_bf16``). The SPLIT layout's decode PTX takes two
   bytes a call (a thread's pair in the dot's register layout). Otherwise (fp16
-  activations, INT8) plain Triton arithmetic in fp32.
+  activations, INT8, zero points scaled per weight outside the SPLIT runs) plain Triton
+  arithmetic in fp32.
 * Activation order (``HAS_PERM``, GPTQ ``desc_act``): the build sorted each expert's columns
   by their group (``sort_act_order``), so groups are contiguous as above, and stored column
   j multiplies activation column ``perm[e, j]``: the activation tile is gathered through
@@ -215,13 +216,12 @@ def _int4_zero_bf16(z):
 
 
 @triton.jit
-def _int4_zero_operands(b, z_a, z_b, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, RUN: tl.constexpr,
-                        HAS_ZP: tl.constexpr, ZERO: tl.constexpr, SPLIT: tl.constexpr, RUNS: tl.constexpr,
-                        SCALE_ACC: tl.constexpr):
+def _int4_zero_operands(b, z_a, z_b, BLOCK_N: tl.constexpr, RUN: tl.constexpr, HAS_ZP: tl.constexpr,
+                        ZERO: tl.constexpr, SCALE_ACC: tl.constexpr):
     """The (low, high) nibbles' zero operands of ``_int4_nibbles_bf16``, shaped like the bytes ``b``: bf16 128 +
     the symmetric zero (a constant), or the zero points ``_tile_scales`` loaded (z_a, z_b), made bf16 once per
-    group and broadcast as the scales are (one per row with ``SCALE_ACC``, per run of columns of each half in
-    the SPLIT layout, per weight for groups that split a half-chunk unevenly, per byte in checkpoint order)."""
+    group and broadcast as the scales are: one per row with ``SCALE_ACC``, else per run of RUN columns of each
+    SPLIT half (the only other layout whose zero points take the PTX: ``_tile_dot``)."""
     HALF: tl.constexpr = b.shape[1]
     if not HAS_ZP:
         zero_lo = tl.full(b.shape, 128.0 + ZERO, tl.bfloat16)
@@ -229,15 +229,9 @@ def _int4_zero_operands(b, z_a, z_b, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
     elif SCALE_ACC:
         zero_lo = tl.broadcast_to(_int4_zero_bf16(z_a)[:, None], b.shape)
         zero_hi = zero_lo
-    elif RUNS:
+    else:
         zero_lo = _bcast(_int4_zero_bf16(z_a), BLOCK_N, HALF, RUN)
         zero_hi = _bcast(_int4_zero_bf16(z_b), BLOCK_N, HALF, RUN)
-    elif SPLIT:
-        zero_lo = _int4_zero_bf16(z_a)
-        zero_hi = _int4_zero_bf16(z_b)
-    else:
-        zero_lo = _bcast(_int4_zero_bf16(z_a), BLOCK_N, HALF, GROUP // 2)
-        zero_hi = zero_lo
     return zero_lo, zero_hi
 
 
@@ -577,15 +571,16 @@ def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a,
             # INT4 code - zero point times its fp16 scale, rounded once to bf16 as the fp32 product would be
             s_lo_hi, s_lo_lo = _fp16_scale_split(s_a)
             s_hi_hi, s_hi_lo = _fp16_scale_split(s_b)
-            zero_lo, zero_hi = _int4_zero_operands(b, z_a, z_b, BLOCK_N, GROUP, RUN, HAS_ZP, ZERO, SPLIT, RUNS,
-                                                   SCALE_ACC)
+            zero_lo, zero_hi = _int4_zero_operands(b, z_a, z_b, BLOCK_N, RUN, HAS_ZP, ZERO, SCALE_ACC)
             lo, hi = _int4_nibbles_scaled_bf16(b, zero_lo, zero_hi, _bcast(s_lo_hi, BLOCK_N, HALF, RUN),
                                                _bcast(s_lo_lo, BLOCK_N, HALF, RUN), _bcast(s_hi_hi, BLOCK_N, HALF, RUN),
                                                _bcast(s_hi_lo, BLOCK_N, HALF, RUN))
         else:  # INT4
-            if FAST:
-                zero_lo, zero_hi = _int4_zero_operands(b, z_a, z_b, BLOCK_N, GROUP, RUN, HAS_ZP, ZERO, SPLIT, RUNS,
-                                                       SCALE_ACC)
+            if FAST and (not HAS_ZP or SCALE_ACC):
+                # zero points scaled per weight in fp32 below (checkpoint order, uneven SPLIT groups) stay on the
+                # plain path: through the PTX and back to fp32 compiled to more instructions (sm_90, 16 x 64 x 128
+                # w1 in checkpoint order, g32: 14.0 -> 17.2 per weight byte)
+                zero_lo, zero_hi = _int4_zero_operands(b, z_a, z_b, BLOCK_N, RUN, HAS_ZP, ZERO, SCALE_ACC)
                 lo, hi = _int4_nibbles_bf16(b, zero_lo, zero_hi)
             else:
                 bi = b.to(tl.int32)
