@@ -462,7 +462,7 @@ def main_run(args) -> None:
             shape = shapes[series]
             for t in args.tokens:
                 cfg = vllm.config(t, shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, shape.fp8)[0] if vllm else None
-                rule = pair_blocks_pay(t, shape.top_k, shape.num_experts)
+                rule = pair_blocks_pay(t, shape.top_k, shape.num_experts, shape.expert_bytes)
                 layouts = (rule, not rule) if other_layout_timed(shape, t) else (rule,)
                 jobs.append((str(args.extract) if vllm else None, series, astuple(shape), t, ours_config(shape, t).to_json(), cfg,
                              t * shape.top_k * 4 <= shape.num_experts, layouts))
@@ -516,7 +516,7 @@ def main_run(args) -> None:
                 row["rel_diff"] = float((a - b).norm() / b.norm().clamp(min=1e-30))
             fns = [("vllm", theirs), ("ours", ours_t)] if theirs is not None else [("ours", ours_t)]
             if other_layout_timed(shape, t):
-                row["ours_unsorted"] = pair_blocks_pay(t, shape.top_k, shape.num_experts)
+                row["ours_unsorted"] = pair_blocks_pay(t, shape.top_k, shape.num_experts, shape.expert_bytes)
                 other = layer_fn(shape, weights, ours_config(shape, t), not row["ours_unsorted"])
                 row["other_rel_diff"] = float((other(*inputs[0]).float() - a).norm() / a.norm().clamp(min=1e-30))
                 fns.append(("other", other))

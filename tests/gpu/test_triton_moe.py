@@ -272,19 +272,15 @@ def test_default_wide_thin_tiles_fp8_rowwise(weight, activation):
     assert rel_err(out, emulated) < FP8_VS_EMULATION_TOL
 
 
-# Unsorted pair blocks past one token (align.pair_blocks_pay opted in: at most one pair per four experts, as vLLM): a
+# Unsorted pair blocks past one token (align.pair_blocks_pay: up to 8 tokens while little weight is read twice): a
 # Qwen3-Next TP2 shard and a DeepSeek-V3 TP4 block-FP8 shard at 8 tokens, two tokens on one expert, a slot of another rank
 QWEN3_NEXT_TP2 = Shape("qwen3-next-tp2", 512, 2048, 256, 10)
 DEEPSEEK_V3_TP4 = Shape("deepseek-v3-tp4", 256, 7168, 512, 8)
 
 
 @pytest.mark.parametrize("quant", ["bf16", "channel", "block"])
-def test_unsorted_pair_blocks_past_one_token(monkeypatch, quant):
-    from moe_fsm.kernels.triton_moe.align import UNSORTED_PAIRS_ENV, pair_blocks_pay
-
-    monkeypatch.setenv(UNSORTED_PAIRS_ENV, "1")
+def test_unsorted_pair_blocks_past_one_token(quant):
     shape, num_tokens = (DEEPSEEK_V3_TP4 if quant == "block" else QWEN3_NEXT_TP2), 8
-    assert pair_blocks_pay(num_tokens, shape.top_k, shape.num_experts)
     x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=41)
     g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=41)
     ids[1, 0] = ids[0, 3]  # one expert, two tokens: its weights read twice, unsorted
@@ -299,7 +295,7 @@ def test_unsorted_pair_blocks_past_one_token(monkeypatch, quant):
     else:
         (w1q, w2q), deq, kwargs = float_weights(shape), None, {}
     outs = {}
-    for unsorted in (None, False):  # the rule's layout, then the sorted one
+    for unsorted in (True, False):
         poison_allocator()
         outs[unsorted] = fused_experts(x, w1q, w2q, g, ids, unsorted=unsorted,
                                        out=_nan_out(num_tokens, shape.hidden, torch.bfloat16), **kwargs)

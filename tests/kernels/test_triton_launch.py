@@ -73,19 +73,20 @@ def test_every_kernel_launch_starts_takes_pdl_last():
 
 DECODE = MoEConfig(16, GemmConfig(32, 128, 1, 4, 4, swap_ab=True), GemmConfig(64, 128, 1, 4, 3, swap_ab=True))
 PREFILL = MoEConfig(64, GemmConfig(64, 64, 8, 4, 3), GemmConfig(128, 64, 8, 4, 3))
-# (fp8 weight layout, tokens, config, the kernels one call launches, in order)
+# (fp8 weight layout, tokens, config, the kernels one call launches, in order); 9 tokens, past
+# align.UNSORTED_MAX_TOKENS, sort in one program (8 of this small layer's tokens would skip the sort)
 LAYER_CASES = [
     (None, 1, DECODE, ["moe_gemm_kernel", "moe_gemm_kernel", "topk_sum_kernel"]),
-    (None, 8, DECODE, ["align_small_kernel", "moe_gemm_kernel", "moe_gemm_kernel", "topk_sum_kernel"]),
+    (None, 9, DECODE, ["align_small_kernel", "moe_gemm_kernel", "moe_gemm_kernel", "topk_sum_kernel"]),
     (None, 300, PREFILL,
      ["align_count_kernel", "align_scatter_kernel", "moe_gemm_kernel", "moe_gemm_kernel", "topk_sum_kernel"]),
-    ("channel", 8, DECODE,
+    ("channel", 9, DECODE,
      ["row_quant_kernel", "align_small_kernel", "moe_gemm_kernel", "row_quant_kernel", "moe_gemm_kernel",
       "topk_sum_kernel"]),
     ("tensor", 300, PREFILL,
      ["tensor_amax_kernel", "row_quant_kernel", "align_count_kernel", "align_scatter_kernel", "moe_gemm_kernel",
       "tensor_amax_kernel", "row_quant_kernel", "moe_gemm_kernel", "topk_sum_kernel"]),
-    ("block", 8, MoEConfig(16, GemmConfig(128, 128, 1, 4, 3), GemmConfig(128, 128, 1, 4, 3)),
+    ("block", 9, MoEConfig(16, GemmConfig(128, 128, 1, 4, 3), GemmConfig(128, 128, 1, 4, 3)),
      ["group_quant_kernel", "align_small_kernel", "moe_gemm_kernel", "moe_gemm_kernel", "topk_sum_kernel"]),
 ]
 

@@ -1,15 +1,14 @@
-"""Unsorted pair blocks past one token: the opt-in rule that picks them, the launches it saves, and the layer they
-compute.
+"""Unsorted pair blocks past one token: the rule that picks them, the launches it saves, and the layer they compute.
 
 ``align.pair_blocks_pay`` decides whether a batch skips the alignment (one row block per (token, slot) pair, its
-expert read from ``topk_ids``): one token always; past one token, with ``MOE_FSM_TRITON_UNSORTED_PAIRS=1``, at most
-one pair per four experts, vLLM's threshold (not yet measured on moe-fsm's kernels, hence the opt-in). The rule and
-the kernels each call launches are checked on the CPU (the launches need Triton, not CUDA); the layer itself runs
-under Triton's interpreter (``TRITON_INTERPRET=1 python3 -m pytest tests/kernels/test_triton_pair_blocks.py``;
-small shapes in float16, which the interpreter computes) against float64, outputs poisoned with NaN first, with
-pairs that share an expert and slots of another rank. ``tests/gpu/test_triton_moe.py`` runs model-sized layers;
-``bench_experts_vs_vllm.py``'s ``other`` column times the two layouts side by side (its summary is checked here).
-"""
+expert read from ``topk_ids``): one token always; up to ``UNSORTED_MAX_TOKENS`` tokens while the weight bytes the
+pairs are expected to read twice stay within ``UNSORTED_REREAD_BYTES`` (the bound measured on an H100,
+``docs/perf/vs_vllm.md``). The rule and the kernels each call launches are checked on the CPU (the launches need
+Triton, not CUDA); the layer itself runs under Triton's interpreter (``TRITON_INTERPRET=1 python3 -m pytest
+tests/kernels/test_triton_pair_blocks.py``; small shapes in float16, which the interpreter computes) against float64,
+outputs poisoned with NaN first, with pairs that share an expert and slots of another rank.
+``tests/gpu/test_triton_moe.py`` runs model-sized layers; ``bench_experts_vs_vllm.py``'s ``other`` column times the
+two layouts side by side (its summary is checked here)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,9 @@ import pytest
 import torch
 
 from moe_fsm.kernels.reference import moe_reference
-from moe_fsm.kernels.triton_moe.align import EXPERTS_PER_PAIR_UNSORTED, UNSORTED_PAIRS_ENV, pair_blocks_pay
+from moe_fsm.kernels.triton_moe.align import (
+    UNSORTED_MAX_TOKENS, UNSORTED_REREAD_BYTES, expected_shared_pairs, pair_blocks_pay,
+)
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or not HAS_TRITON,
@@ -32,38 +33,40 @@ needs_triton = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTER
 TOL = 1e-2  # fp16 operands and intermediate, fp32 accumulation
 
 
-@pytest.fixture
-def opted_in(monkeypatch):
-    monkeypatch.setenv(UNSORTED_PAIRS_ENV, "1")
+def _bytes(n: int, k: int, fp8: bool = False) -> int:
+    return 3 * n * k * (1 if fp8 else 2)
 
 
-@pytest.mark.parametrize("tokens,top_k,experts,unsorted", [
-    (1, 8, 8, True),  # one token: distinct experts, never sorted
-    (1, 2, 8, True),
-    (8, 10, 512, True),  # Qwen3-Next (TP shards too) at 8 tokens: 80 pairs over 512 experts
-    (8, 8, 256, True),  # DeepSeek-V3 at 8 tokens: 64 pairs, exactly a quarter of 256
-    (9, 8, 256, False),  # 72 pairs: past a quarter
-    (8, 10, 256, False),
-    (2, 8, 64, True),
-    (8, 8, 128, False),  # Qwen3-30B-A3B at 8 tokens
-    (8, 2, 8, False),  # Mixtral at 8 tokens
-    (128, 10, 512, False),
-    (0, 8, 256, True),  # no pair at all: nothing to sort
+@pytest.mark.parametrize("tokens,top_k,experts,expert_bytes,unsorted", [
+    (1, 8, 8, 10**10, True),  # one token: distinct experts, never sorted
+    (0, 8, 256, 10**10, True),  # no pair at all: nothing to sort
+    (2, 10, 512, _bytes(512, 2048), True),  # the measured points (H100): Qwen3-Next-like, 2.3 MB read twice
+    (8, 10, 512, _bytes(256, 2048), True),  # its TP2 shard at 8 tokens, 18.5 MB
+    (2, 8, 64, _bytes(1024, 2048), True),  # OLMoE-like at 2 tokens, 22.0 MB: the most that paid
+    (8, 10, 512, _bytes(512, 2048), False),  # Qwen3-Next-like at 8 tokens, 36.9 MB: even
+    (8, 8, 384, _bytes(2048, 7168, fp8=True), False),  # Kimi-K2-like at 8 tokens, 219 MB
+    (8, 2, 8, _bytes(14336, 4096), False),  # Mixtral at 8 tokens
+    (9, 10, 512, 1024, False),  # past the measured token counts: sorted whatever the bytes
 ])
-def test_opted_in_rule_takes_pair_blocks_at_one_pair_per_four_experts(opted_in, tokens, top_k, experts, unsorted):
-    assert EXPERTS_PER_PAIR_UNSORTED == 4
-    assert pair_blocks_pay(tokens, top_k, experts) is unsorted
+def test_the_rule_leaves_few_tokens_unsorted_while_little_weight_is_read_twice(tokens, top_k, experts, expert_bytes,
+                                                                               unsorted):
+    assert UNSORTED_MAX_TOKENS == 8 and UNSORTED_REREAD_BYTES == 28 * 2**20
+    assert pair_blocks_pay(tokens, top_k, experts, expert_bytes) is unsorted
 
 
-@pytest.mark.parametrize("value", [None, "0"])
-@pytest.mark.parametrize("tokens,top_k,experts", [(8, 10, 512), (8, 8, 256), (2, 8, 64), (0, 8, 256)])
-def test_by_default_only_one_token_skips_the_sort(monkeypatch, value, tokens, top_k, experts):
-    if value is None:
-        monkeypatch.delenv(UNSORTED_PAIRS_ENV, raising=False)
-    else:
-        monkeypatch.setenv(UNSORTED_PAIRS_ENV, value)
-    assert pair_blocks_pay(1, top_k, experts)
-    assert not pair_blocks_pay(tokens, top_k, experts)
+@pytest.mark.parametrize("pairs,experts", [(16, 64), (80, 512), (64, 40), (20, 20)])
+def test_expected_shared_pairs_is_what_uniform_routing_shares(pairs, experts):
+    """The closed form against counting: pairs drawn uniformly over the experts, less the distinct experts named."""
+    gen = torch.Generator().manual_seed(pairs * 1000 + experts)
+    draws = torch.randint(0, experts, (20000, pairs), generator=gen)
+    distinct = torch.zeros(20000, experts).scatter_(1, draws, 1.0).sum(1)
+    assert expected_shared_pairs(pairs, experts) == pytest.approx(float(pairs - distinct.mean()), rel=0.02, abs=0.02)
+
+
+def test_expected_shared_pairs_edges():
+    assert expected_shared_pairs(1, 64) == 0.0
+    assert expected_shared_pairs(0, 64) == 0.0
+    assert expected_shared_pairs(10, 1) == pytest.approx(9.0)
 
 
 def _recorded_launches(monkeypatch, num_tokens: int, top_k: int, experts: int, **kwargs) -> list[str]:
@@ -107,19 +110,15 @@ SORT_512 = ["align_count_kernel", "align_scatter_kernel"]
 
 
 @needs_triton
-@pytest.mark.parametrize("env,tokens,top_k,experts,kwargs,expected", [
-    (None, 8, 10, 512, {}, SORT_512 + GEMMS_AND_SUM),  # the default sorts past one token
-    (None, 1, 4, 8, {}, GEMMS_AND_SUM),
-    ("1", 8, 10, 512, {}, GEMMS_AND_SUM),  # opted in: no alignment launch
-    ("1", 8, 10, 256, {}, ["align_small_kernel"] + GEMMS_AND_SUM),
-    ("1", 8, 10, 512, {"unsorted": False}, SORT_512 + GEMMS_AND_SUM),  # forced either way
-    (None, 8, 10, 256, {"unsorted": True}, GEMMS_AND_SUM),
+@pytest.mark.parametrize("tokens,top_k,experts,kwargs,expected", [
+    (9, 10, 512, {}, SORT_512 + GEMMS_AND_SUM),  # past UNSORTED_MAX_TOKENS the default sorts
+    (9, 10, 256, {}, ["align_small_kernel"] + GEMMS_AND_SUM),
+    (1, 4, 8, {}, GEMMS_AND_SUM),
+    (8, 10, 512, {}, GEMMS_AND_SUM),  # a small layer at 8 tokens reads a few kB twice: no alignment launch
+    (8, 10, 512, {"unsorted": False}, SORT_512 + GEMMS_AND_SUM),  # forced either way
+    (9, 10, 256, {"unsorted": True}, GEMMS_AND_SUM),
 ])
-def test_unsorted_batches_launch_no_alignment(monkeypatch, env, tokens, top_k, experts, kwargs, expected):
-    if env is None:
-        monkeypatch.delenv(UNSORTED_PAIRS_ENV, raising=False)
-    else:
-        monkeypatch.setenv(UNSORTED_PAIRS_ENV, env)
+def test_unsorted_batches_launch_no_alignment(monkeypatch, tokens, top_k, experts, kwargs, expected):
     assert _recorded_launches(monkeypatch, tokens, top_k, experts, **kwargs) == expected
 
 
@@ -163,10 +162,10 @@ def _layer(seed: int, tokens: int, experts: int, top_k: int, k: int = 64, n: int
 @pytest.mark.parametrize("swap_ab", [False, True])
 @pytest.mark.parametrize("fold_topk", [False, True])
 @pytest.mark.parametrize("unsorted", [True, False, None])
-def test_unsorted_and_sorted_layers_match_float64(poisoned, opted_in, swap_ab, fold_topk, unsorted):
+def test_unsorted_and_sorted_layers_match_float64(poisoned, swap_ab, fold_topk, unsorted):
     from moe_fsm.kernels.triton_moe import GemmConfig, MoEConfig, fused_experts
 
-    tokens, experts, top_k = 3, 32, 2  # 6 pairs over 32 experts: the opted-in rule leaves them unsorted
+    tokens, experts, top_k = 3, 32, 2  # 6 pairs over 32 experts of a few kB: the rule leaves them unsorted
     x, w1, w2, weights, ids, ref = _layer(7, tokens, experts, top_k)
     config = MoEConfig(16, GemmConfig(16, 32, 1, 4, 2, swap_ab=swap_ab), GemmConfig(32, 16, 1, 4, 2, swap_ab=swap_ab),
                        fold_topk=fold_topk)

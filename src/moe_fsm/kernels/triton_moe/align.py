@@ -7,8 +7,9 @@ mask out. Everything happens on the device and every buffer is sized from the
 shapes alone (at most ``P + min(E, P) * (BLOCK_M - 1)`` rows for P pairs, since
 at most min(E, P) experts are non-empty and each wastes fewer than BLOCK_M rows),
 so nothing waits for the device and the step can be captured in a CUDA graph.
-A decode batch (``SMALL_PAIRS``) is aligned by one program, in one launch; a single token
-is not sorted at all (``pair_blocks_pay``, ``pair_blocks``).
+A decode batch (``SMALL_PAIRS``) is aligned by one program, in one launch; a single token,
+and a few tokens whose pairs would read little weight twice, are not sorted at all
+(``pair_blocks_pay``, ``pair_blocks``).
 
 Slots whose id is -1 (owned by another rank) or outside [0, E) are not placed:
 no GEMM row computes them. Pairs of one expert appear in atomic-counter order
@@ -18,7 +19,6 @@ independently of its position in the block, so results do not.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -58,8 +58,8 @@ class AlignedRouting:
 class PairBlocks:
     """Row source without sorting: row block b computes pair b alone, its expert read from ``topk_ids``.
 
-    Where ``pair_blocks_pay``: one token, whose top-k slots name distinct experts, or (opted in) a
-    batch of pairs so few against the experts that they rarely share one. Skipping the sort saves the
+    Where ``pair_blocks_pay``: one token, whose top-k slots name distinct experts, or a decode batch
+    whose pairs would read little weight twice (the experts they share). Skipping the sort saves the
     alignment's launches, which at decode are a visible share of the layer. Pairs that do share an
     expert stay correct, each reading its expert's weights again.
     """
@@ -91,32 +91,39 @@ def expert_runs(routing: AlignedRouting) -> tuple[torch.Tensor, torch.Tensor]:
     return run_first, run_count
 
 
-# with UNSORTED_PAIRS_ENV=1, a batch of at most one (token, slot) pair per this many experts skips the sort
-# (``pair_blocks_pay``), as vLLM's ``fused_experts_impl`` does at tokens x top-k x 4 <= E
-EXPERTS_PER_PAIR_UNSORTED = 4
-UNSORTED_PAIRS_ENV = "MOE_FSM_TRITON_UNSORTED_PAIRS"
+# A batch past one token is left unsorted while it has at most UNSORTED_MAX_TOKENS tokens and the weight bytes its
+# pairs are expected to read a second time (``expected_shared_pairs`` x one expert's bytes) stay within
+# UNSORTED_REREAD_BYTES. Measured side by side on an H100 (docs/perf/vs_vllm.md, "Unsorted pair blocks past one
+# token"; 8 layer shapes at 2 and 8 tokens): unsorted was faster at every point that re-reads up to 22 MB
+# (by 2-17%) and slower or even at every point from 37 MB up (by up to 45%); the bound sits between them. (Why bytes
+# rather than the count of shared experts: copies read at about the same time can come from L2; not measured.)
+UNSORTED_MAX_TOKENS = 8
+UNSORTED_REREAD_BYTES = 28 * 2**20
 
 
-def unsorted_pairs_opted_in() -> bool:
-    """Whether batches past one token may skip the sort (``UNSORTED_PAIRS_ENV`` set to anything but 0)."""
-    return os.environ.get(UNSORTED_PAIRS_ENV, "") not in ("", "0")
+def expected_shared_pairs(num_pairs: int, num_experts: int) -> float:
+    """Pairs expected to land on an expert that an earlier pair of the batch chose, for pairs spread uniformly over
+    ``num_experts``: the pairs less the distinct experts they are expected to name."""
+    if num_pairs <= 0 or num_experts <= 0:
+        return 0.0
+    return num_pairs - num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** num_pairs)
 
 
-def pair_blocks_pay(num_tokens: int, top_k: int, num_experts: int) -> bool:
-    """Whether a batch skips the sort (``pair_blocks``): one token always; past one token, with
-    ``UNSORTED_PAIRS_ENV`` set, at most one pair per ``EXPERTS_PER_PAIR_UNSORTED`` experts.
+def pair_blocks_pay(num_tokens: int, top_k: int, num_experts: int, expert_bytes: int) -> bool:
+    """Whether a batch skips the sort (``pair_blocks``): one token always (its slots name distinct experts); up to
+    ``UNSORTED_MAX_TOKENS`` tokens while the weight bytes read twice stay within ``UNSORTED_REREAD_BYTES``.
 
-    Sorting puts the pairs of one expert in one row block, so its weights are read once; unsorted, an
-    expert that several pairs chose is read once per pair, but the alignment launches are saved (the two
-    launches and a memset of the general alignment past ``SMALL_EXPERTS`` experts: Qwen3-Next's 512).
-    P pairs over E experts share about P^2 / 2E of them (6 of 80 pairs over 512 experts, Qwen3-Next at 8
-    tokens). vLLM leaves the pairs unsorted at P <= E / 4, where it beat moe-fsm (``docs/perf/vs_vllm.md``);
-    that threshold is not yet measured on moe-fsm's kernels, so it waits behind the opt-in
-    (``bench_experts_vs_vllm.py run --columns ours,vllm,other`` times both layouts side by side).
+    Sorting puts the pairs of one expert in one row block, so its weights are read once; unsorted, an expert that
+    several pairs chose is read once per pair, but the alignment's launches are saved (one program for up to
+    ``SMALL_EXPERTS`` experts; a memset and two launches past them: Qwen3-Next's 512). ``expert_bytes`` is one
+    expert's w1 and w2 as stored (FP8 one byte a weight). Past ``UNSORTED_MAX_TOKENS`` nothing was measured, and
+    each pair's block of BLOCK_M rows computes one of them.
     """
-    if num_tokens == 1:
+    if num_tokens <= 1:
         return True
-    return unsorted_pairs_opted_in() and num_tokens * top_k * EXPERTS_PER_PAIR_UNSORTED <= num_experts
+    if num_tokens > UNSORTED_MAX_TOKENS:
+        return False
+    return expected_shared_pairs(num_tokens * top_k, num_experts) * expert_bytes <= UNSORTED_REREAD_BYTES
 
 
 def pair_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> PairBlocks:

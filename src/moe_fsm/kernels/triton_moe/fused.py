@@ -473,7 +473,8 @@ def fused_experts(
         # float input in 1x128 groups is left to the Gluon path, which quantizes it straight into sorted order
         a, a_scale = quantize_activation(a, fp8.activation)
     if unsorted is None:
-        unsorted = pair_blocks_pay(num_tokens, top_k, num_experts)
+        expert_bytes = (w1.numel() * w1.element_size() + w2.numel() * w2.element_size()) // num_experts
+        unsorted = pair_blocks_pay(num_tokens, top_k, num_experts, expert_bytes)
     align = pair_blocks if unsorted else align_tokens
     routing = align(topk_ids, num_experts, config.block_m)
     flat_weights = topk_weights.reshape(-1)

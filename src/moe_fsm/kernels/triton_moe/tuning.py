@@ -56,6 +56,11 @@ class LayerShape:
     def spec(self) -> Optional[Fp8Spec]:
         return Fp8Spec(self.fp8, FP8_ACTIVATION[self.fp8]) if self.fp8 else None
 
+    @property
+    def expert_bytes(self) -> int:
+        """One expert's gated w1 [2N, K] and w2 [K, N] as stored: one byte a weight in FP8, else two."""
+        return 3 * self.intermediate * self.hidden * (1 if self.fp8 else 2)
+
     def with_experts(self, num_experts: int) -> "LayerShape":
         return LayerShape(num_experts, self.intermediate, self.hidden, self.top_k, self.dtype, self.fp8)
 
