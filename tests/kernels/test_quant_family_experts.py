@@ -60,19 +60,6 @@ ACTIVATION_QUANTIZED = {
 }
 
 
-@pytest.fixture
-def poisoned(monkeypatch):
-    """torch.empty / empty_like / new_empty return NaN-filled float tensors for the duration of a test."""
-    empty, empty_like, new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
-
-    def fill(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(empty_like(*a, **k)))
-    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: fill(new_empty(self, *a, **k)))
-
-
 def _layer(scheme: QuantScheme, dtype: str) -> MoELayer:
     gpt_oss = scheme.family is QuantFamily.MXFP4
     return MoELayer(quant=scheme, dtype=dtype, bias=gpt_oss, activation="swigluoai" if gpt_oss else "silu",

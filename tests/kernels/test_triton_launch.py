@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 from moe_fsm.kernels.triton_moe import _runtime  # noqa: E402
 from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig  # noqa: E402
 from moe_fsm.kernels.triton_moe.fused import Fp8Spec  # noqa: E402
-from triton_launches import Recorder, bind  # noqa: E402
+from triton_launches import Recorder, bind, record_layer_launches  # noqa: E402
 
 
 @pytest.fixture
@@ -95,17 +95,10 @@ LAYER_CASES = [
                          ids=[f"{f}-{t}" for f, t, _, _ in LAYER_CASES])
 def test_every_layer_launch_binds_with_pdl(hopper, monkeypatch, fp8, num_tokens, config, expected):
     """What ``fused_experts`` launches for one call, each launch bound to its kernel with ``PDL=True``."""
-    from triton.runtime.jit import JITFunction
-
-    from moe_fsm.kernels.triton_moe import _kernels, align, fused, quant
+    from moe_fsm.kernels.triton_moe import fused
     from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE
 
-    calls = []
-    for name, fn in vars(_kernels).copy().items():
-        if isinstance(fn, JITFunction) and name.endswith("_kernel"):
-            monkeypatch.setattr(_kernels, name, Recorder(fn, calls))
-    for module in (fused, align, quant):
-        monkeypatch.setattr(module, "require_device", lambda *tensors: None)
+    calls = record_layer_launches(monkeypatch)
     monkeypatch.setattr(fused, "hopper_usable", lambda *args: False)
     experts, n, k, top_k = 4, 256, 512, 4
     dt = FP8_DTYPE if fp8 else torch.bfloat16

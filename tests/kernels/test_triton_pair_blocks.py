@@ -71,20 +71,14 @@ def test_expected_shared_pairs_edges():
 
 def _recorded_launches(monkeypatch, num_tokens: int, top_k: int, experts: int, **kwargs) -> list[str]:
     """The kernels one ``fused_experts`` call launches on a bf16 layer, recorded and bound for sm_90, not run."""
-    from triton.runtime.jit import JITFunction
-    from triton_launches import Recorder, bind
+    from triton_launches import bind, record_layer_launches
 
-    from moe_fsm.kernels.triton_moe import _kernels, _runtime, align, fused, quant
+    from moe_fsm.kernels.triton_moe import _runtime, fused
     from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig
 
     monkeypatch.setattr(_runtime, "_pdl_capable", lambda device: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    calls = []
-    for name, fn in vars(_kernels).copy().items():
-        if isinstance(fn, JITFunction) and name.endswith("_kernel"):
-            monkeypatch.setattr(_kernels, name, Recorder(fn, calls))
-    for module in (fused, align, quant):
-        monkeypatch.setattr(module, "require_device", lambda *tensors: None)
+    calls = record_layer_launches(monkeypatch)
     n, k = 32, 64
     w1, w2 = torch.zeros(experts, 2 * n, k, dtype=torch.bfloat16), torch.zeros(experts, k, n, dtype=torch.bfloat16)
     ids = (torch.arange(num_tokens * top_k, dtype=torch.int32) * 7 % experts).reshape(num_tokens, top_k)
@@ -129,18 +123,6 @@ def test_unsorted_takes_a_bool_or_none(monkeypatch, bad):
 
     with pytest.raises(KernelInputError, match="unsorted must be True, False or None"):
         _recorded_launches(monkeypatch, 2, 2, 16, unsorted=bad)
-
-
-@pytest.fixture
-def poisoned(monkeypatch):
-    """torch.empty / empty_like hand out NaN-filled float tensors: an element the kernels never write shows."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def poison(t: torch.Tensor) -> torch.Tensor:
-        return t.fill_(math.nan) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_empty_like(*a, **k)))
 
 
 def _layer(seed: int, tokens: int, experts: int, top_k: int, k: int = 64, n: int = 48):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_triton_wq_shards import SHAPES, _problem, check_every_stored_layout, interpreter, poisoned  # noqa: F401 (poisoned: a fixture)
+from test_triton_wq_shards import SHAPES, _problem, check_every_stored_layout, interpreter
 
 from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig
 from moe_fsm.kernels.triton_wq import WeightQuant, prefill

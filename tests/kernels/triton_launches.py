@@ -30,3 +30,20 @@ def bind(fn, args, kwargs):
     assert list(bound) == fn.arg_names, "every kernel parameter is bound, in order"
     _, signature, constexprs, _ = fn._pack_args(backend, kwargs, bound, specialization, options)
     return signature, constexprs
+
+
+def record_layer_launches(monkeypatch) -> list:
+    """Every ``*_kernel`` of the Triton MoE layer swapped for a ``Recorder`` and the device checks of the modules
+    that launch them switched off, so that ``fused_experts`` runs its host code on CPU tensors; returns the list the
+    launches are appended to, as (kernel, grid, args, kwargs)."""
+    from triton.runtime.jit import JITFunction
+
+    from moe_fsm.kernels.triton_moe import _kernels, align, fused, quant
+
+    calls: list = []
+    for name, fn in vars(_kernels).copy().items():
+        if isinstance(fn, JITFunction) and name.endswith("_kernel"):
+            monkeypatch.setattr(_kernels, name, Recorder(fn, calls))
+    for module in (fused, align, quant):
+        monkeypatch.setattr(module, "require_device", lambda *tensors: None)
+    return calls
