@@ -119,15 +119,19 @@ def resources(kernel) -> dict:
             "ld_u8": len(re.findall(r"ld\.global(?:\.\w+)*\.(?:u8|b8)\b", ptx))}
 
 
-def loop_cost(kernel, v) -> tuple[int, float]:
-    """(SASS instructions per warp in the K loop's body, thread-instructions per weight byte): the loop is the
-    longest span closed by a backward branch; one iteration reads BLOCK_N x BLOCK_K weights (twice gated)."""
+def sass(kernel) -> str:
+    """The kernel's SASS as ``cuobjdump -sass`` prints it."""
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
         cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
-    seq = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+        return subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
+
+
+def loop_cost(kernel, v) -> tuple[int, float]:
+    """(SASS instructions per warp in the K loop's body, thread-instructions per weight byte): the loop is the
+    longest span closed by a backward branch; one iteration reads BLOCK_N x BLOCK_K weights (twice gated)."""
+    seq = [line for line in sass(kernel).splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16) for line in seq]
     body = 0
     for i, line in enumerate(seq):
@@ -170,7 +174,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", help="substring of the variant name")
-    ap.add_argument("--dump", help="directory to write ptx/ttgir of each variant")
+    ap.add_argument("--dump", help="directory to write ptx/ttgir/sass of each variant (diff two dumps to check that "
+                                   "a change leaves the compiled code as it was)")
     ap.add_argument("--loop", action="store_true", help="the K loop's SASS instructions per weight byte")
     args = ap.parse_args()
     mod = _load()
@@ -202,6 +207,7 @@ def main() -> None:
             safe = re.sub(r"[^A-Za-z0-9]+", "_", name)
             (d / f"{safe}.ptx").write_text(kernel.asm["ptx"])
             (d / f"{safe}.ttgir").write_text(kernel.asm["ttgir"])
+            (d / f"{safe}.sass").write_text(sass(kernel))
     failures += compile_epilogues(mod, args.only)
     sys.exit(1 if failures else 0)
 
