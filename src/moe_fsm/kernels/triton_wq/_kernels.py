@@ -81,56 +81,104 @@ HALF_CHUNK = tl.constexpr(32)
 # The fast NVFP4 path's bf16 weights are value x scale x 2^-8 (``_nv_nibbles_bf16``); the fp32 sums get the 2^8 back.
 NVFP4_FAST_SUM_SCALE = tl.constexpr(256.0)
 
+# The inline-PTX decoders below share their instruction sequences: each asm string is assembled once, at import, from
+# these builders and handed to ``tl.inline_asm_elementwise`` as a constexpr global. Registers: ``t0``/``t1`` the
+# input bytes spread one per 16-bit half, ``a`` the bf16 pair being built, ``c`` (``p``) scratch.
+E2M1_BF16_BIAS = "0x7e807e80"  # bf16 2^126 twice: e2m1 bits moved into bf16's fields are the value times 2^-126
+INT4_MAGIC = "0x43004300"  # bf16 128 twice: a 4-bit code or-ed into its mantissa gives 128 + code
+
+
+def _ptx_block(registers: str, lines: list[str]) -> str:
+    """One inline-PTX body: a scope declaring the .b32 scratch ``registers`` around the instruction ``lines``."""
+    return "{\n" + "\n".join(f"    {line}" for line in [f".reg .b32 {registers};", *lines]) + "\n}"
+
+
+def _ptx_byte_pairs(first: str, second: str, src: str) -> list[str]:
+    """Bytes 0, 1 of ``src`` into the low bytes of ``first``'s two 16-bit halves, bytes 2, 3 into ``second``'s: one
+    value per bf16 lane of a ``.bf16x2`` instruction (four bytes a call)."""
+    return [f"prmt.b32 {first}, {src}, 0, 0x5140;", f"prmt.b32 {second}, {src}, 0, 0x7362;"]
+
+
+def _ptx_two_bytes(src: str) -> list[str]:
+    """The two bytes of the 16-bit operand ``src`` into the low bytes of ``t0``'s halves (two bytes a call)."""
+    return [f"cvt.u32.u16 t0, {src};", "prmt.b32 t0, t0, 0, 0x5140;"]
+
+
+def _ptx_e8m0_pairs(first: str, second: str, src: str) -> list[str]:
+    """The four E8M0 exponent bytes of ``src`` as bf16 2^(e - 127) pairs in ``first`` (bytes 0, 1) and ``second``
+    (bytes 2, 3): each exponent shifted into its lane's bf16 exponent field."""
+    return [f"prmt.b32 {first}, {src}, 0, 0x5140;", f"shl.b32 {first}, {first}, 7;",
+            f"prmt.b32 {second}, {src}, 0, 0x7362;", f"shl.b32 {second}, {second}, 7;"]
+
+
+def _ptx_bf16_fields(src: str, magnitude_shift: int, magnitude_mask: str, sign_shift: int) -> list[str]:
+    """``a`` = the small float in each 16-bit half of ``src`` with its magnitude bits shifted into bf16's exponent and
+    mantissa fields (kept by ``magnitude_mask``) and its sign bit into bf16's: the value times a power of two."""
+    return [f"shl.b32 a, {src}, {magnitude_shift};", f"and.b32 a, a, {magnitude_mask};",
+            f"shl.b32 c, {src}, {sign_shift};", "and.b32 c, c, 0x80008000;", "or.b32 a, a, c;"]
+
+
+def _ptx_e2m1_fields(src: str, high: bool) -> list[str]:
+    """``a`` = the e2m1 code in the low (or ``high``) nibble of each byte lane of ``src`` as bf16 value x 2^-126."""
+    return _ptx_bf16_fields(src, 2 if high else 6, "0x01c001c0", 8 if high else 12)
+
+
+def _ptx_product(out: str, factors: tuple[str, ...]) -> list[str]:
+    """``out`` = ``a`` times each of ``factors`` in turn (``mul.bf16x2``; ``a`` holds the partial products)."""
+    return [f"mul.bf16x2 a, a, {f};" for f in factors[:-1]] + [f"mul.bf16x2 {out}, a, {factors[-1]};"]
+
+
+def _ptx_mx_value(out: str, src: str, high: bool, scale: str) -> list[str]:
+    """``out`` = the e2m1 values of one nibble of ``src``'s lanes times the bf16 power-of-two ``scale`` (exact): the
+    fields times ``bias`` (the block's register holding ``E2M1_BF16_BIAS``), then times the scale."""
+    return _ptx_e2m1_fields(src, high) + _ptx_product(out, ("bias", scale))
+
+
+def _ptx_int4_minus_zero(out: str, high: bool, zero: str) -> list[str]:
+    """``out`` = bf16 code - zero point of the low (or ``high``) nibble of ``t0``'s lanes: the code or-ed into
+    ``magic`` (the block's register holding ``INT4_MAGIC``) is 128 + code, minus ``zero`` (bf16 128 + zero point):
+    integers of 128-143, so the difference is exact."""
+    code = ["shr.b32 a, t0, 4;", "and.b32 a, a, 0x000f000f;"] if high else ["and.b32 a, t0, 0x000f000f;"]
+    return code + ["or.b32 a, a, magic;", f"sub.bf16x2 {out}, a, {zero};"]
+
+
+def _ptx_int4_scaled(out: str, high: bool, zero: str, scale_hi: str, scale_lo: str) -> list[str]:
+    """``out`` = (code - zero point) x (``scale_hi`` + ``scale_lo``) rounded once: ``c x lo`` (exact) plus ``c x hi``
+    in one fused ``fma.rn.bf16x2``."""
+    return _ptx_int4_minus_zero("c", high, zero) + [f"mul.bf16x2 p, c, {scale_lo};",
+                                                     f"fma.rn.bf16x2 {out}, c, {scale_hi}, p;"]
+
+
+MX_NIBBLES_PTX = tl.constexpr(_ptx_block("t0, t1, l0, l1, h0, h1, a, c, bias", [
+    f"mov.b32 bias, {E2M1_BF16_BIAS};", *_ptx_byte_pairs("t0", "t1", "$4"),
+    *_ptx_e8m0_pairs("l0", "l1", "$5"), *_ptx_e8m0_pairs("h0", "h1", "$6"),
+    *_ptx_mx_value("$0", "t0", False, "l0"), *_ptx_mx_value("$1", "t1", False, "l1"),
+    *_ptx_mx_value("$2", "t0", True, "h0"), *_ptx_mx_value("$3", "t1", True, "h1")]))
+MX_NIBBLES_SCALED_PTX = tl.constexpr(_ptx_block("t0, a, c, bias", [
+    f"mov.b32 bias, {E2M1_BF16_BIAS};", *_ptx_two_bytes("$2"),
+    *_ptx_mx_value("$0", "t0", False, "$3"), *_ptx_mx_value("$1", "t0", True, "$4")]))
+NV_NIBBLES_PTX = tl.constexpr(_ptx_block("t0, a, c", [
+    *_ptx_two_bytes("$2"),
+    *_ptx_e2m1_fields("t0", False), *_ptx_product("$0", ("$3",)),
+    *_ptx_e2m1_fields("t0", True), *_ptx_product("$1", ("$4",))]))
+E4M3_BF16_SCALED_PTX = tl.constexpr(_ptx_block("t0, t1, a, c, k1, k2", [
+    "mov.b32 k1, 0x7f007f00;", "mov.b32 k2, 0x77007700;", *_ptx_byte_pairs("t0", "t1", "$2"),
+    *_ptx_bf16_fields("t0", 4, "0x07f007f0", 8), *_ptx_product("$0", ("k1", "k2")),
+    *_ptx_bf16_fields("t1", 4, "0x07f007f0", 8), *_ptx_product("$1", ("k1", "k2"))]))
+INT4_NIBBLES_PTX = tl.constexpr(_ptx_block("t0, a, magic", [
+    f"mov.b32 magic, {INT4_MAGIC};", *_ptx_two_bytes("$2"),
+    *_ptx_int4_minus_zero("$0", False, "$3"), *_ptx_int4_minus_zero("$1", True, "$4")]))
+INT4_NIBBLES_SCALED_PTX = tl.constexpr(_ptx_block("t0, a, c, p, magic", [
+    f"mov.b32 magic, {INT4_MAGIC};", *_ptx_two_bytes("$2"),
+    *_ptx_int4_scaled("$0", False, "$3", "$5", "$6"), *_ptx_int4_scaled("$1", True, "$4", "$7", "$8")]))
+
 
 @triton.jit
 def _mx_nibbles_bf16(b, s_lo, s_hi):
     """(low, high) nibbles of the bytes ``b`` as MXFP4 values times 2**(s - 127) in bf16 (inline PTX, exact):
     the low nibbles scaled by the E8M0 exponents ``s_lo``, the high ones by ``s_hi`` (both shaped like ``b``)."""
     return tl.inline_asm_elementwise(
-        r"""
-        {
-            .reg .b32 t0, t1, l0, l1, h0, h1, a, c, bias;
-            mov.b32 bias, 0x7e807e80;
-            prmt.b32 t0, $4, 0, 0x5140;
-            prmt.b32 t1, $4, 0, 0x7362;
-            prmt.b32 l0, $5, 0, 0x5140;
-            shl.b32 l0, l0, 7;
-            prmt.b32 l1, $5, 0, 0x7362;
-            shl.b32 l1, l1, 7;
-            prmt.b32 h0, $6, 0, 0x5140;
-            shl.b32 h0, h0, 7;
-            prmt.b32 h1, $6, 0, 0x7362;
-            shl.b32 h1, h1, 7;
-            shl.b32 a, t0, 6;
-            and.b32 a, a, 0x01c001c0;
-            shl.b32 c, t0, 12;
-            and.b32 c, c, 0x80008000;
-            or.b32 a, a, c;
-            mul.bf16x2 a, a, bias;
-            mul.bf16x2 $0, a, l0;
-            shl.b32 a, t1, 6;
-            and.b32 a, a, 0x01c001c0;
-            shl.b32 c, t1, 12;
-            and.b32 c, c, 0x80008000;
-            or.b32 a, a, c;
-            mul.bf16x2 a, a, bias;
-            mul.bf16x2 $1, a, l1;
-            shl.b32 a, t0, 2;
-            and.b32 a, a, 0x01c001c0;
-            shl.b32 c, t0, 8;
-            and.b32 c, c, 0x80008000;
-            or.b32 a, a, c;
-            mul.bf16x2 a, a, bias;
-            mul.bf16x2 $2, a, h0;
-            shl.b32 a, t1, 2;
-            and.b32 a, a, 0x01c001c0;
-            shl.b32 c, t1, 8;
-            and.b32 c, c, 0x80008000;
-            or.b32 a, a, c;
-            mul.bf16x2 a, a, bias;
-            mul.bf16x2 $3, a, h1;
-        }
-        """,
+        MX_NIBBLES_PTX,
         constraints="=r,=r,=r,=r,r,r,r",
         args=[b, s_lo, s_hi],
         dtype=(tl.bfloat16, tl.bfloat16),
@@ -148,21 +196,7 @@ def _int4_nibbles_bf16(b, zero_lo, zero_hi):
     shared-memory load each, so a pair goes in as loaded (four a call made the compiler join two loads with byte
     permutes). The zero operands shaped like ``b``."""
     return tl.inline_asm_elementwise(
-        r"""
-        {
-            .reg .b32 t0, a, magic;
-            mov.b32 magic, 0x43004300;
-            cvt.u32.u16 t0, $2;
-            prmt.b32 t0, t0, 0, 0x5140;
-            and.b32 a, t0, 0x000f000f;
-            or.b32 a, a, magic;
-            sub.bf16x2 $0, a, $3;
-            shr.b32 a, t0, 4;
-            and.b32 a, a, 0x000f000f;
-            or.b32 a, a, magic;
-            sub.bf16x2 $1, a, $4;
-        }
-        """,
+        INT4_NIBBLES_PTX,
         constraints="=r,=r,h,r,r",
         args=[b, zero_lo, zero_hi],
         dtype=(tl.bfloat16, tl.bfloat16),
@@ -181,25 +215,7 @@ def _int4_nibbles_scaled_bf16(b, zero_lo, zero_hi, s_lo_hi, s_lo_lo, s_hi_hi, s_
     (unpack to fp32, 2 multiplies, repack). All operands shaped like ``b``; two bytes a call as in
     ``_int4_nibbles_bf16``."""
     return tl.inline_asm_elementwise(
-        r"""
-        {
-            .reg .b32 t0, a, c, p, magic;
-            mov.b32 magic, 0x43004300;
-            cvt.u32.u16 t0, $2;
-            prmt.b32 t0, t0, 0, 0x5140;
-            and.b32 a, t0, 0x000f000f;
-            or.b32 a, a, magic;
-            sub.bf16x2 c, a, $3;
-            mul.bf16x2 p, c, $6;
-            fma.rn.bf16x2 $0, c, $5, p;
-            shr.b32 a, t0, 4;
-            and.b32 a, a, 0x000f000f;
-            or.b32 a, a, magic;
-            sub.bf16x2 c, a, $4;
-            mul.bf16x2 p, c, $8;
-            fma.rn.bf16x2 $1, c, $7, p;
-        }
-        """,
+        INT4_NIBBLES_SCALED_PTX,
         constraints="=r,=r,h,r,r,r,r,r,r",
         args=[b, zero_lo, zero_hi, s_lo_hi, s_lo_lo, s_hi_hi, s_hi_lo],
         dtype=(tl.bfloat16, tl.bfloat16),
@@ -251,29 +267,7 @@ def _e4m3_bf16_scaled(bits):
     bits moved into bf16's exponent and mantissa fields give s x 2^-120 (subnormals included), and two exact
     power-of-two multiplies (2^127, 2^111) take it to s x 2^118, below bf16's 2^128 for every finite scale (<= 448)."""
     return tl.inline_asm_elementwise(
-        r"""
-        {
-            .reg .b32 t0, t1, a, c, k1, k2;
-            mov.b32 k1, 0x7f007f00;
-            mov.b32 k2, 0x77007700;
-            prmt.b32 t0, $2, 0, 0x5140;
-            prmt.b32 t1, $2, 0, 0x7362;
-            shl.b32 a, t0, 4;
-            and.b32 a, a, 0x07f007f0;
-            shl.b32 c, t0, 8;
-            and.b32 c, c, 0x80008000;
-            or.b32 a, a, c;
-            mul.bf16x2 a, a, k1;
-            mul.bf16x2 $0, a, k2;
-            shl.b32 a, t1, 4;
-            and.b32 a, a, 0x07f007f0;
-            shl.b32 c, t1, 8;
-            and.b32 c, c, 0x80008000;
-            or.b32 a, a, c;
-            mul.bf16x2 a, a, k1;
-            mul.bf16x2 $1, a, k2;
-        }
-        """,
+        E4M3_BF16_SCALED_PTX,
         constraints="=r,=r,r",
         args=[bits],
         dtype=tl.bfloat16,
@@ -290,25 +284,7 @@ def _nv_nibbles_bf16(b, s_lo, s_hi):
     bits. ``s_lo`` / ``s_hi`` (bf16) shaped like ``b``; the kernel multiplies the fp32 sums by 2^8. Two bytes a
     call as in ``_int4_nibbles_bf16``."""
     return tl.inline_asm_elementwise(
-        r"""
-        {
-            .reg .b32 t0, a, c;
-            cvt.u32.u16 t0, $2;
-            prmt.b32 t0, t0, 0, 0x5140;
-            shl.b32 a, t0, 6;
-            and.b32 a, a, 0x01c001c0;
-            shl.b32 c, t0, 12;
-            and.b32 c, c, 0x80008000;
-            or.b32 a, a, c;
-            mul.bf16x2 $0, a, $3;
-            shl.b32 a, t0, 2;
-            and.b32 a, a, 0x01c001c0;
-            shl.b32 c, t0, 8;
-            and.b32 c, c, 0x80008000;
-            or.b32 a, a, c;
-            mul.bf16x2 $1, a, $4;
-        }
-        """,
+        NV_NIBBLES_PTX,
         constraints="=r,=r,h,r,r",
         args=[b, s_lo, s_hi],
         dtype=(tl.bfloat16, tl.bfloat16),
@@ -330,28 +306,7 @@ def _mx_nibbles_scaled_bf16(b, s_lo, s_hi):
     from ``_e8m0_bf16``, shaped like ``b``; inline PTX, exact): ``_mx_nibbles_bf16`` with the scales already bf16,
     so no per-weight byte shuffling of the exponents. Two bytes a call as in ``_int4_nibbles_bf16``."""
     return tl.inline_asm_elementwise(
-        r"""
-        {
-            .reg .b32 t0, a, c, bias;
-            mov.b32 bias, 0x7e807e80;
-            cvt.u32.u16 t0, $2;
-            prmt.b32 t0, t0, 0, 0x5140;
-            shl.b32 a, t0, 6;
-            and.b32 a, a, 0x01c001c0;
-            shl.b32 c, t0, 12;
-            and.b32 c, c, 0x80008000;
-            or.b32 a, a, c;
-            mul.bf16x2 a, a, bias;
-            mul.bf16x2 $0, a, $3;
-            shl.b32 a, t0, 2;
-            and.b32 a, a, 0x01c001c0;
-            shl.b32 c, t0, 8;
-            and.b32 c, c, 0x80008000;
-            or.b32 a, a, c;
-            mul.bf16x2 a, a, bias;
-            mul.bf16x2 $1, a, $4;
-        }
-        """,
+        MX_NIBBLES_SCALED_PTX,
         constraints="=r,=r,h,r,r",
         args=[b, s_lo, s_hi],
         dtype=(tl.bfloat16, tl.bfloat16),
