@@ -17,12 +17,14 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.integrations.moe", reason="needs transformers >= 5 (ExpertsInterface)")
 
 import moe_fsm.plan.decider as decider_module  # noqa: E402
-from moe_fsm.errors import InputError, MoeFsmError  # noqa: E402
+from moe_fsm.errors import InputError, MoeFsmError, TraceWriteError  # noqa: E402
 from moe_fsm.inputs.platform import preset  # noqa: E402
 from moe_fsm.experts.torch_experts import TorchExperts  # noqa: E402
 from moe_fsm.integrations.transformers import enable, experts_modules, moe_fsm_ids, torch_kernel  # noqa: E402
 from moe_fsm.modular.kernel import ModularKernel  # noqa: E402
 from moe_fsm.prepare_finalize.local import LocalPrepareFinalize  # noqa: E402
+from moe_fsm.trace.dir_lock import LOCK_NAME, trace_dir_lock  # noqa: E402
+from moe_fsm.trace.manifest import MODEL_MANIFEST_NAME  # noqa: E402
 
 COMMON = dict(vocab_size=96, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=64)
@@ -249,6 +251,17 @@ def test_a_module_moved_after_enable_is_reported(tmp_path):
     model.to(torch.bfloat16)
     with pytest.raises(MoeFsmError, match="call enable"), torch.no_grad():
         model(tokens())
+
+
+def test_enable_into_a_trace_directory_another_writer_holds_is_refused_before_it_writes(tmp_path):
+    """enable() holds the directory's writer lock from its first trace to its manifest, as `run` and `plan` do."""
+    model = build("mixtral", torch.float32)
+    with trace_dir_lock(tmp_path):  # another writer (a flock of its own open file: it conflicts within one process too)
+        with pytest.raises(TraceWriteError, match=r"in use by another moe-fsm run .*give this one another trace_dir"):
+            enable(model, env={}, trace_dir=tmp_path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]
+    enable(model, env={}, trace_dir=tmp_path)
+    assert LOCK_NAME not in {p.name for p in tmp_path.iterdir()} and (tmp_path / MODEL_MANIFEST_NAME).exists()
 
 
 def test_unknown_training_mode_and_model_without_experts():

@@ -61,6 +61,7 @@ from moe_fsm.plan.decider import DEFAULT_TRACE_DIR
 from moe_fsm.plan.model_config import ACTIVATIONS
 from moe_fsm.profiles import ProfileChoice
 from moe_fsm.runtime import build
+from moe_fsm.trace.dir_lock import trace_dir_lock
 from moe_fsm.trace.manifest import MODEL_MANIFEST_NAME, MODEL_MANIFEST_SCHEMA, layer_number, write_layer_manifest
 
 IMPLEMENTATION = "moe_fsm"
@@ -178,7 +179,8 @@ def enable(
     under ``torch.no_grad()`` the MoE block around such a layer (its router and experts) replays as one
     graph (``block_graphs.py``).
     Raises ``InputError`` naming the model class and feature for a layout
-    moe-fsm cannot run, and the first layer's selection error (trace written).
+    moe-fsm cannot run, the first layer's selection error (trace written), and ``TraceWriteError`` when another
+    process writes into ``trace_dir`` (a `moe-fsm run`, `plan` or enable() holds its lock) before it writes there.
     """
     from transformers.integrations.moe import ExpertsInterface
 
@@ -205,30 +207,34 @@ def enable(
         parallel=parallel, request=backend, env=env, policy=policy, build=False,
         platform=platform or platform_for(_weights(found[0][1])[0].device), trace_dir=trace_dir,
     )
-    prepared, kernels, torch_kernels = {}, {}, {}
-    for name, module, layer in specs:
-        loaded = engine.load_layer(name, layer)
-        key = engine.inputs_for(layer)
-        if key not in kernels:
-            kernels[key] = build_kernel(loaded.decision, layer, engine, _weights(module)[0].device)
-        kernel, substitute_reason = kernels[key]
-        training_kernel = kernel if kernel.experts.name in DIFFERENTIABLE_EXPERTS else None
-        if training_kernel is None and training == "torch":
-            if layer not in torch_kernels:
-                torch_kernels[layer] = torch_kernel(layer)
-            training_kernel = torch_kernels[layer]
-        prepared[name] = module._moe_fsm = PreparedExperts(
-            name, layer, loaded, kernel, training_kernel, _weights(module)[0].device, substitute_reason,
+    # One writer at a time in the trace directory (trace.dir_lock), as for `moe-fsm run` and `plan`: two processes
+    # enabling models into one directory would write the same layer trace names, and each manifest would name traces
+    # holding the other's decisions. Held from the first trace to the manifest; a second writer is refused at once.
+    with trace_dir_lock(engine.trace_dir, flag="trace_dir"):
+        prepared, kernels, torch_kernels = {}, {}, {}
+        for name, module, layer in specs:
+            loaded = engine.load_layer(name, layer)
+            key = engine.inputs_for(layer)
+            if key not in kernels:
+                kernels[key] = build_kernel(loaded.decision, layer, engine, _weights(module)[0].device)
+            kernel, substitute_reason = kernels[key]
+            training_kernel = kernel if kernel.experts.name in DIFFERENTIABLE_EXPERTS else None
+            if training_kernel is None and training == "torch":
+                if layer not in torch_kernels:
+                    torch_kernels[layer] = torch_kernel(layer)
+                training_kernel = torch_kernels[layer]
+            prepared[name] = module._moe_fsm = PreparedExperts(
+                name, layer, loaded, kernel, training_kernel, _weights(module)[0].device, substitute_reason,
+            )
+            prepared[name].eager_graphs = graphs and getattr(kernel, "capturable", False)
+        blocks = install_block_graphs(model, prepared) if graphs else uninstall_block_graphs(model, prepared)
+        model.set_experts_implementation(IMPLEMENTATION)
+        write_layer_manifest(
+            engine.trace_dir, MODEL_MANIFEST_NAME, MODEL_MANIFEST_SCHEMA,
+            {"model": type(model).__name__, "profile": engine.profile.to_json(), "platform": engine.platform.to_json()},
+            [{"index": layer_number(name, i), "name": name, "trace": path.name}
+             for i, (name, path) in enumerate(engine.layer_traces)],
         )
-        prepared[name].eager_graphs = graphs and getattr(kernel, "capturable", False)
-    blocks = install_block_graphs(model, prepared) if graphs else uninstall_block_graphs(model, prepared)
-    model.set_experts_implementation(IMPLEMENTATION)
-    write_layer_manifest(
-        engine.trace_dir, MODEL_MANIFEST_NAME, MODEL_MANIFEST_SCHEMA,
-        {"model": type(model).__name__, "profile": engine.profile.to_json(), "platform": engine.platform.to_json()},
-        [{"index": layer_number(name, i), "name": name, "trace": path.name}
-         for i, (name, path) in enumerate(engine.layer_traces)],
-    )
     return EnabledModel(type(model).__name__, engine, prepared, training, blocks)
 
 

@@ -1,4 +1,5 @@
-"""One writer at a time in a trace directory: the lock ``moe-fsm run`` and ``plan`` hold while they write there.
+"""One writer at a time in a trace directory: the lock ``moe-fsm run``, ``plan`` and transformers' ``enable()``
+hold while they write there.
 
 A run writes one trace per distinct decision, named after the first layer that
 got it, then a manifest naming those files. Two runs into one directory at once
