@@ -11,6 +11,7 @@ from moe_fsm.errors import KernelInputError
 from moe_fsm.experts.torch_experts import TorchBatchedExperts, TorchExperts
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.kernels.grouping import group_by_expert
+from moe_fsm.kernels.reference import moe_reference
 from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.prepare_finalize import dispatch_layout
 from moe_fsm.prepare_finalize.all2all import AllToAllPrepareFinalize
@@ -117,6 +118,22 @@ def test_slabs_scatter_fp8_and_keep_a_shared_scale() -> None:
     assert slabs.scatter(shared) is shared and slabs.scatter(None) is None
 
 
+def test_slabs_give_a_row_naming_an_expert_twice_one_slab_row_for_both_slots() -> None:
+    """A row whose top-k names one expert twice takes one slab row (both slots point at it), as the slab kernel does:
+    every row fits the capacity of one row per expert, so no slot is dropped, and the reduce sums both weights."""
+    local = torch.tensor([[0, 0], [0, 0], [1, 0], [-1, -1]], dtype=torch.int32)
+    slabs = slabs_for(local, 2, capacity=3)
+    assert slabs.counts.tolist() == [3, 1]
+    assert slabs.flat.tolist() == [[0, 0], [1, 1], [3, 2], [6, 6]]
+    expert_out = torch.full((2, 3, 2), float("nan"))
+    expert_out[0, :3] = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    expert_out[1, 0] = torch.tensor([7.0, 8.0])
+    weights = torch.tensor([[0.25, 0.5], [1.0, 2.0], [0.5, 0.25], [1.0, 1.0]])
+    got = slabs.reduce(expert_out, weights, torch.float64)
+    want = torch.tensor([[0.75, 1.5], [9.0, 12.0], [0.5 * 7 + 0.25 * 5, 0.5 * 8 + 0.25 * 6], [0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(got, want)
+
+
 def test_returned_rows_add_into_their_tokens() -> None:
     order = torch.tensor([0, 2, 3, 3, 1, 2])  # token 3 is the empty row of a 3-token rank
     returned = torch.arange(6, dtype=torch.float32).unsqueeze(1).repeat(1, 2).to(torch.bfloat16)
@@ -152,6 +169,15 @@ def test_a_capacity_bound_pf_on_one_rank_matches_the_local_kernel(world_of_one, 
     got = ModularKernel(capped, experts(layer), layer)(x, w1, w2, weights, ids, expert_map=placement.expert_map())
     want = ModularKernel(local_pf(), experts(layer), layer)(x, w1, w2, weights, ids)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+    # A token naming one expert twice (both slots) is computed once per slot weight: nothing is dropped, even
+    # where every row does so and the pairs outnumber the slab's rows (one per token a rank may send).
+    twice = torch.zeros(5, 2, dtype=torch.int32)
+    twice[3] = torch.tensor([4, 4], dtype=torch.int32)
+    full = capped_pf(placement, max_tokens_per_rank=5)
+    got = ModularKernel(full, experts(layer), layer)(x, w1, w2, weights, twice, expert_map=placement.expert_map())
+    want = moe_reference(x.double(), w1.double(), w2.double(), weights.double(), twice.long())
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
     small = capped_pf(placement, max_tokens_per_rank=4)
     with pytest.raises(KernelInputError, match="at most 4 tokens per rank"):

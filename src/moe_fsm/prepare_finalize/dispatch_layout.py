@@ -129,13 +129,19 @@ def slot_chunks(top_k: int, bytes_per_slot: int) -> list[slice]:
 
 
 def slabs_for(local_ids: torch.Tensor, num_experts: int, capacity: int) -> Slabs:
-    """Place every pair whose local expert id is >= 0 in its expert's slab, in row order, without a host sync.
+    """Place every row in the slab of each local expert it names (id >= 0), in row order, without a host sync.
 
-    ``capacity`` must be at least the number of rows (each row names an expert at most once).
+    A row naming one expert in several of its top-k slots takes one slab row of it, which all those slots point at
+    (the reduce adds each slot's weight), as the slab kernel does; so no expert holds more than one row per
+    received row, and ``capacity`` at least the number of rows never drops a pair.
     """
     num_rows, top_k = local_ids.shape
-    key = local_ids.reshape(-1).long()
-    key = torch.where(key < 0, torch.full_like(key, num_experts), key)
+    ids = local_ids.long()
+    # Slot j's first slot naming the same id in its row (j itself where none before does): argmax finds the first
+    # True of each row of the [top_k, top_k] equality, and the diagonal is always True.
+    first = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(torch.int8).argmax(dim=2)
+    repeat = first != torch.arange(top_k, device=ids.device)
+    key = torch.where((ids < 0) | repeat, torch.full_like(ids, num_experts), ids).reshape(-1)
     counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=key.device)
     counts.index_add_(0, key, torch.ones_like(key))
     starts = torch.cumsum(counts, 0) - counts
@@ -143,8 +149,8 @@ def slabs_for(local_ids: torch.Tensor, num_experts: int, capacity: int) -> Slabs
     sorted_key = key[order]
     position = torch.empty_like(key)
     position.scatter_(0, order, torch.arange(key.numel(), device=key.device) - starts[sorted_key])
-    # A token names each expert at most once, so no expert gets more than one pair per row and
-    # ``capacity`` >= rows suffices; the bound below only keeps repeated ids from writing out of range.
+    # The bound only keeps a caller's too-small capacity from writing out of range.
     placed = (key < num_experts) & (position < capacity)
-    flat = torch.where(placed, key * capacity + position, torch.full_like(key, num_experts * capacity))
-    return Slabs(flat.view(num_rows, top_k), counts[:num_experts].clamp(max=capacity).to(torch.int32), num_experts, capacity)
+    flat = torch.where(placed, key * capacity + position, torch.full_like(key, num_experts * capacity)).view(num_rows, top_k)
+    flat = torch.gather(flat, 1, first)  # a repeated slot takes its first slot's slab row
+    return Slabs(flat, counts[:num_experts].clamp(max=capacity).to(torch.int32), num_experts, capacity)
