@@ -31,7 +31,7 @@ from moe_fsm.inputs.parallel import ParallelConfig  # noqa: E402
 from moe_fsm.inputs.platform import preset  # noqa: E402
 from moe_fsm.plan.decider import LayerDecider  # noqa: E402
 from moe_fsm.plan.plan import checkpoint_layers  # noqa: E402
-from moe_fsm.plan.quant_config import Mapped, Refused, Unmapped  # noqa: E402
+from moe_fsm.plan.quant_fields import Mapped, Refused, Unmapped  # noqa: E402
 from sglang_parity import sglang_source  # noqa: E402
 
 PLATFORMS = ("sm80", "sm89", "sm90", "sm100", "sm120", "rocm-mi300", "rocm-mi355", "cpu", "cpu-x86-amx", "xpu")

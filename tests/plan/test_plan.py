@@ -20,7 +20,8 @@ from moe_fsm.inputs.platform import preset
 from moe_fsm.inputs.quant import QuantScheme
 from moe_fsm.plan.model_config import read_model_config
 from moe_fsm.plan.plan import layer_ranges, plan_model
-from moe_fsm.plan.quant_config import Refused, Unmapped, layer_quant
+from moe_fsm.plan.quant_config import layer_quant
+from moe_fsm.plan.quant_fields import Refused, Unmapped
 
 CONFIGS = Path(__file__).parent.parent / "data" / "configs"
 

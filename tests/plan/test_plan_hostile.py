@@ -20,9 +20,10 @@ import pytest
 from moe_fsm.cli.main import main
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.quant import QuantScheme
-from moe_fsm.plan import quant_config
+from moe_fsm.plan import name_matching
 from moe_fsm.plan.model_config import LIMITS, read_model_config
 from moe_fsm.plan.quant_config import QuantReader, layer_quant
+from moe_fsm.plan.quant_fields import LayerContext
 
 CONFIGS = Path(__file__).parent.parent / "data" / "configs"
 QWEN = json.loads((CONFIGS / "qwen3-30b-a3b" / "config.json").read_text())
@@ -218,7 +219,7 @@ def test_a_pattern_still_running_after_the_bound_is_one_line_naming_it(tmp_path)
     done = _plan_in_a_process(tmp_path, {**_ct_fp8(), "ignore": ["lm_head", "re:(.|.)*\\d{3}"]})
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.count("\n") == 1 and "ignore pattern 're:(.|.)*\\\\d{3}' was still matching module " \
-        f"'model.layers.0.mlp.experts.0.gate_proj' after {quant_config.REGEX_TIMEOUT_S} s" in done.stderr, done.stderr
+        f"'model.layers.0.mlp.experts.0.gate_proj' after {name_matching.REGEX_TIMEOUT_S} s" in done.stderr, done.stderr
     assert not (tmp_path / "traces").exists()  # every layer's quantization is read before any is decided
 
 
@@ -231,10 +232,10 @@ CT_NAMES = [f"model.layers.{i}.mlp.experts.0.{proj}" for i in (0, 7, 12) for pro
 def test_regex_patterns_match_as_vllms_re_match_does():
     """The bounded matcher answers as vLLM's ``re.match(pattern, name)`` does, pattern by pattern and in list order."""
     for pattern in CT_PATTERNS:
-        targets = quant_config._CtTargets([pattern], "ignore")
+        targets = name_matching.VllmRegex([pattern], "ignore")
         for name in CT_NAMES:
             assert (targets.first(name) == pattern) == bool(re.match(pattern[3:], name)), (pattern, name)
-    ordered = quant_config._CtTargets(CT_PATTERNS, "ignore")
+    ordered = name_matching.VllmRegex(CT_PATTERNS, "ignore")
     for name in CT_NAMES:
         assert ordered.first(name) == next((p for p in CT_PATTERNS if re.match(p[3:], name)), None), name
 
@@ -249,7 +250,7 @@ def test_pattern_lists_are_capped_and_plain_names_are_not():
     plain = [f"model.layers.{i}.self_attn.o_proj" for i in range(50_000)]
     reader = QuantReader({"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": plain + ["lm_head"]})
     assert reader.layer("model.layers.3.mlp.experts").scheme.family.value == "nvfp4"
-    wild = [f"model.layers.{i}.self_attn*" for i in range(quant_config.MAX_PATTERNS + 1)]
+    wild = [f"model.layers.{i}.self_attn*" for i in range(name_matching.MAX_PATTERNS + 1)]
     with pytest.raises(InputError, match="wildcard patterns; moe-fsm takes at most 4096"):
         QuantReader({"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": wild})
     with pytest.raises(InputError, match="groups; moe-fsm takes at most 256"):
@@ -290,7 +291,7 @@ def test_indexed_name_lists_answer_as_a_scan_would():
     assert "FP8 (model.layers.10.mlp.experts.3.down_proj)" in got[10].source
     # AWQ's modules_to_not_convert: a substring of the experts module's name (is_layer_skipped, "substring")
     awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
-    context = quant_config.LayerContext(hidden_size=2048, intermediate_size=768)
+    context = LayerContext(hidden_size=2048, intermediate_size=768)
     for patterns, hit in ((["model.layers.4.mlp"], True), (["layers.4.ml"], True), (["*.4.mlp"], False),
                           (["model.layers.4.mlp.experts.0"], False), (["gate"], False)):
         source = layer_quant({**awq, "modules_to_not_convert": patterns}, "model.layers.4.mlp.experts", context)

@@ -17,7 +17,8 @@ from moe_fsm.inputs.platform import PlatformFacts, Vendor, preset
 from moe_fsm.inputs.quant import QuantScheme
 from moe_fsm.plan.model_config import read_model_config
 from moe_fsm.plan.plan import plan_model
-from moe_fsm.plan.quant_config import LayerContext, Mapped, Refused, Unmapped, layer_quant, resolve_method
+from moe_fsm.plan.quant_config import layer_quant, resolve_method
+from moe_fsm.plan.quant_fields import LayerContext, Mapped, Refused, Unmapped
 
 CONFIGS = Path(__file__).parent.parent / "data" / "configs"
 EXPERTS = "model.layers.5.mlp.experts"

@@ -11,7 +11,8 @@ import pytest
 from moe_fsm.inputs.parallel import ParallelConfig
 from moe_fsm.inputs.platform import preset
 from moe_fsm.plan.plan import plan_model
-from moe_fsm.plan.quant_config import LayerContext, Mapped, QuantReader, Refused, Unmapped
+from moe_fsm.plan.quant_config import QuantReader
+from moe_fsm.plan.quant_fields import LayerContext, Mapped, Refused, Unmapped
 from moe_fsm.plan.sglang_quant_config import SGLANG_0_5_23_CONFIG_RULES, registered
 
 SGLANG = "sglang-0.5.23"

@@ -230,7 +230,7 @@ def moe_fsm_answers(scenario: dict, profile: str) -> tuple[object, dict[int, dic
     from moe_fsm.inputs.platform import preset
     from moe_fsm.plan.model_config import read_model_config
     from moe_fsm.plan.plan import plan_model
-    from moe_fsm.plan.quant_config import Mapped, Refused
+    from moe_fsm.plan.quant_fields import Mapped, Refused
 
     with tempfile.TemporaryDirectory(prefix="moe-fsm-parity-") as folder:
         path = Path(folder) / "config.json"

@@ -90,7 +90,7 @@ def _config_layers(path, base, before: str, after: str):
     side's reason."""
     from moe_fsm.plan.decider import LayerDecider
     from moe_fsm.plan.plan import checkpoint_layers, layer_of, layer_ranges
-    from moe_fsm.plan.quant_config import Mapped, Refused
+    from moe_fsm.plan.quant_fields import Mapped, Refused
 
     def read(profile: str):
         decider = LayerDecider(parallel=base.parallel, request=base.request, env=base.env, platform=base.platform,

@@ -129,7 +129,6 @@ def check_outcome_names(document: dict, inputs: DecisionInputs, source: str) -> 
 
 def explain_lines(document: dict, trace_path: str | None = None) -> list[str]:
     family = document["family"]
-    outcome = document["outcome"]
     lines = [f"Decision for a {family} MoE layer" + (f" ({document['layer_name']})" if document.get("layer_name") else ""), ""]
 
     lines.append("What was asked")

@@ -164,7 +164,6 @@ def main(args) -> int:
 
 
 def _run_here(args, model, request, env, device) -> int:
-    from moe_fsm.decision import probed_platform
     from moe_fsm.engine.manifest import write_manifest
     from moe_fsm.engine.report import make_progress, render_check_mode, render_header, render_results
     from moe_fsm.engine.run import run_model

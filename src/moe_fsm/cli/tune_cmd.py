@@ -224,7 +224,7 @@ def _decider(tp: int, ep: int, policy):
 def model_config_shapes(path: Path, tp: int, ep: int, policy=None) -> list:
     """Every distinct MoE layer of a config.json as one rank holds it, through the plan package's readers."""
     from moe_fsm.plan.plan import checkpoint_layers, layer_of, layer_ranges
-    from moe_fsm.plan.quant_config import Mapped
+    from moe_fsm.plan.quant_fields import Mapped
 
     decider, decided_on = _decider(tp, ep, policy)
     model, _, quants = checkpoint_layers(path, decider)

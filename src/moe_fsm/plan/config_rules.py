@@ -9,7 +9,8 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from moe_fsm.errors import InputError
-from moe_fsm.plan.quant_config import VLLM_CONFIG_RULES, ConfigRules
+from moe_fsm.plan.quant_config import VLLM_CONFIG_RULES
+from moe_fsm.plan.quant_fields import ConfigRules
 from moe_fsm.plan.sglang_quant_config import SGLANG_0_5_23_CONFIG_RULES
 
 CONFIG_RULES = MappingProxyType({"vllm": VLLM_CONFIG_RULES, "sglang-0.5.23": SGLANG_0_5_23_CONFIG_RULES})

@@ -24,7 +24,8 @@ from moe_fsm.inputs.platform import PlatformFacts
 from moe_fsm.inputs.request import BackendRequest
 from moe_fsm.plan.decider import DEFAULT_TRACE_DIR, LayerDecider, LayerSpec
 from moe_fsm.plan.model_config import ModelConfig, read_model_config
-from moe_fsm.plan.quant_config import LATEST, LayerContext, LayerQuant, Mapped, QuantReader, Refused
+from moe_fsm.plan.quant_config import QuantReader
+from moe_fsm.plan.quant_fields import LATEST, LayerContext, LayerQuant, Mapped, Refused
 from moe_fsm.profiles import ProfileChoice
 from moe_fsm.trace.dir_lock import trace_dir_lock
 from moe_fsm.trace.manifest import write_plan_manifest

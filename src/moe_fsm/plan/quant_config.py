@@ -23,360 +23,33 @@ What vLLM refuses is a ``Refused`` layer with vLLM's message and exception type;
 any oracle moe-fsm models (DeepSeek-V4's MXFP4 picker, compressed-tensors' MXFP4 W4A4 kernel choice, MXFP6)
 is ``Unmapped`` with the reason -- never a skipped layer. A field of the wrong type, or a value
 compressed-tensors' own schema refuses, is an ``InputError`` naming it. The few rules that differ between
-releases are ``RELEASE_RULES``. Name lists are indexed once per config (``QuantReader``) and pattern
-lists are capped (``MAX_PATTERNS``), so a plan's cost does not grow with layers x list length.
+releases are ``RELEASE_RULES`` (``quant_fields``, with the results and the typed reads SGLang's reader
+shares). Name lists are indexed once per config (``QuantReader``) and pattern lists are capped
+(``name_matching``), so a plan's cost does not grow with layers x list length.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
-from fnmatch import fnmatch, translate
+from dataclasses import dataclass, replace
+from fnmatch import fnmatch
 from types import MappingProxyType
-from typing import Callable, Mapping, Optional, Union
-
-import regex
+from typing import Callable, Optional, Union
 
 from moe_fsm.errors import InputError
-from moe_fsm.inputs.parallel import ParallelConfig
-from moe_fsm.inputs.platform import PlatformFacts, Vendor
+from moe_fsm.inputs.platform import Vendor
 from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily, QuantScheme
+from moe_fsm.plan.name_matching import PrefixIndex, SubstringOrGlob, VllmRegex, capped
+from moe_fsm.plan.quant_fields import (
+    DEFAULT_PROJECTIONS, ConfigRules, LayerContext, LayerQuant, Mapped, Reader, Refusal, Refused, bad_field,
+    first_key, not_modelled, read_flag, read_int, read_names, read_object, short_repr, short_text, unquantized,
+)
 
 
-@dataclass(frozen=True)
-class Mapped:
-    scheme: QuantScheme
-    source: str  # how the config said it, for the table
-    allow_vllm_cutlass: bool = False
-    method: str = ""  # vLLM's FusedMoEMethodBase class for the layer
-    # Backends the method goes on with once its oracle chose (empty: any); another one fails as vLLM's method
-    # fails after the oracle returned, with ``only_reason`` (an AssertionError in vLLM).
-    only_backends: tuple[str, ...] = ()
-    only_reason: str = ""
-    # The engine's own name for the method it builds the layer with, where its profile reads it as a fact of the
-    # layer (SGLang's ``fp8``, ``modelopt_fp4``, ``gptq_marlin``, ``moe_wna16``, ...); empty for vLLM's readers.
-    engine_method: str = ""
-
-    def refusal_after(self, backend: str) -> Optional["Refused"]:
-        """What vLLM's method raises after its oracle chose ``backend``, if it does."""
-        if self.only_backends and backend not in self.only_backends:
-            return Refused(self.only_reason, "AssertionError")
-        return None
-
-
-@dataclass(frozen=True)
-class Unmapped:
-    """vLLM decides this layer by a rule moe-fsm has no policy for."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Refused:
-    """vLLM refuses this checkpoint (or this layer of it) before or while choosing the layer's method."""
-
-    reason: str  # the engine's message
-    error: str = "ValueError"  # the exception the engine raises
-    by: str = "vLLM"  # whose rules refuse (the engine of the profile's config rules)
-
-
-LayerQuant = Union[Mapped, Unmapped, Refused]
-
-
-# -- what vLLM's config readers look at besides a layer's name ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReleaseRules:
-    """The config-path rules that differ between the vLLM releases moe-fsm has profiles for."""
-
-    ct_checkpoint_projection_names: bool  # compressed-tensors matches the model's own expert names (Mixtral's w1/w3/w2)
-    ct_mxfp4_w4a8: bool  # compressed-tensors' MXFP4 weights + dynamic FP8 activations method exists
-    fp8_batch_invariant_token: bool  # Fp8MoEMethod: VLLM_BATCH_INVARIANT turns dynamic per-tensor into per-token
-    modelopt_flat_exclude_modules: bool  # flat ModelOpt configs also read exclude_modules (not only ignore)
-    modelopt_b12x_codecs: bool  # ModelOpt MIXED_PRECISION knows the b12x block codecs
-    quark_mxfp8_moe: bool  # Quark MXFP8 experts have an MoE method
-
-
-RELEASE_RULES = {
-    (0, 31): ReleaseRules(False, False, False, False, False, False),
-    (0, 32): ReleaseRules(True, True, False, False, True, False),
-    (0, 33): ReleaseRules(True, True, True, True, True, True),
-}
-LATEST = max(RELEASE_RULES)
-
-# The checkpoint names of the experts' gate, up and down projections (vLLM's ckpt_names), where a model differs
-# from ("gate_proj", "up_proj", "down_proj"); compressed-tensors matches its targets against these.
-DEFAULT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-
-
-@dataclass(frozen=True)
-class LayerContext:
-    """The facts vLLM's quantization configs read besides the layer's module name.
-
-    ``release``: the vLLM release whose rules apply ((0, 33); the ``seeds`` profile reads as the latest);
-    ``batch_invariant``: VLLM_BATCH_INVARIANT, which FP8's per-tensor method reads. Platform and parallel
-    layout matter where vLLM's choice of method does: Marlin's shape rule (ROCm, the per-rank intermediate
-    size), AWQ on CPUs, a GPU's minimum capability, the platform's list of quantization methods.
-    """
-
-    model_type: str = "?"
-    projections: tuple[str, str, str] = DEFAULT_PROJECTIONS
-    hidden_size: int = 0
-    intermediate_size: int = 0
-    platform: Optional[PlatformFacts] = None
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    batch_invariant: bool = False
-    release: tuple[int, int] = LATEST
-    # Whose config-reading rules apply: the profile's ``config_rules`` table (None: vLLM's, ``VLLM_CONFIG_RULES``).
-    config_rules: Optional["ConfigRules"] = None
-    # What SGLang's MoE Marlin check reads of the layer (check_moe_marlin_supports_layer).
-    router_weight_on_input: bool = False
-    gated_silu: bool = True
-
-    @property
-    def rules(self) -> ReleaseRules:
-        return RELEASE_RULES.get(self.release[:2], RELEASE_RULES[LATEST])
-
-    @property
-    def capability(self) -> Optional[int]:
-        """vLLM's ``get_device_capability().to_int()`` (90 for 9.0); None where vLLM has none (CPU) or moe-fsm
-        records none (ROCm, XPU)."""
-        p = self.platform
-        return None if p is None or p.capability is None else p.capability[0] * 10 + p.capability[1]
-
-    @property
-    def vendor(self) -> Optional[Vendor]:
-        return None if self.platform is None else self.platform.vendor
-
-    @property
-    def tp_size(self) -> int:
-        """FusedMoEParallelConfig's tp_size: TP flattened across DP; 1 with expert parallelism."""
-        p = self.parallel
-        return 1 if p.use_ep else p.tp_size * p.dp_size
-
-    @property
-    def intermediate_per_partition(self) -> int:
-        return self.intermediate_size // self.tp_size
-
-
-# -- limits and typed reads ---------------------------------------------------------------------------------------
-
-# Wildcard and regex patterns are tried one by one against each layer's name, so a list holds at most this many
-# (published checkpoints list tens: one per excluded attention block); plain names are looked up, any number of them.
-MAX_PATTERNS = 4096
 # vLLM's fp8 ACTIVATION_SCHEMES (fp8.py): Fp8Config refuses a config whose activation_scheme is absent or not exactly one of these.
 FP8_ACTIVATION_SCHEMES = ("dynamic", "static")
-REGEX_TIMEOUT_S = 0.5  # a re: pattern's match against one module name (~50 characters) takes microseconds
 MAX_GROUPS = 256  # compressed-tensors config_groups, each tried for every layer's three projections
-INDEX_DEPTH = 16  # quantized_layers keys are indexed by their first 16 dotted prefixes (module names have ~6)
-
-
-def _bad(where: str, wanted: str, value) -> InputError:
-    shown = repr(value)
-    shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    return InputError(f"quantization_config: {where} must be {wanted}, got {shown}")
-
-
-def _obj(value, where: str, default: Optional[dict] = None) -> dict:
-    if value is None and default is not None:
-        return default
-    if not isinstance(value, dict):
-        raise _bad(where, "an object", value)
-    return value
-
-
-def _names(value, where: str) -> list[str]:
-    """A list of module names or patterns (None or absent: empty)."""
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _bad(where, "a list of module names (strings)", value)
-    return value
-
-
-def _int(value, where: str, *, low: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
-        raise _bad(where, "an integer" + (f" >= {low}" if low is not None else ""), value)
-    return value
-
-
-def _flag(value, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise _bad(where, "true or false", value)
-    return value
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _text(value) -> str:
-    text = str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _required(config: dict, keys: tuple[str, ...]):
-    """vLLM's ``get_from_keys``: the first key present, else its ValueError (raised as a Refused)."""
-    for key in keys:
-        if key in config:
-            return config[key]
-    raise _Refusal(f"Cannot find any of {list(keys)} in the model's quantization config.")
-
-
-class _Refusal(Exception):
-    """vLLM refuses: carried up to the layer (or the whole config) as a ``Refused``."""
-
-    def __init__(self, message: str, error: str = "ValueError") -> None:
-        super().__init__(message)
-        self.refused = Refused(message, error)
-
-
-# -- name matching, as each config class matches -------------------------------------------------------------------
-
-
-def _wild(pattern: str) -> bool:
-    return any(c in pattern for c in "*?[")
-
-
-def _capped(patterns: list, where: str, kind: str) -> list:
-    if len(patterns) > MAX_PATTERNS:
-        raise InputError(f"quantization_config: {where} holds {len(patterns)} {kind} patterns; moe-fsm takes at most "
-                         f"{MAX_PATTERNS} (each is tried against every layer; list plain module names instead)")
-    return patterns
-
-
-def _substrings(name: str):
-    return (name[i:j] for i in range(len(name)) for j in range(i + 1, len(name) + 1))
-
-
-class _SubstringOrGlob:
-    """The first pattern (in list order) that is a substring of a name, or (``glob``) matches it as a wildcard.
-
-    ``glob``: ModelOpt's ``is_layer_excluded`` (the name itself, a pattern inside the name, or an fnmatch
-    wildcard; ``prefix*`` also covers the module's children). Without it: a plain substring test, the
-    ``match_mode="substring"`` of vLLM's ``is_layer_skipped`` (AWQ's and MoeWNA16's ``modules_to_not_convert``).
-    """
-
-    def __init__(self, patterns: list[str], where: str, glob: bool) -> None:
-        self.plain: dict[str, int] = {}
-        wild = []
-        for order, pattern in enumerate(patterns):
-            if not pattern:
-                continue
-            if glob and _wild(pattern):
-                wild.append((order, pattern, re.compile(translate(pattern)).match))
-            else:
-                self.plain.setdefault(pattern, order)
-        self.wild = _capped(wild, where, "wildcard")
-        self.patterns = patterns
-
-    def first(self, name: str) -> Optional[str]:
-        hits = [self.plain[s] for s in _substrings(name) if s in self.plain]
-        for order, pattern, match in self.wild:
-            if hits and order > min(hits):
-                break
-            if match(name) or pattern in name or pattern.endswith("*") and match(name + "."):
-                hits.append(order)
-                break
-        return self.patterns[min(hits)] if hits else None
-
-
-class _VllmRegex:
-    """Names as vLLM's compressed-tensors, Quark and GPTQ-``dynamic`` matching reads them: exact names, ``re:``
-    regexes (``re.match``: from the start), and for compressed-tensors the class target (``Linear``).
-
-    vLLM matches a ``re:`` pattern with ``re.match``; a pattern that backtracks without end, such as
-    ``re:(.|.)*Z``, would hang ``plan`` there. So a pattern must compile under ``re`` (it means what it means to
-    vLLM) and is matched by the ``regex`` package in its re-compatible mode (VERSION0: same syntax, same match),
-    whose repeat guards finish most such patterns at once and whose ``timeout`` bounds the rest
-    (``REGEX_TIMEOUT_S``, an InputError naming the pattern and the module name). ``prefix`` is the marker a
-    regex carries ("re:" for compressed-tensors and Quark; GPTQ's ``dynamic`` keys are all regexes).
-    """
-
-    def __init__(self, patterns: list[str], where: str, prefix: str = "re:") -> None:
-        self.exact = {p: order for order, p in reversed(list(enumerate(patterns))) if not p.startswith(prefix)}
-        regexes = []
-        for order, p in enumerate(patterns):
-            if p.startswith(prefix):
-                source = p[len(prefix):]
-                try:
-                    re.compile(source)
-                except (re.error, RecursionError, OverflowError) as err:
-                    raise InputError(f"quantization_config: {where} pattern {p!r} is not a regular expression: {err}") from None
-                try:
-                    regexes.append((order, p, regex.compile(source, flags=regex.VERSION0).match))
-                except (regex.error, RecursionError, OverflowError) as err:
-                    raise InputError(f"quantization_config: {where} pattern {p!r} is one moe-fsm's bounded matcher "
-                                     f"(the regex package) cannot compile: {err}") from None
-        self.regexes = _capped(regexes, where, "regex")
-        self.patterns = patterns
-        self.where = where
-
-    def matches(self, order_pattern_match, name: str) -> bool:
-        _, pattern, match = order_pattern_match
-        try:
-            return match(name, timeout=REGEX_TIMEOUT_S) is not None
-        except TimeoutError:
-            raise InputError(f"quantization_config: {self.where} pattern {pattern!r} was still matching module "
-                             f"{name!r} after {REGEX_TIMEOUT_S} s (it backtracks without end, as nested "
-                             "repeats such as (.|.)* can); write it without repeats inside repeats") from None
-
-    def first(self, name: str) -> Optional[str]:
-        """The first pattern, in list order, equal to ``name`` or whose regex matches it."""
-        hits = [self.exact[name]] if name in self.exact else []
-        for entry in self.regexes:
-            if hits and entry[0] > min(hits):
-                break
-            if self.matches(entry, name):
-                hits.append(entry[0])
-                break
-        return self.patterns[min(hits)] if hits else None
-
-    def first_containing(self, class_name: str) -> Optional[str]:
-        """compressed-tensors' match of a module's class name: a regex matching it, or a target it contains."""
-        for order, pattern in enumerate(self.patterns):
-            if pattern.startswith("re:"):
-                entry = next(e for e in self.regexes if e[0] == order)
-                if self.matches(entry, class_name):
-                    return pattern
-            elif pattern.lower() in class_name.lower():
-                return pattern
-        return None
-
-
-# Kept under its old name: the compressed-tensors reader's matcher (the hostile-input tests build it directly).
-_CtTargets = _VllmRegex
-
-
-class _PrefixIndex:
-    """The first key (in order) that starts with a dotted prefix: ``quantized_layers`` looked up per layer."""
-
-    def __init__(self, keys) -> None:
-        self.keys = list(keys)
-        self.index: dict[str, str] = {}
-        for key in self.keys:
-            end = -1
-            for _ in range(INDEX_DEPTH):
-                end = key.find(".", end + 1)
-                if end < 0:
-                    break
-                self.index.setdefault(key[:end + 1], key)
-
-    def first(self, prefix: str) -> Optional[str]:
-        if prefix.endswith(".") and prefix.count(".") <= INDEX_DEPTH:
-            return self.index.get(prefix)
-        return next((k for k in self.keys if k.startswith(prefix)), None)
-
-
-def _unquantized(why: str) -> Mapped:
-    return Mapped(QuantScheme.unquantized(), why, method="UnquantizedFusedMoEMethod")
-
-
-def _not_modelled(why: str) -> Unmapped:
-    return Unmapped(why)
 
 
 # -- step 1: which vLLM config class reads the checkpoint --------------------------------------------------------
@@ -474,11 +147,11 @@ def _resolve(config: dict, ctx: LayerContext) -> Union[str, Refused, None]:
         algo = body.get("quant_algo") if isinstance(body, dict) else None
         if algo is not None:
             if str(algo).upper() not in MODELOPT_PRODUCER_METHODS:
-                return Refused(f"Unknown ModelOpt quant algo: {_text(algo)}")
+                return Refused(f"Unknown ModelOpt quant algo: {short_text(algo)}")
             config["quant_method"] = MODELOPT_PRODUCER_METHODS[str(algo).upper()]
     method = config.get("quant_method", "")
     if not isinstance(method, str):
-        raise _bad("quant_method", "a string", method)
+        raise bad_field("quant_method", "a string", method)
     method = method.lower().replace("compressed_tensors", "compressed-tensors")
     config["quant_method"] = method
     for _, override in OVERRIDES:
@@ -489,7 +162,7 @@ def _resolve(config: dict, ctx: LayerContext) -> Union[str, Refused, None]:
     if not method:
         return None
     if method not in VLLM_METHODS:
-        return Refused(f"Unknown quantization method: {_text(method)}. Must be one of {list(VLLM_METHODS)}.")
+        return Refused(f"Unknown quantization method: {short_text(method)}. Must be one of {list(VLLM_METHODS)}.")
     accepted = PLATFORM_METHODS.get(ctx.vendor)
     if accepted is not None and method not in accepted:
         return Refused(f"{method} quantization is currently not supported in {PLATFORM_NAMES[ctx.vendor]}.")
@@ -502,16 +175,6 @@ def _resolve(config: dict, ctx: LayerContext) -> Union[str, Refused, None]:
 # -- step 2 and 3: each config class's MoE method and the scheme it hands the oracle ----------------------------------
 
 
-class _Reader:
-    """One vLLM config class: ``MIN_CAPABILITY`` is its get_min_capability (checked before any layer)."""
-
-    MIN_CAPABILITY = 0
-
-    def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
-        self.config, self.ctx, self.method = config, ctx, method
-
-    def layer(self, experts: str) -> LayerQuant:
-        raise NotImplementedError
 
 
 def _marlin_fits(ctx: LayerContext, group_size: int) -> bool:
@@ -529,48 +192,48 @@ def _desc_act(desc_act, group_size, dynamic: dict) -> bool:
     if desc_act and group_size == -1:
         desc_act = False
     if desc_act:
-        raise _Refusal("GPTQ group activation ordering (desc_act=True) is no longer supported. Use a checkpoint with "
+        raise Refusal("GPTQ group activation ordering (desc_act=True) is no longer supported. Use a checkpoint with "
                        "static activation ordering or desc_act=False.")
     for pattern, overrides in dynamic.items():
         if pattern.startswith("-:") or not isinstance(overrides, dict):
             continue
         if overrides.get("desc_act", base) and overrides.get("group_size", group_size) != -1:
-            raise _Refusal("GPTQ group activation ordering (desc_act=True) is no longer supported, but is enabled by "
+            raise Refusal("GPTQ group activation ordering (desc_act=True) is no longer supported, but is enabled by "
                            f"dynamic rule {pattern!r}. Use a checkpoint with static activation ordering or desc_act=False.")
     return desc_act
 
 
-class _MoeWNA16(_Reader):
+class _MoeWNA16(Reader):
     """MoeWNA16Config (vLLM's fallback for GPTQ and AWQ layers Marlin cannot take): ``MoeWNA16Method``."""
 
     MIN_CAPABILITY = 70
 
     def __init__(self, config: dict, ctx: LayerContext, method: str = "moe_wna16") -> None:
         super().__init__(config, ctx, method)
-        linear = _required(config, ("quant_method",))
-        self.bits = _int(_required(config, ("bits",)), "bits")
-        self.group_size = _int(_required(config, ("group_size",)), "group_size")
+        linear = first_key(config, ("quant_method",))
+        self.bits = read_int(first_key(config, ("bits",)), "bits")
+        self.group_size = read_int(first_key(config, ("group_size",)), "group_size")
         if linear == "gptq":
-            self.zero_point = not _flag(_required(config, ("sym",)), "sym")
-            self.skipped = _SubstringOrGlob([], "modules_to_not_convert", glob=False)
+            self.zero_point = not read_flag(first_key(config, ("sym",)), "sym")
+            self.skipped = SubstringOrGlob([], "modules_to_not_convert", glob=False)
             _desc_act(config.get("desc_act", False), self.group_size, config.get("dynamic") or {})
         elif linear in ("awq", "awq_marlin"):
-            self.zero_point = _flag(_required(config, ("zero_point",)), "zero_point")
-            self.skipped = _SubstringOrGlob(_names(config.get("modules_to_not_convert"), "modules_to_not_convert"),
+            self.zero_point = read_flag(first_key(config, ("zero_point",)), "zero_point")
+            self.skipped = SubstringOrGlob(read_names(config.get("modules_to_not_convert"), "modules_to_not_convert"),
                                             "modules_to_not_convert", glob=False)
             cap = ctx.capability
             if (-1 if cap is None else cap) < _AutoAWQ.MIN_CAPABILITY:
-                raise _Refusal("The quantization method moe_wna16 + awq is not supported for the current GPU. "
+                raise Refusal("The quantization method moe_wna16 + awq is not supported for the current GPU. "
                                f"Minimum capability: {_AutoAWQ.MIN_CAPABILITY}. Current capability: "
                                f"{-1 if cap is None else cap}.")
         else:
-            raise _Refusal("moe_wna16 only support gptq and awq.")
+            raise Refusal("moe_wna16 only support gptq and awq.")
         self.linear = linear
 
     def layer(self, experts: str) -> LayerQuant:
         hit = self.skipped.first(experts)
         if hit:
-            return _unquantized(f"moe_wna16: not converted ({hit!r})")
+            return unquantized(f"moe_wna16: not converted ({hit!r})")
         if self.bits not in (4, 8):
             return Refused("MoeWNA16Method only supports int4 and int8 now.")
         scheme = QuantScheme.int_wna16(self.bits, self.group_size, self.zero_point, "moe_wna16")
@@ -578,7 +241,7 @@ class _MoeWNA16(_Reader):
                       "fails)", method="MoeWNA16Method")
 
 
-class _AutoGPTQ(_Reader):
+class _AutoGPTQ(Reader):
     """AutoGPTQConfig (``gptq``, ``gptq_marlin``, ``auto_gptq``): ``AutoGPTQMoEMethod``, or MoeWNA16 where Marlin's
     shape rule fails; ``dynamic`` rules (GPTQModel) skip a module (``-:``) or override its bits / group / sym."""
 
@@ -589,18 +252,18 @@ class _AutoGPTQ(_Reader):
         super().__init__(config, ctx, method)
         dynamic = config.get("dynamic") or {}
         if not isinstance(dynamic, dict) or not all(isinstance(v, dict) for v in dynamic.values()):
-            raise _bad("dynamic", "an object of module regexes -> overrides (objects)", dynamic)
+            raise bad_field("dynamic", "an object of module regexes -> overrides (objects)", dynamic)
         self.dynamic = dynamic
-        self.bits = _int(_required(config, ("bits",)), "bits")
-        self.group_size = _int(_required(config, ("group_size",)), "group_size")
-        self.desc_act = _flag(_required(config, ("desc_act",)), "desc_act")
-        self.sym = _flag(_required(config, ("sym",)), "sym")
+        self.bits = read_int(first_key(config, ("bits",)), "bits")
+        self.group_size = read_int(first_key(config, ("group_size",)), "group_size")
+        self.desc_act = read_flag(first_key(config, ("desc_act",)), "desc_act")
+        self.sym = read_flag(first_key(config, ("sym",)), "sym")
         _desc_act(self.desc_act, self.group_size, dynamic)
         if (self.bits, self.sym) not in self.TYPES:
-            raise _Refusal(f"Unsupported quantization config: bits={self.bits}, sym={self.sym}")
+            raise Refusal(f"Unsupported quantization config: bits={self.bits}, sym={self.sym}")
         # GPTQModel's rules, in order: "-:regex" skips the module, "+:regex" or a bare regex overrides its fields
         self.rule_keys = list(dynamic)
-        self.rules = _VllmRegex(["re:" + k.removeprefix("-:").removeprefix("+:") for k in dynamic], "dynamic")
+        self.rules = VllmRegex(["re:" + k.removeprefix("-:").removeprefix("+:") for k in dynamic], "dynamic")
         self.fallback = None
 
     def _rule(self, experts: str) -> tuple[Optional[str], Optional[dict]]:
@@ -619,7 +282,7 @@ class _AutoGPTQ(_Reader):
             return self.fallback.layer(experts)
         pattern, values = self._rule(experts)
         if pattern is not None and pattern.startswith("-:"):
-            return _unquantized(f"gptq: dynamic rule {pattern!r} skips it")
+            return unquantized(f"gptq: dynamic rule {pattern!r} skips it")
         bits, group, desc_act, sym = self.bits, self.group_size, self.desc_act, self.sym
         if values:
             bits = values.get("bits", bits) if isinstance(values.get("bits", bits), int) else bits
@@ -636,7 +299,7 @@ class _AutoGPTQ(_Reader):
         return Mapped(scheme, f"gptq {bits}-bit group {group}{rule}", method="AutoGPTQMoEMethod")
 
 
-class _AutoAWQ(_Reader):
+class _AutoAWQ(Reader):
     """AutoAWQConfig (``awq``, ``awq_marlin``, ``auto_awq``): ``AutoAWQMoEMethod``, or MoeWNA16 where Marlin's shape
     rule fails; ``modules_to_not_convert`` by substring."""
 
@@ -644,20 +307,20 @@ class _AutoAWQ(_Reader):
 
     def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
         super().__init__(config, ctx, method)
-        self.bits = _int(_required(config, ("w_bit", "bits")), "bits")
-        self.group_size = _int(_required(config, ("q_group_size", "group_size")), "group_size")
-        self.zero_point = _flag(_required(config, ("zero_point",)), "zero_point")
-        self.skipped = _SubstringOrGlob(_names(config.get("modules_to_not_convert"), "modules_to_not_convert"),
+        self.bits = read_int(first_key(config, ("w_bit", "bits")), "bits")
+        self.group_size = read_int(first_key(config, ("q_group_size", "group_size")), "group_size")
+        self.zero_point = read_flag(first_key(config, ("zero_point",)), "zero_point")
+        self.skipped = SubstringOrGlob(read_names(config.get("modules_to_not_convert"), "modules_to_not_convert"),
                                         "modules_to_not_convert", glob=False)
         if self.bits != 4:
-            raise _Refusal(f"Unsupported num_bits = {self.bits}. Supported: 4. For 8-bit AWQ, use Marlin backend by "
+            raise Refusal(f"Unsupported num_bits = {self.bits}. Supported: 4. For 8-bit AWQ, use Marlin backend by "
                            "setting backend='awq:marlin' or backend='marlin'.")
         self.fallback = None
 
     def layer(self, experts: str) -> LayerQuant:
         hit = self.skipped.first(experts)
         if hit:
-            return _unquantized(f"awq: not converted ({hit!r})")
+            return unquantized(f"awq: not converted ({hit!r})")
         if not _marlin_fits(self.ctx, self.group_size):
             if self.fallback is None:  # MoeWNA16Config.from_config(full_config), quant_method normalised to "awq"
                 self.fallback = _MoeWNA16({**self.config, "quant_method": "awq"}, self.ctx)
@@ -681,14 +344,14 @@ def _fp8_block_scheme(ctx: LayerContext, block: list, source: str, method: str) 
         if refine >= 32:
             shape = [refine, refine]
     if shape != [128, 128]:
-        fitted = "" if shape == list(block) else f" (refined from {_short(block)} to fit the per-rank intermediate size {ispp})"
-        return _not_modelled(f"{source}: weight blocks {_short(shape)}{fitted}; moe-fsm's FP8 schemes take 128x128 "
+        fitted = "" if shape == list(block) else f" (refined from {short_repr(block)} to fit the per-rank intermediate size {ispp})"
+        return not_modelled(f"{source}: weight blocks {short_repr(shape)}{fitted}; moe-fsm's FP8 schemes take 128x128 "
                              "blocks only")
     return Mapped(QuantScheme.fp8("block", "group"), f"{source} block 128x128, dynamic 1x128 activations",
                   method=method)
 
 
-class _Fp8(_Reader):
+class _Fp8(Reader):
     """Fp8Config: ``Fp8MoEMethod`` (block or per-tensor); ``ignored_layers`` (else ``modules_to_not_convert``)
     name whole modules exactly; ``store_dtype: mxfp4`` is DeepSeek-V4's MXFP4 method."""
 
@@ -696,36 +359,36 @@ class _Fp8(_Reader):
 
     def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
         super().__init__(config, ctx, method)
-        ignored = _names(config.get("ignored_layers"), "ignored_layers") or _names(
+        ignored = read_names(config.get("ignored_layers"), "ignored_layers") or read_names(
             config.get("modules_to_not_convert"), "modules_to_not_convert")
         self.ignored = {name: name for name in ignored}
         block = config.get("weight_block_size")
         if block is not None and (not isinstance(block, list) or not all(
                 isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 for b in block)):
-            raise _bad("weight_block_size", "a list of positive numbers such as [128, 128]", block)
+            raise bad_field("weight_block_size", "a list of positive numbers such as [128, 128]", block)
         if "activation_scheme" not in config:
             raise InputError("quantization_config: activation_scheme is missing; vLLM's fp8 reader requires it "
                              f"(one of {', '.join(map(repr, FP8_ACTIVATION_SCHEMES))})")
         scheme = config["activation_scheme"]
         if not isinstance(scheme, str) or scheme not in FP8_ACTIVATION_SCHEMES:
-            raise _bad("activation_scheme", "'dynamic' or 'static', in lower case (vLLM's fp8 reader takes no other "
+            raise bad_field("activation_scheme", "'dynamic' or 'static', in lower case (vLLM's fp8 reader takes no other "
                        "spelling)", scheme)
         self.dynamic = scheme == "dynamic"
         if block is not None:
             if len(block) != 2:
-                raise _Refusal("The quantization block size of weight must have 2 dimensions, but got "
+                raise Refusal("The quantization block size of weight must have 2 dimensions, but got "
                                f"{len(block)} dimensions")
             if not self.dynamic:
-                raise _Refusal("The block-wise quantization only supports dynamic activation scheme for now, but got "
+                raise Refusal("The block-wise quantization only supports dynamic activation scheme for now, but got "
                                "static activation scheme.")
         self.block = block
         self.store_dtype = config.get("store_dtype")
 
     def layer(self, experts: str) -> LayerQuant:
         if experts in self.ignored:
-            return _unquantized(f"fp8: ignored ({experts!r})")
+            return unquantized(f"fp8: ignored ({experts!r})")
         if self.store_dtype == "mxfp4":
-            return _not_modelled("fp8 with store_dtype mxfp4: vLLM's Mxfp4MoEMethod picks DeepSeek-V4's MXFP4 backend "
+            return not_modelled("fp8 with store_dtype mxfp4: vLLM's Mxfp4MoEMethod picks DeepSeek-V4's MXFP4 backend "
                                  "list, which moe-fsm does not model")
         if self.block is not None:
             return _fp8_block_scheme(self.ctx, self.block, "fp8", "Fp8MoEMethod")
@@ -762,7 +425,7 @@ def _modelopt_fixed(algo: str) -> tuple[QuantScheme, str]:
     return QuantScheme.mxfp8(), "ModelOptMxFp8FusedMoE"
 
 
-class _ModelOpt(_Reader):
+class _ModelOpt(Reader):
     """ModelOptFp8Config / ModelOptNvFp4Config / ModelOptMxFp8Config / ModelOptMixedPrecisionConfig."""
 
     MIN_CAPABILITIES = {"modelopt": 80, "modelopt_fp4": 75, "modelopt_mxfp8": 80, "mxfp8": 80, "modelopt_mixed": 75}
@@ -774,13 +437,13 @@ class _ModelOpt(_Reader):
             method = "modelopt_mxfp8"
         if method == "modelopt_mxfp8" and "quantization" not in config and not config.get("quant_algo"):
             # ModelOptMxFp8Config.from_config reads a config without quant_algo as the ModelOpt MXFP8 schema
-            config = {"quantization": {"quant_algo": "MXFP8", "exclude_modules": _names(
+            config = {"quantization": {"quant_algo": "MXFP8", "exclude_modules": read_names(
                 config.get("ignored_layers"), "ignored_layers")}}
         nested = "quantization" in config
         if nested:
             body = config["quantization"]
             if not isinstance(body, dict):
-                raise _Refusal("Expected 'quantization' to be a dictionary in config")
+                raise Refusal("Expected 'quantization' to be a dictionary in config")
             algo = body.get("quant_algo")
             excluded = body.get("exclude_modules", [])
         else:
@@ -789,20 +452,20 @@ class _ModelOpt(_Reader):
             excluded = config.get("ignore", config.get("exclude_modules", []) if ctx.rules.modelopt_flat_exclude_modules
                                   else [])
         if not algo:
-            raise _Refusal("Missing 'quant_algo' in quantization config")
+            raise Refusal("Missing 'quant_algo' in quantization config")
         if not isinstance(algo, str):
-            raise _bad("quant_algo", "a quant_algo name (a string)", algo)
+            raise bad_field("quant_algo", "a quant_algo name (a string)", algo)
         algo = algo.upper()
         if not isinstance(excluded, list):
-            raise _Refusal(f"exclude_modules must be a list, got {type(excluded)}")
+            raise Refusal(f"exclude_modules must be a list, got {type(excluded)}")
         if algo not in MODELOPT_ALGOS:
-            raise _Refusal(f"ModelOpt currently only supports: {list(MODELOPT_ALGOS)} quantizations in vLLM. Please "
+            raise Refusal(f"ModelOpt currently only supports: {list(MODELOPT_ALGOS)} quantizations in vLLM. Please "
                            "check the `hf_quant_config.json` file for your model's quant configuration.")
         owned = MODELOPT_OWNED.get(method)
         if owned is not None and algo not in owned:
             label = {"modelopt": "ModelOpt FP8 quant_algo for vLLM", "modelopt_fp4": "ModelOpt NVFP4 quant_algo",
                      "modelopt_mxfp8": "ModelOpt MXFP8 quant_algo"}[method]
-            raise _Refusal(f"Unsupported {label}: {algo}. Supported: {' / '.join(owned)}.")
+            raise Refusal(f"Unsupported {label}: {algo}. Supported: {' / '.join(owned)}.")
         if method == "modelopt_fp4":
             groups = config.get("config_groups")
             if algo == "NVFP4" and isinstance(groups, dict) and groups and all(
@@ -811,35 +474,35 @@ class _ModelOpt(_Reader):
             if "NVFP4" in algo and nested:
                 missing = [f for f in ("group_size", "kv_cache_quant_algo", "exclude_modules") if f not in body]
                 if missing:
-                    raise _Refusal(f"NVFP4 quantization requires the following fields in hf_quant_config.json: {missing}")
+                    raise Refusal(f"NVFP4 quantization requires the following fields in hf_quant_config.json: {missing}")
         self.algo = algo
-        self.excluded = _SubstringOrGlob(_names(excluded, "exclude_modules"), "exclude_modules", glob=True)
+        self.excluded = SubstringOrGlob(read_names(excluded, "exclude_modules"), "exclude_modules", glob=True)
         self.layers: dict = {}
         if method == "modelopt_mixed":
             self._read_mixed(body)
         self.method = method
 
     def _read_mixed(self, body: dict) -> None:
-        layers = _obj(body.get("quantized_layers", {}), "quantized_layers", {})
+        layers = read_object(body.get("quantized_layers", {}), "quantized_layers", {})
         if not layers:
-            raise _Refusal("MIXED_PRECISION quant_algo requires a non-empty 'quantized_layers' mapping in the "
+            raise Refusal("MIXED_PRECISION quant_algo requires a non-empty 'quantized_layers' mapping in the "
                            "quantization config.")
         blocks = set()
         for key, entry in layers.items():  # every entry checked up front: no layer is decided from a malformed config
-            entry = _obj(entry, f"quantized_layers[{key!r}]")
+            entry = read_object(entry, f"quantized_layers[{key!r}]")
             algo = entry.get("quant_algo", "")
             if not isinstance(algo, str):
-                raise _bad(f"quantized_layers[{key!r}].quant_algo", "a quant_algo name (a string)", algo)
+                raise bad_field(f"quantized_layers[{key!r}].quant_algo", "a quant_algo name (a string)", algo)
             if self.ctx.rules.modelopt_b12x_codecs and algo.lower() in B12X_BLOCK_CODECS:
                 continue  # (the codec's block contract is b12x's; its MoE method is not modelled)
             if algo.upper() in BLOCK_FP8_MOE_ALGOS:
-                blocks.add(_int(entry.get("group_size", 128), f"quantized_layers[{key!r}].group_size"))
+                blocks.add(read_int(entry.get("group_size", 128), f"quantized_layers[{key!r}].group_size"))
         if len(blocks) > 1:
-            raise _Refusal(f"MIXED_PRECISION currently requires all block-FP8 MoE layers to use one group_size, got "
+            raise Refusal(f"MIXED_PRECISION currently requires all block-FP8 MoE layers to use one group_size, got "
                            f"{sorted(blocks)}.")
         self.block = next(iter(blocks), 128)
         self.layers = layers
-        self.index = _PrefixIndex(layers)
+        self.index = PrefixIndex(layers)
 
     def _candidates(self, prefix: str) -> tuple[str, ...]:
         candidates = [prefix]
@@ -867,7 +530,7 @@ class _ModelOpt(_Reader):
     def layer(self, experts: str) -> LayerQuant:
         excluded = self.excluded.first(experts)
         if excluded:
-            return _unquantized(f"modelopt: excluded by {excluded!r}")
+            return unquantized(f"modelopt: excluded by {excluded!r}")
         if self.method != "modelopt_mixed":
             if any(v in experts for v in VISION_MODULES):
                 return Refused("a vision module's MoE layer gets UnquantizedLinearMethod from ModelOpt, which "
@@ -876,16 +539,16 @@ class _ModelOpt(_Reader):
             return Mapped(scheme, f"modelopt {self.algo}", method=method)
         algo, key = self._mixed_algo(experts)
         if algo is None:
-            return _unquantized("modelopt MIXED_PRECISION: not in quantized_layers")
+            return unquantized("modelopt MIXED_PRECISION: not in quantized_layers")
         where = f"modelopt MIXED_PRECISION: {algo} ({key})"
         if self.ctx.rules.modelopt_b12x_codecs and algo.lower() in B12X_BLOCK_CODECS:
-            return _not_modelled(f"{where}: vLLM's ModelOptBlockQuantMoEMethod (b12x GGML blocks) is not modelled")
+            return not_modelled(f"{where}: vLLM's ModelOptBlockQuantMoEMethod (b12x GGML blocks) is not modelled")
         if algo in BLOCK_FP8_MOE_ALGOS:
             return _fp8_block_scheme(self.ctx, [self.block, self.block], where, "Fp8MoEMethod")
         if algo in ("FP8", "NVFP4", "W4A16_NVFP4", "MXFP8"):
             scheme, method = _modelopt_fixed(algo)
             return Mapped(scheme, where, method=method)
-        return _unquantized(f"{where}: no MoE method for it (vLLM leaves the experts unquantized)")
+        return unquantized(f"{where}: no MoE method for it (vLLM leaves the experts unquantized)")
 
 
 # compressed-tensors ---------------------------------------------------------------------------------------------
@@ -928,7 +591,7 @@ def _ct_dynamic(args: dict, where: str) -> bool:
             return True
     elif isinstance(value, (bool, int, float)) and value in (0, 1):
         return bool(value)
-    raise _bad(f"{where}.dynamic", "true or false (JSON booleans, not strings), or \"local\" with strategy tensor_group",
+    raise bad_field(f"{where}.dynamic", "true or false (JSON booleans, not strings), or \"local\" with strategy tensor_group",
                value)
 
 
@@ -937,48 +600,48 @@ def _ct_args(value, where: str, refuse_group_actorder: bool = True) -> Optional[
     dynamic activation ordering (engines whose Marlin kernels take it, SGLang's, pass False)."""
     if value is None:
         return None
-    args = _obj(value, where)
+    args = read_object(value, where)
     kind = args.get("type", "int")
     if not isinstance(kind, str) or kind.lower() not in ("int", "float"):
-        raise _bad(f"{where}.type", "'int' or 'float'", kind)
-    bits = _int(args.get("num_bits", 8), f"{where}.num_bits", low=1)
+        raise bad_field(f"{where}.type", "'int' or 'float'", kind)
+    bits = read_int(args.get("num_bits", 8), f"{where}.num_bits", low=1)
     symmetric = args.get("symmetric", True)
-    symmetric = True if symmetric is None else _flag(symmetric, f"{where}.symmetric")
+    symmetric = True if symmetric is None else read_flag(symmetric, f"{where}.symmetric")
     group = args.get("group_size")
     if group is not None:
-        group = _int(group, f"{where}.group_size", low=-1)
+        group = read_int(group, f"{where}.group_size", low=-1)
     strategy = args.get("strategy")
     if strategy is not None and (not isinstance(strategy, str) or strategy.lower() not in STRATEGIES):
-        raise _bad(f"{where}.strategy", f"one of {list(STRATEGIES)}", strategy)
+        raise bad_field(f"{where}.strategy", f"one of {list(STRATEGIES)}", strategy)
     strategy = strategy.lower() if strategy else ("tensor" if group is None else "group" if group > 0 else "channel"
                                                   if group == -1 else None)
     if strategy is None:
-        raise _bad(f"{where}.group_size", "a positive group size, or -1 (per channel)", group)
+        raise bad_field(f"{where}.group_size", "a positive group size, or -1 (per channel)", group)
     dynamic = _ct_dynamic(args, where)
     if strategy == "token" and not dynamic:
-        raise _bad(f"{where}.strategy", "'token' only with dynamic: true (compressed-tensors: no static token "
+        raise bad_field(f"{where}.strategy", "'token' only with dynamic: true (compressed-tensors: no static token "
                    "quantization)", strategy)
     if strategy in ("group", "tensor_group") and (group is None or group <= 0):
-        raise _bad(f"{where}.group_size", f"a positive integer with strategy {strategy}", group)
+        raise bad_field(f"{where}.group_size", f"a positive integer with strategy {strategy}", group)
     if group is not None and group > 0 and strategy not in ("group", "tensor_group"):
-        raise _bad(f"{where}.strategy", "'group' (or 'tensor_group') when group_size is set", strategy)
+        raise bad_field(f"{where}.strategy", "'group' (or 'tensor_group') when group_size is set", strategy)
     block = args.get("block_structure")
     if block is not None:
         if isinstance(block, str) and re.fullmatch(r"\d+x\d+", block):
             block = [int(x) for x in block.split("x")]
         if not isinstance(block, list) or len(block) != 2 or not all(
                 isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block):
-            raise _bad(f"{where}.block_structure", "a list of two positive integers [rows, cols]", block)
+            raise bad_field(f"{where}.block_structure", "a list of two positive integers [rows, cols]", block)
     if (strategy == "block") != (block is not None):
-        raise _bad(f"{where}.block_structure", "given exactly when strategy is 'block'", block)
+        raise bad_field(f"{where}.block_structure", "given exactly when strategy is 'block'", block)
     if dynamic and strategy not in ("token", "tensor", "tensor_group", "group"):
-        raise _bad(f"{where}.dynamic", f"false with strategy {strategy} (dynamic takes token, tensor, tensor_group or "
+        raise bad_field(f"{where}.dynamic", f"false with strategy {strategy} (dynamic takes token, tensor, tensor_group or "
                    "group)", args.get("dynamic"))
     actorder = args.get("actorder")
     if actorder is not None and not (isinstance(actorder, bool) or isinstance(actorder, str)):
-        raise _bad(f"{where}.actorder", "null, false or an ordering name", actorder)
+        raise bad_field(f"{where}.actorder", "null, false or an ordering name", actorder)
     if refuse_group_actorder and (actorder is True or isinstance(actorder, str) and actorder.lower() in ("group", "dynamic")):
-        raise _Refusal("Compressed-tensors group/dynamic activation ordering "
+        raise Refusal("Compressed-tensors group/dynamic activation ordering "
                        f"(actorder={'group' if actorder is True else actorder.lower()!r}) is no longer supported. Use a "
                        "checkpoint with static/weight activation ordering or without activation ordering.")
     scale = args.get("scale_dtype")
@@ -988,7 +651,7 @@ def _ct_args(value, where: str, refuse_group_actorder: bool = True) -> Optional[
 
 
 @dataclass(frozen=True)
-class _CtScheme:
+class CtScheme:
     weights: Optional[_CtArgs]
     input_activations: Optional[_CtArgs]
     format: Optional[str]
@@ -1005,16 +668,16 @@ def _is_fp8_w8a8(w: _CtArgs, a: Optional[_CtArgs]) -> bool:
     return a.dynamic or (a.symmetric and a.strategy == "tensor")
 
 
-def _ct_method(s: _CtScheme, ctx: LayerContext) -> LayerQuant:
+def _ct_method(s: CtScheme, ctx: LayerContext) -> LayerQuant:
     """CompressedTensorsMoEMethod.get_moe_method's dispatch, in its order: the first scheme test that holds."""
     w, a = s.weights, s.input_activations
     mxfp4 = w.type == "float" and w.num_bits == 4 and w.strategy == "group" and w.group_size == 32 and w.symmetric
     if ctx.rules.ct_mxfp4_w4a8 and mxfp4 and a is not None and a.type == "float" and a.num_bits == 8 and not w.dynamic \
             and a.dynamic and a.strategy in ("token", "group") and a.symmetric:
-        return _not_modelled("compressed-tensors MXFP4 weights, dynamic FP8 activations: vLLM's "
+        return not_modelled("compressed-tensors MXFP4 weights, dynamic FP8 activations: vLLM's "
                              "CompressedTensorsW4A8Mxfp4MoEMethod picks DeepSeek-V4's MXFP4 backend list, not modelled")
     if mxfp4:
-        return _not_modelled("compressed-tensors MXFP4: vLLM's CompressedTensorsW4A4Mxfp4MoEMethod picks its experts "
+        return not_modelled("compressed-tensors MXFP4: vLLM's CompressedTensorsW4A4Mxfp4MoEMethod picks its experts "
                              "outside the MXFP4 oracle (CUTLASS MXFP4 where compiled for the GPU, XPU, else Marlin); "
                              "moe-fsm has no policy for that choice")
     if w.type == "float" and w.num_bits == 8 and w.strategy == "group" and w.group_size == 32 and w.symmetric \
@@ -1026,7 +689,7 @@ def _ct_method(s: _CtScheme, ctx: LayerContext) -> LayerQuant:
                            f"supported but got format: pack-quantized and bits: {w.num_bits}")
         group = -1 if w.group_size is None else w.group_size
         if w.num_bits not in (4, 8):
-            return _not_modelled(f"compressed-tensors W{w.num_bits}A16: moe-fsm's WNA16 schemes are 4- or 8-bit")
+            return not_modelled(f"compressed-tensors W{w.num_bits}A16: moe-fsm's WNA16 schemes are 4- or 8-bit")
         scheme = QuantScheme.int_wna16(w.num_bits, group, not w.symmetric, "compressed-tensors")
         # CompressedTensorsWNA16MoEMethod: off Marlin it asserts group scales ("channelwise is not supported")
         channel = w.strategy == "channel"
@@ -1091,7 +754,7 @@ def _ct_method(s: _CtScheme, ctx: LayerContext) -> LayerQuant:
     return Refused(f"Unsupported FusedMoe scheme: {w.text()}, {a.text() if a else None}", "RuntimeError")
 
 
-class _CompressedTensors(_Reader):
+class CompressedTensorsReader(Reader):
     """CompressedTensorsConfig: the experts' unfused projections ``<experts>.0.<gate|up|down>`` matched against
     ``ignore`` and each target (exact, ``re:``, then the class ``RoutedExperts``, which a ``Linear`` target also
     names); all three must agree; the group's args pick the MoE method."""
@@ -1101,19 +764,19 @@ class _CompressedTensors(_Reader):
 
     def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
         super().__init__(config, ctx, method)
-        self.ignore = _VllmRegex(_names(config.get("ignore"), "ignore"), "ignore")
-        groups = _obj(config.get("config_groups"), "config_groups", {})
+        self.ignore = VllmRegex(read_names(config.get("ignore"), "ignore"), "ignore")
+        groups = read_object(config.get("config_groups"), "config_groups", {})
         if len(groups) > MAX_GROUPS:
             raise InputError(f"quantization_config: config_groups holds {len(groups)} groups; moe-fsm takes at most "
                              f"{MAX_GROUPS} (published checkpoints have one to three)")
         fmt = config.get("format")
-        self.targets: dict[str, _CtScheme] = {}
+        self.targets: dict[str, CtScheme] = {}
         for name, group in groups.items():
-            group = _obj(group, f"config_groups[{name!r}]")
-            targets = _names(group.get("targets"), f"config_groups[{name!r}].targets")
+            group = read_object(group, f"config_groups[{name!r}]")
+            targets = read_names(group.get("targets"), f"config_groups[{name!r}].targets")
             if len(targets) == 1 and targets[0].endswith("Attention"):
                 continue  # attention quantization goes with the KV cache in vLLM (skipped before its args are read)
-            weights = _ct_args(_obj(group.get("weights"), f"config_groups[{name!r}].weights"),
+            weights = _ct_args(read_object(group.get("weights"), f"config_groups[{name!r}].weights"),
                                f"config_groups[{name!r}].weights", self.REFUSE_GROUP_ACTORDER)
             inputs = _ct_args(group.get("input_activations"), f"config_groups[{name!r}].input_activations",
                               self.REFUSE_GROUP_ACTORDER)
@@ -1121,18 +784,18 @@ class _CompressedTensors(_Reader):
             act_format = (group_format if group_format is not None else fmt) in ACTIVATION_FORMATS
             if act_format and inputs is None and weights.type != "float":
                 # _quantization_scheme_map_from_config: an activation format without input_activations is W8A16 FP8
-                raise _Refusal("compressed-tensors asserts float weights for a group with an activation quantization "
+                raise Refusal("compressed-tensors asserts float weights for a group with an activation quantization "
                                f"format ({group_format if group_format is not None else fmt}) and no input_activations",
                                "AssertionError")
             for target in targets:
-                self.targets[target] = _CtScheme(weights, inputs if (act_format or inputs) else None,
+                self.targets[target] = CtScheme(weights, inputs if (act_format or inputs) else None,
                                                  group_format if group_format is not None else fmt)
         if "Linear" in self.targets and "RoutedExperts" not in self.targets:  # _add_fused_moe_to_target_scheme_map
             self.targets["RoutedExperts"] = self.targets["Linear"]
-        self.matcher = _VllmRegex(list(self.targets), "config_groups targets")
-        _capped(self.matcher.regexes + self.ignore.regexes, "config_groups and ignore", "regex")
+        self.matcher = VllmRegex(list(self.targets), "config_groups targets")
+        capped(self.matcher.regexes + self.ignore.regexes, "config_groups and ignore", "regex")
 
-    def _scheme(self, module: str) -> tuple[Optional[_CtScheme], str]:
+    def _scheme(self, module: str) -> tuple[Optional[CtScheme], str]:
         hit = self.ignore.first(module)
         if hit:
             return None, f"ignored ({hit!r})"
@@ -1143,7 +806,7 @@ class _CompressedTensors(_Reader):
         """The unfused names matched: the model's own (0.32+), else gate/up/down_proj."""
         return self.ctx.projections if self.ctx.rules.ct_checkpoint_projection_names else DEFAULT_PROJECTIONS
 
-    def method_of(self, scheme: _CtScheme) -> LayerQuant:
+    def method_of(self, scheme: CtScheme) -> LayerQuant:
         return _ct_method(scheme, self.ctx)
 
     def layer(self, experts: str) -> LayerQuant:
@@ -1153,7 +816,7 @@ class _CompressedTensors(_Reader):
             return Refused("All MoE projections need to have same quantization scheme but found multiple")
         if last is None:
             why = found[0][1]
-            return _unquantized(f"compressed-tensors: {why}" if why else "compressed-tensors: no config group targets "
+            return unquantized(f"compressed-tensors: {why}" if why else "compressed-tensors: no config group targets "
                                 "the experts")
         mapped = self.method_of(last)
         if isinstance(mapped, Mapped):
@@ -1171,7 +834,7 @@ def _quark_tensor(value):
     return value
 
 
-class _Quark(_Reader):
+class _Quark(Reader):
     """QuarkConfig: ``exclude`` (a child of the experts excluded excludes them all), then ``layer_quant_config``
     (fnmatch, or the name inside the pattern), else ``global_quant_config``; the weight/input pair picks the method."""
 
@@ -1180,16 +843,16 @@ class _Quark(_Reader):
     def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
         super().__init__(config, ctx, method)
         if config.get("export") is None:
-            raise _Refusal("The export key should be included in the configurations of Quark quantized model")
-        _obj(config["export"], "export")
-        self.exclude = _names(config.get("exclude"), "exclude")
-        self.exclude_regex = _VllmRegex(self.exclude, "exclude")
-        self.layer_configs = _obj(config.get("layer_quant_config") or {}, "layer_quant_config", {})
+            raise Refusal("The export key should be included in the configurations of Quark quantized model")
+        read_object(config["export"], "export")
+        self.exclude = read_names(config.get("exclude"), "exclude")
+        self.exclude_regex = VllmRegex(self.exclude, "exclude")
+        self.layer_configs = read_object(config.get("layer_quant_config") or {}, "layer_quant_config", {})
         if config.get("layer_type_quant_config") is None:
-            raise _Refusal("QuarkConfig reads layer_type_quant_config with .get(), and the config has none "
+            raise Refusal("QuarkConfig reads layer_type_quant_config with .get(), and the config has none "
                            "('NoneType' object has no attribute 'get')", "AttributeError")
-        self.global_config = _obj(config.get("global_quant_config"), "global_quant_config", {})
-        _capped([p for p in self.layer_configs if "*" in p], "layer_quant_config", "wildcard")
+        self.global_config = read_object(config.get("global_quant_config"), "global_quant_config", {})
+        capped([p for p in self.layer_configs if "*" in p], "layer_quant_config", "wildcard")
 
     def _excluded(self, experts: str) -> Optional[str]:
         for target in self.exclude:
@@ -1200,27 +863,27 @@ class _Quark(_Reader):
     def _config_for(self, experts: str) -> dict:
         for pattern, entry in self.layer_configs.items():
             if (fnmatch(experts, pattern) if "*" in pattern else experts in pattern):
-                return _obj(entry, f"layer_quant_config[{pattern!r}]")
+                return read_object(entry, f"layer_quant_config[{pattern!r}]")
         return self.global_config
 
     def layer(self, experts: str) -> LayerQuant:
         hit = self._excluded(experts)
         if hit:
-            return _unquantized(f"quark: excluded by {hit!r}")
+            return unquantized(f"quark: excluded by {hit!r}")
         chosen = self._config_for(experts)
         if chosen.get("output_tensors") or chosen.get("bias"):
             return Refused("Currently, Quark models with output_tensors and bias quantized are not supported",
                            "NotImplementedError")
         weight, inputs = _quark_tensor(chosen.get("weight")), _quark_tensor(chosen.get("input_tensors"))
         if isinstance(weight, list) or isinstance(inputs, list):
-            return _not_modelled("quark with several weight or input specs (W4A8 FP8, NVFP4): not modelled")
+            return not_modelled("quark with several weight or input specs (W4A8 FP8, NVFP4): not modelled")
         if weight is not None and not isinstance(weight, dict) or inputs is not None and not isinstance(inputs, dict):
-            raise _bad("weight / input_tensors", "objects", (weight, inputs))
+            raise bad_field("weight / input_tensors", "objects", (weight, inputs))
         fp8 = self._fp8(weight, inputs)
         if fp8 is not None:
             return fp8
         if isinstance(weight, dict) and weight.get("dtype") in ("int4", "uint4", "int8", "uint8"):
-            return _not_modelled(f"quark {_text(weight['dtype']).upper()} weights (QuarkW4A16Int4MoEMethod / "
+            return not_modelled(f"quark {short_text(weight['dtype']).upper()} weights (QuarkW4A16Int4MoEMethod / "
                                  "QuarkW8A8Int8MoEMethod): not modelled")
         mx = self._ocp_mx(weight, inputs)
         if mx is not None:
@@ -1239,7 +902,7 @@ class _Quark(_Reader):
                     and a.get("symmetric") is True):
                 return None
             if w.get("scale_type") == "float8_e8m0fnu":
-                return _not_modelled("quark FP8 128x128 blocks with E8M0 scales: no such FP8 scheme in moe-fsm")
+                return not_modelled("quark FP8 128x128 blocks with E8M0 scales: no such FP8 scheme in moe-fsm")
             return Mapped(QuantScheme.fp8("block", "group"), "quark FP8 128x128 blocks", method="QuarkW8A8Fp8MoEMethod")
         if w.get("qscheme") not in ("per_tensor", "per_channel"):
             return None
@@ -1288,7 +951,7 @@ class _Quark(_Reader):
         elif isinstance(a.get("dtype"), str) and a["dtype"].replace("fp", "mxfp") in ("mxfp4", "mxfp6_e3m2", "mxfp6_e2m3"):
             act = a["dtype"].replace("fp", "mxfp")
         else:
-            return Refused(f"Unsupported input_dtype={_text(a.get('dtype'))} in Quark's vLLM integration. Supported "
+            return Refused(f"Unsupported input_dtype={short_text(a.get('dtype'))} in Quark's vLLM integration. Supported "
                            "activation dtypes are mxfp4, mxfp6_e3m2, mxfp6_e2m3, mxfp8_e4m3, or None for weight-only "
                            "quantization.")
         if dtype == "mxfp8_e4m3":
@@ -1300,14 +963,14 @@ class _Quark(_Reader):
                                "spelling", "NotImplementedError")
             return Mapped(QuantScheme.mxfp8(), "quark MXFP8", method="QuarkW8A8Mxfp8MoEMethod")
         if dtype != "mxfp4":
-            return _not_modelled(f"quark {dtype.upper()} weights: MXFP6 has no scheme in moe-fsm")
+            return not_modelled(f"quark {dtype.upper()} weights: MXFP6 has no scheme in moe-fsm")
         if act in ("mxfp6_e3m2", "mxfp6_e2m3"):
-            return _not_modelled(f"quark MXFP4 weights with {act.upper()} activations: no such scheme in moe-fsm")
+            return not_modelled(f"quark MXFP4 weights with {act.upper()} activations: no such scheme in moe-fsm")
         if act == "fp8-dynamic":
             return Refused("QuarkOCP_MX_MoEMethod with dynamic input scales is currently not implemented for OCP MX "
                            "scheme w_mxfp4_a_fp8. Please open an issue.", "NotImplementedError")
         if act == "mxfp8":
-            return _not_modelled("quark MXFP4 weights with MXFP8 activations: vLLM's QuarkOCP_MX_MoEMethod asks no "
+            return not_modelled("quark MXFP4 weights with MXFP8 activations: vLLM's QuarkOCP_MX_MoEMethod asks no "
                                  "oracle for it and runs its emulation; not modelled")
         activation = {None: "none", "fp8-static": "fp8-tensor", "mxfp4": "mxfp4"}[act]
         return Mapped(QuantScheme.mxfp4(activation), f"quark MXFP4 weights, {'16-bit' if act is None else act} "
@@ -1317,7 +980,7 @@ class _Quark(_Reader):
 # mxfp4 (gpt-oss) --------------------------------------------------------------------------------------------------
 
 
-class _GptOssMxfp4(_Reader):
+class _GptOssMxfp4(Reader):
     """GptOssMxfp4Config (``quant_method: mxfp4`` on a gpt_oss model): every experts layer is MXFP4 with 16-bit
     activations (``GptOssMxfp4MoEMethod``); vLLM reads no exclusion list for the experts."""
 
@@ -1339,36 +1002,19 @@ NOT_MODELLED = {  # vLLM config classes whose MoE method moe-fsm has no policy f
 }
 
 # vLLM's config class per resolved method name (get_quantization_config's method_to_config, the MoE-bearing ones).
-CONFIG_READERS: dict[str, type[_Reader]] = {
+CONFIG_READERS: dict[str, type[Reader]] = {
     "awq": _AutoAWQ, "awq_marlin": _AutoAWQ, "auto_awq": _AutoAWQ,
     "gptq": _AutoGPTQ, "gptq_marlin": _AutoGPTQ, "auto_gptq": _AutoGPTQ,
     "moe_wna16": _MoeWNA16,
     "fp8": _Fp8,
     "modelopt": _ModelOpt, "modelopt_fp4": _ModelOpt, "modelopt_mxfp8": _ModelOpt, "modelopt_mixed": _ModelOpt,
     "mxfp8": _ModelOpt,
-    "compressed-tensors": _CompressedTensors,
+    "compressed-tensors": CompressedTensorsReader,
     "quark": _Quark,
     "gpt_oss_mxfp4": _GptOssMxfp4,
 }
 
 
-@dataclass(frozen=True)
-class ConfigRules:
-    """One engine's rules for reading a checkpoint's quantization_config, as data a profile names
-    (``Profile.config_rules``): how the config's name resolves to a config class (``resolve``: the engine's
-    registry, overrides and refusals), the reader of each class (``readers``), the classes moe-fsm does not
-    model with why (``not_modelled``), and the engine's minimum-capability refusal. The machinery that applies
-    them (``QuantReader``) is the same for every engine."""
-
-    engine: str  # whose words a refusal is in ("vLLM", "SGLang 0.5.23")
-    resolve: Callable[[dict, LayerContext], Union[str, Refused, None]]
-    readers: Mapping[str, type]
-    not_modelled: Mapping[str, str]
-    min_capability: Callable[["_Reader", str], int] = lambda reader, method: reader.MIN_CAPABILITY
-    capability_message: str = ("The quantization method {method} is not supported for the current GPU. Minimum "
-                               "capability: {minimum}. Current capability: {current}.")
-    unknown_reader: str = "quant_method {method!r}: vLLM's config class has no MoE method moe-fsm models"
-    method_key: str = "vllm_method"  # what a golden plan calls the engine's MoE method class of a layer
 
 
 VLLM_CONFIG_RULES = ConfigRules("vLLM", _resolve, MappingProxyType(CONFIG_READERS), MappingProxyType(NOT_MODELLED))
@@ -1385,12 +1031,12 @@ class QuantReader:
     def __init__(self, quantization: Optional[dict], context: Optional[LayerContext] = None) -> None:
         self.ctx = context or LayerContext()
         self.config_rules = self.ctx.config_rules or VLLM_CONFIG_RULES
-        self.reader: Optional[_Reader] = None
+        self.reader: Optional[Reader] = None
         self.whole: Optional[LayerQuant] = None
         self.method: Optional[str] = None
         if not quantization:
             return
-        quantization = _obj(quantization, "quantization_config")
+        quantization = read_object(quantization, "quantization_config")
         quantization = dict(quantization)
         rules = self.config_rules
         try:
@@ -1402,27 +1048,27 @@ class QuantReader:
             if method is None:
                 return
             if method in rules.not_modelled:
-                self.whole = _not_modelled(rules.not_modelled[method])
+                self.whole = not_modelled(rules.not_modelled[method])
                 return
             if method not in rules.readers:
-                self.whole = _not_modelled(rules.unknown_reader.format(method=method))
+                self.whole = not_modelled(rules.unknown_reader.format(method=method))
                 return
             self.reader = rules.readers[method](quantization, self.ctx, method)
             cap, minimum = self.ctx.capability, rules.min_capability(self.reader, method)
             if cap is not None and cap < minimum:
                 self.whole = Refused(rules.capability_message.format(method=method, minimum=minimum, current=cap),
                                      by=rules.engine)
-        except _Refusal as refusal:
+        except Refusal as refusal:
             self.whole = replace(refusal.refused, by=rules.engine)
 
     def layer(self, experts: str) -> LayerQuant:
         if self.whole is not None:
             return self.whole
         if self.reader is None:
-            return _unquantized("unquantized")
+            return unquantized("unquantized")
         try:
             found = self.reader.layer(experts)
-        except _Refusal as refusal:
+        except Refusal as refusal:
             found = refusal.refused
         return replace(found, by=self.config_rules.engine) if isinstance(found, Refused) else found
 

@@ -30,9 +30,10 @@ from typing import Optional, Union
 
 from moe_fsm.inputs.platform import Vendor
 from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily, QuantScheme
-from moe_fsm.plan.quant_config import (
-    ConfigRules, LayerContext, LayerQuant, Mapped, Refused, Unmapped, _bad, _CompressedTensors, _CtScheme, _flag,
-    _int, _names, _obj, _Reader, _Refusal, _required, _text,
+from moe_fsm.plan.quant_config import CompressedTensorsReader, CtScheme
+from moe_fsm.plan.quant_fields import (
+    ConfigRules, LayerContext, LayerQuant, Mapped, Reader, Refusal, Refused, Unmapped, bad_field, first_key,
+    read_flag, read_int, read_names, read_object, short_text,
 )
 
 ENGINE = "SGLang 0.5.23"
@@ -135,7 +136,7 @@ def resolve(config: dict, ctx: LayerContext) -> Union[str, Refused, None]:
     place as ``_parse_quant_hf_config`` normalises it."""
     method = config.get("quant_method")
     if method is not None and not isinstance(method, str):
-        raise _bad("quant_method", "a string", method)
+        raise bad_field("quant_method", "a string", method)
     if method is None and "producer" in config:  # hf_quant_config.json: parsed on its own
         parsed = _modelopt_name(config)
         config.update(parsed or {})
@@ -153,7 +154,7 @@ def resolve(config: dict, ctx: LayerContext) -> Union[str, Refused, None]:
     if not method:
         return None
     if method not in names:  # configs/model_config.py _verify_quantization
-        return Refused(f"Unknown quantization method: {_text(method)}. Must be one of {list(names)}.")
+        return Refused(f"Unknown quantization method: {short_text(method)}. Must be one of {list(names)}.")
     vendor = None if ctx.platform is None else ctx.platform.vendor
     if vendor is Vendor.ROCM and method not in ROCM_METHODS:  # configs/model_config.py _verify_quantization
         return Refused(f"{method} quantization is currently not supported in ROCm.")
@@ -193,31 +194,31 @@ def _module_path_match(ignored: str, prefix: str) -> bool:
     return ignored == prefix or prefix.startswith(ignored + ".") or f".{ignored}." in f".{prefix}."
 
 
-class _Fp8(_Reader):
+class _Fp8(Reader):
     """Fp8Config (``fp8``, ``mxfp8``): ``ignored_layers`` / ``modules_to_not_convert`` (each with and without
     ``model.``) skip the experts by module path (``is_layer_skipped``); else ``Fp8MoEMethod``."""
 
     def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
         super().__init__(config, ctx, method)
         self.mxfp8 = "mxfp8" in method
-        scheme = _required(config, ("activation_scheme",))
+        scheme = first_key(config, ("activation_scheme",))
         if scheme not in ("static", "dynamic"):  # fp8.py Fp8Config.__init__
-            raise _Refusal(f"Unsupported activation scheme {_text(scheme)}")
+            raise Refusal(f"Unsupported activation scheme {short_text(scheme)}")
         ignored = config.get("ignored_layers", config.get("modules_to_not_convert"))
-        ignored = _names(ignored, "ignored_layers")
+        ignored = read_names(ignored, "ignored_layers")
         self.ignored = [v for name in ignored for v in (name.removeprefix("model."), "model." + name.removeprefix("model."))]
         block = config.get("weight_block_size")
         if block is not None and (not isinstance(block, list) or not all(isinstance(b, int) and not isinstance(b, bool)
                                                                          for b in block)):
-            raise _bad("weight_block_size", "a list of integers such as [128, 128]", block)
+            raise bad_field("weight_block_size", "a list of integers such as [128, 128]", block)
         if self.mxfp8:
             block = [1, 32]  # Fp8Config.from_config: MXFP8 fixes the block
         elif block is not None:
             if len(block) != 2:  # fp8.py Fp8Config.__init__
-                raise _Refusal(f"The quantization block size of weight must have 2 dimensions, but got {len(block)} "
+                raise Refusal(f"The quantization block size of weight must have 2 dimensions, but got {len(block)} "
                                "dimensions.")
             if scheme != "dynamic":
-                raise _Refusal("The block-wise quantization only supports dynamic activation scheme for now, but got "
+                raise Refusal("The block-wise quantization only supports dynamic activation scheme for now, but got "
                                f"{scheme} activation scheme.")
         self.block, self.dynamic = block, scheme == "dynamic"
 
@@ -246,7 +247,7 @@ def _exclusion(pattern: str) -> re.Pattern:
     return re.compile(pattern.replace(".", r"\.").replace("*", r".*"))
 
 
-class _ModelOpt(_Reader):
+class _ModelOpt(Reader):
     """ModelOptFp8Config / ModelOptFp4Config / ModelOptMixedPrecisionConfig: ``is_layer_excluded`` (a pattern
     matching the whole name or one dotted part, ``language_model.`` stripped too) gives the experts no method
     (unquantized); else the class's MoE method, or for MIXED_PRECISION the layer's ``quantized_layers`` entry."""
@@ -257,23 +258,23 @@ class _ModelOpt(_Reader):
         if "quant_algo" not in config:  # the nested hf_quant_config.json form
             body = config.get("quantization")
             if not isinstance(body, dict):  # ModelOptFp8Config.from_config / ModelOptFp4Config.from_config
-                raise _Refusal("Cannot find 'quant_algo' in the model's quantization config. Expected either flat "
+                raise Refusal("Cannot find 'quant_algo' in the model's quantization config. Expected either flat "
                                "format (config.json) or nested format (hf_quant_config.json).")
         algo = body.get("quant_algo")
         if not isinstance(algo, str):
-            raise _bad("quant_algo", "a quant_algo name (a string)", algo)
+            raise bad_field("quant_algo", "a quant_algo name (a string)", algo)
         excluded = body.get("ignore", body.get("exclude_modules")) if "quant_algo" in config else body.get("exclude_modules")
-        self.patterns = [(p, _exclusion(p)) for p in _names(excluded, "exclude_modules")]
+        self.patterns = [(p, _exclusion(p)) for p in read_names(excluded, "exclude_modules")]
         self.algo = algo.upper()
         if method == "modelopt_fp8" and self.algo != "FP8":  # modelopt_quant.py ModelOptFp8Config.from_config
-            raise _Refusal(f"ModelOptFp8Config only supports regular FP8 quantization, but found {algo!r}. Use the "
+            raise Refusal(f"ModelOptFp8Config only supports regular FP8 quantization, but found {algo!r}. Use the "
                            "native 'mxfp8' quantization method for MXFP8 or ModelOptFp4Config for FP4.")
         self.layers = {}
         if method == "modelopt_mixed":
-            layers = _obj(body.get("quantized_layers", {}), "quantized_layers", {})
+            layers = read_object(body.get("quantized_layers", {}), "quantized_layers", {})
             if not layers:  # modelopt_quant.py ModelOptMixedPrecisionConfig.from_config
-                raise _Refusal("MIXED_PRECISION quantization requires a non-empty quantized_layers map.")
-            self.layers = {k: str(_obj(v, f"quantized_layers[{k!r}]").get("quant_algo", "")).upper()
+                raise Refusal("MIXED_PRECISION quantization requires a non-empty quantized_layers map.")
+            self.layers = {k: str(read_object(v, f"quantized_layers[{k!r}]").get("quant_algo", "")).upper()
                            for k, v in layers.items()}
 
     def _excluded(self, prefix: str) -> Optional[str]:
@@ -328,7 +329,7 @@ class _ModelOpt(_Reader):
                             "(UnquantizedFusedMoEMethod)")
 
 
-class _Mxfp4(_Reader):
+class _Mxfp4(Reader):
     """Mxfp4Config: every FusedMoE layer of an MXFP4-serialized checkpoint gets ``Mxfp4MoEMethod`` (no exclusion
     list is read for the experts), 16-bit activations."""
 
@@ -337,14 +338,14 @@ class _Mxfp4(_Reader):
                       engine_method="mxfp4")
 
 
-class _GptqMarlin(_Reader):
+class _GptqMarlin(Reader):
     """GPTQMarlinConfig: every FusedMoE layer gets ``GPTQMarlinMoEMethod`` (no exclusion, no fallback)."""
 
     def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
         super().__init__(config, ctx, method)
-        self.bits = _int(_required(config, ("bits",)), "bits")
-        self.group = _int(_required(config, ("group_size",)), "group_size")
-        self.desc_act = _flag(_required(config, ("desc_act",)), "desc_act")
+        self.bits = read_int(first_key(config, ("bits",)), "bits")
+        self.group = read_int(first_key(config, ("group_size",)), "group_size")
+        self.desc_act = read_flag(first_key(config, ("desc_act",)), "desc_act")
 
     def layer(self, experts: str) -> LayerQuant:
         act_order = self.desc_act and self.group != -1
@@ -353,15 +354,15 @@ class _GptqMarlin(_Reader):
                       method="GPTQMarlinMoEMethod", engine_method="gptq_marlin")
 
 
-class _AwqMarlin(_Reader):
+class _AwqMarlin(Reader):
     """AWQMarlinConfig: ``modules_to_not_convert`` (by substring) gives the experts no method; a layer Marlin's MoE
     check refuses falls back to ``MoeWNA16Config``'s method; else ``AWQMoEMethod`` (Marlin)."""
 
     def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
         super().__init__(config, ctx, method)
-        self.group = _int(_required(config, ("group_size",)), "group_size")
-        self.zero_point = _flag(_required(config, ("zero_point",)), "zero_point")
-        self.skipped = _names(config.get("modules_to_not_convert"), "modules_to_not_convert")
+        self.group = read_int(first_key(config, ("group_size",)), "group_size")
+        self.zero_point = read_flag(first_key(config, ("zero_point",)), "zero_point")
+        self.skipped = read_names(config.get("modules_to_not_convert"), "modules_to_not_convert")
 
     def _marlin_takes(self) -> bool:
         """marlin_utils.check_moe_marlin_supports_layer (no tile padding)."""
@@ -383,7 +384,7 @@ class _AwqMarlin(_Reader):
                       method="AWQMoEMethod", engine_method="awq_marlin")
 
 
-class _PlainAwq(_Reader):
+class _PlainAwq(Reader):
     """``awq`` where Marlin does not take it (off CUDA). On a CPU with AMX, ``AWQCPUConfig`` builds
     ``AWQMoEMethod`` (Intel AMX kernels), and on XPU ``AWQXPUConfig`` its own: neither is modelled. Elsewhere
     ``AWQConfig.get_quant_method`` gives a FusedMoE layer no method off NPUs, so SGLang builds
@@ -400,7 +401,7 @@ class _PlainAwq(_Reader):
                             "UnquantizedFusedMoEMethod for the packed AWQ weights")
 
 
-class _PlainGptq(_Reader):
+class _PlainGptq(Reader):
     """``gptq`` where Marlin does not take it (registered on CPUs and XPU only). XPU's ``GPTQXPUConfig`` refuses
     MoE layers; a CPU's ``CPUGPTQConfig`` builds ``GPTQMoEMethod`` (Intel AMX kernels), which is not modelled."""
 
@@ -417,7 +418,7 @@ def _is_nvfp4(q) -> bool:
         and q.group_size == 16 and q.symmetric
 
 
-class _CompressedTensorsSgl(_CompressedTensors):
+class _CompressedTensorsSgl(CompressedTensorsReader):
     """SGLang's CompressedTensorsConfig: vLLM's group and target reading (SGLang's is adapted from it), group
     activation order accepted (Marlin takes it), the experts always matched as ``gate_proj``/``up_proj``/
     ``down_proj``, and ``get_moe_scheme``'s dispatch in its order."""
@@ -427,7 +428,7 @@ class _CompressedTensorsSgl(_CompressedTensors):
     def projection_names(self) -> tuple[str, str, str]:
         return ("gate_proj", "up_proj", "down_proj")  # compressed_tensors.py get_moe_scheme's unfused names
 
-    def method_of(self, s: _CtScheme) -> LayerQuant:
+    def method_of(self, s: CtScheme) -> LayerQuant:
         """compressed_tensors.py ``get_moe_scheme`` (CUDA, ROCm, CPU; NPU schemes are not modelled)."""
         w, a = s.weights, s.input_activations
         if "mxfp4" in (s.format or "") or (w.type == "float" and w.num_bits == 4 and w.group_size == 32):
@@ -478,16 +479,16 @@ class _CompressedTensorsSgl(_CompressedTensors):
                           engine_method=engine)
         if a is not None and w.num_bits == a.num_bits == 8 and w.strategy in ("tensor", "channel") \
                 and a.strategy == "token" and w.symmetric and not w.dynamic and a.dynamic:
-            raise _Refusal("The W8A8Int8 Fused MoE scheme is implemented only for NPU for now.", "NotImplementedError")
+            raise Refusal("The W8A8Int8 Fused MoE scheme is implemented only for NPU for now.", "NotImplementedError")
         if a is not None and s.format == "pack-quantized" and w.num_bits == 4 and w.type == "int" and w.symmetric \
                 and not w.dynamic and a.num_bits == 8 and a.dynamic:
             return Unmapped("compressed-tensors W4A8 (INT4 weights, dynamic 8-bit activations): SGLang's "
                             "CompressedTensorsW4AFP8MoE; this profile models W4AFP8 under quant_method w4afp8 only")
         if a is not None and w.num_bits == 4 and a.num_bits == 8 and w.strategy in ("group", "channel") \
                 and a.strategy == "token" and w.symmetric and not w.dynamic and a.dynamic:
-            raise _Refusal("The W4A8Int8 Fused MoE scheme is implemented only for NPU for now.", "NotImplementedError")
+            raise Refusal("The W4A8Int8 Fused MoE scheme is implemented only for NPU for now.", "NotImplementedError")
         # compressed_tensors.py get_moe_scheme (it prints the two QuantizationArgs)
-        raise _Refusal(f"Unsupported FusedMoe scheme: {w.text()}, {a.text() if a else None}", "RuntimeError")
+        raise Refusal(f"Unsupported FusedMoe scheme: {w.text()}, {a.text() if a else None}", "RuntimeError")
 
 
 NOT_MODELLED = {  # SGLang classes (on this platform) whose MoE method the profile has no runner rules for
@@ -519,7 +520,7 @@ READERS = {
 }
 
 
-def _min_capability(reader: _Reader, method: str) -> int:
+def _min_capability(reader: Reader, method: str) -> int:
     return MIN_CAPABILITY.get(method, 0)
 
 
