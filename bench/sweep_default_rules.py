@@ -29,7 +29,12 @@ The third sweep (``--rules default thin_wide_k64 thin_wide_w8 thin32 mid_tma64``
 HELD_OUT shapes at 8 and 128 tokens, six of them at 512 and 2048) timed vLLM's tuned tiles for the layers the check
 run left below vLLM: 128-wide weight tiles on thin blocks (``thin_wide_w8`` kept for narrow bf16 layers and row-wise
 FP8 past 64 tokens), 32-row blocks at 8-32 rows per expert and 64-row TMA tiles at 48-96 rows past 512 tokens (both
-lost). ``CHECK`` shapes are in no fit: ``bench_experts_vs_vllm.py run --sweep-shapes check`` measures the result there.
+lost). The fourth sweep (``--rules default mid32`` at 128 and 512 tokens; ``default gluon128 gluon64_deep`` and
+``default tma64_persistent tma_unflat`` at 2048 and 8192; H100, docs/perf/default_rules_h100_4.json) timed vLLM's
+tuned 32-row tile without swap-AB (kept for bf16 below 32 rows per expert: ``config.row_block32_config``) and, for the
+8192-token layers short of the TFLOP/s targets, tiles with fewer pad rows (kept: six stages for the 64-row Gluon
+blocks; the 64-row persistent TMA tiles and the unflattened loop lost). ``CHECK`` shapes are in no fit:
+``bench_experts_vs_vllm.py run --sweep-shapes check`` measures the result there.
 
 ``score SWEEP.json`` (no GPU) reads a saved sweep and, for each point where ``default_config`` picks a config one of
 the timed rules picked, takes that rule's time: the fitted rule's figures on the fit and the held-out shapes without a
@@ -48,7 +53,7 @@ import multiprocessing as mp
 import statistics
 import sys
 import time
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -298,10 +303,66 @@ def rule_mid_tma64(e, n, k, top_k, m, fp8):
     return rule_default(e, n, k, top_k, m, fp8)
 
 
+# The fourth sweep's candidates (issue 44, after the third check run): Qwen2-57B-A14B-like at 128 tokens (16 rows per
+# expert) stayed at x0.99 against vLLM's tuned 32-row tile without swap-AB, which the third sweep never timed (its
+# ``thin32`` swapped); and the 8192-token prefill of two layers short of the TFLOP/s targets, where random routing
+# leaves a share of each row block as pads: Kimi-K2-like (E384, 170 rows per expert) 33% of its rows at 128-row
+# blocks and 12% at 64 (the default's 64-row Gluon blocks: one math warpgroup a tile), GPT-OSS-120B TP2 (E128, 256
+# rows per expert) 19% at 128-row blocks and 11% at 64.
+
+
+def rule_mid32(e, n, k, top_k, m, fp8):
+    """8-32 rows per expert at 97-512 tokens (bf16, row-wise FP8): vLLM's tuned H200 tile for E=64 N=2560 at 128
+    tokens as vLLM runs it: 32-row blocks, 128-wide weight tiles, 128-wide K steps (256 for FP8), 4 warps, 3 stages,
+    no swap-AB; the default pads these experts to 64-row blocks."""
+    if fp8 != "block" and 96 < m <= 512 and 8 < m * top_k / e <= 32:
+        block_k = 128 if fp8 is None else 256
+        return MoEConfig(32, GemmConfig(64, block_k, 1, 4, 3), GemmConfig(128, block_k, 1, 4, 3))
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
+def rule_gluon128(e, n, k, top_k, m, fp8):
+    """Block FP8 past 512 tokens at 96 rows per expert and more: the Gluon kernel on 128-row blocks (two math
+    warpgroups, a third pads at Kimi-K2-like's 170 rows) where the default takes 64-row ones (one warpgroup)."""
+    if fp8 == "block" and m > 512 and m * top_k / e >= 96:
+        return gluon_prefill_config()
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
+def rule_gluon64_deep(e, n, k, top_k, m, fp8):
+    """The default's 64-row Gluon blocks with six stages instead of five (more weight tiles in flight for the one
+    math warpgroup)."""
+    base = rule_default(e, n, k, top_k, m, fp8)
+    if base.gluon and base.block_m == 64:
+        return replace(base, w1=replace(base.w1, num_stages=6), w2=replace(base.w2, num_stages=6))
+    return base
+
+
+def rule_tma64_persistent(e, n, k, top_k, m, fp8):
+    """bf16 and row-wise FP8 past 512 tokens where the default runs the 128-row persistent TMA tiles: the same
+    persistent, paired tiles on 64-row blocks in one warpgroup (half the pad rows at 256 rows per expert)."""
+    base = rule_default(e, n, k, top_k, m, fp8)
+    if base.hopper and not base.gluon and base.block_m == 128:
+        w1, w2 = base.w1, base.w2
+        return MoEConfig(64, replace(w1, num_warps=4), replace(w2, num_warps=4), hopper=True)
+    return base
+
+
+def rule_tma_unflat(e, n, k, top_k, m, fp8):
+    """The default's 128-row persistent TMA tiles with the loop not flattened (the default flattens at N <= 1536)."""
+    base = rule_default(e, n, k, top_k, m, fp8)
+    if base.hopper and not base.gluon and base.w1.flatten:
+        block_k = base.w1.block_k
+        return tma_prefill_config(block_k, flatten=False)
+    return base
+
+
 CANDIDATES = {"mid_pointer64": rule_mid_pointer64, "mid_tma_flat": rule_mid_tma_flat, "flat_all": rule_flat_all,
               "w2_narrow": rule_w2_narrow, "gluon64": rule_gluon64, "decode_w1_16": rule_decode_w1_16,
               "decode_deep": rule_decode_deep, "thin_wide_k64": rule_thin_wide_k64, "thin_wide_w8": rule_thin_wide_w8,
-              "thin32": rule_thin32, "mid_tma64": rule_mid_tma64}
+              "thin32": rule_thin32, "mid_tma64": rule_mid_tma64, "mid32": rule_mid32, "gluon128": rule_gluon128,
+              "gluon64_deep": rule_gluon64_deep, "tma64_persistent": rule_tma64_persistent,
+              "tma_unflat": rule_tma_unflat}
 
 
 def _shape(entry):

@@ -272,6 +272,22 @@ def test_default_wide_thin_tiles_fp8_rowwise(weight, activation):
     assert rel_err(out, emulated) < FP8_VS_EMULATION_TOL
 
 
+def test_default_32_row_blocks_bf16():
+    """The default's 32-row blocks without swap-AB (config.row_block32_config) for a bf16 layer whose experts get 8-32
+    rows at 97-512 tokens: 16 rows per expert here, an odd token count, and 64 experts."""
+    from moe_fsm.kernels.triton_moe.config import default_config, row_block32_config
+
+    shape, num_tokens = Shape("rows-16", 64, 1024, 768, 8), 129
+    assert default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens,
+                          block_fp8=False) == row_block32_config()
+    w1, w2 = float_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=35)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=35)
+    poison_allocator()
+    out = fused_experts(x, w1, w2, g, ids, out=_nan_out(num_tokens, shape.hidden, torch.bfloat16))
+    assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+
+
 # Unsorted pair blocks past one token (align.pair_blocks_pay: up to 8 tokens while little weight is read twice): a
 # Qwen3-Next TP2 shard and a DeepSeek-V3 TP4 block-FP8 shard at 8 tokens, two tokens on one expert, a slot of another rank
 QWEN3_NEXT_TP2 = Shape("qwen3-next-tp2", 512, 2048, 256, 10)

@@ -5,7 +5,9 @@ No GPU needed: the tables, their lookup and the default heuristic are plain Pyth
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 
 import pytest
 
@@ -153,6 +155,10 @@ DEFAULT_CASES = [
     ((128, 8192, 5120, 1, "channel", 2048), "pointer_mid"),  # 16 rows
     ((512, 768, 4096, 1, None, 4096), "thin_wide"),  # 8 rows past 512 tokens: still thin blocks
     ((512, 1024, 4096, 1, None, 4096), "thin"),
+    ((64, 2560, 3584, 8, None, 128), "rows32"),  # 16 rows at 128 tokens, bf16: 32-row blocks (Qwen2-57B-A14B-like)
+    ((160, 1536, 5120, 6, None, 512), "rows32"),  # 19 rows at 512 tokens
+    ((8, 14336, 4096, 2, None, 128), "vllm"),  # 32 rows (Mixtral-like): vLLM's 64-row block
+    ((64, 768, 3072, 8, "tensor", 128), "vllm"),  # 16 rows, row-wise FP8: vLLM's tile
 ]
 
 
@@ -178,6 +184,7 @@ def test_the_default_picks_by_rows_per_expert(case, kind):
         "pointer_mid": cfg.pointer_mid_config(block_k),
         "tma_flat": cfg.tma_prefill_config(block_k, flatten=True),
         "tma": cfg.tma_prefill_config(block_k, flatten=False),
+        "rows32": cfg.row_block32_config(),
     }[kind]
     assert c == expected
     assert not c.fold_topk
@@ -205,3 +212,28 @@ def test_merging_a_partial_tuning_into_the_shipped_table_keeps_the_other_token_c
     assert MoEConfig.from_json(merged[key]["8192"]) == tuned(128)
     assert MoEConfig.from_json(merged[key]["1"]) == tuned(16)
     assert merged[other] == {"1": tuned(16).to_json()}
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+                    reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
+def test_the_default_32_row_blocks_compute_the_layer():
+    """The 32-row blocks the default takes for bf16 layers at 8-32 rows per expert past 96 tokens (``row_block32_config``)
+    compute the layer: under Triton's interpreter (float16, which it computes; tests/gpu/test_triton_moe.py runs bf16 on
+    a GPU) against float64, the output poisoned with NaN first."""
+    import torch
+
+    from moe_fsm.kernels.reference import moe_reference
+    from moe_fsm.kernels.triton_moe import fused_experts
+
+    experts, k, n, top_k, tokens = 16, 128, 64, 4, 100  # 25 rows per expert
+    assert cfg.default_config(experts, n, k, top_k, tokens, block_fp8=False) == cfg.row_block32_config()
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(tokens, k, generator=gen).half()
+    w1 = (torch.randn(experts, 2 * n, k, generator=gen) / k**0.5).half()
+    w2 = (torch.randn(experts, k, n, generator=gen) / n**0.5).half()
+    g, ids = torch.rand(tokens, experts, generator=gen).topk(top_k, dim=1)
+    g, ids = (g / g.sum(1, keepdim=True)).float(), ids.int()
+    out = torch.full((tokens, k), float("nan"), dtype=torch.float16)
+    fused_experts(x, w1, w2, g, ids, out=out)
+    ref = moe_reference(x, w1.double(), w2.double(), g, ids)
+    assert float((out.double() - ref).norm() / ref.norm()) < 1e-2

@@ -291,7 +291,8 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
 
     The rule was fitted on a sweep (``bench/sweep_default_rules.py``, ``docs/perf/vs_vllm.md``, "Shapes no table
     holds") of 16 layer shapes against vLLM 0.33's kernel and checked on 13 others, then refined by a second sweep of
-    candidates on those 29 (1, 8, 2048 and 8192 tokens) and checked on shapes neither sweep looked at (``CHECK``).
+    candidates on those 29 (1, 8, 2048 and 8192 tokens) and checked on shapes neither sweep looked at (``CHECK``); a
+    third and a fourth sweep (vLLM's tuned tiles, the 8192-token misses) changed the regimes their notes below name.
     Decode calls (64 tokens or fewer) take vLLM's tiles (``vllm_tile_config``), six stages deep for a single token of a
     row-wise FP8 layer (1-12% faster on 5 of 6 such shapes, 3% slower on one; deeper pipelines lost on bf16 and block
     FP8 and at 8 tokens, and w1 tiles 16 wide, for more programs, lost everywhere:
@@ -320,6 +321,8 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
       (``pointer_mid_config``, vLLM's tuned H200 tile for E=512 N=512: Qwen3-Next-like at 2048 tokens x0.98 ->
       x1.04, E512 N768 x1.08 -> x1.13, Llama-4-Maverick-like FP8 per-channel x1.32 -> x1.46) where the 128-row
       blocks were 60-90% pads; at 64-77 rows they lost (x1.02 -> x0.81), so 48 rows and more keep 128.
+    - bf16 at 97-512 tokens with fewer than 32 rows per expert (more than 8): 32-row blocks without swap-AB
+      (``row_block32_config``, the fourth sweep), where vLLM's rule pads them to 64.
 
     A ``hopper`` config runs the pointer-load kernels with the same tiles where the TMA kernels cannot
     (``hopper.hopper_usable``); a ``gluon`` one the Triton kernels (``fused.py``). The top-k sum is never folded into
@@ -355,7 +358,22 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
         return vllm_tile_config(num_experts, 32, block_fp8=False, fp8=fp8)
     if m > 512 and rows < 48:
         return pointer_mid_config(block_k)
+    if not fp8 and 96 < m <= 512 and rows < 32:
+        return row_block32_config()
     return vllm_tile_config(num_experts, m, block_fp8=False, fp8=fp8)
+
+
+def row_block32_config() -> MoEConfig:
+    """32-row blocks on the pointer-load kernels, w1 64 (128 gate and up columns) / w2 128 wide, 128-wide K steps,
+    4 warps, 3 stages, no swap-AB: vLLM's tuned H200 tile for E=64 N=2560 at 128 tokens, for bf16 layers at 97-512
+    tokens whose experts get more than 8 and fewer than 32 rows, which vLLM's rule pads to 64-row blocks. The fourth
+    sweep (H100, ``docs/perf/default_rules_h100_4.json``) ran it 2-5% faster than the 64-row tile at all 10 such
+    points (4 fit, 3 held-out, 3 check shapes; Qwen2-57B-A14B-like at 128 tokens 1244 -> 1194 µs against vLLM's 1257);
+    at 32 rows per expert it lost on Mixtral-like layers (15-22% slower) and GLM-4.5-Air-like (1%), and on row-wise
+    FP8 layers at 12-16 rows (1%), so those keep vLLM's tile. The H200 check run after it (``docs/perf/vs_vllm.md``)
+    put the four check points it changed between 5% slower and 1% faster than the run before, within that page's
+    run-to-run spread."""
+    return MoEConfig(32, GemmConfig(64, 128, 1, 4, 3), GemmConfig(128, 128, 1, 4, 3))
 
 
 def wide_thin_tiles_pay(n: int, num_tokens: int, *, fp8: bool) -> bool:
@@ -407,10 +425,12 @@ def pointer_mid_config(block_k: int) -> MoEConfig:
 
 
 def gluon_mid_config() -> MoEConfig:
-    """The Gluon block-FP8 kernel on 64-row blocks (one math warpgroup and the producer warp), persistent, 5 stages:
-    half the pad rows of ``gluon_prefill_config`` where experts get 40-256 rows."""
-    w1 = GemmConfig(64, FP8_GROUP, 8, 4, 5, persistent=True, warp_specialize=True)
-    w2 = GemmConfig(128, FP8_GROUP, 8, 4, 5, persistent=True, warp_specialize=True)
+    """The Gluon block-FP8 kernel on 64-row blocks (one math warpgroup and the producer warp), persistent, 6 stages:
+    half the pad rows of ``gluon_prefill_config`` where experts get 40-256 rows. Six stages over five: faster at all
+    4 points of the fourth sweep where it runs (H100, Kimi-K2-like at 8192 tokens 9927 -> 9447 µs, 581 -> 611
+    TFLOP/s; at 2048 tokens Kimi-K2-like, DeepSeek-V3 and Qwen3-Coder-480B-like 1-6%)."""
+    w1 = GemmConfig(64, FP8_GROUP, 8, 4, 6, persistent=True, warp_specialize=True)
+    w2 = GemmConfig(128, FP8_GROUP, 8, 4, 6, persistent=True, warp_specialize=True)
     return MoEConfig(64, w1, w2, fold_topk=False, hopper=True, gather_input=True, gluon=True)
 
 
