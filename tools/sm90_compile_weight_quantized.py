@@ -128,18 +128,25 @@ def sass(kernel) -> str:
         return subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
 
 
-def loop_cost(kernel, v) -> tuple[int, float]:
-    """(SASS instructions per warp in the K loop's body, thread-instructions per weight byte): the loop is the
-    longest span closed by a backward branch; one iteration reads BLOCK_N x BLOCK_K weights (twice gated)."""
+def loop_cost(kernel, v) -> tuple[int, float, int, int]:
+    """(SASS instructions per warp in the K loop's body, thread-instructions per weight byte, wgmma waits and
+    wgmma instructions in it): the loop is the longest span closed by a backward branch; one iteration reads
+    BLOCK_N x BLOCK_K weights (twice gated). A wait per wgmma (``WARPGROUP.DEPBAR`` as many as ``HGMMA``) is ptxas
+    serializing them (its C7515 note), one per dot is the pipelined form."""
     seq = [line for line in sass(kernel).splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     addr = [int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16) for line in seq]
-    body = 0
+    body, first = 0, 0
     for i, line in enumerate(seq):
         target = re.search(r"BRA 0x([0-9a-f]+)", line)
         if target and int(target.group(1), 16) < addr[i] and int(target.group(1), 16) in addr:
-            body = max(body, i - addr.index(int(target.group(1), 16)) + 1)
+            start = addr.index(int(target.group(1), 16))
+            if i - start + 1 > body:
+                body, first = i - start + 1, start
+    loop = seq[first:first + body]
+    waits = sum("WARPGROUP.DEPBAR" in line for line in loop)
+    wgmmas = sum("HGMMA" in line for line in loop)
     weight_bytes = (2 if v["gated"] else 1) * v["block_n"] * v["block_k"] // (1 if v["kind"] == "int8" else 2)
-    return body, body * 32 * v["warps"] / weight_bytes
+    return body, body * 32 * v["warps"] / weight_bytes, waits, wgmmas
 
 
 def matrix(quick: bool):
@@ -199,7 +206,8 @@ def main() -> None:
         r = resources(kernel)
         print(f"ok   {name}: regs {r['regs']} stack {r['stack']} smem {r['shared']} wgmma {r['wgmma']} "
               f"mma.sync {r['mma']} prmt {r['prmt']} ld.v4 {r['ld128']} ld.u8 {r['ld_u8']}"
-              + (" loop {} SASS/iteration, {:.2f} per weight byte".format(*loop_cost(kernel, v)) if args.loop else ""),
+              + (" loop {} SASS/iteration, {:.2f} per weight byte, {} wgmma waits / {} wgmma".format(*loop_cost(kernel, v))
+                 if args.loop else ""),
               flush=True)
         if args.dump:
             d = Path(args.dump)
@@ -213,7 +221,8 @@ def main() -> None:
 
 
 def compile_epilogues(mod, only: str | None) -> int:
-    """The split-K epilogue passes (w1's activation, w2's top-k sum) for MXFP4 with biases, INT4 and NVFP4."""
+    """The split-K epilogue passes (w1's activation, w2's top-k sum) for MXFP4 with biases, INT4 and NVFP4, 4 slices
+    unrolled."""
     failures = 0
     for kind, code in (("mxfp4", 0), ("int4", 1), ("nvfp4", 3)):
         bias = kind == "mxfp4"
@@ -222,19 +231,21 @@ def compile_epilogues(mod, only: str | None) -> int:
                {"ws_ptr": "*fp32", "ids_ptr": "*i32", "gs_ptr": "*fp32", "b_ptr": b_type, "out_ptr": "*bf16",
                 "N": "i32", "num_experts": "i32", "splits": "i32", "stride_ws": "i32", "stride_be": "i32",
                 "stride_om": "i32", "limit": "fp32"},
-               dict(BLOCK=1024, KIND=code, HAS_BIAS=bias, ACT=2 if bias else 0, HAS_LIMIT=bias, INTERLEAVED=False))
+               dict(BLOCK=1024, KIND=code, HAS_BIAS=bias, ACT=2 if bias else 0, HAS_LIMIT=bias, INTERLEAVED=False,
+                    MAX_SPLITS=4))
         total = (mod.wq_splitk_sum_kernel,
                  {"ws_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32", "gs_ptr": "*fp32", "b_ptr": b_type,
                   "out_ptr": "*bf16", "K": "i32", "num_experts": "i32", "splits": "i32", "stride_ws": "i32",
                   "stride_be": "i32", "stride_om": "i32"},
-                 dict(TOP_K=8, BLOCK=1024, KIND=code, HAS_BIAS=bias))
+                 dict(TOP_K=8, BLOCK=1024, KIND=code, HAS_BIAS=bias, MAX_SPLITS=4))
         for fn, sig, const in (act, total):
             name = f"{fn.__name__} {kind}"
             if only and only not in name:
                 continue
             sig = {**sig, **{c: "constexpr" for c in const}}
             try:
-                kernel = triton.compile(ASTSource(fn, sig, const, {}), target=TARGET, options={"num_warps": 4})
+                # 1024 columns take 8 warps (fused._epilogue_block)
+                kernel = triton.compile(ASTSource(fn, sig, const, {}), target=TARGET, options={"num_warps": 8})
             except Exception as exc:
                 failures += 1
                 print(f"FAIL {name}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:500]}", flush=True)

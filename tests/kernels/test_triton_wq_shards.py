@@ -37,7 +37,8 @@ from moe_fsm.kernels import intq
 from moe_fsm.kernels.reference import moe_reference
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
 from moe_fsm.kernels.triton_wq.fused import (
-    MIN_K_TILES_PER_SLICE, PROGRAMS_PER_SM, WqConfig, default_wq_config, relayout_nibbles, sort_act_order,
+    MIN_K_TILES_PER_SLICE, PROGRAMS_PER_SM, WqConfig, _epilogue_block, default_wq_config, relayout_nibbles,
+    sort_act_order,
     split_columns, undo_relayout_nibbles,
 )
 from moe_fsm.modular.kernel import ModularKernel
@@ -167,6 +168,25 @@ def test_default_tile_splits_decode_along_k_until_the_sms_are_busy(top_k, expert
     many = default_wq_config(512, top_k, experts, n, k, sms)
     assert many.splits("w1") == many.splits("w2") == 1
     assert default_wq_config(1, top_k, experts).split_k == 1  # no shape given: the one-pass tile
+
+
+def test_decode_split_counts_are_the_ones_measured_fastest():
+    """The rule's slices (w1, w2) at one token on 132 SMs are the counts that ran fastest on an H200
+    (docs/perf/weight_quantized.md): w1 in 2 where a GEMM has 1.4-1.5 programs an SM, Mixtral's w2 (0.97 an SM) in 3,
+    one pass from 2.5 an SM (the rule before split gpt-oss-120b 3/3, slower than one pass there)."""
+    splits = {shape: (lambda c: (c.splits("w1"), c.splits("w2")))(default_wq_config(1, *shape, 132))
+              for shape in DECODE_SHAPES}
+    assert splits == {(8, 48, 2048, 7168): (2, 1), (2, 8, 14336, 4096): (1, 3), (8, 128, 1536, 4096): (2, 1),
+                      (4, 128, 2880, 2880): (2, 2)}
+    # derived from the device: half the SMs, half the programs wanted
+    assert default_wq_config(1, 4, 128, 2880, 2880, 66).split_k == 1
+
+
+@pytest.mark.parametrize("cols,rows,expected", [(2880, 1, (64, 1)), (2880, 4, (64, 1)), (2880, 64, (1024, 8)),
+                                                (1536, 16, (128, 2)), (1536, 256, (1024, 8)), (100, 1, (64, 1))])
+def test_split_k_epilogue_gives_every_sm_a_program_where_the_rows_allow(cols, rows, expected):
+    """One decode token's w2 sum (one row) took 1024 columns a program: 3 programs for 132 SMs."""
+    assert _epilogue_block(cols, rows, 132) == expected
 
 
 def test_relayout_pads_rows_to_whole_chunks_and_undoes_exactly():

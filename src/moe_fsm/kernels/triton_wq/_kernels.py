@@ -447,12 +447,15 @@ def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a,
     each (SPLIT 4-bit: the columns of the low / high nibbles), or x_lo the whole [BLOCK_K, BLOCK_M] tile.
     s_a, s_b, z_a, z_b: the tile's scales and zero points as ``_tile_scales`` loaded them.
     """
+    # Each K tile's dots start from zero and are added to the running sums after them. Chaining the dots onto the
+    # loop-carried accumulator made ptxas serialize every wgmma (C7515, "non wgmma instructions defining accumulator
+    # registers ... between start and end of the pipeline stage": a wait after each 64 x 16 x 16 step, 16 a K tile
+    # of w1), for every path that scales each weight (MXFP4, NVFP4, INT4 in runs); a fresh product keeps the tile's
+    # wgmmas in flight together, as the one-scale-a-tile path (SCALE_ACC) always did.
+    part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     if SCALE_ACC:
         # the tile lies in one scale group: scale the fp32 product of the exact codes once per (row, pair)
         s_tile = s_a.to(tl.float32)
-        part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        part = acc
     if KIND == KIND_INT8:
         offs_k = ki * BLOCK_K + tl.arange(0, BLOCK_K)
         if EVEN_K:
@@ -580,10 +583,8 @@ def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a,
         else:
             part = tl.dot(w.to(x_lo.dtype), x_lo, part)
     if SCALE_ACC:
-        acc = acc + part * s_tile[:, None]
-    else:
-        acc = part
-    return acc
+        return acc + part * s_tile[:, None]
+    return acc + part
 
 
 @triton.jit
@@ -754,12 +755,25 @@ def wq_gemm_kernel(
 
 
 @triton.jit
+def _slice_sum(row, offs, mask, splits, stride_ws, MAX_SPLITS: tl.constexpr):
+    """The split-K slices of one workspace row added in order (deterministic): unrolled to MAX_SPLITS (>= splits,
+    the rest masked off), so every slice's load is issued before the first add waits (a runtime loop over the
+    slices waited a global-memory latency per slice)."""
+    total = tl.zeros(offs.shape, dtype=tl.float32)
+    slice_index = tl.zeros(offs.shape, dtype=tl.int32)
+    for s in tl.static_range(MAX_SPLITS):
+        total += tl.load(row + s * stride_ws + offs, mask=mask & (slice_index + s < splits), other=0.0)
+    return total
+
+
+@triton.jit
 def wq_splitk_act_kernel(ws_ptr, ids_ptr, gs_ptr, b_ptr, out_ptr, N, num_experts, splits, stride_ws, stride_be,
                          stride_om, limit, BLOCK: tl.constexpr, KIND: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERLEAVED: tl.constexpr):
+                         ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERLEAVED: tl.constexpr,
+                         MAX_SPLITS: tl.constexpr = 1):
     """w1's split-K epilogue: out[pair, n] = act(gs * sum_s gate + b1, gs * sum_s up + b1) for one pair (program 0)
-    and BLOCK columns (program 1), the slices added in order (deterministic). Pairs of no local expert are left
-    unwritten, as the unsplit kernel leaves them."""
+    and BLOCK columns (program 1), the ``splits`` (<= MAX_SPLITS) slices added in order (deterministic). Pairs of
+    no local expert are left unwritten, as the unsplit kernel leaves them."""
     pair = tl.program_id(0)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     if (expert < 0) | (expert >= num_experts):
@@ -767,11 +781,8 @@ def wq_splitk_act_kernel(ws_ptr, ids_ptr, gs_ptr, b_ptr, out_ptr, N, num_experts
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
     row = ws_ptr + pair.to(tl.int64) * (2 * N)
-    gate = tl.zeros((BLOCK,), dtype=tl.float32)
-    up = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(0, splits):
-        gate += tl.load(row + s * stride_ws + offs, mask=ok, other=0.0)
-        up += tl.load(row + s * stride_ws + N + offs, mask=ok, other=0.0)
+    gate = _slice_sum(row, offs, ok, splits, stride_ws, MAX_SPLITS)
+    up = _slice_sum(row + N, offs, ok, splits, stride_ws, MAX_SPLITS)
     if KIND == KIND_NVFP4:
         global_scale = tl.load(gs_ptr + expert)
         gate = gate * global_scale
@@ -792,9 +803,11 @@ def wq_splitk_act_kernel(ws_ptr, ids_ptr, gs_ptr, b_ptr, out_ptr, N, num_experts
 @triton.jit
 def wq_splitk_sum_kernel(ws_ptr, ids_ptr, rw_ptr, gs_ptr, b_ptr, out_ptr, K, num_experts, splits, stride_ws,
                          stride_be, stride_om, TOP_K: tl.constexpr, BLOCK: tl.constexpr, KIND: tl.constexpr,
-                         HAS_BIAS: tl.constexpr):
+                         HAS_BIAS: tl.constexpr, MAX_SPLITS: tl.constexpr = 1):
     """w2's split-K epilogue and the top-k sum in one pass: out[t, c] = sum over the slots j of token t (program 0)
-    whose expert is local of g[t, j] * (gs * sum_s partial + b2[c]), for BLOCK columns c (program 1)."""
+    whose expert is local of g[t, j] * (gs * sum_s partial + b2[c]), for BLOCK columns c (program 1), the ``splits``
+    (<= MAX_SPLITS) slices added in order. Slots of no local expert are masked, not branched around, so the loads
+    of all slots and slices are issued together (a branch per slot waited a memory latency per slot and slice)."""
     token = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < K
@@ -802,16 +815,15 @@ def wq_splitk_sum_kernel(ws_ptr, ids_ptr, rw_ptr, gs_ptr, b_ptr, out_ptr, K, num
     for j in tl.static_range(TOP_K):
         pair = token * TOP_K + j
         expert = tl.load(ids_ptr + pair).to(tl.int64)
-        if (expert >= 0) & (expert < num_experts):
-            row = ws_ptr + pair.to(tl.int64) * K
-            acc = tl.zeros((BLOCK,), dtype=tl.float32)
-            for s in range(0, splits):
-                acc += tl.load(row + s * stride_ws + offs, mask=ok, other=0.0)
-            if KIND == KIND_NVFP4:
-                acc = acc * tl.load(gs_ptr + expert)
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + expert * stride_be + offs, mask=ok, other=0.0).to(tl.float32)
-            total += acc * tl.load(rw_ptr + pair).to(tl.float32)
+        local = (expert >= 0) & (expert < num_experts)
+        expert = tl.where(local, expert, 0)
+        cols_ok = tl.where(local, ok, False)
+        acc = _slice_sum(ws_ptr + pair.to(tl.int64) * K, offs, cols_ok, splits, stride_ws, MAX_SPLITS)
+        if KIND == KIND_NVFP4:
+            acc = acc * tl.load(gs_ptr + expert)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + expert * stride_be + offs, mask=cols_ok, other=0.0).to(tl.float32)
+        total += tl.where(local, acc * tl.load(rw_ptr + pair).to(tl.float32), 0.0)
     tl.store(out_ptr + token.to(tl.int64) * stride_om + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
 
 

@@ -252,19 +252,21 @@ class WqConfig:
             raise KernelInputError("WqConfig: block_m and block_n must be at least 16 (tensor-core tiles)")
 
 
-# Split-K aims at this many programs per SM: a decode tile's pipeline (4 stages of 64 weight rows x 128 columns,
-# gate and up) takes about 41 KB of shared memory (tools/sm90_compile_weight_quantized.py), so 4-5 programs are
-# resident on an sm_90 SM (228 KB) and four per SM fill the machine once.
-PROGRAMS_PER_SM = 4
-MIN_K_TILES_PER_SLICE = 4  # a slice keeps the 4-stage pipeline full
+# Split-K splits a decode GEMM whose programs are fewer than this many per SM, until they are at least that many.
+# Measured on an H200 (132 SMs; docs/perf/weight_quantized.md, "Decode: wgmma serialization, the split rule"): one
+# token's w1 at 1.4-1.5 programs an SM (gpt-oss-120b, Qwen3-235B-A22B) ran 1.11-1.17x faster in 2 slices, while
+# 3.4-3.9 programs an SM (Mixtral's w1, Qwen3-235B-A22B's w2) lost time in any split and Mixtral's w2 at 0.97 gained
+# 1.29x at 3; the rule it replaces (up to 4 an SM) split gpt-oss-120b 3/3 and ran slower than one pass there.
+PROGRAMS_PER_SM = 2.5
+MIN_K_TILES_PER_SLICE = 4  # a slice keeps the pipeline's stages full
 MAX_SPLIT_K = 16
 FALLBACK_SM_COUNT = 132  # an H100/H200 SXM, for configs chosen off a CUDA device (the interpreter)
 
 
 def decode_split_k(pairs: int, num_experts: int, row_tiles: int, k_tiles: int, sm_count: int) -> int:
-    """K slices that give a decode GEMM about ``PROGRAMS_PER_SM`` programs per SM: the row blocks (the experts
-    the pairs are expected to hit, one block each) times the weight-row tiles, split along K while each slice
-    keeps ``MIN_K_TILES_PER_SLICE`` K tiles."""
+    """K slices that give a decode GEMM at least ``PROGRAMS_PER_SM`` programs per SM of the device
+    (``sm_count``): the row blocks (the experts the pairs are expected to hit, one block each) times the weight-row
+    tiles, split along K while each slice keeps ``MIN_K_TILES_PER_SLICE`` K tiles; one pass from that many on."""
     experts_hit = num_experts * (1.0 - (1.0 - 1.0 / max(num_experts, 1)) ** pairs)
     programs = max(experts_hit, 1.0) * row_tiles
     wanted = math.ceil(PROGRAMS_PER_SM * sm_count / programs)
@@ -290,7 +292,9 @@ def default_wq_config(num_tokens: int, top_k: int, num_experts: int, n: Optional
     if per_expert >= PREFILL_ROWS_PER_EXPERT and num_tokens >= 256:
         return WqConfig(128, 128, 64, 8, 3, group_m=8, hopper_bf16=True)
     if per_expert <= 16:
-        tile = WqConfig(16, 64, 128, 4, 4)
+        # 3 stages: 1.01-1.08x faster than 4 at 1 and 8 tokens on an H200 (MXFP4 gpt-oss-120b 1.07-1.08x, INT4 g128
+        # Mixtral and Qwen3-235B-A22B 1.01-1.03x; docs/perf/weight_quantized.md)
+        tile = WqConfig(16, 64, 128, 4, 3)
         if n is None or k is None:
             return tile
         pairs = num_tokens * top_k
@@ -490,33 +494,46 @@ def fused_wq_experts(
     intermediate = torch.empty((num_pairs, n), dtype=hidden.dtype, device=hidden.device)
     partial = launch(hidden, w1, w1_scale, w1_zero_point, w1_bias, w1_perm, w1_global_scale, intermediate, n, k, g1,
                      "w1", True)
+    sm_count = _sm_count(hidden.device)
     if partial is not None:
-        block = _epilogue_block(n)
+        block, warps = _epilogue_block(n, num_pairs, sm_count)
         kern.wq_splitk_act_kernel[(num_pairs, -(-n // block))](
             partial, flat_ids, w1_global_scale if w1_global_scale is not None else dummy,
             w1_bias if has_bias else dummy, intermediate, n, experts, partial.shape[0], partial.stride(0),
             w1_bias.stride(0) if has_bias else 0, intermediate.stride(0), float(swiglu_limit or 0.0),
             BLOCK=block, KIND=kind, HAS_BIAS=has_bias, ACT=ACTIVATIONS[activation],
-            HAS_LIMIT=swiglu_limit is not None, INTERLEAVED=interleaved, num_warps=4,
+            HAS_LIMIT=swiglu_limit is not None, INTERLEAVED=interleaved, MAX_SPLITS=_pow2(partial.shape[0]),
+            num_warps=warps,
         )
     per_pair = torch.empty((num_pairs, k), dtype=hidden.dtype, device=hidden.device)
     partial = launch(intermediate, w2, w2_scale, w2_zero_point, w2_bias, w2_perm, w2_global_scale, per_pair, k, n, g2,
                      "w2", False)
     if partial is None:
         return topk_sum(per_pair, topk_ids, experts, out)
-    block = _epilogue_block(k)
+    block, warps = _epilogue_block(k, num_tokens, sm_count)
     kern.wq_splitk_sum_kernel[(num_tokens, -(-k // block))](
         partial, flat_ids, flat_weights, w2_global_scale if w2_global_scale is not None else dummy,
         w2_bias if has_bias else dummy, out, k, experts, partial.shape[0], partial.stride(0),
         w2_bias.stride(0) if has_bias else 0, out.stride(0),
-        TOP_K=top_k, BLOCK=block, KIND=kind, HAS_BIAS=has_bias, num_warps=4,
+        TOP_K=top_k, BLOCK=block, KIND=kind, HAS_BIAS=has_bias, MAX_SPLITS=_pow2(partial.shape[0]), num_warps=warps,
     )
     return out
 
 
-def _epilogue_block(cols: int) -> int:
-    """Columns per program of the split-K epilogue passes (a power of two, at most 1024)."""
-    return min(1024, max(16, 1 << (cols - 1).bit_length()))
+def _pow2(count: int) -> int:
+    """The power of two at or above ``count`` (the split-K epilogues' unrolled slice count)."""
+    return 1 << (count - 1).bit_length()
+
+
+def _epilogue_block(cols: int, rows: int, sm_count: int) -> tuple[int, int]:
+    """(columns per program, warps) of a split-K epilogue pass over ``rows`` rows of ``cols`` columns: the widest
+    power of two of 64-1024 columns that still gives every SM a program (a decode token's w2 sum is one row: 1024
+    columns a program left 3 programs for 132 SMs), and one warp per 64 columns (1-8): the unrolled loads of every
+    slot and slice are in flight together, so a thread keeps few columns (sm_90: no spills up to 8 slots x 4 slices)."""
+    block = min(1024, max(64, _pow2(cols)))
+    while block > 64 and rows * -(-cols // block) < sm_count:
+        block //= 2
+    return block, max(1, min(8, block // 64))
 
 
 @functools.lru_cache(maxsize=None)
