@@ -351,8 +351,14 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
         split_default = default_wq_config(tokens, top_k, e, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
         split_k_tiles = [split_default] if max(split_default.splits("w1"), split_default.splits("w2")) > 1 else []
         # MXFP4: both dequant paths, SPLIT nibbles + inline PTX and checkpoint order + tl.dot_scaled
-        for scaled in ((False, True) if quant.kind == "mxfp4" else (False,)):
-            for cfg in candidates(tokens, top_k, e) + split_k_tiles:
+        if args.served:  # only what moe-fsm runs at this point: the table's tile, else the default
+            from moe_fsm.kernels.triton_moe._runtime import device_name
+            from moe_fsm.kernels.triton_wq.fused import get_wq_config
+
+            served = [get_wq_config(device_name(x.device), quant, e, n, k, top_k, tokens,
+                                    sm_count=torch.cuda.get_device_properties(0).multi_processor_count)]
+        for scaled in ((False, True) if quant.kind == "mxfp4" and not args.served else (False,)):
+            for cfg in served if args.served else candidates(tokens, top_k, e) + split_k_tiles:
                 try:
                     tried[(cfg, scaled)] = time_graph(ours(cfg, scaled), routes, args.rep_ms)
                 except Exception as exc:
@@ -615,6 +621,7 @@ def decode(args) -> None:
             bf16_us = time_graph(lambda g, ids: fused_experts(x, w1b, w2b, g, ids, activation=activation,
                                                               swiglu_limit=limit), routes, args.rep_ms)
             plain_us = time_graph(ours(split_k, fast=False), routes, args.rep_ms) if args.plain else None
+            sweep = decode_sweep(ours, one_pass, routes, args.rep_ms, time_graph) if args.sweep else None
             sample = torch.arange(min(tokens, 2), device="cuda")  # float64 on the experts of two tokens
             g0, ids0 = routes[0]
             got = ours(split_k)(g0, ids0)[sample].double()
@@ -625,7 +632,8 @@ def decode(args) -> None:
                    "split_k_us": split_us, "one_pass_TBps": tb(one_us, per_expert_q),
                    "split_k_TBps": tb(split_us, per_expert_q), "bf16_us": bf16_us, "bf16_TBps": tb(bf16_us, per_expert_b),
                    "copy_TBps": copy_tbps, "splits": [split_k.splits("w1"), split_k.splits("w2")],
-                   "split_k_config": split_k.to_json(), "rel_err": err, "plain_dequant_us": plain_us}
+                   "split_k_config": split_k.to_json(), "rel_err": err, "plain_dequant_us": plain_us,
+                   "sweep": sweep}
             rows.append(row)
             line = (f"| {name} | {tokens} | {active:.1f} | {one_us:.1f} | {row['one_pass_TBps']:.2f} | "
                     f"{100 * row['one_pass_TBps'] / copy_tbps:.0f}% | {split_us:.1f} | {row['split_k_TBps']:.2f} | "
@@ -634,6 +642,11 @@ def decode(args) -> None:
                     + (f" {plain_us:.1f} | {plain_us / split_us:.2f} |" if args.plain else ""))
             lines.append(line)
             print(line, flush=True)
+            if sweep:
+                print(f"  sweep {name} T={tokens}: " + ", ".join(
+                    f"{label} {v['us']:.1f}" + (f" ({', '.join(f'{k} {t:.1f}' for k, t in v['kernels_us'].items())})"
+                                                if v.get("kernels_us") else "")
+                    for label, v in sweep.items()), flush=True)
             report = {"device": device, "sms": sms, "torch": torch.__version__, "triton": triton.__version__,
                       "copy_TBps": copy_tbps, "rows": rows}
             (out_dir / "wq_decode.json").write_text(json.dumps(report, indent=1))
@@ -647,6 +660,53 @@ def decode(args) -> None:
             traceback.print_exc()
         torch.cuda.empty_cache()
         print(f"[{time.time() - t0:.0f} s]", flush=True)
+
+
+# Decode tiles beside the default one (16 x 64 x 128, 4 warps, 4 stages) that ``decode --sweep`` times: a wider K
+# step (128 weight bytes a row a step), 32 weight rows (twice the programs), three stages.
+SWEEP_TILES = ((16, 64, 256, 4, 3), (16, 32, 128, 4, 4), (16, 64, 128, 4, 3))
+SWEEP_SPLITS = (2, 3, 4, 6)
+
+
+def kernel_times(fn, inputs, calls: int = 5) -> dict:
+    """Mean device µs per layer call of each kernel ``fn`` launches (eager, torch.profiler), by kernel name."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for a in inputs[:1]:
+        fn(*a)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            for a in inputs:
+                fn(*a)
+        torch.cuda.synchronize()
+    totals: dict = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time
+    return {name: us / (calls * len(inputs)) for name, us in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def decode_sweep(ours, one_pass, routes, rep_ms: float, time_graph) -> dict:
+    """The one-pass decode tile with each GEMM split along K alone (w1 by 2-6 slices with w2 in one pass, and the
+    reverse) and the tiles of ``SWEEP_TILES`` in one pass: whole-layer µs, and for the one-pass tile and the
+    splits the mean device µs of each kernel (what the K slices buy on one GEMM against the extra pass)."""
+    found = {}
+    variants = [("one pass", one_pass)]
+    variants += [(f"w1/{s}", replace(one_pass, split_k=s, w2_split_k=1)) for s in SWEEP_SPLITS]
+    variants += [(f"w2/{s}", replace(one_pass, split_k=1, w2_split_k=s)) for s in SWEEP_SPLITS]
+    variants += [("tile " + ",".join(map(str, t)), replace(one_pass, block_m=t[0], block_n=t[1], block_k=t[2],
+                                                           num_warps=t[3], num_stages=t[4])) for t in SWEEP_TILES]
+    for label, cfg in variants:
+        try:
+            found[label] = {"us": time_graph(ours(cfg), routes, rep_ms), "config": cfg.to_json()}
+            if not label.startswith("tile"):
+                found[label]["kernels_us"] = {k.split("_kernel")[0][:24]: v
+                                              for k, v in kernel_times(ours(cfg), routes).items()}
+        except Exception as exc:  # a tile that does not compile here is reported, the others still measure
+            print(f"  sweep {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    return found
 
 
 # ---------------------------------------------------------------- prefill: the bf16 Hopper path vs the swap-AB kernel
@@ -783,6 +843,11 @@ def prefill_compare(args) -> None:
                     f"{c['block_m']},{c['block_n']},{c['block_k']},{c['num_warps']},{c['num_stages']} |")
             lines.append(line)
             print(line, flush=True)
+            if sweep:
+                print(f"  sweep {name} T={tokens}: " + ", ".join(
+                    f"{label} {v['us']:.1f}" + (f" ({', '.join(f'{k} {t:.1f}' for k, t in v['kernels_us'].items())})"
+                                                if v.get("kernels_us") else "")
+                    for label, v in sweep.items()), flush=True)
             report = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
                       "ceilings": ceilings, "rows": rows}
             (out_dir / "wq_prefill.json").write_text(json.dumps(report, indent=1))
@@ -809,6 +874,9 @@ def main() -> None:
     r.add_argument("--tokens", nargs="*", type=int, default=list(TOKENS))
     r.add_argument("--rep-ms", type=float, default=60.0)
     r.add_argument("--write-table")
+    r.add_argument("--served", action="store_true",
+                   help="time only the tile moe-fsm serves at each point (its table's, else default_wq_config), "
+                        "not the candidate grid")
     r.add_argument("--compile-only", action="store_true",
                    help="call every candidate, peer and bf16 once (fills Triton's cache for a timed run); no report")
     d = sub.add_parser("decode", help="one-pass decode tile vs split-K tile vs bf16 at 1-32 tokens (GPU, ~90 s)")
@@ -816,6 +884,9 @@ def main() -> None:
     d.add_argument("--rows", nargs="*", choices=list(DECODE_ROWS))
     d.add_argument("--tokens", nargs="*", type=int, default=[1, 8, 32])
     d.add_argument("--rep-ms", type=float, default=20.0)
+    d.add_argument("--sweep", action="store_true",
+                   help="also time each GEMM split along K alone (2-6 slices), three other decode tiles, and the "
+                        "device µs of each kernel (torch.profiler)")
     d.add_argument("--plain", action="store_true",
                    help="also time the default tile with the plain Triton fp32 dequantization (fast=False)")
     f = sub.add_parser("prefill", help="swap-AB kernel vs the bf16 Hopper path vs bf16 vs the peer at 512-8192 tokens (GPU)")
