@@ -172,7 +172,7 @@ def test_default_tile_splits_decode_along_k_until_the_sms_are_busy(top_k, expert
 
 def test_decode_split_counts_are_the_ones_measured_fastest():
     """The rule's slices (w1, w2) at one token on 132 SMs are the counts that ran fastest on an H200
-    (docs/perf/weight_quantized.md): w1 in 2 where a GEMM has 1.4-1.5 programs an SM, Mixtral's w2 (0.97 an SM) in 3,
+    (docs/perf/weight_quantized.md): w1 in 2 where a GEMM has 1.35-1.42 programs an SM, Mixtral's w2 (0.91 an SM) in 3,
     one pass from 2.5 an SM (the rule before split gpt-oss-120b 3/3, slower than one pass there)."""
     splits = {shape: (lambda c: (c.splits("w1"), c.splits("w2")))(default_wq_config(1, *shape, 132))
               for shape in DECODE_SHAPES}

@@ -254,8 +254,8 @@ class WqConfig:
 
 # Split-K splits a decode GEMM whose programs are fewer than this many per SM, until they are at least that many.
 # Measured on an H200 (132 SMs; docs/perf/weight_quantized.md, "Decode: wgmma serialization, the split rule"): one
-# token's w1 at 1.4-1.5 programs an SM (gpt-oss-120b, Qwen3-235B-A22B) ran 1.11-1.17x faster in 2 slices, while
-# 3.4-3.9 programs an SM (Mixtral's w1, Qwen3-235B-A22B's w2) lost time in any split and Mixtral's w2 at 0.97 gained
+# token's w1 at 1.35-1.42 programs an SM (gpt-oss-120b, Qwen3-235B-A22B) ran 1.11-1.17x faster in 2 slices, while
+# 3.2-3.8 programs an SM (Mixtral's w1, Qwen3-235B-A22B's w2) lost time in any split and Mixtral's w2 at 0.91 gained
 # 1.29x at 3; the rule it replaces (up to 4 an SM) split gpt-oss-120b 3/3 and ran slower than one pass there.
 PROGRAMS_PER_SM = 2.5
 MIN_K_TILES_PER_SLICE = 4  # a slice keeps the pipeline's stages full
