@@ -127,17 +127,28 @@ def exchange_sizes(count: int, *, group: Optional[dist.ProcessGroup] = None, dev
     return [t[0] for t in all_gather_ints([count], group=group, device=device)]
 
 
-def exchange_counts(send_counts: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
-    """All-to-all of per-destination counts [W] (or [W, c] records): row s of the result came from rank s."""
+def exchange_counts(
+    send_counts: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """All-to-all of per-destination counts [W] (or [W, c] records): row s of the result came from rank s.
+
+    ``out`` (contiguous, ``send_counts``' shape, int64, e.g. the second half of one buffer whose first half is
+    ``send_counts``, so both are read back by one host read) receives them where given.
+    """
     _, world = group_rank_and_size(group)
     if send_counts.dim() not in (1, 2) or send_counts.shape[0] != world:
         raise KernelInputError(
             f"send_counts must have one entry (or record) per rank ({world}), got shape {tuple(send_counts.shape)}"
         )
-    send = send_counts.to(torch.int64).contiguous()
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
-    return recv
+    send = send_counts if send_counts.dtype == torch.int64 and send_counts.is_contiguous() else \
+        send_counts.to(torch.int64).contiguous()
+    if out is None:
+        out = torch.empty_like(send)
+    elif out.shape != send.shape or out.dtype != torch.int64 or not out.is_contiguous():
+        raise KernelInputError(f"exchange_counts needs out as contiguous int64 {tuple(send.shape)}, got "
+                               f"{out.dtype} {tuple(out.shape)}")
+    dist.all_to_all_single(out, send, group=group)
+    return out
 
 
 def all_gather_v(

@@ -85,6 +85,22 @@ from moe_fsm.prepare_finalize.wire_kernels import (
 
 
 @dataclass(frozen=True)
+class WirePlan:
+    """What one kind of source rows fixes, worked out on its first call and reused by every later one.
+
+    ``layout`` and ``signature`` (:func:`layout_signature`) describe the packed row, ``empty`` is the packed
+    empty row; ``fused`` is the description (meta tensors) of the quantized rows where the send-row kernel
+    quantizes them, else None. Looked up by the fields' dtypes and trailing shapes, so a steady-state call builds
+    no layout, digest or empty row.
+    """
+
+    layout: RowLayout
+    signature: tuple[int, int]
+    empty: torch.Tensor
+    fused: Optional[SourceRows] = None
+
+
+@dataclass(frozen=True)
 class DispatchState:
     """How the rows went out, so they can come back: each token's send rows, the splits.
 
@@ -112,7 +128,7 @@ class ExpertParallelDispatch(PrepareFinalize):
         self.quantize_first = quantize_first
         self._guard = PlacementGuard(placement, self.name)
         self._owner: dict[tuple[str, torch.device], torch.Tensor] = {}
-        self._empty_rows: dict[tuple[RowLayout, torch.device], torch.Tensor] = {}
+        self._plans: dict[tuple, WirePlan] = {}
         self._maps: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # expert map -> its int32 copy
         self._buffers = WireBuffers()
         self._agreed: set[tuple[int, int]] = set()
@@ -181,23 +197,29 @@ class ExpertParallelDispatch(PrepareFinalize):
         *,
         apply_router_weight_on_input: bool,
         quantize: Optional[InputQuantizer],
-    ) -> tuple[SourceRows, SourcePack]:
-        """This rank's rows as they leave (quantized where the scheme allows), packed for the send rows.
+    ) -> tuple[SourceRows, SourcePack, WirePlan]:
+        """This rank's rows as they leave (quantized where the scheme allows), packed for the send rows, and
+        their plan.
 
         A dynamic per-token or 1x128-group FP8 quantizer (:class:`DynamicFP8RowQuantizer`) is applied by the
         send-row kernel itself where the kernels run, so the tokens are read once; the layout is then built
         from descriptions of the quantized fields (meta tensors).
         """
+        device = hidden_states.device
         fused = self._fused_fp8_rows(hidden_states, quantize)
         if fused is not None:
             hidden = apply_router_weight_to_input(hidden_states, topk_weights) if apply_router_weight_on_input else hidden_states
-            rows, hidden_size = hidden.shape
-            groups = 1 if fused == "token" else -(-hidden_size // FP8_GROUP)
-            q = torch.empty((rows, hidden_size), dtype=torch.float8_e4m3fn, device="meta")
-            scale = torch.empty((rows, groups), dtype=torch.float32, device="meta")
-            source = SourceRows(q, scale, None, True)
-            fields = [hidden, scale, topk_ids, topk_weights]
-            layout = row_layout([wire_view(q), *fields[1:]])
+            key = (fused, hidden.dtype, hidden.shape[1], topk_ids.dtype, topk_ids.shape[1], topk_weights.dtype,
+                   topk_weights.shape[1], device)
+            plan = self._plans.get(key)
+            if plan is None:
+                hidden_size = hidden.shape[1]
+                groups = 1 if fused == "token" else -(-hidden_size // FP8_GROUP)
+                q = torch.empty((0, hidden_size), dtype=torch.float8_e4m3fn, device="meta")
+                scale = torch.empty((0, groups), dtype=torch.float32, device="meta")
+                plan = self._plan(key, [wire_view(q), scale, topk_ids, topk_weights], device, SourceRows(q, scale, None, True))
+            source = plan.fused
+            fields = [hidden, source.row_scale, topk_ids, topk_weights]  # the scale only stands for what the kernel writes
         else:
             source = source_rows(
                 hidden_states,
@@ -207,11 +229,16 @@ class ExpertParallelDispatch(PrepareFinalize):
                 quantize_first=self.quantize_first,
             )
             fields = source.wire_fields(topk_ids, topk_weights)
-            layout = row_layout(fields)
-        key = (layout, hidden_states.device)
-        if key not in self._empty_rows:
-            self._empty_rows[key] = empty_row(layout, -2, hidden_states.device)
-        return source, pack_source(fields, layout, self._empty_rows[key], fp8_rows=fused, buffers=self._buffers)
+            key = (*((f.dtype, f.shape[1:]) for f in fields), device)
+            plan = self._plans.get(key) or self._plan(key, fields, device)
+        return source, pack_source(fields, plan.layout, plan.empty, fp8_rows=fused, buffers=self._buffers), plan
+
+    def _plan(self, key: tuple, fields: list[torch.Tensor], device: torch.device, fused: Optional[SourceRows] = None) -> WirePlan:
+        """The plan of rows of ``fields``' dtypes and trailing shapes, made once per ``key``."""
+        layout = row_layout(fields)
+        plan = WirePlan(layout, layout_signature(layout), empty_row(layout, -2, device), fused)
+        self._plans[key] = plan
+        return plan
 
     def _fused_fp8_rows(self, hidden_states: torch.Tensor, quantize: Optional[InputQuantizer]) -> Optional[str]:
         """"token" / "group" where the send-row kernel can quantize (see ``_source``), else None."""
@@ -259,20 +286,23 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         self.max_tokens_per_rank = max_tokens_per_rank
         self._format = ActivationFormat(activation_format)
         self.local = local_prepare_finalize(self._format, max_num_tokens)
-        self._signatures: dict[tuple[RowLayout, torch.device], torch.Tensor] = {}
+        self._records_held: dict[tuple[tuple[int, int], torch.device], torch.Tensor] = {}
 
     @property
     def activation_format(self) -> ActivationFormat:
         return self._format
 
-    def _records(self, layout: RowLayout, device: torch.device, world: int) -> torch.Tensor:
-        """int64 [W, 3], one record per destination: the count (column 0, written by the route on each call) and
-        this rank's layout signature (built once per layout), which travel together in one small all-to-all."""
-        key = (layout, device)
-        if key not in self._signatures:
-            signature = [[0, *layout_signature(layout)]] * world
-            self._signatures[key] = torch.tensor(signature, dtype=torch.int64, device=device)
-        return self._signatures[key]
+    def _records(self, signature: tuple[int, int], device: torch.device, world: int) -> torch.Tensor:
+        """int64 [2W, 3], made once per layout: rows 0..W-1 are the records this rank sends, one per destination
+        (the count in column 0, written by the route on each call, and this rank's layout signature), rows W..2W-1
+        receive the other ranks' records, so that one small all-to-all and one host read of the whole buffer give
+        the splits both ways and the check of the layouts."""
+        key = (signature, device)
+        held = self._records_held.get(key)
+        if held is None:
+            held = torch.tensor([[0, *signature]] * (2 * world), dtype=torch.int64, device=device)
+            self._records_held[key] = held
+        return held
 
     def prepare(
         self,
@@ -292,7 +322,7 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
                 f"{self.name} was built for at most {capacity} tokens per rank (max_tokens_per_rank) but was "
                 f"called with {hidden_states.shape[0]}; split the batch or build it with a larger capacity"
             )
-        source, packed = self._source(
+        source, packed, plan = self._source(
             hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
         )
         layout = packed.layout
@@ -300,24 +330,21 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         recv: Optional[tuple[int, ...]]
         if capacity is None:
             # Each pair's send row, its count written straight into the records that travel (with this rank's
-            # layout signature), before the host waits.
-            records = self._records(layout, hidden_states.device, world)
-            routes = self._routes(topk_ids, world, counts_out=records[:, 0])
-            received = exchange_counts(records, group=self.group)
+            # layout signature), and the other ranks' records received into the same buffer, before the host waits.
+            records = self._records(plan.signature, hidden_states.device, world)
+            routes = self._routes(topk_ids, world, counts_out=records[:world, 0])
+            exchange_counts(records[:world], group=self.group, out=records[world:])
             # The one host synchronisation: all_to_all_single takes its splits as Python integers. Everything
             # but the send rows' one pass is queued before it, so little is left to launch after it.
-            counts = torch.cat([routes.counts, received.reshape(-1)]).tolist()
-            send = tuple(counts[:world])
-            check_row_layouts(
-                [tuple(counts[world + 3 * s + 1 : world + 3 * s + 3]) for s in range(world)], layout_signature(layout),
-                self.name,
-            )
-            recv = tuple(counts[world + 3 * s] for s in range(world))
+            held = records.tolist()
+            send = tuple(record[0] for record in held[:world])
+            check_row_layouts([tuple(record[1:]) for record in held[world:]], plan.signature, self.name)
+            recv = tuple(record[0] for record in held[world:])
             wire = all_to_all_v(send_rows(packed, routes.slot, sum(send), buffers=self._buffers), send, recv,
                                 group=self.group)
         else:
             # Fixed blocks: the rows past each rank's count hold the empty row.
-            self._agree_on_layout(layout_signature(layout), hidden_states.device)
+            self._agree_on_layout(plan.signature, hidden_states.device)
             routes = self._routes(topk_ids, world, capacity)
             wire = all_to_all_equal(send_rows(packed, routes.slot, world * capacity, counts=routes.counts,
                                               capacity=capacity, buffers=self._buffers), group=self.group)

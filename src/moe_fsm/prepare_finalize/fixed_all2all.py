@@ -40,7 +40,6 @@ from moe_fsm.modular.interfaces import ActivationFormat, InputQuantizer, Prepare
 from moe_fsm.prepare_finalize.all2all import ExpertParallelDispatch
 from moe_fsm.prepare_finalize.dispatch_layout import Slabs, slabs_for
 from moe_fsm.prepare_finalize.reduce import require_batched_reduce
-from moe_fsm.prepare_finalize.transport import layout_signature
 from moe_fsm.prepare_finalize.wire_kernels import combine_returned, kernels_apply, send_rows, slab_layout
 
 # vLLM's default batch for batched-format DP dispatch (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP).
@@ -109,11 +108,11 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
                 f"{self.name} was built for at most {capacity} tokens per rank (max_tokens_per_rank) but was "
                 f"called with {num_tokens}; split the batch or build it with a larger capacity"
             )
-        source, packed = self._source(
+        source, packed, plan = self._source(
             hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
         )
         layout = packed.layout
-        self._agree_on_layout(layout_signature(layout), hidden_states.device)
+        self._agree_on_layout(plan.signature, hidden_states.device)
         routes = self._routes(topk_ids, world, capacity)
         # The rows past each rank's count hold the empty row.
         send = send_rows(packed, routes.slot, world * capacity, counts=routes.counts, capacity=capacity,
