@@ -8,10 +8,13 @@ import torch.distributed as dist
 
 from moe_fsm.distributed import ExpertPlacement, pack_row_bytes, unpack_row_bytes
 from moe_fsm.errors import KernelInputError
+from moe_fsm.engine.distributed_run import captures_in_step
 from moe_fsm.experts.torch_experts import TorchBatchedExperts, TorchExperts
+from moe_fsm.experts.triton_experts import TritonExperts
 from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.kernels.grouping import group_by_expert
 from moe_fsm.kernels.reference import moe_reference
+from moe_fsm.modular.interfaces import ActivationFormat
 from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.prepare_finalize import dispatch_layout
 from moe_fsm.prepare_finalize.all2all import AllToAllPrepareFinalize
@@ -185,3 +188,22 @@ def test_a_capacity_bound_pf_on_one_rank_matches_the_local_kernel(world_of_one, 
     for bad in (0, True, 2.0):
         with pytest.raises(KernelInputError, match="max_tokens_per_rank must be a positive integer"):
             capped_pf(placement, max_tokens_per_rank=bad)
+
+
+def test_which_pfs_every_rank_may_capture_in_a_cuda_graph_at_once() -> None:
+    """Fixed blocks (no host read after the first call, collectives of fixed sizes) with experts that read nothing on
+    the host: ``run`` replays those layers from CUDA graphs in step; the variable all-to-all reads its splits on the
+    host, and the Batched format's local packing reads a count, so they run eagerly. No EP P/F is ``host_sync_free``:
+    a graph one process captured alone (``eager_graphs``) would hold collectives the other ranks do not make."""
+    layer = MoELayer(num_experts=6, top_k=2, hidden_size=16, intermediate_size=8, dtype="bfloat16")
+    placement = ExpertPlacement(6, 2, 0)
+    capped = AllToAllPrepareFinalize(placement, max_tokens_per_rank=8)
+    assert capped.captures_in_step and FixedCapacityAllToAllPrepareFinalize(placement, max_tokens_per_rank=8).captures_in_step
+    assert not AllToAllPrepareFinalize(placement).captures_in_step
+    assert not AllToAllPrepareFinalize(placement, max_tokens_per_rank=8, activation_format=ActivationFormat.BATCHED,
+                                       max_num_tokens=16).captures_in_step
+    assert not any(pf.host_sync_free for pf in (capped, AllToAllPrepareFinalize(placement)))
+    assert captures_in_step(ModularKernel(capped, TritonExperts(layer), layer))
+    assert not captures_in_step(ModularKernel(capped, TorchExperts(layer), layer))  # the torch experts read counts
+    assert not captures_in_step(ModularKernel(AllToAllPrepareFinalize(placement), TritonExperts(layer), layer))
+

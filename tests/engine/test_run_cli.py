@@ -60,10 +60,11 @@ def test_run_across_two_processes(tmp_path, capfd):
     assert code == 0, out
     assert "AllToAllPrepareFinalize" in out and "2/2 layers within tolerance" in out
     stage_table = out.split("stage times per layer", 1)[1].splitlines()
-    assert stage_table[1].split() == ["layer", "dispatch", "experts", "combine"]
-    for row in stage_table[2:4]:  # one row per layer, three positive times (ms)
-        name, *times = row.split()
+    assert stage_table[1].split() == ["layer", "dispatch", "experts", "combine", "call"]
+    for row in stage_table[2:4]:  # one row per layer, three positive times (ms), eager calls (gloo: no CUDA graph)
+        name, *times, call = row.split()
         assert name.startswith("model.layers.") and len(times) == 3 and all(float(t) > 0 for t in times), row
+        assert call == "eager", row
     assert sorted(p.name for p in tmp_path.glob("*.json")) == [  # the two layers decide alike: one trace per rank
         "layer000-model.layers.0.mlp.experts.rank0.json", "layer000-model.layers.0.mlp.experts.rank1.json",
     ]
@@ -89,6 +90,8 @@ def test_run_across_two_processes_in_fixed_blocks(tmp_path, capfd):
         trace = json.loads((tmp_path / f"layer000-model.layers.0.mlp.experts.rank{rank}.json").read_text())
         assert trace["build"]["max_tokens_per_rank"] == 6
         assert trace_schema.errors(trace) == []
+    # CUDA graphs need CUDA: on the CPU the layer runs eagerly, and the manifest says so
+    assert [layer["call"] for layer in json.loads((tmp_path / "run.manifest").read_text())["layers"]] == ["eager"]
 
 
 # -- issue 12, item 10: `run --nproc` checks its flags before launching anything --------------------

@@ -8,6 +8,12 @@ Every rank draws the same weights from the seed, keeps its experts, and
 checks its tokens' outputs against the float64 reference over all experts;
 rank 0 gathers the rows and prints the table, then each layer's dispatch,
 experts and combine times (:class:`moe_fsm.modular.kernel.StageClock`).
+
+On GPUs, a layer whose prepare/finalize sends fixed blocks (``--max-tokens-per-rank``: no host read after the
+first call, collectives of fixed sizes) and whose experts read nothing on the host is captured in a CUDA graph by
+every rank at the same point and replayed in step, so its time and checked output are the replay's, what an
+engine replaying its layers gets (the eager call of the same layer is host-bound: ``docs/perf/distributed.md``).
+The table's ``call`` column and the manifest's ``call`` say which ran.
 """
 
 from __future__ import annotations
@@ -109,8 +115,11 @@ def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
             placement = ExpertPlacement(layer.num_experts, ctx.world_size, ctx.rank)
             shard = shard_experts(weights.w1, weights.w2, weights.scales, placement)
             clock = _attach_clock(layer_state.kernel)
+            capture = (lambda call, kernel=layer_state.kernel: capture_in_step(call, kernel, device, options.repeats)
+                       ) if device.type == "cuda" and captures_in_step(layer_state.kernel) else None
             out, result = run_layer(index, layer_state, x, weights, topk_weights, topk_ids,
-                                    shard=shard, expert_map=placement.expert_map(device), options=options, timer=timer)
+                                    shard=shard, expert_map=placement.expert_map(device), options=options, timer=timer,
+                                    capture=capture)
             results.append(result)
             stage_times.append(_stage_medians(layer_state.kernel, clock, options.repeats))
             hidden = rms_norm(x + out).to(torch.float32).cpu()
@@ -127,7 +136,7 @@ def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
         stacked = torch.stack(everyone).cpu()
         worst, total = stacked.amax(dim=0), stacked.sum(dim=0)
         rows = [replace(r, rel_error=float(worst[i, 0]), time_ms=float(worst[i, 1]), nonfinite_rows=int(total[i, 2]),
-                        checked_rows=int(total[i, 3])) for i, r in enumerate(results)]
+                        checked_rows=int(total[i, 3])) for i, r in enumerate(results)]  # call: every rank's, agreed at capture
         stages = torch.tensor(stage_times, dtype=torch.float64, device=device).reshape(len(results), len(StageClock.STAGES))
         everyone = [torch.empty_like(stages) for _ in range(ctx.world_size)]
         dist.all_gather(everyone, stages)
@@ -142,8 +151,56 @@ def run_rank(args, model, request, env, options: RunOptions, platform) -> int:
             print(render_results(rows, engine, args.trace_dir))
             print("(rel err and time: the worst rank per layer; checked and non-finite rows: all ranks; "
                   "traces carry .rank<r> in their names)")
-            print(render_stage_times([r.name for r in rows], slowest_stages.tolist(), options.repeats))
+            print(render_stage_times([r.name for r in rows], slowest_stages.tolist(), options.repeats,
+                                     [r.call for r in rows]))
         return 0 if all(r.ok for r in rows) else 1
+
+
+def captures_in_step(kernel) -> bool:
+    """Whether every rank can capture a call of ``kernel`` in a CUDA graph at the same point and replay it in step:
+    its prepare/finalize says so (fixed blocks) and its experts read nothing on the host."""
+    return (isinstance(kernel, ModularKernel) and getattr(kernel.prepare_finalize, "captures_in_step", False)
+            and kernel.experts.host_sync_free)
+
+
+def capture_in_step(call, kernel, device: torch.device, warmups: int):
+    """``call`` captured in a CUDA graph on this rank, at the same point as on every other rank; its replay (which
+    returns the graph's output), or None on every rank when any rank's capture failed (those layers run eagerly).
+
+    Before the capture, ``warmups`` eager calls on the capture's side stream, timed by the kernel's stage clock
+    where one is attached (the stage times of a replayed layer come from them: a replay has no marks between its
+    stages); the clock is detached while capturing, since its events cannot be recorded into a graph.
+    """
+    clock = getattr(kernel, "stage_clock", None)
+    graph, output, failure = None, None, ""
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmups):
+                call()
+        torch.cuda.current_stream(device).wait_stream(side)
+        kernel.stage_clock = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = call()
+    except Exception as err:  # noqa: BLE001 - whatever stops one rank's capture, every rank must learn it below
+        failure = str(err).splitlines()[0] if str(err) else type(err).__name__
+    finally:
+        kernel.stage_clock = clock
+    failed = torch.tensor([1.0 if failure else 0.0], device=device)
+    dist.all_reduce(failed)
+    if failed.item():
+        print(f"rank {dist.get_rank()}: {kernel.name} runs eagerly: "
+              + (f"its CUDA-graph capture failed here: {failure}" if failure else "another rank's capture failed"),
+              file=sys.stderr, flush=True)
+        return None
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return output
+
+    return replay
 
 
 def _attach_clock(kernel) -> Optional[StageClock]:
@@ -163,14 +220,16 @@ def _stage_medians(kernel, clock: Optional[StageClock], repeats: int) -> list[fl
     return [medians[stage] for stage in StageClock.STAGES]
 
 
-def render_stage_times(names: list[str], times: list[list[float]], repeats: int) -> str:
-    """Per layer: dispatch (prepare), experts, combine (finalize) in ms, each the slowest rank's median."""
-    lines = [f"stage times per layer (ms; median of {repeats} calls, slowest rank per stage; dispatch and combine "
-             "include waiting for the other ranks):",
-             f"  {'layer':<32} {'dispatch':>10} {'experts':>10} {'combine':>10}"]
-    for name, (dispatch, experts, combine) in zip(names, times):
+def render_stage_times(names: list[str], times: list[list[float]], repeats: int, calls: list[str]) -> str:
+    """Per layer: dispatch (prepare), experts, combine (finalize) in ms, each the slowest rank's median, and how the
+    layer's timed calls ran (``calls``: "eager" or "cuda_graph")."""
+    lines = [f"stage times per layer (ms; median of {repeats} eager calls, slowest rank per stage; dispatch and combine "
+             "include waiting for the other ranks; a layer whose call is cuda_graph was timed and checked above as "
+             "replays of a CUDA graph, which has no marks between its stages):",
+             f"  {'layer':<32} {'dispatch':>10} {'experts':>10} {'combine':>10}  call"]
+    for name, (dispatch, experts, combine), call in zip(names, times, calls):
         cells = " ".join("         -" if t != t else f"{t:10.3f}" for t in (dispatch, experts, combine))  # NaN: not a modular kernel
-        lines.append(f"  {name[:32]:<32} {cells}")
+        lines.append(f"  {name[:32]:<32} {cells}  {call}")
     return "\n".join(lines)
 
 

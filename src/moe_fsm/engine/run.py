@@ -95,6 +95,7 @@ class LayerResult:
     cached: bool
     checked_rows: int = 0
     nonfinite_rows: int = 0  # output rows with a NaN/Inf where the reference row is finite
+    call: str = "eager"  # how the timed and checked calls ran: "eager", or "cuda_graph" (replays of one capture)
 
     @property
     def ok(self) -> bool:
@@ -218,19 +219,20 @@ def run_model(
 
 def run_layer(index: int, layer_state: LoadedLayer, x, weights: LayerWeights, topk_weights, topk_ids, *,
               shard: Optional[tuple] = None, expert_map=None, options: RunOptions = RunOptions(),
-              timer: Optional["KernelTimer"] = None) -> tuple[torch.Tensor, "LayerResult"]:
+              timer: Optional["KernelTimer"] = None, capture=None) -> tuple[torch.Tensor, "LayerResult"]:
     """Run one layer's kernel on ``x`` and check it against the float64 reference.
 
     ``shard`` is this rank's (w1, w2, scales) when experts are spread over ranks;
     the reference always uses every expert, since the layer's output must not
-    depend on where its experts live.
+    depend on where its experts live. ``capture`` as for :class:`KernelTimer`: the timed and checked calls are
+    then replays of a CUDA graph (the row's ``call`` says which ran).
     """
     layer = layer_state.spec.layer
     w1, w2, scales = shard if shard is not None else (weights.w1, weights.w2, weights.scales)
     kernel = layer_state.kernel
     call = lambda: kernel(x, w1, w2, topk_weights, topk_ids, scales=scales, expert_map=expert_map)
     timer = timer or KernelTimer(options.repeats)
-    out, elapsed = timer(call, key=(id(kernel), tuple(x.shape[1:]), x.dtype), on_cuda=x.is_cuda)
+    out, elapsed = timer(call, key=(id(kernel), tuple(x.shape[1:]), x.dtype), on_cuda=x.is_cuda, capture=capture)
     rows = check_rows(x.shape[0], options.check_rows, seed=index)
     ref = moe_reference(
         x.cpu()[rows], weights.w1_ref, weights.w2_ref, topk_weights.cpu()[rows], topk_ids.cpu()[rows],
@@ -240,7 +242,8 @@ def run_layer(index: int, layer_state: LoadedLayer, x, weights: LayerWeights, to
         w2_bias=None if weights.scales.w2_bias is None else weights.scales.w2_bias.cpu(),
     )
     err, nonfinite = compare(out.cpu()[rows], ref)
-    return out, _row(index, layer_state, elapsed, err, checked_rows=len(rows), nonfinite_rows=nonfinite)
+    return out, _row(index, layer_state, elapsed, err, checked_rows=len(rows), nonfinite_rows=nonfinite,
+                     call="cuda_graph" if timer.replayed else "eager")
 
 
 def check_rows(total: int, sample: Optional[int], *, seed: int) -> torch.Tensor:
@@ -273,16 +276,25 @@ class KernelTimer:
 
     The first timed call's output is the one checked and passed on: every call
     computes the same thing, and the first is what a model would have used.
+
+    ``capture`` (a GPU run, where every rank replays in step): after the warm-up, ``capture(call)`` returns a
+    replay of ``call`` captured in a CUDA graph (or None where it could not capture it); the timed calls are then
+    replays, whose output is the graph's, the same tensor each time (identical calls on identical inputs).
+    ``replayed`` says whether the last layer's timed calls were replays.
     """
 
     def __init__(self, repeats: int = DEFAULT_REPEATS) -> None:
         self.repeats = repeats
         self._warm: set = set()
+        self.replayed = False
 
-    def __call__(self, call, *, key, on_cuda: bool):
+    def __call__(self, call, *, key, on_cuda: bool, capture=None):
         if key not in self._warm:
             call()  # first-call allocations, lazy initialization, kernel compilation
             self._warm.add(key)
+        replay = capture(call) if capture is not None else None
+        self.replayed = replay is not None
+        call = replay or call
         times, out = [], None
         for _ in range(self.repeats):
             if on_cuda:
@@ -308,7 +320,7 @@ def kernel_text(decision, stand_in) -> str:
 
 
 def _row(index: int, layer_state: LoadedLayer, elapsed_ms: float, err: float, *, checked_rows: int,
-         nonfinite_rows: int) -> LayerResult:
+         nonfinite_rows: int, call: str = "eager") -> LayerResult:
     decision, layer = layer_state.decision, layer_state.spec.layer
     return LayerResult(
         index=layer_number(layer_state.spec.name, index),  # the decoder layer, as the trace file and plan number it
@@ -323,4 +335,5 @@ def _row(index: int, layer_state: LoadedLayer, elapsed_ms: float, err: float, *,
         cached=layer_state.cached,
         checked_rows=checked_rows,
         nonfinite_rows=nonfinite_rows,
+        call=call,
     )

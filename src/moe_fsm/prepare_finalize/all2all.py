@@ -118,9 +118,16 @@ class DispatchState:
 
 
 class ExpertParallelDispatch(PrepareFinalize):
-    """What both all-to-all P/Fs share: the placement, its checks, and the rows as they leave this rank."""
+    """What both all-to-all P/Fs share: the placement, its checks, and the rows as they leave this rank.
+
+    ``captures_in_step``: after its first call, a call only launches device work and collectives whose sizes do
+    not depend on the data, so every rank of the group may capture it in a CUDA graph at the same point of its
+    calls and replay it in step (``moe-fsm run --nproc N`` does). Not ``host_sync_free``: a graph captured by one
+    process alone (``eager_graphs``) would hold collectives the other ranks do not make at the same time.
+    """
 
     name = "ExpertParallelDispatch"
+    captures_in_step = False
 
     def __init__(self, placement: ExpertPlacement, *, group: Optional[dist.ProcessGroup], quantize_first: bool) -> None:
         self.placement = placement
@@ -291,6 +298,11 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
     @property
     def activation_format(self) -> ActivationFormat:
         return self._format
+
+    @property
+    def captures_in_step(self) -> bool:
+        """Fixed blocks in the Standard format (the Batched format's local packing reads a count on the host)."""
+        return self.max_tokens_per_rank is not None and self._format is ActivationFormat.STANDARD
 
     def _records(self, signature: tuple[int, int], device: torch.device, world: int) -> torch.Tensor:
         """int64 [2W, 3], made once per layout: rows 0..W-1 are the records this rank sends, one per destination

@@ -67,6 +67,7 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
     """
 
     name = "FixedCapacityAllToAllPrepareFinalize"
+    captures_in_step = True  # equal splits, slabs of the build-time capacity, counts left on the device
 
     def __init__(
         self,
