@@ -166,6 +166,22 @@ def test_kernel_time_is_the_median_of_repeats_after_one_warm_up(monkeypatch):
     assert ms == pytest.approx(5.0)
 
 
+def test_kernel_timer_times_the_replays_a_capture_returns_and_says_so():
+    """With ``capture`` (run --nproc on GPUs, for layers every rank captures in step), the warm-up call is eager and
+    the timed calls are the replay's; a capture that returns None (it failed on some rank) leaves them eager."""
+    eager, replays = [], []
+
+    def capture(call):
+        assert eager == [1]  # after the warm-up call
+        return lambda: replays.append(1) or "replayed"
+
+    timer = KernelTimer(repeats=3)
+    out, _ = timer(lambda: eager.append(1) or "eager", key="k", on_cuda=False, capture=capture)
+    assert (out, len(eager), len(replays), timer.replayed) == ("replayed", 1, 3, True)
+    out, _ = timer(lambda: eager.append(1) or "eager", key="k", on_cuda=False, capture=lambda call: None)
+    assert (out, len(eager), len(replays), timer.replayed) == ("eager", 4, 3, False)
+
+
 def test_run_prints_progress_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):
     assert main(["run", "--layers", "3", "--tokens", "4", "--repeats", "1", "--trace-dir", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
