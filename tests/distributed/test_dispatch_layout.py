@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moe_fsm.distributed import ExpertPlacement, pack_row_bytes, unpack_row_bytes
+from moe_fsm.distributed import ExpertPlacement, exchange_counts, pack_row_bytes, unpack_row_bytes
 from moe_fsm.errors import KernelInputError
 from moe_fsm.engine.distributed_run import captures_in_step
 from moe_fsm.experts.torch_experts import TorchBatchedExperts, TorchExperts
@@ -152,6 +152,18 @@ def world_of_one():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+def test_counts_exchange_into_the_second_half_of_one_buffer(world_of_one) -> None:
+    """The variable dispatch sends its records from the first half of one int64 buffer into its second half, so one
+    host read gets both; an ``out`` that is not a contiguous int64 tensor of the records' shape is refused by name."""
+    records = torch.tensor([[5, 7, 9], [0, 0, 0]], dtype=torch.int64)
+    got = exchange_counts(records[:1], out=records[1:])
+    assert got.data_ptr() == records[1:].data_ptr() and records.tolist() == [[5, 7, 9], [5, 7, 9]]
+    for bad in (torch.empty(1, 3, dtype=torch.int32), torch.empty(1, 2, dtype=torch.int64),
+                torch.empty(1, 6, dtype=torch.int64)[:, ::2]):
+        with pytest.raises(KernelInputError, match=r"exchange_counts needs out as contiguous int64 \(1, 3\)"):
+            exchange_counts(records[:1], out=bad)
 
 
 @pytest.mark.parametrize("capped_pf, experts, local_pf", [

@@ -128,14 +128,19 @@ def exchange_sizes(count: int, *, group: Optional[dist.ProcessGroup] = None, dev
 
 
 def exchange_counts(
-    send_counts: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None, out: Optional[torch.Tensor] = None
+    send_counts: torch.Tensor,
+    *,
+    group: Optional[dist.ProcessGroup] = None,
+    out: Optional[torch.Tensor] = None,
+    world: Optional[int] = None,
 ) -> torch.Tensor:
     """All-to-all of per-destination counts [W] (or [W, c] records): row s of the result came from rank s.
 
     ``out`` (contiguous, ``send_counts``' shape, int64, e.g. the second half of one buffer whose first half is
-    ``send_counts``, so both are read back by one host read) receives them where given.
+    ``send_counts``, so both are read back by one host read) receives them where given. ``world``: as for
+    :func:`all_to_all_v`.
     """
-    _, world = group_rank_and_size(group)
+    world = _group_size(group, world)
     if send_counts.dim() not in (1, 2) or send_counts.shape[0] != world:
         raise KernelInputError(
             f"send_counts must have one entry (or record) per rank ({world}), got shape {tuple(send_counts.shape)}"
@@ -204,13 +209,15 @@ def all_to_all_v(
     recv_counts: Sequence[int],
     *,
     group: Optional[dist.ProcessGroup] = None,
+    world: Optional[int] = None,
 ) -> torch.Tensor:
     """Send ``rows[offsets[d]:offsets[d]+send_counts[d]]`` to rank d; receive ``recv_counts[s]`` rows from s.
 
     Rows must already be grouped by destination. Float8 and other dtypes gloo
-    cannot carry go as bytes; the result has ``rows``' dtype.
+    cannot carry go as bytes; the result has ``rows``' dtype. ``world``: the group's size where the caller has
+    already looked it up (a dispatch does once a call), which spares the lookup here; else it is looked up.
     """
-    _, world = group_rank_and_size(group)
+    world = _group_size(group, world)
     _check_sizes(send_counts, world)
     _check_sizes(recv_counts, world)
     if rows.shape[0] != sum(send_counts):
@@ -224,12 +231,15 @@ def all_to_all_v(
     return out.view(send.dtype).reshape(out.shape[0], *send.shape[1:])
 
 
-def all_to_all_equal(rows: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+def all_to_all_equal(
+    rows: torch.Tensor, *, group: Optional[dist.ProcessGroup] = None, world: Optional[int] = None
+) -> torch.Tensor:
     """Send block d of ``rows`` [W * n, ...] to rank d; block s of the result came from rank s.
 
-    Equal splits: no sizes, no host synchronisation, so it can be captured in a CUDA graph.
+    Equal splits: no sizes, no host synchronisation, so it can be captured in a CUDA graph. ``world``: as for
+    :func:`all_to_all_v`.
     """
-    _, world = group_rank_and_size(group)
+    world = _group_size(group, world)
     if rows.shape[0] % world:
         raise KernelInputError(f"all_to_all_equal needs a multiple of {world} rows (one block per rank), got {rows.shape[0]}")
     send = rows.contiguous()
@@ -237,6 +247,10 @@ def all_to_all_equal(rows: torch.Tensor, *, group: Optional[dist.ProcessGroup] =
     out = torch.empty_like(wire)
     dist.all_to_all_single(out, wire, group=group)
     return out if wire.dtype == send.dtype else out.view(send.dtype)
+
+
+def _group_size(group: Optional[dist.ProcessGroup], world: Optional[int]) -> int:
+    return world if world is not None else group_rank_and_size(group)[1]
 
 
 def wire_view(t: torch.Tensor) -> torch.Tensor:

@@ -345,7 +345,7 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
             # layout signature), and the other ranks' records received into the same buffer, before the host waits.
             records = self._records(plan.signature, hidden_states.device, world)
             routes = self._routes(topk_ids, world, counts_out=records[:world, 0])
-            exchange_counts(records[:world], group=self.group, out=records[world:])
+            exchange_counts(records[:world], group=self.group, out=records[world:], world=world)
             # The one host synchronisation: all_to_all_single takes its splits as Python integers. Everything
             # but the send rows' one pass is queued before it, so little is left to launch after it.
             held = records.tolist()
@@ -353,13 +353,13 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
             check_row_layouts([tuple(record[1:]) for record in held[world:]], plan.signature, self.name)
             recv = tuple(record[0] for record in held[world:])
             wire = all_to_all_v(send_rows(packed, routes.slot, sum(send), buffers=self._buffers), send, recv,
-                                group=self.group)
+                                group=self.group, world=world)
         else:
             # Fixed blocks: the rows past each rank's count hold the empty row.
             self._agree_on_layout(plan.signature, hidden_states.device)
             routes = self._routes(topk_ids, world, capacity)
             wire = all_to_all_equal(send_rows(packed, routes.slot, world * capacity, counts=routes.counts,
-                                              capacity=capacity, buffers=self._buffers), group=self.group)
+                                              capacity=capacity, buffers=self._buffers), group=self.group, world=world)
             send = recv = None
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         if expert_map is not None and kernels_apply(ids):
@@ -409,8 +409,9 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
                 apply_router_weight_on_input=apply_router_weight_on_input,
                 reduce=reduce,
             )
+        world = self.placement.world_size  # the group's size, checked by prepare
         if state.send_counts is None:
-            returned = all_to_all_equal(partial, group=self.group)
+            returned = all_to_all_equal(partial, group=self.group, world=world)
         else:
-            returned = all_to_all_v(partial, state.recv_counts, state.send_counts, group=self.group)
+            returned = all_to_all_v(partial, state.recv_counts, state.send_counts, group=self.group, world=world)
         combine_returned(output, returned, state.slot)

@@ -118,7 +118,7 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
         # The rows past each rank's count hold the empty row.
         send = send_rows(packed, routes.slot, world * capacity, counts=routes.counts, capacity=capacity,
                          buffers=self._buffers)
-        wire = all_to_all_equal(send, group=self.group)
+        wire = all_to_all_equal(send, group=self.group, world=world)
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         if not source.quantized and quantize is not None:
             rows, row_scale = quantize(rows)  # the empty rows are zeros: a per-tensor amax does not see them
@@ -157,5 +157,5 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
         state: FixedDispatchState = prepared.state
         weights = None if apply_router_weight_on_input else prepared.topk_weights
         partial = state.slabs.reduce(expert_output, weights, output.dtype)
-        returned = all_to_all_equal(partial, group=self.group)
+        returned = all_to_all_equal(partial, group=self.group, world=self.placement.world_size)  # checked by prepare
         combine_returned(output, returned, state.slot)
