@@ -17,8 +17,7 @@ import torch
 
 from moe_fsm.cli.main import main
 
-pytestmark = [
-    pytest.mark.gpu,
+pytestmark = [  # the distributed suite's (bench/gpu.sh distributed), as test_graph_capture.py: not the one-GPU suite's
     pytest.mark.distributed,
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="an NCCL run of two ranks needs 2 CUDA devices"),
     pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="the experts that capture are Triton kernels"),
