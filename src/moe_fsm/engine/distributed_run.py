@@ -182,7 +182,9 @@ def capture_in_step(call, kernel, device: torch.device, warmups: int):
         torch.cuda.current_stream(device).wait_stream(side)
         kernel.stage_clock = None
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the process group's watchdog thread queries its work events meanwhile, which must not
+        # invalidate the capture (as eager_graphs captures)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             output = call()
     except Exception as err:  # noqa: BLE001 - whatever stops one rank's capture, every rank must learn it below
         failure = str(err).splitlines()[0] if str(err) else type(err).__name__
