@@ -22,7 +22,6 @@ This module is a face, like the CLI: the decision core never imports it; it impo
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
 import itertools

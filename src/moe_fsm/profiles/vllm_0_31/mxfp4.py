@@ -19,7 +19,6 @@ from moe_fsm.fsm.activation_order import ActivationOrder
 from moe_fsm.fsm.policy import frozen
 from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.profiles.derive import derived_policy
-from moe_fsm.profiles.vllm_0_31.humming import without_humming_first
 from moe_fsm.profiles.vllm_0_32 import PROFILE as V032
 
 _BASE = V032.policies[QuantFamily.MXFP4]
