@@ -30,7 +30,7 @@ from typing import Optional, Union
 
 from moe_fsm.inputs.platform import Vendor
 from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily, QuantScheme
-from moe_fsm.plan.quant_config import CompressedTensorsReader, CtScheme
+from moe_fsm.plan.compressed_tensors_config import CompressedTensorsReader, CtScheme
 from moe_fsm.plan.quant_fields import (
     ConfigRules, LayerContext, LayerQuant, Mapped, Reader, Refusal, Refused, Unmapped, bad_field, first_key,
     read_flag, read_int, read_names, read_object, short_text,
