@@ -68,7 +68,7 @@ import time
 import types
 import zipfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -245,7 +245,6 @@ class VllmPipeline:
     def _gemm(self, a, a_scale, b, b_scale, c, topk_weights, routing, mul_routed_weight, top_k, config, compute_type, naive):
         import triton
 
-        torch = self.torch
         fp8 = self.shape.fp8
         sorted_ids, expert_ids, num_padded = routing
         m = a.size(0)
