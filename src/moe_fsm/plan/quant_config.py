@@ -15,7 +15,8 @@ comes from), and this module follows each one as data:
    compressed-tensors config groups matched on the experts' unfused projections, ModelOpt's
    ``quantized_layers``, Quark's ``layer_quant_config`` -- and where vLLM falls back (GPTQ and AWQ to
    ``MoeWNA16Method`` when Marlin's shape rule fails). One reader class per vLLM config class
-   (``CONFIG_READERS``).
+   (``CONFIG_READERS``); the larger ones live in modules of their own (``compressed_tensors_config``,
+   ``modelopt_config``, ``quark_config``).
 3. **The scheme the method hands its oracle**: the (weight, activation) keys and checkpoint facts, built
    here as a ``QuantScheme`` (``Mapped``), whose family picks moe-fsm's policy for that oracle.
 
@@ -30,21 +31,21 @@ shares). Name lists are indexed once per config (``QuantReader``) and pattern li
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
-from fnmatch import fnmatch
 from types import MappingProxyType
 from typing import Callable, Optional, Union
 
 from moe_fsm.errors import InputError
 from moe_fsm.inputs.platform import Vendor
-from moe_fsm.inputs.quant import NVFP4_STATIC, QuantFamily, QuantScheme
+from moe_fsm.inputs.quant import QuantScheme
 from moe_fsm.plan.compressed_tensors_config import CompressedTensorsReader
-from moe_fsm.plan.name_matching import PrefixIndex, SubstringOrGlob, VllmRegex, capped
+from moe_fsm.plan.modelopt_config import ModelOptReader
+from moe_fsm.plan.name_matching import SubstringOrGlob, VllmRegex
 from moe_fsm.plan.quant_fields import (
-    ConfigRules, LayerContext, LayerQuant, Mapped, Reader, Refusal, Refused, bad_field,
-    first_key, not_modelled, read_flag, read_int, read_names, read_object, short_repr, short_text, unquantized,
+    ConfigRules, LayerContext, LayerQuant, Mapped, Reader, Refusal, Refused, bad_field, first_key, fp8_block_scheme,
+    not_modelled, read_flag, read_int, read_names, read_object, short_text, unquantized,
 )
+from moe_fsm.plan.quark_config import QuarkReader
 
 
 # vLLM's fp8 ACTIVATION_SCHEMES (fp8.py): Fp8Config refuses a config whose activation_scheme is absent or not exactly one of these.
@@ -332,24 +333,6 @@ class _AutoAWQ(Reader):
 # fp8 -------------------------------------------------------------------------------------------------------------
 
 
-def _fp8_block_scheme(ctx: LayerContext, block: list, source: str, method: str) -> LayerQuant:
-    """Fp8MoEMethod with weight blocks: vLLM fits the blocks to the TP shard (refine_fp8_moe_block_shape) and keys
-    the weights by the fitted shape; moe-fsm's FP8 block scheme is 128x128."""
-    bn, bk = block
-    ispp = ctx.intermediate_per_partition
-    shape = list(block)
-    if not (ispp % bn == 0 and (ctx.tp_size == 1 or ispp % bk == 0)):
-        refine = math.gcd(int(bn), int(bk), ispp, ctx.hidden_size)
-        if refine >= 32:
-            shape = [refine, refine]
-    if shape != [128, 128]:
-        fitted = "" if shape == list(block) else f" (refined from {short_repr(block)} to fit the per-rank intermediate size {ispp})"
-        return not_modelled(f"{source}: weight blocks {short_repr(shape)}{fitted}; moe-fsm's FP8 schemes take 128x128 "
-                             "blocks only")
-    return Mapped(QuantScheme.fp8("block", "group"), f"{source} block 128x128, dynamic 1x128 activations",
-                  method=method)
-
-
 class _Fp8(Reader):
     """Fp8Config: ``Fp8MoEMethod`` (block or per-tensor); ``ignored_layers`` (else ``modules_to_not_convert``)
     name whole modules exactly; ``store_dtype: mxfp4`` is DeepSeek-V4's MXFP4 method."""
@@ -390,7 +373,7 @@ class _Fp8(Reader):
             return not_modelled("fp8 with store_dtype mxfp4: vLLM's Mxfp4MoEMethod picks DeepSeek-V4's MXFP4 backend "
                                  "list, which moe-fsm does not model")
         if self.block is not None:
-            return _fp8_block_scheme(self.ctx, self.block, "fp8", "Fp8MoEMethod")
+            return fp8_block_scheme(self.ctx, self.block, "fp8", "Fp8MoEMethod")
         if not self.dynamic:
             return Mapped(QuantScheme.fp8("tensor", "tensor", static_activation=True),
                           "fp8 per-tensor, static activations", method="Fp8MoEMethod")
@@ -398,309 +381,6 @@ class _Fp8(Reader):
             return Mapped(QuantScheme.fp8("tensor", "token"), "fp8 per-tensor, dynamic per-token activations "
                           "(VLLM_BATCH_INVARIANT)", method="Fp8MoEMethod")
         return Mapped(QuantScheme.fp8("tensor", "tensor"), "fp8 per-tensor, dynamic activations", method="Fp8MoEMethod")
-
-
-# modelopt --------------------------------------------------------------------------------------------------------
-
-MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8", "MIXED_PRECISION")
-MODELOPT_OWNED = {  # the quant_algos each ModelOpt config class accepts (algos_owned_by)
-    "modelopt": ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"),
-    "modelopt_fp4": ("NVFP4", "W4A16_NVFP4"),
-    "modelopt_mxfp8": ("MXFP8",),
-}
-BLOCK_FP8_MOE_ALGOS = ("FP8_PB_WO", "FP8_BLOCK_SCALES")
-B12X_BLOCK_CODECS = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")  # vllm.utils.b12x, MIXED_PRECISION entries (0.32+)
-VISION_MODULES = ("vision_tower", "vision_model", "vit_large_projector")
-
-
-def _modelopt_fixed(algo: str) -> tuple[QuantScheme, str]:
-    """The scheme and method of the non-mixed ModelOpt MoE methods."""
-    if algo in MODELOPT_OWNED["modelopt"]:  # ModelOptFp8MoEMethod keys every FP8 algo static per-tensor
-        return QuantScheme.fp8("tensor", "tensor", static_activation=True), "ModelOptFp8MoEMethod"
-    if algo == "NVFP4":
-        return QuantScheme.nvfp4(), "ModelOptNvFp4FusedMoE"
-    if algo == "W4A16_NVFP4":
-        return QuantScheme(QuantFamily.NVFP4, NVFP4_STATIC, None), "ModelOptNvFp4FusedMoE"
-    return QuantScheme.mxfp8(), "ModelOptMxFp8FusedMoE"
-
-
-class _ModelOpt(Reader):
-    """ModelOptFp8Config / ModelOptNvFp4Config / ModelOptMxFp8Config / ModelOptMixedPrecisionConfig."""
-
-    MIN_CAPABILITIES = {"modelopt": 80, "modelopt_fp4": 75, "modelopt_mxfp8": 80, "mxfp8": 80, "modelopt_mixed": 75}
-
-    def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
-        super().__init__(config, ctx, method)
-        self.MIN_CAPABILITY = self.MIN_CAPABILITIES[method]
-        if method == "mxfp8":  # the MiniMax-style quant_method: the same class as modelopt_mxfp8
-            method = "modelopt_mxfp8"
-        if method == "modelopt_mxfp8" and "quantization" not in config and not config.get("quant_algo"):
-            # ModelOptMxFp8Config.from_config reads a config without quant_algo as the ModelOpt MXFP8 schema
-            config = {"quantization": {"quant_algo": "MXFP8", "exclude_modules": read_names(
-                config.get("ignored_layers"), "ignored_layers")}}
-        nested = "quantization" in config
-        if nested:
-            body = config["quantization"]
-            if not isinstance(body, dict):
-                raise Refusal("Expected 'quantization' to be a dictionary in config")
-            algo = body.get("quant_algo")
-            excluded = body.get("exclude_modules", [])
-        else:
-            body = config
-            algo = config.get("quant_algo")
-            excluded = config.get("ignore", config.get("exclude_modules", []) if ctx.rules.modelopt_flat_exclude_modules
-                                  else [])
-        if not algo:
-            raise Refusal("Missing 'quant_algo' in quantization config")
-        if not isinstance(algo, str):
-            raise bad_field("quant_algo", "a quant_algo name (a string)", algo)
-        algo = algo.upper()
-        if not isinstance(excluded, list):
-            raise Refusal(f"exclude_modules must be a list, got {type(excluded)}")
-        if algo not in MODELOPT_ALGOS:
-            raise Refusal(f"ModelOpt currently only supports: {list(MODELOPT_ALGOS)} quantizations in vLLM. Please "
-                           "check the `hf_quant_config.json` file for your model's quant configuration.")
-        owned = MODELOPT_OWNED.get(method)
-        if owned is not None and algo not in owned:
-            label = {"modelopt": "ModelOpt FP8 quant_algo for vLLM", "modelopt_fp4": "ModelOpt NVFP4 quant_algo",
-                     "modelopt_mxfp8": "ModelOpt MXFP8 quant_algo"}[method]
-            raise Refusal(f"Unsupported {label}: {algo}. Supported: {' / '.join(owned)}.")
-        if method == "modelopt_fp4":
-            groups = config.get("config_groups")
-            if algo == "NVFP4" and isinstance(groups, dict) and groups and all(
-                    isinstance(g, dict) and g.get("input_activations") is None for g in groups.values()):
-                algo = "W4A16_NVFP4"  # weight-only despite the name: vLLM routes it through W4A16
-            if "NVFP4" in algo and nested:
-                missing = [f for f in ("group_size", "kv_cache_quant_algo", "exclude_modules") if f not in body]
-                if missing:
-                    raise Refusal(f"NVFP4 quantization requires the following fields in hf_quant_config.json: {missing}")
-        self.algo = algo
-        self.excluded = SubstringOrGlob(read_names(excluded, "exclude_modules"), "exclude_modules", glob=True)
-        self.layers: dict = {}
-        if method == "modelopt_mixed":
-            self._read_mixed(body)
-        self.method = method
-
-    def _read_mixed(self, body: dict) -> None:
-        layers = read_object(body.get("quantized_layers", {}), "quantized_layers", {})
-        if not layers:
-            raise Refusal("MIXED_PRECISION quant_algo requires a non-empty 'quantized_layers' mapping in the "
-                           "quantization config.")
-        blocks = set()
-        for key, entry in layers.items():  # every entry checked up front: no layer is decided from a malformed config
-            entry = read_object(entry, f"quantized_layers[{key!r}]")
-            algo = entry.get("quant_algo", "")
-            if not isinstance(algo, str):
-                raise bad_field(f"quantized_layers[{key!r}].quant_algo", "a quant_algo name (a string)", algo)
-            if self.ctx.rules.modelopt_b12x_codecs and algo.lower() in B12X_BLOCK_CODECS:
-                continue  # (the codec's block contract is b12x's; its MoE method is not modelled)
-            if algo.upper() in BLOCK_FP8_MOE_ALGOS:
-                blocks.add(read_int(entry.get("group_size", 128), f"quantized_layers[{key!r}].group_size"))
-        if len(blocks) > 1:
-            raise Refusal(f"MIXED_PRECISION currently requires all block-FP8 MoE layers to use one group_size, got "
-                           f"{sorted(blocks)}.")
-        self.block = next(iter(blocks), 128)
-        self.layers = layers
-        self.index = PrefixIndex(layers)
-
-    def _candidates(self, prefix: str) -> tuple[str, ...]:
-        candidates = [prefix]
-        if prefix.startswith("language_model.model."):
-            candidates.append("model.language_model." + prefix[len("language_model.model."):])
-        elif prefix.startswith("model.language_model."):
-            candidates.append("language_model.model." + prefix[len("model.language_model."):])
-        return tuple(dict.fromkeys(candidates))
-
-    def _mixed_algo(self, experts: str) -> tuple[Optional[str], Optional[str]]:
-        """_resolve_quant_algo for an experts module: the key itself, a key under it, a key under its parent."""
-        for candidate in self._candidates(experts):
-            if candidate in self.layers:
-                return self.layers[candidate].get("quant_algo", "").upper(), candidate
-        for candidate in self._candidates(experts):
-            key = self.index.first(candidate + ".")
-            if key is not None:
-                return self.layers[key].get("quant_algo", "").upper(), key
-        if experts.endswith(".experts"):
-            key = self.index.first(experts.rsplit(".experts", 1)[0] + ".")
-            if key is not None:
-                return self.layers[key].get("quant_algo", "").upper(), key
-        return None, None
-
-    def layer(self, experts: str) -> LayerQuant:
-        excluded = self.excluded.first(experts)
-        if excluded:
-            return unquantized(f"modelopt: excluded by {excluded!r}")
-        if self.method != "modelopt_mixed":
-            if any(v in experts for v in VISION_MODULES):
-                return Refused("a vision module's MoE layer gets UnquantizedLinearMethod from ModelOpt, which "
-                               "RoutedExperts asserts is a FusedMoEMethodBase", "AssertionError")
-            scheme, method = _modelopt_fixed(self.algo)
-            return Mapped(scheme, f"modelopt {self.algo}", method=method)
-        algo, key = self._mixed_algo(experts)
-        if algo is None:
-            return unquantized("modelopt MIXED_PRECISION: not in quantized_layers")
-        where = f"modelopt MIXED_PRECISION: {algo} ({key})"
-        if self.ctx.rules.modelopt_b12x_codecs and algo.lower() in B12X_BLOCK_CODECS:
-            return not_modelled(f"{where}: vLLM's ModelOptBlockQuantMoEMethod (b12x GGML blocks) is not modelled")
-        if algo in BLOCK_FP8_MOE_ALGOS:
-            return _fp8_block_scheme(self.ctx, [self.block, self.block], where, "Fp8MoEMethod")
-        if algo in ("FP8", "NVFP4", "W4A16_NVFP4", "MXFP8"):
-            scheme, method = _modelopt_fixed(algo)
-            return Mapped(scheme, where, method=method)
-        return unquantized(f"{where}: no MoE method for it (vLLM leaves the experts unquantized)")
-
-
-# quark ------------------------------------------------------------------------------------------------------------
-
-
-def _quark_tensor(value):
-    """_unwrap_single_quant_config: a one-entry list is its entry; a longer list stays a list."""
-    if isinstance(value, list):
-        return value[0] if len(value) == 1 else value
-    return value
-
-
-class _Quark(Reader):
-    """QuarkConfig: ``exclude`` (a child of the experts excluded excludes them all), then ``layer_quant_config``
-    (fnmatch, or the name inside the pattern), else ``global_quant_config``; the weight/input pair picks the method."""
-
-    MIN_CAPABILITY = 70
-
-    def __init__(self, config: dict, ctx: LayerContext, method: str) -> None:
-        super().__init__(config, ctx, method)
-        if config.get("export") is None:
-            raise Refusal("The export key should be included in the configurations of Quark quantized model")
-        read_object(config["export"], "export")
-        self.exclude = read_names(config.get("exclude"), "exclude")
-        self.exclude_regex = VllmRegex(self.exclude, "exclude")
-        self.layer_configs = read_object(config.get("layer_quant_config") or {}, "layer_quant_config", {})
-        if config.get("layer_type_quant_config") is None:
-            raise Refusal("QuarkConfig reads layer_type_quant_config with .get(), and the config has none "
-                           "('NoneType' object has no attribute 'get')", "AttributeError")
-        self.global_config = read_object(config.get("global_quant_config"), "global_quant_config", {})
-        capped([p for p in self.layer_configs if "*" in p], "layer_quant_config", "wildcard")
-
-    def _excluded(self, experts: str) -> Optional[str]:
-        for target in self.exclude:
-            if not target.startswith("re:") and (target == experts or target.startswith(experts + ".")):
-                return target
-        return self.exclude_regex.first(experts)
-
-    def _config_for(self, experts: str) -> dict:
-        for pattern, entry in self.layer_configs.items():
-            if (fnmatch(experts, pattern) if "*" in pattern else experts in pattern):
-                return read_object(entry, f"layer_quant_config[{pattern!r}]")
-        return self.global_config
-
-    def layer(self, experts: str) -> LayerQuant:
-        hit = self._excluded(experts)
-        if hit:
-            return unquantized(f"quark: excluded by {hit!r}")
-        chosen = self._config_for(experts)
-        if chosen.get("output_tensors") or chosen.get("bias"):
-            return Refused("Currently, Quark models with output_tensors and bias quantized are not supported",
-                           "NotImplementedError")
-        weight, inputs = _quark_tensor(chosen.get("weight")), _quark_tensor(chosen.get("input_tensors"))
-        if isinstance(weight, list) or isinstance(inputs, list):
-            return not_modelled("quark with several weight or input specs (W4A8 FP8, NVFP4): not modelled")
-        if weight is not None and not isinstance(weight, dict) or inputs is not None and not isinstance(inputs, dict):
-            raise bad_field("weight / input_tensors", "objects", (weight, inputs))
-        fp8 = self._fp8(weight, inputs)
-        if fp8 is not None:
-            return fp8
-        if isinstance(weight, dict) and weight.get("dtype") in ("int4", "uint4", "int8", "uint8"):
-            return not_modelled(f"quark {short_text(weight['dtype']).upper()} weights (QuarkW4A16Int4MoEMethod / "
-                                 "QuarkW8A8Int8MoEMethod): not modelled")
-        mx = self._ocp_mx(weight, inputs)
-        if mx is not None:
-            return mx
-        return Refused("Unsupported FusedMoe scheme", "RuntimeError")
-
-    @staticmethod
-    def _fp8(w: Optional[dict], a: Optional[dict]) -> Optional[LayerQuant]:
-        """QuarkConfig._is_fp8_w8a8 -> QuarkW8A8Fp8MoEMethod."""
-        if not isinstance(w, dict) or not isinstance(a, dict):
-            return None
-        if not (w.get("dtype") == "fp8_e4m3" and a.get("dtype") == "fp8_e4m3") or w.get("is_dynamic"):
-            return None
-        if w.get("qscheme") == "per_block" and list(w.get("block_size") or []) == [128, 128] and w.get("symmetric") is True:
-            if not (a.get("is_dynamic") and a.get("qscheme") == "per_group" and a.get("group_size") == 128
-                    and a.get("symmetric") is True):
-                return None
-            if w.get("scale_type") == "float8_e8m0fnu":
-                return not_modelled("quark FP8 128x128 blocks with E8M0 scales: no such FP8 scheme in moe-fsm")
-            return Mapped(QuantScheme.fp8("block", "group"), "quark FP8 128x128 blocks", method="QuarkW8A8Fp8MoEMethod")
-        if w.get("qscheme") not in ("per_tensor", "per_channel"):
-            return None
-        weight = "channel" if w.get("qscheme") == "per_channel" else "tensor"
-        if a.get("is_dynamic"):
-            act = "token" if a.get("qscheme") == "per_channel" else "tensor"
-            static = False
-        elif a.get("qscheme") == "per_tensor":
-            act, static = "tensor", True
-        else:
-            return None
-        if (weight, act) not in (("tensor", "tensor"), ("channel", "token")):
-            return Refused("For FP8 Fused MoE layers, only per-tensor, per-channel and per-block scales for weights and "
-                           f"activations are supported. Found per_{weight}, "
-                           f"{'per_channel' if act == 'token' else 'per_tensor'}")
-        return Mapped(QuantScheme.fp8(weight, act, static_activation=static),
-                      f"quark FP8 {weight} weights, {'static' if static else 'dynamic'} {act} activations",
-                      method="QuarkW8A8Fp8MoEMethod")
-
-    def _ocp_mx(self, w: Optional[dict], a: Optional[dict]) -> Optional[LayerQuant]:
-        """QuarkConfig._is_w_ocp_mx_a_x -> QuarkOCP_MX_MoEMethod (MXFP4; MXFP6 is not modelled)."""
-        if not isinstance(w, dict) or not isinstance(w.get("dtype"), str):
-            return None
-        dtype = w["dtype"].replace("fp", "mxfp")
-        if dtype not in ("mxfp4", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp8_e4m3"):
-            return None
-        if w.get("qscheme") == "per_group":
-            if w.get("group_size") != 32 or w.get("scale_format") != "e8m0":
-                return None
-        elif w.get("qscheme") == "per_block":
-            if dtype != "mxfp8_e4m3" or len(list(w.get("block_size") or [])) != 2 or list(w["block_size"])[1] != 32:
-                return None
-        else:
-            return None
-        if a is None:
-            act = None
-        elif not a.get("is_dynamic"):
-            if a.get("dtype") == "fp8_e4m3" and a.get("qscheme") == "per_tensor" and a.get("symmetric") is True:
-                act = "fp8-static"
-            else:
-                return None
-        elif a.get("dtype") == "fp8_e4m3" and a.get("qscheme") == "per_group" and a.get("group_size") == 32:
-            act = "mxfp8"
-        elif a.get("dtype") == "fp8_e4m3":
-            act = "fp8-dynamic"
-        elif isinstance(a.get("dtype"), str) and a["dtype"].replace("fp", "mxfp") in ("mxfp4", "mxfp6_e3m2", "mxfp6_e2m3"):
-            act = a["dtype"].replace("fp", "mxfp")
-        else:
-            return Refused(f"Unsupported input_dtype={short_text(a.get('dtype'))} in Quark's vLLM integration. Supported "
-                           "activation dtypes are mxfp4, mxfp6_e3m2, mxfp6_e2m3, mxfp8_e4m3, or None for weight-only "
-                           "quantization.")
-        if dtype == "mxfp8_e4m3":
-            if not self.ctx.rules.quark_mxfp8_moe:
-                return Refused("Unsupported OCP MX dtype combination for MoE: MXFP8 experts are not supported through "
-                               "the MoE path; only the linear path handles MXFP8.")
-            if w.get("qscheme") != "per_group":
-                return Refused("Quark MXFP8 MoE experts support only the 1-D per_group (group_size=32, e8m0) weight "
-                               "spelling", "NotImplementedError")
-            return Mapped(QuantScheme.mxfp8(), "quark MXFP8", method="QuarkW8A8Mxfp8MoEMethod")
-        if dtype != "mxfp4":
-            return not_modelled(f"quark {dtype.upper()} weights: MXFP6 has no scheme in moe-fsm")
-        if act in ("mxfp6_e3m2", "mxfp6_e2m3"):
-            return not_modelled(f"quark MXFP4 weights with {act.upper()} activations: no such scheme in moe-fsm")
-        if act == "fp8-dynamic":
-            return Refused("QuarkOCP_MX_MoEMethod with dynamic input scales is currently not implemented for OCP MX "
-                           "scheme w_mxfp4_a_fp8. Please open an issue.", "NotImplementedError")
-        if act == "mxfp8":
-            return not_modelled("quark MXFP4 weights with MXFP8 activations: vLLM's QuarkOCP_MX_MoEMethod asks no "
-                                 "oracle for it and runs its emulation; not modelled")
-        activation = {None: "none", "fp8-static": "fp8-tensor", "mxfp4": "mxfp4"}[act]
-        return Mapped(QuantScheme.mxfp4(activation), f"quark MXFP4 weights, {'16-bit' if act is None else act} "
-                      "activations", method="QuarkOCP_MX_MoEMethod")
 
 
 # mxfp4 (gpt-oss) --------------------------------------------------------------------------------------------------
@@ -733,10 +413,10 @@ CONFIG_READERS: dict[str, type[Reader]] = {
     "gptq": _AutoGPTQ, "gptq_marlin": _AutoGPTQ, "auto_gptq": _AutoGPTQ,
     "moe_wna16": _MoeWNA16,
     "fp8": _Fp8,
-    "modelopt": _ModelOpt, "modelopt_fp4": _ModelOpt, "modelopt_mxfp8": _ModelOpt, "modelopt_mixed": _ModelOpt,
-    "mxfp8": _ModelOpt,
+    "modelopt": ModelOptReader, "modelopt_fp4": ModelOptReader, "modelopt_mxfp8": ModelOptReader,
+    "modelopt_mixed": ModelOptReader, "mxfp8": ModelOptReader,
     "compressed-tensors": CompressedTensorsReader,
-    "quark": _Quark,
+    "quark": QuarkReader,
     "gpt_oss_mxfp4": _GptOssMxfp4,
 }
 

@@ -9,6 +9,7 @@ engine's MoE method hands its oracle), ``Unmapped`` (the engine decides by a rul
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Union
 
@@ -238,3 +239,21 @@ class ConfigRules:
                                "capability: {minimum}. Current capability: {current}.")
     unknown_reader: str = "quant_method {method!r}: vLLM's config class has no MoE method moe-fsm models"
     method_key: str = "vllm_method"  # what a golden plan calls the engine's MoE method class of a layer
+
+
+def fp8_block_scheme(ctx: LayerContext, block: list, source: str, method: str) -> LayerQuant:
+    """Fp8MoEMethod with weight blocks: vLLM fits the blocks to the TP shard (refine_fp8_moe_block_shape) and keys
+    the weights by the fitted shape; moe-fsm's FP8 block scheme is 128x128."""
+    bn, bk = block
+    ispp = ctx.intermediate_per_partition
+    shape = list(block)
+    if not (ispp % bn == 0 and (ctx.tp_size == 1 or ispp % bk == 0)):
+        refine = math.gcd(int(bn), int(bk), ispp, ctx.hidden_size)
+        if refine >= 32:
+            shape = [refine, refine]
+    if shape != [128, 128]:
+        fitted = "" if shape == list(block) else f" (refined from {short_repr(block)} to fit the per-rank intermediate size {ispp})"
+        return not_modelled(f"{source}: weight blocks {short_repr(shape)}{fitted}; moe-fsm's FP8 schemes take 128x128 "
+                             "blocks only")
+    return Mapped(QuantScheme.fp8("block", "group"), f"{source} block 128x128, dynamic 1x128 activations",
+                  method=method)
