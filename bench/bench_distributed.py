@@ -55,7 +55,11 @@ bytes, so their ratio is the P/F's own overhead.
 of the host synchronisation).
 
 The column "host ms" is the median time until the call returns, before the device sync that ends
-it: where it is close to "P/F ms", the host's launches, not the GPU or the wire, set the time.
+it: where it is close to "P/F ms", the host's launches, not the GPU or the wire, set the time. Each such
+call starts from an idle device; "back to back" times calls made one after another without a sync between
+them (the P/F's and the bare collectives'), as an engine runs layer after layer, where a call's host work
+overlaps the device work queued before it. "new outputs" times the bare all-to-alls receiving into tensors
+allocated on each call, as the P/Fs receive theirs: what the caching allocator adds to a call.
 
 Writes ``distributed_{backend}_w{N}.json`` and ``.md`` into ``--out``.
 """
@@ -149,6 +153,23 @@ def timed(fn: Callable[[], None], device: torch.device, warmup: int, iters: int)
     return times, host
 
 
+def back_to_back(fn: Callable[[], None], device: torch.device, calls: int, repeats: int = 3) -> float:
+    """Seconds per call of ``calls`` calls made one after another with no barrier or device sync between them
+    (one barrier before, one sync after; the median of ``repeats`` such runs): the rate of an engine that runs layer
+    after layer, where a call's host work overlaps the device work queued before it. ``timed`` measures each call
+    alone, from an idle device, so there every launch's host cost adds to the call's time."""
+    runs = []
+    for _ in range(repeats):
+        synchronize(device)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+        runs.append((time.perf_counter() - start) / calls)
+    return statistics.median(runs)
+
+
 def routing(tokens: int, device: torch.device, seed: int, kind: str = "uniform",
             num_experts: int = NUM_EXPERTS) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -206,6 +227,9 @@ class Case:
     row_bytes: int
     rows_sent: int
     nbytes: int
+    # The same bare collectives receiving into outputs allocated on each call, as a P/F that does not keep its
+    # received buffers would (None for the all-gather baseline): what the caching allocator adds to a call.
+    fresh_baseline: Optional[Callable[[], None]] = None
 
 
 def all2all_case(ctx, tokens, hidden, ids, weights, quantize, output) -> Case:
@@ -238,8 +262,12 @@ def all2all_case(ctx, tokens, hidden, ids, weights, quantize, output) -> Case:
         dist.all_to_all_single(d_out, d_in, output_split_sizes=recv, input_split_sizes=send)
         dist.all_to_all_single(c_out, c_in, output_split_sizes=send, input_split_sizes=recv)
 
+    def fresh_baseline() -> None:
+        dist.all_to_all_single(torch.empty_like(d_out), d_in, output_split_sizes=recv, input_split_sizes=send)
+        dist.all_to_all_single(torch.empty_like(c_out), c_in, output_split_sizes=send, input_split_sizes=recv)
+
     nbytes = sum(send) * row_bytes + sum(recv) * combine_row
-    return Case(pf.name, step, baseline, "all_to_all_single x2", row_bytes, sum(send), nbytes)
+    return Case(pf.name, step, baseline, "all_to_all_single x2", row_bytes, sum(send), nbytes, fresh_baseline)
 
 
 def capped_case(ctx, tokens, hidden, ids, weights, quantize, output, graph: bool) -> Case:
@@ -276,8 +304,12 @@ def _equal_blocks_case(name: str, step: Callable[[], None], rows: int, row_bytes
         dist.all_to_all_single(d_out, d_in)
         dist.all_to_all_single(c_out, c_in)
 
+    def fresh_baseline() -> None:
+        dist.all_to_all_single(torch.empty_like(d_out), d_in)
+        dist.all_to_all_single(torch.empty_like(c_out), c_in)
+
     return Case(name, step, baseline, "all_to_all_single x2 (equal splits)", row_bytes, rows,
-                rows * (row_bytes + HIDDEN * DTYPE.itemsize))
+                rows * (row_bytes + HIDDEN * DTYPE.itemsize), fresh_baseline)
 
 
 def fixed_case(ctx, tokens, hidden, ids, weights, quantize, output, graph: bool) -> Case:
@@ -411,7 +443,9 @@ def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, war
 
     pf_times, host_times = timed(case.step, device, warmup, iters)
     base_times, base_host = timed(case.baseline, device, warmup, iters)
+    fresh_times, fresh_host = timed(case.fresh_baseline, device, warmup, iters) if case.fresh_baseline else ([], [])
     quant_times = timed(lambda: quantize(hidden), device, warmup, iters)[0] if quantize is not None else [0.0]
+    pf_b2b, base_b2b = back_to_back(case.step, device, iters), back_to_back(case.baseline, device, iters)
     if args.profile:
         table = profile_table(case.step, device, record=rank == 0)
         if rank == 0:
@@ -431,6 +465,10 @@ def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, war
         "baseline": case.baseline_name,
         "baseline_median_s": statistics.median(base_times),
         "baseline_host_median_s": statistics.median(base_host),
+        "fresh_baseline_median_s": statistics.median(fresh_times) if fresh_times else None,
+        "fresh_baseline_host_median_s": statistics.median(fresh_host) if fresh_host else None,
+        "pf_back_to_back_s": pf_b2b,
+        "baseline_back_to_back_s": base_b2b,
     }
 
 
@@ -455,10 +493,22 @@ def summarize(per_rank: list[dict]) -> dict:
         "baseline": first["baseline"],
         "baseline_ms": base_s * 1e3,
         "baseline_host_ms": max(r["baseline_host_median_s"] for r in per_rank) * 1e3,
+        "fresh_baseline_ms": _slowest_ms(per_rank, "fresh_baseline_median_s"),
+        "fresh_baseline_host_ms": _slowest_ms(per_rank, "fresh_baseline_host_median_s"),
         "baseline_gbps": nbytes / base_s / 1e9,
         "pf_over_baseline": pf_s / base_s,
+        "pf_back_to_back_ms": max(r["pf_back_to_back_s"] for r in per_rank) * 1e3,
+        "baseline_back_to_back_ms": max(r["baseline_back_to_back_s"] for r in per_rank) * 1e3,
+        "back_to_back_over_baseline": max(r["pf_back_to_back_s"] for r in per_rank)
+        / max(r["baseline_back_to_back_s"] for r in per_rank),
         "per_rank": per_rank,
     }
+
+
+def _slowest_ms(per_rank: list[dict], key: str) -> Optional[float]:
+    """The slowest rank's median in ms, None where the case has no such figure."""
+    values = [r[key] for r in per_rank if r.get(key) is not None]
+    return max(values) * 1e3 if values else None
 
 
 def target_lines(cases: list[dict]) -> list[str]:
@@ -584,23 +634,30 @@ def write_report(out: Path, meta: dict, cases: list[dict], skipped: list[str], l
         "- GB/s: algorithm bandwidth (per-rank bytes of the larger buffer of each collective, dispatch + combine); "
         "the P/F and its baseline are charged the same bytes",
         "- host ms: the slowest rank's median time until the call returned, before the device sync (the host's share); "
-        "bare host ms: the same for the bare collectives (the host time of the collectives alone)",
+        "bare host ms: the same for the bare collectives (the host time of the collectives alone); new outputs: the "
+        "bare all-to-alls receiving into tensors allocated on each call (ms, host ms), what the caching allocator adds",
+        "- back to back: the slowest rank's time per call over calls made one after another without a barrier or sync "
+        "between them (median of 3 runs of as many calls as the timed ones), the P/F's and the bare collectives' "
+        "(an engine's layer after layer: a call's host work overlaps the device work before it)",
         "- quantize ms: the activation quantizer alone on the rank's tokens, as a separate pass (the all-to-all P/Fs quantize inside their send-row kernel on CUDA; the all-gather P/F calls it)",
         f"- environment: {', '.join(f'{k}={v}' for k, v in meta['env'].items()) or 'none of the recorded variables set'}",
         f"- host load average at the end (1, 5, 15 min): {', '.join(map(str, meta['load_average']))} on {os.cpu_count()} cores",
         f"- command: `{meta['command']}`",
         f"- run at {meta['date']}",
         "",
-        "| P/F | payload | routing | tokens/rank | row bytes | rows sent/rank | MB/rank | P/F ms | host ms | quantize ms | P/F GB/s | baseline | baseline ms | bare host ms | baseline GB/s | P/F / baseline |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| P/F | payload | routing | tokens/rank | row bytes | rows sent/rank | MB/rank | P/F ms | host ms | quantize ms | P/F GB/s | baseline | baseline ms | bare host ms | new outputs ms (host) | baseline GB/s | P/F / baseline | back to back ms: P/F, bare | back to back: P/F / bare |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in cases:
+        fresh = (f"{c['fresh_baseline_ms']:.3f} ({c['fresh_baseline_host_ms']:.3f})"
+                 if c.get("fresh_baseline_ms") is not None else "-")
         lines.append(
             f"| {c['pf']} | {c['quant']} | {c['routing']} | {c['tokens_per_rank']} | {c['dispatch_row_bytes']} | "
             f"{c['rows_dispatched_per_rank']:.0f} | {c['bytes_per_rank'] / 1e6:.1f} | {c['pf_ms']:.3f} | {c['host_ms']:.3f} | "
             f"{c['quantize_ms']:.3f} | "
-            f"{c['pf_gbps']:.2f} | {c['baseline']} | {c['baseline_ms']:.3f} | {c['baseline_host_ms']:.3f} | "
-            f"{c['baseline_gbps']:.2f} | {c['pf_over_baseline']:.2f}x |"
+            f"{c['pf_gbps']:.2f} | {c['baseline']} | {c['baseline_ms']:.3f} | {c['baseline_host_ms']:.3f} | {fresh} | "
+            f"{c['baseline_gbps']:.2f} | {c['pf_over_baseline']:.2f}x | {c['pf_back_to_back_ms']:.3f}, "
+            f"{c['baseline_back_to_back_ms']:.3f} | {c['back_to_back_over_baseline']:.2f}x |"
         )
     lines += target_lines(cases)
     if layers:
@@ -664,7 +721,8 @@ def run_rank(args: argparse.Namespace) -> int:
                             print(
                                 f"{case['pf']:<52} {quant:<5} {route:<7} {tokens:>5} tok/rank: P/F {case['pf_ms']:9.3f} ms "
                                 f"(quantize {case['quantize_ms']:7.3f}) | {case['baseline']}: {case['baseline_ms']:9.3f} ms "
-                                f"| {case['pf_over_baseline']:.2f}x",
+                                f"| {case['pf_over_baseline']:.2f}x | back to back {case['pf_back_to_back_ms']:.3f} / "
+                                f"{case['baseline_back_to_back_ms']:.3f} ms = {case['back_to_back_over_baseline']:.2f}x",
                                 flush=True,
                             )
         if args.with_experts and ctx.device.type == "cuda":
