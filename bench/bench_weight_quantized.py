@@ -305,13 +305,15 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
 
     from moe_fsm.kernels.triton_moe import fused_experts
     from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
-    from moe_fsm.kernels.triton_wq.fused import default_wq_config, relayout_nibbles, table_key
+    from moe_fsm.kernels.triton_wq.fused import default_wq_config, mx_scales_in_window, relayout_nibbles, table_key
 
     e, k, n, top_k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
     gen = torch.Generator(device="cuda").manual_seed(0)
     w1q, w2q, scales = _quantized(shape, scheme, bias, gen)
     quant = WeightQuant.for_scheme(scheme)
     w1s, w2s = relayout_nibbles(w1q), relayout_nibbles(w2q)
+    # as the experts decide it at build: MXFP4's one-multiply dequantization where every scale is in its window
+    window = quant.kind == "mxfp4" and mx_scales_in_window(scales.w1_scale, scales.w2_scale)
     per_expert_q = sum(t.numel() * t.element_size() for t in (w1q, w2q, scales.w1_scale, scales.w2_scale,
                                                               scales.w1_bias, scales.w2_bias) if t is not None) / e
     w1b = torch.randn(e, 2 * n, k, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(k**-0.5)
@@ -343,7 +345,8 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
                                         w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point,
                                         w2_zero_point=scales.w2_zero_point, w1_bias=scales.w1_bias,
                                         w2_bias=scales.w2_bias, activation=activation, swiglu_limit=limit,
-                                        split=not scaled, scaled_dot=scaled, config=cfg)
+                                        split=not scaled, scaled_dot=scaled, config=cfg,
+                                        mx_scale_window=window and not scaled)
             return fn
 
         tried = {}
@@ -357,7 +360,8 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
 
             served = [get_wq_config(device_name(x.device), quant, e, n, k, top_k, tokens,
                                     sm_count=torch.cuda.get_device_properties(0).multi_processor_count)]
-        for scaled in ((False, True) if quant.kind == "mxfp4" and not args.served else (False,)):
+        both_paths = quant.kind == "mxfp4" and not args.served and not args.ptx_only
+        for scaled in ((False, True) if both_paths else (False,)):
             for cfg in served if args.served else candidates(tokens, top_k, e) + split_k_tiles:
                 try:
                     tried[(cfg, scaled)] = time_graph(ours(cfg, scaled), routes, args.rep_ms)
@@ -366,6 +370,10 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
                           f"{str(exc)[:300]}", flush=True)
         if not tried:
             continue
+        # a table tile is only worth shipping if it beats the tile an untuned shape gets: time that one beside it
+        default_us = None
+        if args.served and served[0] != split_default:
+            default_us = time_graph(ours(split_default), routes, args.rep_ms)
         for scaled in (False, True):  # the tuned table: the best tile of each path
             mine = {c: t for (c, sd), t in tried.items() if sd == scaled}
             if mine:
@@ -411,6 +419,7 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
             "roofline_us": roof_us, "of_roofline": roof_us / us, "weight_TBps": active * per_expert_q / us / 1e6,
             "tflops": flops / us / 1e6, "bf16_tflops": flops / bf16_us / 1e6,
             "vs_bf16": bf16_us / us, "vs_peer": (peer_us / us) if peer_us else None,
+            "default_tile_us": default_us, "default_config": split_default.to_json() if default_us else None,
         }
         rows.append(row)
         if sink is not None:
@@ -418,7 +427,8 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
         print(f"{name:30s} T={tokens:5d} moe-fsm {us:8.1f} us ({row['weight_TBps']:.2f} TB/s, "
               f"{100 * row['of_roofline']:.0f}% roof, err {err:.1e})  peer {peer_us or float('nan'):8.1f}  "
               f"bf16 {bf16_us:8.1f}  roof {roof_us:7.1f}  cfg {best.to_json()} {row['dequant']} "
-              f"by path {row['best_by_path_us']}", flush=True)
+              f"by path {row['best_by_path_us']}"
+              + (f"  default tile {split_default.to_json()} {default_us:.1f} us" if default_us else ""), flush=True)
     del w1q, w2q, w1s, w2s, w1b, w2b, scales, peer
     torch.cuda.empty_cache()
     return rows
@@ -558,7 +568,7 @@ def decode(args) -> None:
 
     from moe_fsm.kernels.triton_moe import fused_experts
     from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
-    from moe_fsm.kernels.triton_wq.fused import default_wq_config, relayout_nibbles
+    from moe_fsm.kernels.triton_wq.fused import default_wq_config, mx_scales_in_window, relayout_nibbles
 
     t0 = time.time()
     out_dir = Path(args.out)
@@ -590,6 +600,7 @@ def decode(args) -> None:
         w1q, w2q, scales = _quantized(shape, scheme, bias, gen)
         quant = WeightQuant.for_scheme(scheme)
         w1s, w2s = relayout_nibbles(w1q), relayout_nibbles(w2q)
+        window = quant.kind == "mxfp4" and mx_scales_in_window(scales.w1_scale, scales.w2_scale)
         per_expert_q = sum(t.numel() * t.element_size() for t in vars(scales).values() if t is not None) / e
         per_expert_q += (w1q.numel() + w2q.numel()) / e
         w1b = torch.randn(e, 2 * n, k, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(k**-0.5)
@@ -603,14 +614,14 @@ def decode(args) -> None:
                 routes.append((torch.softmax(vals, dim=1), ids.to(torch.int32)))
             active = sum(torch.unique(ids).numel() for _, ids in routes) / len(routes)
 
-            def ours(cfg, fast=True):
+            def ours(cfg, fast=True, mx_scale_window=window):
                 def fn(g, ids):
                     return fused_wq_experts(
                         x, w1s, w2s, g, ids, quant=quant, w1_scale=scales.w1_scale, w2_scale=scales.w2_scale,
                         w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
                         w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale,
                         w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=activation, swiglu_limit=limit,
-                        split=True, fast=fast, config=cfg)
+                        split=True, fast=fast, config=cfg, mx_scale_window=mx_scale_window)
                 return fn
 
             one_pass = default_wq_config(tokens, top_k, e)
@@ -621,6 +632,8 @@ def decode(args) -> None:
             bf16_us = time_graph(lambda g, ids: fused_experts(x, w1b, w2b, g, ids, activation=activation,
                                                               swiglu_limit=limit), routes, args.rep_ms)
             plain_us = time_graph(ours(split_k, fast=False), routes, args.rep_ms) if args.plain else None
+            # MXFP4: the default tile with the two-multiply dequantization the window path replaces, same run
+            two_mul_us = time_graph(ours(split_k, mx_scale_window=False), routes, args.rep_ms) if window else None
             sweep = decode_sweep(ours, one_pass, routes, args.rep_ms, time_graph) if args.sweep else None
             sample = torch.arange(min(tokens, 2), device="cuda")  # float64 on the experts of two tokens
             g0, ids0 = routes[0]
@@ -633,6 +646,7 @@ def decode(args) -> None:
                    "split_k_TBps": tb(split_us, per_expert_q), "bf16_us": bf16_us, "bf16_TBps": tb(bf16_us, per_expert_b),
                    "copy_TBps": copy_tbps, "splits": [split_k.splits("w1"), split_k.splits("w2")],
                    "split_k_config": split_k.to_json(), "rel_err": err, "plain_dequant_us": plain_us,
+                   "mx_two_multiply_us": two_mul_us,
                    "sweep": sweep}
             rows.append(row)
             line = (f"| {name} | {tokens} | {active:.1f} | {one_us:.1f} | {row['one_pass_TBps']:.2f} | "
@@ -642,6 +656,9 @@ def decode(args) -> None:
                     + (f" {plain_us:.1f} | {plain_us / split_us:.2f} |" if args.plain else ""))
             lines.append(line)
             print(line, flush=True)
+            if two_mul_us:
+                print(f"  {name} T={tokens}: MXFP4 two-multiply dequantization {two_mul_us:.1f} µs, one multiply "
+                      f"(scales in the window) {split_us:.1f} µs: {two_mul_us / split_us:.2f}x", flush=True)
             if sweep:
                 print(f"  sweep {name} T={tokens}: " + ", ".join(
                     f"{label} {v['us']:.1f}" + (f" ({', '.join(f'{k} {t:.1f}' for k, t in v['kernels_us'].items())})"
@@ -725,7 +742,7 @@ def prefill_compare(args) -> None:
     from moe_fsm.kernels.triton_moe import fused_experts
     from moe_fsm.kernels.triton_moe._runtime import device_name
     from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts, prefill
-    from moe_fsm.kernels.triton_wq.fused import _kernels, get_wq_config, relayout_nibbles
+    from moe_fsm.kernels.triton_wq.fused import _kernels, get_wq_config, mx_scales_in_window, relayout_nibbles
 
     shapes = {**_shapes(), **_decode_shapes()}  # the decode rows too: other formats (NVFP4, INT4 g32) and shapes
     unknown = [name for name in args.rows or () if name not in shapes]
@@ -753,6 +770,7 @@ def prefill_compare(args) -> None:
         w1q, w2q, scales = _quantized(shape, scheme, bias, gen)
         quant = WeightQuant.for_scheme(scheme)
         w1s, w2s = relayout_nibbles(w1q), relayout_nibbles(w2q)
+        window = quant.kind == "mxfp4" and mx_scales_in_window(scales.w1_scale, scales.w2_scale)
         w1b = torch.randn(e, 2 * n, k, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(k**-0.5)
         w2b = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(n**-0.5)
         peer = None
@@ -781,7 +799,7 @@ def prefill_compare(args) -> None:
                     w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
                     w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale,
                     w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=activation, swiglu_limit=limit,
-                    split=True, config=cfg)
+                    split=True, config=cfg, mx_scale_window=window)
 
             hit = torch.ones(e + 1, dtype=torch.int32, device="cuda")
             k_in = k + (prefill.bias_columns(k) if bias else 0)
@@ -843,11 +861,6 @@ def prefill_compare(args) -> None:
                     f"{c['block_m']},{c['block_n']},{c['block_k']},{c['num_warps']},{c['num_stages']} |")
             lines.append(line)
             print(line, flush=True)
-            if sweep:
-                print(f"  sweep {name} T={tokens}: " + ", ".join(
-                    f"{label} {v['us']:.1f}" + (f" ({', '.join(f'{k} {t:.1f}' for k, t in v['kernels_us'].items())})"
-                                                if v.get("kernels_us") else "")
-                    for label, v in sweep.items()), flush=True)
             report = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
                       "ceilings": ceilings, "rows": rows}
             (out_dir / "wq_prefill.json").write_text(json.dumps(report, indent=1))
@@ -877,6 +890,8 @@ def main() -> None:
     r.add_argument("--served", action="store_true",
                    help="time only the tile moe-fsm serves at each point (its table's, else default_wq_config), "
                         "not the candidate grid")
+    r.add_argument("--ptx-only", action="store_true",
+                   help="MXFP4: the inline-PTX path's candidates only (not tl.dot_scaled's, slower everywhere)")
     r.add_argument("--compile-only", action="store_true",
                    help="call every candidate, peer and bf16 once (fills Triton's cache for a timed run); no report")
     d = sub.add_parser("decode", help="one-pass decode tile vs split-K tile vs bf16 at 1-32 tokens (GPU, ~90 s)")
