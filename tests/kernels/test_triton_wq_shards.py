@@ -182,6 +182,18 @@ def test_decode_split_counts_are_the_ones_measured_fastest():
     assert default_wq_config(1, 4, 128, 2880, 2880, 66).split_k == 1
 
 
+@pytest.mark.parametrize("tokens,top_k,experts,n,k", [(512, 4, 32, 2880, 2880), (2048, 4, 128, 2880, 2880),
+                                                      (1024, 8, 128, 768, 2048), (384, 8, 48, 2048, 7168)])
+def test_mid_counts_take_the_64_row_4_warp_tile(tokens, top_k, experts, n, k):
+    """33-96 pairs an expert (gpt-oss-20b at 512 tokens, gpt-oss-120b at 2048, ...): 64 pairs by 64 weight rows with 4
+    warps, the fastest of the five mid-count candidates on the H100 (1.22-1.23x the 64 x 128 8-warp tile it
+    replaces) and on an H200 (docs/perf/weight_quantized.md); 32 pairs and fewer keep 32-row blocks, from 256 the
+    prefill path."""
+    assert default_wq_config(tokens, top_k, experts, n, k, 132) == WqConfig(64, 64, 128, 4, 3)
+    assert default_wq_config(256, 4, 32, n, k, 132).block_m == 32  # 32 pairs an expert
+    assert default_wq_config(4 * tokens, top_k, experts, n, k, 132).block_m == 128
+
+
 @pytest.mark.parametrize("cols,rows,expected", [(2880, 1, (64, 1)), (2880, 4, (64, 1)), (2880, 64, (1024, 8)),
                                                 (1536, 16, (128, 2)), (1536, 256, (1024, 8)), (100, 1, (64, 1))])
 def test_split_k_epilogue_gives_every_sm_a_program_where_the_rows_allow(cols, rows, expected):
