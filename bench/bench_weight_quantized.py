@@ -305,15 +305,13 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
 
     from moe_fsm.kernels.triton_moe import fused_experts
     from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
-    from moe_fsm.kernels.triton_wq.fused import default_wq_config, mx_scales_in_window, relayout_nibbles, table_key
+    from moe_fsm.kernels.triton_wq.fused import default_wq_config, relayout_nibbles, table_key
 
     e, k, n, top_k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
     gen = torch.Generator(device="cuda").manual_seed(0)
     w1q, w2q, scales = _quantized(shape, scheme, bias, gen)
     quant = WeightQuant.for_scheme(scheme)
     w1s, w2s = relayout_nibbles(w1q), relayout_nibbles(w2q)
-    # as the experts decide it at build: MXFP4's one-multiply dequantization where every scale is in its window
-    window = quant.kind == "mxfp4" and mx_scales_in_window(scales.w1_scale, scales.w2_scale)
     per_expert_q = sum(t.numel() * t.element_size() for t in (w1q, w2q, scales.w1_scale, scales.w2_scale,
                                                               scales.w1_bias, scales.w2_bias) if t is not None) / e
     w1b = torch.randn(e, 2 * n, k, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(k**-0.5)
@@ -345,8 +343,7 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
                                         w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point,
                                         w2_zero_point=scales.w2_zero_point, w1_bias=scales.w1_bias,
                                         w2_bias=scales.w2_bias, activation=activation, swiglu_limit=limit,
-                                        split=not scaled, scaled_dot=scaled, config=cfg,
-                                        mx_scale_window=window and not scaled)
+                                        split=not scaled, scaled_dot=scaled, config=cfg)
             return fn
 
         tried = {}
@@ -568,7 +565,7 @@ def decode(args) -> None:
 
     from moe_fsm.kernels.triton_moe import fused_experts
     from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
-    from moe_fsm.kernels.triton_wq.fused import default_wq_config, mx_scales_in_window, relayout_nibbles
+    from moe_fsm.kernels.triton_wq.fused import default_wq_config, relayout_nibbles
 
     t0 = time.time()
     out_dir = Path(args.out)
@@ -600,7 +597,6 @@ def decode(args) -> None:
         w1q, w2q, scales = _quantized(shape, scheme, bias, gen)
         quant = WeightQuant.for_scheme(scheme)
         w1s, w2s = relayout_nibbles(w1q), relayout_nibbles(w2q)
-        window = quant.kind == "mxfp4" and mx_scales_in_window(scales.w1_scale, scales.w2_scale)
         per_expert_q = sum(t.numel() * t.element_size() for t in vars(scales).values() if t is not None) / e
         per_expert_q += (w1q.numel() + w2q.numel()) / e
         w1b = torch.randn(e, 2 * n, k, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(k**-0.5)
@@ -614,14 +610,14 @@ def decode(args) -> None:
                 routes.append((torch.softmax(vals, dim=1), ids.to(torch.int32)))
             active = sum(torch.unique(ids).numel() for _, ids in routes) / len(routes)
 
-            def ours(cfg, fast=True, mx_scale_window=window):
+            def ours(cfg, fast=True):
                 def fn(g, ids):
                     return fused_wq_experts(
                         x, w1s, w2s, g, ids, quant=quant, w1_scale=scales.w1_scale, w2_scale=scales.w2_scale,
                         w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
                         w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale,
                         w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=activation, swiglu_limit=limit,
-                        split=True, fast=fast, config=cfg, mx_scale_window=mx_scale_window)
+                        split=True, fast=fast, config=cfg)
                 return fn
 
             one_pass = default_wq_config(tokens, top_k, e)
@@ -632,8 +628,6 @@ def decode(args) -> None:
             bf16_us = time_graph(lambda g, ids: fused_experts(x, w1b, w2b, g, ids, activation=activation,
                                                               swiglu_limit=limit), routes, args.rep_ms)
             plain_us = time_graph(ours(split_k, fast=False), routes, args.rep_ms) if args.plain else None
-            # MXFP4: the default tile with the two-multiply dequantization the window path replaces, same run
-            two_mul_us = time_graph(ours(split_k, mx_scale_window=False), routes, args.rep_ms) if window else None
             sweep = decode_sweep(ours, one_pass, routes, args.rep_ms, time_graph) if args.sweep else None
             sample = torch.arange(min(tokens, 2), device="cuda")  # float64 on the experts of two tokens
             g0, ids0 = routes[0]
@@ -646,7 +640,6 @@ def decode(args) -> None:
                    "split_k_TBps": tb(split_us, per_expert_q), "bf16_us": bf16_us, "bf16_TBps": tb(bf16_us, per_expert_b),
                    "copy_TBps": copy_tbps, "splits": [split_k.splits("w1"), split_k.splits("w2")],
                    "split_k_config": split_k.to_json(), "rel_err": err, "plain_dequant_us": plain_us,
-                   "mx_two_multiply_us": two_mul_us,
                    "sweep": sweep}
             rows.append(row)
             line = (f"| {name} | {tokens} | {active:.1f} | {one_us:.1f} | {row['one_pass_TBps']:.2f} | "
@@ -656,9 +649,6 @@ def decode(args) -> None:
                     + (f" {plain_us:.1f} | {plain_us / split_us:.2f} |" if args.plain else ""))
             lines.append(line)
             print(line, flush=True)
-            if two_mul_us:
-                print(f"  {name} T={tokens}: MXFP4 two-multiply dequantization {two_mul_us:.1f} µs, one multiply "
-                      f"(scales in the window) {split_us:.1f} µs: {two_mul_us / split_us:.2f}x", flush=True)
             if sweep:
                 print(f"  sweep {name} T={tokens}: " + ", ".join(
                     f"{label} {v['us']:.1f}" + (f" ({', '.join(f'{k} {t:.1f}' for k, t in v['kernels_us'].items())})"
@@ -742,7 +732,7 @@ def prefill_compare(args) -> None:
     from moe_fsm.kernels.triton_moe import fused_experts
     from moe_fsm.kernels.triton_moe._runtime import device_name
     from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts, prefill
-    from moe_fsm.kernels.triton_wq.fused import _kernels, get_wq_config, mx_scales_in_window, relayout_nibbles
+    from moe_fsm.kernels.triton_wq.fused import _kernels, get_wq_config, relayout_nibbles
 
     shapes = {**_shapes(), **_decode_shapes()}  # the decode rows too: other formats (NVFP4, INT4 g32) and shapes
     unknown = [name for name in args.rows or () if name not in shapes]
@@ -770,7 +760,6 @@ def prefill_compare(args) -> None:
         w1q, w2q, scales = _quantized(shape, scheme, bias, gen)
         quant = WeightQuant.for_scheme(scheme)
         w1s, w2s = relayout_nibbles(w1q), relayout_nibbles(w2q)
-        window = quant.kind == "mxfp4" and mx_scales_in_window(scales.w1_scale, scales.w2_scale)
         w1b = torch.randn(e, 2 * n, k, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(k**-0.5)
         w2b = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(n**-0.5)
         peer = None
@@ -799,7 +788,7 @@ def prefill_compare(args) -> None:
                     w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
                     w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale,
                     w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=activation, swiglu_limit=limit,
-                    split=True, config=cfg, mx_scale_window=window)
+                    split=True, config=cfg)
 
             hit = torch.ones(e + 1, dtype=torch.int32, device="cuda")
             k_in = k + (prefill.bias_columns(k) if bias else 0)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import re
 import subprocess
 import sys
@@ -50,7 +49,7 @@ STRIDES = ("stride_xm", "stride_we", "stride_wr", "stride_se", "stride_sr", "str
 def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, block_m: int, block_n: int,
             block_k: int, warps: int, stages: int, k: int = 2880, n: int = 2880, group: int | None = None,
             zp: bool = False, bias: bool | None = None, scaled_dot: bool = False, perm: bool = False,
-            split_k: bool = False, mx_window: bool = False):
+            split_k: bool = False):
     """(signature, constexprs, attrs, options) of one launch of ``fused_wq_experts``."""
     kinds = {"mxfp4": 0, "int4": 1, "int8": 2, "nvfp4": 3}
     group = 32 if kind == "mxfp4" else (group or 128)
@@ -82,7 +81,7 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
                  ACT=2 if kind == "mxfp4" else 0, HAS_LIMIT=kind == "mxfp4", INTERLEAVED=False,
                  ROUTER_WEIGHT=not gated, PAIR_BLOCKS=pair_blocks, SPLIT=split, FAST=fast and kind != "int8",
                  EVEN_K=kred % block_k == 0, SCALE_ACC=scale_acc, SCALED_DOT=scaled_dot, HAS_PERM=perm,
-                 SPLIT_K=split_k, MX_WINDOW=mx_window)
+                 SPLIT_K=split_k)
     for c in const:
         sig[c] = "constexpr"
     # the JIT's specialization: ints equal to 1 become constants, multiples of 16 carry divisibility 16
@@ -156,17 +155,15 @@ def matrix(quick: bool):
                                         ("int8", 2048, 768, 64, True, False),
                                         ("int4", 2048, 768, 128, False, True), ("nvfp4", 2048, 768, 16, False, False),
                                         ("int4", 7168, 2048, 32, False, False), ("int4", 2048, 768, 64, False, False)):
-        tiles = [(16, 64, 128, 4, 4), (16, 64, 64, 4, 4), (64, 128, 64, 8, 3)] if quick else [
-            (16, 64, 128, 4, 4), (16, 64, 64, 4, 4), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (64, 128, 128, 8, 3), (128, 128, 64, 8, 3)]
+        tiles = [(16, 64, 128, 4, 4), (16, 64, 64, 4, 4), (64, 64, 128, 4, 3), (64, 128, 64, 8, 3)] if quick else [
+            (16, 64, 128, 4, 4), (16, 64, 64, 4, 4), (16, 64, 256, 4, 3), (16, 128, 128, 4, 3), (64, 64, 128, 4, 3),
+            (64, 128, 128, 8, 3), (128, 128, 64, 8, 3)]
         layouts = [(True, True, False)] if kind == "int8" else (
             [(True, True, False), (False, False, False)] if quick else
             [(True, True, False), (True, False, False), (False, True, False), (False, False, False)])
         if kind == "mxfp4":
             layouts.append((False, True, True))
-        # MXFP4's one-multiply dequantization (scales in the window) beside the two-multiply one
-        layouts = [(sp, f, sd, False) for sp, f, sd in layouts] + (
-            [(True, True, False, True)] if kind == "mxfp4" else [])
-        for split, fast, scaled, mx_window in layouts:
+        for split, fast, scaled in layouts:
             if kind == "int8":
                 split = False
             for tile in tiles:
@@ -176,7 +173,7 @@ def matrix(quick: bool):
                             out.append(dict(kind=kind, gated=gated, pair_blocks=pair, split=split, fast=fast,
                                             scaled=scaled, block_m=tile[0], block_n=tile[1], block_k=tile[2],
                                             warps=tile[3], stages=tile[4], k=k, n=n, group=group, zp=zp, perm=perm,
-                                            split_k=split_k, mx_window=mx_window))
+                                            split_k=split_k))
     return out
 
 
@@ -191,14 +188,14 @@ def main() -> None:
     mod = _load()
     failures = 0
     for v in matrix(args.quick):
-        name = "{kind} g{group}{z}{a} {g} {p} split={split} fast={fast}{w} scaled_dot={scaled} split_k={split_k} m{block_m} n{block_n} k{block_k} w{warps} s{stages}".format(
-            g="w1" if v["gated"] else "w2", p="pair" if v["pair_blocks"] else "sorted", z=" zp" if v["zp"] else "", a=" act-order" if v["perm"] else "", w=" mx_window" if v["mx_window"] else "", **v)
+        name = "{kind} g{group}{z}{a} {g} {p} split={split} fast={fast} scaled_dot={scaled} split_k={split_k} m{block_m} n{block_n} k{block_k} w{warps} s{stages}".format(
+            g="w1" if v["gated"] else "w2", p="pair" if v["pair_blocks"] else "sorted", z=" zp" if v["zp"] else "", a=" act-order" if v["perm"] else "", **v)
         if args.only and args.only not in name:
             continue
         sig, const, options, divisible = variant(v["kind"], v["gated"], v["pair_blocks"], v["split"], v["fast"], v["block_m"],
                                             v["block_n"], v["block_k"], v["warps"], v["stages"], v["k"], v["n"],
                                             v["group"], v["zp"], scaled_dot=v["scaled"], perm=v["perm"],
-                                            split_k=v["split_k"], mx_window=v["mx_window"])
+                                            split_k=v["split_k"])
         try:
             kernel = compile_one(mod, sig, const, options, divisible)
         except Exception as exc:  # report and go on: every variant's verdict in one pass

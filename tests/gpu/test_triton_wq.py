@@ -354,42 +354,6 @@ def test_fast_decode_dequant_is_the_plain_path_bit_for_bit(name, tokens):
         assert rel_err(outs[0].cpu(), ref) <= TOL, cfg
 
 
-# MXFP4's one-multiply dequantization (``mx_scale_window``: every E8M0 exponent inside the window, which the experts
-# check once at build) forms value x scale x 2^-16 in bf16, exactly, and scales the fp32 sums back by 2^16: the
-# layer's output is the plain path's bit for bit, in one pass and split along K, for the scales a quantization draws
-# and for exponents drawn at both edges of the window (weights of 2^-88 .. 6 x 2^17).
-@pytest.mark.parametrize("tokens", [1, 8])
-@pytest.mark.parametrize("scales_drawn", ["quantized", "window edges"])
-def test_mxfp4_one_multiply_dequant_is_the_plain_path_bit_for_bit(scales_drawn, tokens):
-    from moe_fsm.kernels.triton_wq.fused import MX_WINDOW_HIGH, MX_WINDOW_LOW, mx_scales_in_window
-
-    layer = _layer("mxfp4", GPT_OSS)
-    x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"mx-window-{scales_drawn}-{tokens}".encode()))
-    if scales_drawn == "window edges":
-        gen = torch.Generator(device="cuda").manual_seed(tokens)
-        edges = torch.tensor([MX_WINDOW_LOW, MX_WINDOW_LOW + 1, 127, MX_WINDOW_HIGH - 1, MX_WINDOW_HIGH],
-                             dtype=torch.uint8, device="cuda")
-        scales = replace(scales, **{f: edges[torch.randint(0, len(edges), getattr(scales, f).shape, generator=gen,
-                                                             device="cuda")] for f in ("w1_scale", "w2_scale")})
-        w1f, w2f = dequantize_weights(w1, w2, scales, layer.quant, torch.float32)  # exact: powers of two
-        ref = moe_reference(x, w1f, w2f, g, ids.long(), activation=layer.activation.value,
-                            swiglu_limit=layer.swiglu_limit, w1_bias=scales.w1_bias, w2_bias=scales.w2_bias).cpu()
-        del w1f, w2f
-    assert mx_scales_in_window(scales.w1_scale, scales.w2_scale)
-    w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
-    for cfg in (WqConfig(16, 64, 128, 4, 3), WqConfig(16, 64, 128, 4, 3, split_k=3, w2_split_k=2)):
-        outs = []
-        for fast in (True, False):
-            poison_allocator()
-            outs.append(fused_wq_experts(
-                x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
-                w2_scale=scales.w2_scale, w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation="swigluoai",
-                swiglu_limit=7.0, split=True, fast=fast, config=cfg, mx_scale_window=True,
-            ))
-        assert torch.equal(outs[0], outs[1]), cfg
-        assert rel_err(outs[0].cpu(), ref) <= TOL, cfg
-
-
 # Prefill on the bf16 Hopper kernels (``WqConfig.hopper_bf16``): the hit experts dequantized into a 16-bit scratch,
 # both GEMMs on the TMA kernels with the bf16 experts' tile; every stored format, biases folded into K, NVFP4's global
 # scale, activation order, a tensor-parallel N (1440), interleaved gate/up rows and other ranks' slots.

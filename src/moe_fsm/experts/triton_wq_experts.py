@@ -35,8 +35,7 @@ from moe_fsm.inputs.layer import MoELayer
 from moe_fsm.inputs.quant import QuantFamily
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
 from moe_fsm.kernels.triton_wq import prefill
-from moe_fsm.kernels.triton_wq.fused import (can_split, default_wq_config, mx_scales_in_window, relayout_nibbles,
-                                             sort_act_order, split_columns)
+from moe_fsm.kernels.triton_wq.fused import can_split, default_wq_config, relayout_nibbles, sort_act_order, split_columns
 from moe_fsm.modular.interfaces import ActivationFormat, ExpertScales, Experts, InputQuantizer, PreparedTokens, WeightAndReduce
 
 _LAYER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,7 +57,6 @@ class _TritonWeightQuantExperts(Experts):
         self.use_scaled_dot = self.scaled_dot and layer.dtype == "bfloat16"
         self.split = not self.use_scaled_dot and can_split(self.quant)
         self._relaid: dict[tuple, tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, Optional[torch.Tensor]]]] = {}
-        self._windows: dict[tuple, tuple[tuple[torch.Tensor, ...], bool]] = {}
 
     @property
     def relayout(self) -> Optional[str]:
@@ -91,20 +89,6 @@ class _TritonWeightQuantExperts(Experts):
             if self.quant.act_order:
                 w, perm = sort_act_order(w, g_idx, self.quant)
             hit = self._relaid[key] = (sources, (relayout_nibbles(w) if self.split else w, perm))
-        return hit[1]
-
-    def mx_scale_window(self, scales: ExpertScales) -> bool:
-        """Whether this MXFP4 layer's E8M0 scales all lie in the one-multiply window (``mx_scales_in_window``),
-        decided once per pair of scale tensors (one device sync, as the re-layout runs once); other formats: no."""
-        if self.quant.kind != "mxfp4" or not self.split or scales.w1_scale is None or scales.w2_scale is None:
-            return False
-        sources = (scales.w1_scale, scales.w2_scale)
-        key = tuple((t.data_ptr(), t._version, tuple(t.shape), t.device) for t in sources)
-        hit = self._windows.get(key)
-        if hit is None:
-            if len(self._windows) >= 64:
-                self._windows.clear()
-            hit = self._windows[key] = (sources, mx_scales_in_window(*sources))
         return hit[1]
 
     @property
@@ -167,7 +151,6 @@ class _TritonWeightQuantExperts(Experts):
             swiglu_limit=self.layer.swiglu_limit,
             split=self.split,
             scaled_dot=self.use_scaled_dot,
-            mx_scale_window=self.mx_scale_window(scales),
         )
 
 

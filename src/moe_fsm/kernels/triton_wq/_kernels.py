@@ -80,13 +80,6 @@ SPLIT_CHUNK = tl.constexpr(64)  # columns per chunk of the SPLIT nibble layout
 HALF_CHUNK = tl.constexpr(32)
 # The fast NVFP4 path's bf16 weights are value x scale x 2^-8 (``_nv_nibbles_bf16``); the fp32 sums get the 2^8 back.
 NVFP4_FAST_SUM_SCALE = tl.constexpr(256.0)
-# MXFP4 with ``MX_WINDOW`` (every E8M0 exponent of the layer in 40..144, scales 2^-87 to 2^17, checked once at
-# build: ``fused.mx_scales_in_window``): the bf16 weights are value x 2^(e - 127) x 2^-16 in one multiply
-# (``_mx_nibbles_window_bf16``), the fp32 sums times 2^16. The multiplier (bf16 2^(e - 17)) is a normal number up to
-# e = 144 and every nonzero product a normal bf16 from e = 18, so the weights are exact; from e = 40 a weight's
-# product with any activation above 2^-22 stays a normal fp32 too, so the sums are the unscaled path's bit for bit.
-MX_WINDOW_SHIFT = tl.constexpr(16)
-MX_WINDOW_SUM_SCALE = tl.constexpr(65536.0)
 
 # The inline-PTX decoders below share their instruction sequences: each asm string is assembled once, at import, from
 # these builders and handed to ``tl.inline_asm_elementwise`` as a constexpr global. Registers: ``t0``/``t1`` the
@@ -164,15 +157,6 @@ MX_NIBBLES_PTX = tl.constexpr(_ptx_block("t0, t1, l0, l1, h0, h1, a, c, bias", [
 MX_NIBBLES_SCALED_PTX = tl.constexpr(_ptx_block("t0, a, c, bias", [
     f"mov.b32 bias, {E2M1_BF16_BIAS};", *_ptx_two_bytes("$2"),
     *_ptx_mx_value("$0", "t0", False, "$3"), *_ptx_mx_value("$1", "t0", True, "$4")]))
-# e2m1 nibbles to bf16 fields in two instructions a nibble pair (as Marlin does): the two bytes go to the high bytes
-# of t0's halves, so the high nibble's sign already sits on bf16's sign bit and its magnitude reaches bf16's
-# exponent and mantissa by one right shift by 6 (one ``lop3`` keeps both); the low nibble likewise from t0 << 4.
-MX_NIBBLES_WINDOW_PTX = tl.constexpr(_ptx_block("t0, t1, a, c", [
-    "cvt.u32.u16 t0, $2;", "prmt.b32 t0, t0, 0, 0x1404;",
-    "shl.b32 t1, t0, 4;", "shr.b32 c, t0, 2;", "and.b32 a, t1, 0x80008000;", "and.b32 c, c, 0x01c001c0;",
-    "or.b32 a, a, c;", "mul.bf16x2 $0, a, $3;",
-    "shr.b32 c, t0, 6;", "and.b32 a, t0, 0x80008000;", "and.b32 c, c, 0x01c001c0;",
-    "or.b32 a, a, c;", "mul.bf16x2 $1, a, $4;"]))
 NV_NIBBLES_PTX = tl.constexpr(_ptx_block("t0, a, c", [
     *_ptx_two_bytes("$2"),
     *_ptx_e2m1_fields("t0", False), *_ptx_product("$0", ("$3",)),
@@ -317,32 +301,6 @@ def _e8m0_bf16(e):
 
 
 @triton.jit
-def _e8m0_bf16_window(e):
-    """E8M0 exponents (uint8) -> bf16 2^(e - 127) x 2^126 x 2^-MX_WINDOW_SHIFT, the one multiplier
-    ``_mx_nibbles_window_bf16`` applies: the e2m1 fields' 2^-126 undone and the window's 2^-16 put in. Exact for e in
-    the window (the caller checked); the field is kept in bf16's finite range for any e so no infinity is made."""
-    field = tl.minimum(e.to(tl.int32) + (127 - 1 - MX_WINDOW_SHIFT), 254)
-    return (field << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def _mx_nibbles_window_bf16(b, s_lo, s_hi):
-    """(low, high) nibbles of the bytes ``b`` as MXFP4 values times their E8M0 scales times 2^-16 in bf16 (inline
-    PTX, exact in the window): the e2m1 bits moved into bf16's fields (the value times 2^-126, the sign bits in
-    place) in two instructions a pair of nibbles, and one ``mul.bf16x2`` by ``_e8m0_bf16_window``'s multiplier
-    instead of the bias and the scale one after the other (``_mx_nibbles_scaled_bf16``). ``s_lo`` / ``s_hi`` (bf16)
-    shaped like ``b``; the kernel multiplies the fp32 sums by 2^16. Two bytes a call as in ``_int4_nibbles_bf16``."""
-    return tl.inline_asm_elementwise(
-        MX_NIBBLES_WINDOW_PTX,
-        constraints="=r,=r,h,r,r",
-        args=[b, s_lo, s_hi],
-        dtype=(tl.bfloat16, tl.bfloat16),
-        is_pure=True,
-        pack=2,
-    )
-
-
-@triton.jit
 def _mx_nibbles_scaled_bf16(b, s_lo, s_hi):
     """(low, high) nibbles of the bytes ``b`` as MXFP4 values times bf16 scales ``s_lo`` / ``s_hi`` (powers of two
     from ``_e8m0_bf16``, shaped like ``b``; inline PTX, exact): ``_mx_nibbles_bf16`` with the scales already bf16,
@@ -481,8 +439,7 @@ def _tile_scales(s_ptr, z_ptr, s_row, z_row, ki, KRED,
 def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a, z_b,
               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
               KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, SPLIT: tl.constexpr,
-              FAST: tl.constexpr, EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr,
-              MX_WINDOW: tl.constexpr):
+              FAST: tl.constexpr, EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] += W[rows, K tile ki] @ X^T[K tile ki, pairs], weights dequantized in registers.
 
     w_row: [BLOCK_N] int64 element offsets of the tile's weight rows in w; ROW_BYTES: the stored length of a 4-bit
@@ -531,11 +488,7 @@ def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a,
             part = tl.dot_scaled(b, s_a, "e2m1", x_lo, None, "bf16", part, fast_math=True)
         elif KIND == KIND_MXFP4:
             if SPLIT:
-                if FAST and MX_WINDOW:
-                    # one multiply a weight pair (the scales in the window): the kernel scales the sums by 2^16
-                    lo, hi = _mx_nibbles_window_bf16(b, _bcast(_e8m0_bf16_window(s_a), BLOCK_N, HALF, GROUP),
-                                                     _bcast(_e8m0_bf16_window(s_b), BLOCK_N, HALF, GROUP))
-                elif FAST:
+                if FAST:
                     # each E8M0 exponent made bf16 2^(e - 127) once per group, not per weight inside the PTX
                     lo, hi = _mx_nibbles_scaled_bf16(b, _bcast(_e8m0_bf16(s_a), BLOCK_N, HALF, GROUP),
                                                      _bcast(_e8m0_bf16(s_b), BLOCK_N, HALF, GROUP))
@@ -659,7 +612,7 @@ def wq_gemm_kernel(
     GATED: tl.constexpr, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERLEAVED: tl.constexpr,
     ROUTER_WEIGHT: tl.constexpr, PAIR_BLOCKS: tl.constexpr, SPLIT: tl.constexpr, FAST: tl.constexpr,
     EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr = False, HAS_PERM: tl.constexpr = False,
-    SPLIT_K: tl.constexpr = False, MX_WINDOW: tl.constexpr = False,
+    SPLIT_K: tl.constexpr = False,
 ):
     """out[pair, r] for the weight rows r of one BLOCK_N tile and the pairs of one BLOCK_M row block.
 
@@ -667,8 +620,6 @@ def wq_gemm_kernel(
     Otherwise (w2): R_OUT = K, the pair's router weight fused (ROUTER_WEIGHT).
     HAS_PERM: stored column j reads activation column perm[expert, j] (activation order).
     KIND_NVFP4: gs_ptr holds each expert's fp32 global scale, applied to the accumulators.
-    MX_WINDOW (MXFP4, every E8M0 exponent in the window, checked by the caller): the fast SPLIT dequantization
-    multiplies each weight pair once (``_mx_nibbles_window_bf16``) and the sums are scaled by 2^16.
     SPLIT_K (few tokens: split-K): program_id(1) is the slice of the reduction, ``k_tiles_per_split`` K tiles
     from slice * k_tiles_per_split; out_ptr is an fp32 workspace [slices, pairs, R_OUT (x2 GATED)] (slice
     stride ``stride_os``, pair stride ``stride_om``) that takes the raw partial sums (gate in columns
@@ -764,21 +715,17 @@ def wq_gemm_kernel(
             x_hi = x_lo
         acc_a = _tile_dot(acc_a, w_base, rows_a * stride_wr, x_lo, x_hi, ki, KRED, stride_wr, sa_a, sb_a, za_a, zb_a,
                           BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K, SCALE_ACC,
-                          SCALED_DOT, MX_WINDOW)
+                          SCALED_DOT)
         sa_a, sb_a, za_a, zb_a = next_a
         if GATED:
             acc_b = _tile_dot(acc_b, w_base, rows_b * stride_wr, x_lo, x_hi, ki, KRED, stride_wr, sa_b, sb_b, za_b,
                               zb_b, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K,
-                              SCALE_ACC, SCALED_DOT, MX_WINDOW)
+                              SCALE_ACC, SCALED_DOT)
             sa_b, sb_b, za_b, zb_b = next_b
     if KIND == KIND_NVFP4 and SPLIT and FAST:
         acc_a = acc_a * NVFP4_FAST_SUM_SCALE
         if GATED:
             acc_b = acc_b * NVFP4_FAST_SUM_SCALE
-    if KIND == KIND_MXFP4 and SPLIT and FAST and MX_WINDOW and not SCALED_DOT:
-        acc_a = acc_a * MX_WINDOW_SUM_SCALE
-        if GATED:
-            acc_b = acc_b * MX_WINDOW_SUM_SCALE
 
     if SPLIT_K:  # raw fp32 partial sums of this slice; the reduction kernel runs the epilogue
         ws_rows = out_ptr + tl.program_id(1).to(tl.int64) * stride_os + pair.to(tl.int64)[None, :] * stride_om

@@ -339,19 +339,6 @@ def get_wq_config(device: str, quant: WeightQuant, num_experts: int, n: int, k: 
     return WqConfig.from_json(entries[tuned])
 
 
-# E8M0 exponents for which the fast MXFP4 dequantization's one multiply a weight pair is exact (``_kernels.py``,
-# MX_WINDOW_SHIFT): the multiplier 2^(e - 17) stays a normal bf16 up to 144; from 40 on the smallest nonzero weight,
-# 0.5 x 2^(e - 143), times an activation above 2^-22 is a normal fp32 product. Checkpoints sit near 127 (weights of
-# order 2^-7 .. 2^2).
-MX_WINDOW_LOW, MX_WINDOW_HIGH = 40, 144
-
-
-def mx_scales_in_window(*scales: torch.Tensor) -> bool:
-    """Whether every E8M0 exponent of these MXFP4 scale tensors lies in the one-multiply window (one device sync:
-    call it once when the weights are built, and pass the answer to ``fused_wq_experts(mx_scale_window=)``)."""
-    return all(bool(((s >= MX_WINDOW_LOW) & (s <= MX_WINDOW_HIGH)).all()) for s in scales)
-
-
 def _scale_acc(quant: WeightQuant, group: int, cols: int, block_k: int) -> bool:
     return quant.kind in ("int4", "int8") and (group == cols or group % block_k == 0)
 
@@ -391,7 +378,6 @@ def fused_wq_experts(
     scaled_dot: bool = False,
     config: Optional[WqConfig] = None,
     block_m: Optional[int] = None,
-    mx_scale_window: bool = False,
 ) -> torch.Tensor:
     """``sum_j g[t,j] * (W2[e] act(W1[e] x[t] + b1[e]) + b2[e])`` -> [M, K] in ``hidden``'s dtype.
 
@@ -403,9 +389,6 @@ def fused_wq_experts(
     scales ``w1_global_scale`` / ``w2_global_scale`` [E] (the dequantization multipliers). ``fast`` (default)
     dequantizes 4-bit codes with inline PTX where the activations are bf16. ``scaled_dot`` (MXFP4 in
     checkpoint nibble order, bf16 activations) hands the upcast and the E8M0 scales to Triton's ``tl.dot_scaled``.
-    ``mx_scale_window`` (MXFP4; the caller's ``mx_scales_in_window`` of both scale tensors, made once): the fast
-    SPLIT dequantization multiplies each weight pair once instead of twice; with scales outside the window it
-    would be wrong, so it is never assumed.
     """
     require_device(hidden, w1, w2, topk_ids)
     if hidden.dim() != 2 or hidden.dtype not in COMPUTE_DTYPES or not hidden.is_contiguous():
@@ -507,7 +490,7 @@ def fused_wq_experts(
             ACT=ACTIVATIONS[activation], HAS_LIMIT=swiglu_limit is not None, INTERLEAVED=interleaved and gated,
             ROUTER_WEIGHT=not gated, PAIR_BLOCKS=num_tokens == 1, SPLIT=split, FAST=fast,
             EVEN_K=kred % block_k == 0, SCALE_ACC=_scale_acc(quant, group, kred, block_k), SCALED_DOT=scaled_dot,
-            HAS_PERM=perm is not None, SPLIT_K=slices > 1, MX_WINDOW=mx_scale_window and quant.kind == "mxfp4",
+            HAS_PERM=perm is not None, SPLIT_K=slices > 1,
             num_warps=warps, num_stages=stages,
         )
         return target if slices > 1 else None

@@ -165,7 +165,6 @@ def kernel_arguments(shape: WqLayerShape, w1q, w2q, scales) -> dict:
         w2_global_scale=scales.w2_global_scale if nvfp4 else None,
         w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=layer.activation.value,
         swiglu_limit=layer.swiglu_limit, split=experts.split, scaled_dot=experts.use_scaled_dot,
-        mx_scale_window=experts.mx_scale_window(scales),
     )
 
 
