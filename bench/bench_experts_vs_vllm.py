@@ -39,11 +39,6 @@ alignment launch), unsorted where it sorts, at the points past one token with at
 (more pairs would read each expert's weights several times over); ``other / ours`` > 1 means the rule's layout
 was the faster.
 
-The column ``separate`` (``--columns ours,vllm,separate``) times moe-fsm's layer with its FP8 activation
-quantizations as launches of their own (``fused_experts(quantize_on_load=False)``) at the FP8 points where its rule
-quantizes inside the GEMMs' loads instead (up to ``fused.QUANTIZE_ON_LOAD_TOKENS`` tokens); ``separate / ours`` > 1
-means quantizing on load was the faster, and the two outputs must be equal bit for bit (``separate_max_abs_diff``).
-
 ``run --untuned`` takes both sides off their tables: moe-fsm's ``default_config`` against vLLM's
 ``get_default_config``, what each runs on a shape no table holds.
 
@@ -353,8 +348,8 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
             x = torch.randn(tokens, shape.hidden, device="cuda", dtype=torch.bfloat16)
             ids = torch.randint(0, 2, (tokens, shape.top_k), device="cuda", dtype=torch.int32)
             g = torch.full(ids.shape, 1.0 / shape.top_k, device="cuda")
-            for unsorted, on_load in layouts:  # the full shape's layouts (two experts alone would always sort)
-                layer_fn(small, weights, MoEConfig.from_json(ours_json), unsorted, on_load)(x, g, ids)
+            for unsorted in layouts:  # the full shape's layouts (two experts alone would always sort)
+                layer_fn(small, weights, MoEConfig.from_json(ours_json), unsorted)(x, g, ids)
             if extract is not None:
                 vllm = VllmTriton(Path(extract), torch.cuda.get_device_name(), torch.cuda.get_device_capability())
                 pipe = VllmPipeline(vllm, small, weights)
@@ -432,7 +427,6 @@ def main_run(args) -> None:
     from moe_fsm.kernels.triton_moe.align import pair_blocks_pay
     from moe_fsm.kernels.triton_moe.config import default_config
     from moe_fsm.kernels.triton_moe._runtime import device_name
-    from moe_fsm.kernels.triton_moe.fused import QUANTIZE_ON_LOAD_TOKENS
     from dataclasses import astuple
 
     from moe_fsm.kernels.triton_moe.tuning import layer_fn, make_weights, replays_per_graph, routings, time_graph
@@ -454,9 +448,6 @@ def main_run(args) -> None:
     def other_layout_timed(shape, t):
         return "other" in columns and 1 < t and t * shape.top_k <= shape.num_experts
 
-    def separate_quant_timed(shape, t):
-        return "separate" in columns and shape.fp8 is not None and t <= QUANTIZE_ON_LOAD_TOKENS
-
     def ours_config(shape, t):
         if args.untuned:
             return default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, t,
@@ -471,8 +462,7 @@ def main_run(args) -> None:
             for t in args.tokens:
                 cfg = vllm.config(t, shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, shape.fp8)[0] if vllm else None
                 rule = pair_blocks_pay(t, shape.top_k, shape.num_experts, shape.expert_bytes)
-                layouts = [(rule, None)] + ([(not rule, None)] if other_layout_timed(shape, t) else []) + (
-                    [(rule, False)] if separate_quant_timed(shape, t) else [])
+                layouts = (rule, not rule) if other_layout_timed(shape, t) else (rule,)
                 jobs.append((str(args.extract) if vllm else None, series, astuple(shape), t, ours_config(shape, t).to_json(), cfg,
                              t * shape.top_k * 4 <= shape.num_experts, layouts))
         chunks = [c for c in (jobs[i::args.workers] for i in range(args.workers)) if c]
@@ -485,7 +475,7 @@ def main_run(args) -> None:
     ceilings = measure_ceilings()
     print(json.dumps(ceilings), flush=True)
     report = {"machine": versions(), "ceilings": ceilings, "vllm": VLLM_VERSION if vllm else None,
-              "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c in ("flashinfer", "other", "separate")],
+              "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c in ("flashinfer", "other")],
               "results": [], "eager": [], "flashinfer_missing": {}, "untuned": args.untuned}
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -529,10 +519,6 @@ def main_run(args) -> None:
                 other = layer_fn(shape, weights, ours_config(shape, t), not row["ours_unsorted"])
                 row["other_rel_diff"] = float((other(*inputs[0]).float() - a).norm() / a.norm().clamp(min=1e-30))
                 fns.append(("other", other))
-            if separate_quant_timed(shape, t):
-                separate = layer_fn(shape, weights, ours_config(shape, t) if args.untuned else None, None, False)
-                row["separate_max_abs_diff"] = float((separate(*inputs[0]).float() - a).abs().max())
-                fns.append(("separate", separate))
             if fi is not None:
                 try:
                     fi.calibrate(inputs[0][0])
@@ -564,8 +550,6 @@ def main_run(args) -> None:
                 row["ours_x_roofline"] = row["ours_us"] / roofline_us
             if "other_us" in row and "ours_us" in row:
                 row["other_over_ours"] = row["other_us"] / row["ours_us"]
-            if "separate_us" in row and "ours_us" in row:
-                row["separate_over_ours"] = row["separate_us"] / row["ours_us"]
             if "fi_us" in row and "ours_us" in row:
                 row["fi_speedup_over_ours"] = row["ours_us"] / row["fi_us"]
                 row["fi_TFLOPs"] = flops / row["fi_us"] / 1e6
@@ -590,9 +574,7 @@ def main_run(args) -> None:
                   f"(ours/fi x{row.get('fi_speedup_over_ours', nan):5.2f}, diff {row.get('fi_rel_diff', nan):.1e})"
                   + (f"  {row['fi_error'][:120]}" if "fi_error" in row else "")
                   + (f"  {'unsorted' if row['ours_unsorted'] else 'sorted'}; other layout {row['other_us']:.1f} "
-                     f"(other/ours x{row['other_over_ours']:.3f})" if "other_over_ours" in row else "")
-                  + (f"  separate quantizers {row['separate_us']:.1f} (separate/ours x{row['separate_over_ours']:.3f}, "
-                     f"max diff {row['separate_max_abs_diff']:.1e})" if "separate_over_ours" in row else ""), flush=True)
+                     f"(other/ours x{row['other_over_ours']:.3f})" if "other_over_ours" in row else ""), flush=True)
             del xs, routes, inputs
         del weights, ours_fns, theirs, fi
         torch.cuda.empty_cache()
@@ -704,18 +686,9 @@ def summarize(report: dict) -> dict:
                         f"x{r['other_over_ours']:.3f}" for r in layout_rows if r["other_over_ours"] < 1.0],
         "max_rel_diff_vs_ours": max((r["other_rel_diff"] for r in layout_rows), default=None),
     }
-    separate_rows = [r for r in report["results"] if "separate_over_ours" in r]
-    separate_quant = {
-        "points": len(separate_rows),
-        "separate_over_ours": {f"{r['series']}/{r['tokens']}": round(r["separate_over_ours"], 3) for r in separate_rows},
-        "geomean_separate_over_ours": round(geomean([r["separate_over_ours"] for r in separate_rows]), 3)
-        if separate_rows else None,
-        "max_abs_diff_vs_ours": max((r["separate_max_abs_diff"] for r in separate_rows), default=None),
-    }
     return {
         "flashinfer": flashinfer,
         "other_layout": other_layout,
-        "separate_quantization": separate_quant,
         "points": len(rows),
         "geomean_speedup": round(geomean([r["speedup"] for r in rows]), 3),
         "min_speedup": round(min((r["speedup"] for r in rows), default=float("nan")), 3),
@@ -887,8 +860,7 @@ def main() -> None:
     r.add_argument("--name", default=None)
     r.add_argument("--columns", default="ours,vllm,flashinfer",
                    help="which kernels to time beside moe-fsm's Triton (ours): vllm, flashinfer (default all three) and "
-                        "other (ours with the row layout its rule did not pick), separate (ours with the FP8 quantizations "
-                        "as launches of their own where it quantizes on load)")
+                        "other (ours with the row layout its rule did not pick)")
     r.add_argument("--untuned", action="store_true",
                    help="both sides on their default rules (moe-fsm's default_config, vLLM's get_default_config), "
                         "no table of either: the case of a shape no table holds")

@@ -154,15 +154,13 @@ def emulate_fp8(
     a2_scale: Optional[torch.Tensor] = None,
     dequantize,
     activation: str = "silu",
-    intermediate_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
     """The w8a8 layer with both activation quantizations done in torch, the GEMMs in float64.
 
     It differs from the kernels only by accumulation order and the odd value that lands
     across an e4m3 rounding boundary, so it checks scale indexing tightly where the
     float64 reference, with unquantized activations, can only bound the FP8 error.
-    Per-tensor dynamic scales of the intermediate cover the rows this batch computes. ``intermediate_dtype``
-    rounds the intermediate to that dtype before its quantization, as a kernel that stores it in bf16 first does.
+    Per-tensor dynamic scales of the intermediate cover the rows this batch computes.
     """
     quantizers = {
         "group": lambda x, s: fp8.quantize_per_group(x),
@@ -183,8 +181,6 @@ def emulate_fp8(
     for e in torch.unique(experts).tolist():
         rows = (experts == e).nonzero(as_tuple=True)[0]
         inter[rows] = apply_activation(activation, x[token[rows]] @ d1[e].to(torch.float64).T)
-    if intermediate_dtype is not None:
-        inter = inter.to(intermediate_dtype).to(torch.float64)
     inter = qdq(inter, a2_scale)
     out = torch.zeros(hidden.shape[0], d2.shape[1], dtype=torch.float64, device=hidden.device)
     for e in torch.unique(experts).tolist():

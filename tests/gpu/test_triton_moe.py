@@ -325,49 +325,6 @@ def test_unsorted_pair_blocks_past_one_token(quant):
         assert rel_err(out, ref) < tol, unsorted
 
 
-# FP8 decode GEMMs quantizing their input as they load it (fused.load_quantization) against the separate quantizer
-# launches: a DeepSeek-V3 TP4 block shard (1x128 groups, unsorted and sorted), a Qwen3-235B TP2 per-tensor shard (the
-# whole input and intermediate read before the K loop) and a Qwen3-Next TP2 per-channel shard (one row a pair block)
-QWEN3_235B_TP2 = Shape("qwen3-235b-tp2", 128, 4096, 768, 8)
-ON_LOAD_CASES = [
-    ("block-1", DEEPSEEK_V3_TP4, "block", 1, None),
-    ("block-8-sorted", DEEPSEEK_V3_TP4, "block", 8, False),
-    ("block-8-unsorted", DEEPSEEK_V3_TP4, "block", 8, True),
-    ("tensor-1", QWEN3_235B_TP2, "tensor", 1, None),
-    ("channel-1", QWEN3_NEXT_TP2, "channel", 1, None),
-    ("channel-8-unsorted", QWEN3_NEXT_TP2, "channel", 8, True),
-]
-
-
-@pytest.mark.parametrize("case,shape,weight,num_tokens,unsorted", ON_LOAD_CASES, ids=[c[0] for c in ON_LOAD_CASES])
-def test_quantize_on_load_is_the_separate_quantizers_bit_for_bit(case, shape, weight, num_tokens, unsorted):
-    activation = {"block": "group", "tensor": "tensor", "channel": "token"}[weight]
-    if weight == "block":
-        w1q, w2q, s1, s2 = block_fp8_weights(shape)
-        deq = dequantize_block(w1q, w2q, s1, s2)
-    else:
-        w1q, w2q, s1, s2, deq = quantize_rowwise(*float_weights(shape), weight)
-    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=43)
-    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=43)
-    if num_tokens > 1:
-        ids[1, 0] = ids[0, 3]  # two tokens on one expert
-        ids[num_tokens - 1, 2] = -1  # a slot of another rank
-    outs = {}
-    for on_load in (True, False):
-        poison_allocator()
-        outs[on_load] = fused_experts(
-            x, w1q, w2q, g, ids, fp8=Fp8Spec(weight, activation), w1_scale=s1, w2_scale=s2, unsorted=unsorted,
-            quantize_on_load=on_load, out=_nan_out(num_tokens, shape.hidden, torch.bfloat16),
-        )
-    assert bool(torch.isfinite(outs[True]).all())
-    assert torch.equal(outs[True], outs[False])
-    assert rel_err(outs[True], reference(x, w1q, w2q, g, ids, dequantize=deq)) < FP8_VS_FLOAT_TOL
-    # the decode tiles' w1 writes the intermediate in bf16 (a tile narrower than a 1x128 group cannot quantize it)
-    emulated = emulate_fp8(x, w1q, w2q, g, ids, granularity=activation, dequantize=deq,
-                           intermediate_dtype=torch.bfloat16)
-    assert rel_err(outs[True], emulated) < FP8_VS_EMULATION_TOL
-
-
 @pytest.mark.parametrize(
     "weight,activation,static",
     [("tensor", "tensor", False), ("tensor", "tensor", True), ("channel", "token", False), ("tensor", "token", False)],

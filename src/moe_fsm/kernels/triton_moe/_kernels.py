@@ -110,37 +110,6 @@ def _group_scales(ws_k_ptr, c0, local_cols, last_group, stride_wsn, SPAN: tl.con
 
 
 @triton.jit
-def _fp8_scale(amax):
-    """The dynamic FP8 scale of values whose absolute maximum is ``amax``: ``max(amax, 1e-10) / 448``, rounded
-    once (``quant.py``'s quantizers)."""
-    return tl.div_rn(tl.maximum(amax, 1e-10), 448.0)
-
-
-@triton.jit
-def _quantize_fp8(x, scale, recip):
-    """``clamp(x / scale, +-448)`` with the quotient rounded as ``tl.div_rn`` rounds it (the quantizers' values),
-    without a division per value: with ``recip`` the correctly rounded 1 / scale, q0 = x * recip is within an ulp
-    of the quotient, one FMA gives the exact remainder x - q0 * scale and a second the correctly rounded quotient
-    (Markstein's theorem). A divide per value in the K loop of a decode GEMM took several times the layer's time
-    (H200), most of it on the pad rows' zeros."""
-    q0 = x * recip
-    return tl.clamp(tl.fma(tl.fma(-q0, scale, x), recip, q0), -448.0, 448.0)
-
-
-@triton.jit
-def _quantize_groups(x, AXIS: tl.constexpr):
-    """One K step of 128 values per row (along AXIS) as ``group_quant_kernel`` quantizes a 1x128 group: (the
-    values in FP8 range, still fp32; the per-row scales)."""
-    scale = _fp8_scale(tl.max(tl.abs(x), axis=AXIS))
-    recip = tl.div_rn(1.0, scale)
-    if AXIS == 0:
-        q = _quantize_fp8(x, scale[None, :], recip[None, :])
-    else:
-        q = _quantize_fp8(x, scale[:, None], recip[:, None])
-    return q, scale
-
-
-@triton.jit
 def _block_scaled(product, a_s, w_s, W_SCALAR: tl.constexpr, SWAP_AB: tl.constexpr):
     """One K step's product times its row scales ``a_s`` and weight scales ``w_s`` (per column, or one scalar
     for the tile: then one multiply per element instead of two)."""
@@ -361,8 +330,6 @@ def moe_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    QUANT_A: tl.constexpr,
-    QUANT_SPAN: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """out[rows, n-tile] = epilogue(a[rows] @ w[expert, cols]^T) for one row block of one expert.
@@ -373,15 +340,6 @@ def moe_gemm_kernel(
     the A row is ``pair // A_ROW_DIV``; with PAIR_BLOCKS there is no sorted list:
     row block b holds pair b alone and ``block_expert_ptr`` is topk_ids itself.
     Batched: program axis 1 is the expert and rows are ``0..expert_num_tokens[e]``.
-
-    QUANT_A (an FP8 layer at decode, ``fused.quantize_on_load``): ``a`` is the bf16/fp16 tensor itself and the
-    program quantizes what it loads into the dynamic layout A_SCALE names, as ``quant.quantize_activation`` would
-    (same scales, same correctly rounded divisions, so the same FP8 values), where a launch of its own did it
-    before: 3, each K step's 1x128 groups from the tile just loaded (BLOCK_K = 128); 1, one scale for the whole
-    tensor (``num_valid_rows // A_ROW_DIV`` rows of K, at most QUANT_SPAN values, read in one load before the K
-    loop); 2, with PAIR_BLOCKS, one scale for the block's one row (K <= QUANT_SPAN, read in one load). With
-    PAIR_BLOCKS each K step loads and quantizes the block's one row alone and places it in the tile, whose other
-    rows are pads.
     """
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -450,23 +408,6 @@ def moe_gemm_kernel(
         n0 = pid_n * BLOCK_N
         last_group = ((2 * N if GATED else N) - 1) // 128
 
-    tl.static_assert(QUANT_A != 2 or PAIR_BLOCKS, "a row's scale on load needs the block to be that row alone")
-    if QUANT_A == 1:
-        span = tl.arange(0, QUANT_SPAN)
-        whole = tl.load(a_base + (span // K).to(tl.int64) * stride_am + (span % K) * stride_ak,
-                        mask=span < (num_valid_rows // A_ROW_DIV) * K, other=0.0).to(tl.float32)
-        a_scale_q = _fp8_scale(tl.max(tl.abs(whole), axis=0))
-        a_recip_q = tl.div_rn(1.0, a_scale_q)
-    elif QUANT_A == 2:
-        span = tl.arange(0, QUANT_SPAN)
-        row = tl.load(a_base + (pid_m // A_ROW_DIV).to(tl.int64) * stride_am + span * stride_ak, mask=span < K,
-                      other=0.0).to(tl.float32)
-        a_scale_q = _fp8_scale(tl.max(tl.abs(row), axis=0))
-        a_recip_q = tl.div_rn(1.0, a_scale_q)
-    if QUANT_A != 0 and PAIR_BLOCKS:
-        one_row_ptrs = a_base + (pid_m // A_ROW_DIV).to(tl.int64) * stride_am + offs_k * stride_ak
-        first_row = tl.arange(0, BLOCK_M) == 0
-
     if GATED:
         W_COLS: tl.constexpr = 2 * BLOCK_N
     else:
@@ -476,26 +417,7 @@ def moe_gemm_kernel(
     else:
         acc = tl.zeros((BLOCK_M, W_COLS), dtype=tl.float32)
     for ki in range(0, tl.cdiv(K, BLOCK_K)):
-        if QUANT_A != 0 and PAIR_BLOCKS:
-            # the block's one row, quantized alone and placed in row 0 of the tile
-            if EVEN_K:
-                x = tl.load(one_row_ptrs).to(tl.float32)
-                b = tl.load(w_ptrs)
-            else:
-                k_left = K - ki * BLOCK_K
-                x = tl.load(one_row_ptrs, mask=offs_k < k_left, other=0.0).to(tl.float32)
-                b = tl.load(w_ptrs, mask=(offs_k[None, :] if SWAP_AB else offs_k[:, None]) < k_left, other=0.0)
-            if QUANT_A == 3:
-                row_scale = _fp8_scale(tl.max(tl.abs(x), axis=0))
-                q = _quantize_fp8(x, row_scale, tl.div_rn(1.0, row_scale))
-                a_s = tl.where(first_row, row_scale, 0.0)
-            else:
-                q = _quantize_fp8(x, a_scale_q, a_recip_q)
-            if SWAP_AB:
-                a = tl.where(first_row[None, :], q[:, None], 0.0).to(w_ptr.dtype.element_ty)
-            else:
-                a = tl.where(first_row[:, None], q[None, :], 0.0).to(w_ptr.dtype.element_ty)
-        elif SWAP_AB:
+        if SWAP_AB:
             if EVEN_K:
                 a = tl.load(a_ptrs, mask=row_ok[None, :], other=0.0)
                 b = tl.load(w_ptrs)
@@ -511,15 +433,9 @@ def moe_gemm_kernel(
                 k_left = K - ki * BLOCK_K
                 a = tl.load(a_ptrs, mask=row_ok[:, None] & (offs_k[None, :] < k_left), other=0.0)
                 b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        if QUANT_A == 3 and not PAIR_BLOCKS:
-            a, a_s = _quantize_groups(a.to(tl.float32), 0 if SWAP_AB else 1)
-            a = a.to(w_ptr.dtype.element_ty)
-        elif QUANT_A == 1 and not PAIR_BLOCKS:
-            a = _quantize_fp8(a.to(tl.float32), a_scale_q, a_recip_q).to(w_ptr.dtype.element_ty)
         if W_SCALE == 3:
             k_group = (ki * BLOCK_K) // 128
-            if QUANT_A != 3:
-                a_s = tl.load(as_ptrs + k_group * stride_ask, mask=row_ok, other=0.0)
+            a_s = tl.load(as_ptrs + k_group * stride_ask, mask=row_ok, other=0.0)
             ws_k = ws_base + k_group * stride_wsk
             if GATED:
                 # gate columns, then up columns: one scale vector over the 2 * BLOCK_N weight rows
@@ -545,18 +461,13 @@ def moe_gemm_kernel(
                 acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         w_ptrs += BLOCK_K * stride_wk
-        if QUANT_A != 0 and PAIR_BLOCKS:
-            one_row_ptrs += BLOCK_K * stride_ak
     if SWAP_AB:
         acc = tl.trans(acc)
 
     if A_SCALE == 1:
-        acc = acc * (a_scale_q if QUANT_A == 1 else tl.load(a_scale_ptr))
+        acc = acc * tl.load(a_scale_ptr)
     elif A_SCALE == 2:
-        if QUANT_A == 2:  # the block's one row; the pad rows' sums are zeros, never stored
-            acc = acc * a_scale_q
-        else:
-            acc = acc * tl.load(as_base + a_rows * stride_asm, mask=row_ok, other=0.0)[:, None]
+        acc = acc * tl.load(as_base + a_rows * stride_asm, mask=row_ok, other=0.0)[:, None]
     if W_SCALE == 1:
         acc = acc * tl.load(w_scale_ptr + expert * stride_wse)
     elif W_SCALE == 2:

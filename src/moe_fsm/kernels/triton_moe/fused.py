@@ -96,43 +96,6 @@ class BatchedRows:
 
 RowSource = Union[AlignedRouting, PairBlocks, BatchedRows]
 
-# Calls of up to this many tokens quantize an FP8 layer's input and intermediate inside the GEMMs' loads
-# (``load_quantization``), where launches of their own did it: at one token those launches were most of what
-# the FP8 layers spent above the two-kernel read floor (docs/perf/decode.md)
-QUANTIZE_ON_LOAD_TOKENS = 8
-# the most values a program reads in one load to find a whole-tensor or whole-row scale before its K loop
-LOAD_SCALE_SPAN = 8192
-
-
-@dataclass(frozen=True)
-class LoadQuantization:
-    """How a GEMM program quantizes its float input as it loads it (``moe_gemm_kernel``'s QUANT_A, QUANT_SPAN):
-    ``mode`` 0 not at all (the input is FP8 already), 1 one dynamic scale for the tensor, 2 one per row, 3 one
-    per 1x128 group (the A_SCALE codes of those layouts); ``span`` the power of two of values read to find a
-    tensor's or row's scale."""
-
-    mode: int = 0
-    span: int = 16
-
-
-NO_LOAD_QUANTIZATION = LoadQuantization()
-_GRANULARITY_MODES = {"tensor": 1, "token": 2, "group": 3}
-
-
-def load_quantization(granularity: str, gemm: GemmConfig, num_rows: int, width: int, *, pair_blocks: bool
-                      ) -> LoadQuantization:
-    """Whether a GEMM of ``fused_experts`` can quantize its input ([num_rows, width], dynamic scales of
-    ``granularity``) as it loads it, giving the FP8 values and scales ``quantize_activation`` gives: 1x128 groups
-    when each K step is one group (every program finds its rows' group scales in the tile it loaded); a whole
-    tensor of at most ``LOAD_SCALE_SPAN`` values (each program reads all of it once, before its K loop); a row of at
-    most that many where each row block is one pair (``pair_blocks``: the block's one row)."""
-    if granularity == "group":
-        return LoadQuantization(3) if gemm.block_k == FP8_GROUP else NO_LOAD_QUANTIZATION
-    span = 1 << max(0, (width if granularity == "token" else num_rows * width) - 1).bit_length()
-    if span > LOAD_SCALE_SPAN or (granularity == "token" and not pair_blocks):
-        return NO_LOAD_QUANTIZATION
-    return LoadQuantization(_GRANULARITY_MODES[granularity], max(span, 16))
-
 
 def _weight_scale(
     spec: Optional[Fp8Spec], scale: Optional[torch.Tensor], num_experts: int, rows: int, cols: int, name: str
@@ -197,15 +160,12 @@ def _launch(
     a_row_div: int,
     config: GemmConfig,
     out_row_div: int = 1,
-    load_quant: "LoadQuantization" = None,
 ) -> None:
     batched = isinstance(rows, BatchedRows)
-    load_quant = load_quant or NO_LOAD_QUANTIZATION
-    # quantized on load, the input's scale layout is the kernel's own A_SCALE code (``LoadQuantization``)
-    a_mode = load_quant.mode or _activation_scale_mode(spec, a_scale)
+    a_mode = _activation_scale_mode(spec, a_scale)
     w_mode, w_scale, (sws_e, sws_n, sws_k) = w_scale_info
     dummy = out if out_scale is None else out_scale
-    as_e, as_m, as_k = (0, 0, 0) if load_quant.mode else _scale_strides(a_mode, a_scale, batched)
+    as_e, as_m, as_k = _scale_strides(a_mode, a_scale, batched)
     if out_mode == 2:
         os_e, os_m, os_n = (out_scale.stride(0), out_scale.stride(1), out_scale.stride(2)) if batched else (0, out_scale.stride(0), out_scale.stride(1))
     else:
@@ -272,8 +232,6 @@ def _launch(
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
-        QUANT_A=load_quant.mode,
-        QUANT_SPAN=load_quant.span,
     )
     launch(kernels().moe_gemm_kernel, grid, args, constexprs, config.num_warps, config.num_stages)
 
@@ -292,16 +250,12 @@ def w1_gemm(
     a2_scale: Optional[torch.Tensor],
     config: GemmConfig,
     out_dtype: torch.dtype,
-    load_quant: Optional["LoadQuantization"] = None,
-    unquantized_intermediate: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """act(a @ w1[e]^T) per row, quantized for the w2 GEMM when the layer is FP8.
 
     Standard rows give [num_pairs, N] (row = pair index); batched rows give [E, T, N].
     ``row_weights`` (flattened top-k weights) scale the rows before the activation:
-    that is the router weight applied on the input, since w1 is linear. ``load_quant``: ``a`` is the float
-    input, quantized as the GEMM loads it. ``unquantized_intermediate``: an intermediate the epilogue would not
-    quantize is returned in ``out_dtype`` (scale None) for a w2 GEMM that quantizes it on load.
+    that is the router weight applied on the input, since w1 is linear.
     """
     num_experts, two_n, k_dim = w1.shape
     n = two_n // 2
@@ -314,10 +268,8 @@ def w1_gemm(
     _launch(
         a, a_scale, w1, w_info, inter, out_scale, out_static, out_mode, rows, row_weights,
         spec=spec, n_out=n, k_in=k_dim, gated=True, activation=activation, swiglu_limit=swiglu_limit,
-        a_row_div=1 if batched else rows.top_k, config=config, load_quant=load_quant,
+        a_row_div=1 if batched else rows.top_k, config=config,
     )
-    if unquantized_intermediate and out_mode == 0:
-        return inter, None
     return _finish_intermediate(inter, out_scale, out_static, out_mode, spec)
 
 
@@ -359,13 +311,11 @@ def w2_gemm(
     config: GemmConfig,
     out_dtype: torch.dtype,
     sum_into: Optional[torch.Tensor] = None,
-    load_quant: Optional["LoadQuantization"] = None,
 ) -> torch.Tensor:
     """inter @ w2[e]^T per row, times the row's top-k weight when given.
 
     With ``sum_into`` (a zeroed fp32 [M, K], standard rows only) each row is added
     into its token's row there (the top-k sum folded in) and ``sum_into`` is returned.
-    With ``load_quant`` ``inter`` is the float intermediate, quantized as the GEMM loads it.
     """
     num_experts, k_dim, n = w2.shape
     batched = isinstance(rows, BatchedRows)
@@ -378,7 +328,7 @@ def w2_gemm(
     _launch(
         inter, inter_scale, w2, w_info, y, None, None, out_mode, rows, row_weights,
         spec=spec, n_out=k_dim, k_in=n, gated=False, activation="silu", swiglu_limit=None,
-        a_row_div=1, config=config, out_row_div=out_row_div, load_quant=load_quant,
+        a_row_div=1, config=config, out_row_div=out_row_div,
     )
     return y
 
@@ -426,12 +376,11 @@ def _check_weights(w1: torch.Tensor, w2: torch.Tensor, k_dim: int, spec: Optiona
 
 def _prepare_input(
     hidden: torch.Tensor, a1_scale: Optional[torch.Tensor], spec: Optional[Fp8Spec], out_dtype: Optional[torch.dtype],
-    defer_dynamic: bool = False,
+    defer_groups: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.dtype]:
-    """(A operand, its scale, the output dtype); quantizes float input for FP8 layers, except (``defer_dynamic``)
-    with dynamic scales: then the scale is None and the caller quantizes once it knows the rows and the config
-    (``_hopper_layer`` writes 1x128 groups straight into sorted order for the Gluon kernel; a decode GEMM can
-    quantize as it loads, ``load_quantization``)."""
+    """(A operand, its scale, the output dtype); quantizes float input for FP8 layers, except (``defer_groups``)
+    into 1x128 groups: then the scale is None and the caller quantizes once it knows the rows' order
+    (``_hopper_layer`` writes them straight into sorted order for the Gluon kernel)."""
     if hidden.dtype == FP8_DTYPE:
         if spec is None:
             raise KernelInputError("FP8 hidden states need an Fp8Spec (the weights' and activations' scale layouts)")
@@ -449,7 +398,7 @@ def _prepare_input(
     static = a1_scale if spec.activation != "group" else None
     if a1_scale is not None and spec.activation == "group":
         raise KernelInputError("1x128 group activation scales are dynamic; a static a1_scale is not accepted")
-    if defer_dynamic and static is None:
+    if defer_groups and spec.activation == "group":
         return hidden, None, hidden.dtype
     q, scale = quantize_activation(hidden, spec.activation, static)
     return q, scale, hidden.dtype
@@ -474,7 +423,6 @@ def fused_experts(
     out_dtype: Optional[torch.dtype] = None,
     config: Optional[MoEConfig] = None,
     unsorted: Optional[bool] = None,
-    quantize_on_load: Optional[bool] = None,
 ) -> torch.Tensor:
     """The MoE layer, out[t] = sum_j g[t,j] * w2[e] @ act(w1[e] @ x[t]) with e = topk_ids[t,j]: [M, K].
 
@@ -486,10 +434,6 @@ def fused_experts(
     ``unsorted`` gives each (token, slot) pair a row block of its own with no alignment launch
     (``align.pair_blocks``) when True, sorts the pairs by expert when False; None (the default) decides
     by ``align.pair_blocks_pay``. The benchmark times both layouts; either computes the same layer.
-    ``quantize_on_load`` (FP8 layers with dynamic activation scales, pointer-load GEMMs): True has each GEMM
-    quantize its float input as it loads it where ``load_quantization`` allows, False quantizes in launches of
-    their own; None (the default) is True up to ``QUANTIZE_ON_LOAD_TOKENS`` tokens. The FP8 values and scales
-    are the same either way.
     """
     require_device(hidden, w1, w2, topk_weights, topk_ids)
     if activation not in ACTIVATIONS:
@@ -506,11 +450,9 @@ def fused_experts(
     top_k = topk_ids.shape[1]
     if unsorted is not None and not isinstance(unsorted, bool):
         raise KernelInputError(f"unsorted must be True, False or None (the rule decides); got {unsorted!r}")
-    if quantize_on_load is not None and not isinstance(quantize_on_load, bool):
-        raise KernelInputError(f"quantize_on_load must be True, False or None (the rule decides); got {quantize_on_load!r}")
     if apply_router_weight_on_input and top_k != 1:
         raise KernelInputError(f"apply_router_weight_on_input needs top_k == 1, got top_k={top_k}")
-    a, a_scale, result_dtype = _prepare_input(hidden, a1_scale, fp8, out_dtype, defer_dynamic=True)
+    a, a_scale, result_dtype = _prepare_input(hidden, a1_scale, fp8, out_dtype, defer_groups=True)
     if out is None:
         out = torch.empty(num_tokens, k_dim, dtype=result_dtype, device=hidden.device)
     elif tuple(out.shape) != (num_tokens, k_dim) or out.dtype != result_dtype or out.stride(-1) != 1:
@@ -527,21 +469,12 @@ def fused_experts(
         )
     else:
         validate_config(config, block_fp8=fp8 is not None and fp8.block)
+    if fp8 is not None and a_scale is None and not (config.gluon and num_tokens > 1):
+        # float input in 1x128 groups is left to the Gluon path, which quantizes it straight into sorted order
+        a, a_scale = quantize_activation(a, fp8.activation)
     if unsorted is None:
         expert_bytes = (w1.numel() * w1.element_size() + w2.numel() * w2.element_size()) // num_experts
         unsorted = pair_blocks_pay(num_tokens, top_k, num_experts, expert_bytes)
-    if quantize_on_load is None:
-        quantize_on_load = num_tokens <= QUANTIZE_ON_LOAD_TOKENS
-    input_on_load = intermediate_on_load = NO_LOAD_QUANTIZATION
-    if fp8 is not None and quantize_on_load and not config.hopper:
-        if a_scale is None:
-            input_on_load = load_quantization(fp8.activation, config.w1, num_tokens, k_dim, pair_blocks=unsorted)
-        if a2_scale is None and _intermediate_layout(fp8, config.w1, a2_scale, result_dtype)[0] == 0:
-            intermediate_on_load = load_quantization(fp8.activation, config.w2, num_tokens * top_k, n,
-                                                     pair_blocks=unsorted)
-    if fp8 is not None and a_scale is None and not input_on_load.mode and not (config.gluon and num_tokens > 1):
-        # float input in 1x128 groups is left to the Gluon path, which quantizes it straight into sorted order
-        a, a_scale = quantize_activation(a, fp8.activation)
     align = pair_blocks if unsorted else align_tokens
     routing = align(topk_ids, num_experts, config.block_m)
     flat_weights = topk_weights.reshape(-1)
@@ -551,25 +484,24 @@ def fused_experts(
             spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
             apply_router_weight_on_input=apply_router_weight_on_input, config=config, result_dtype=result_dtype,
         )
-    if fp8 is not None and a_scale is None and not input_on_load.mode:  # a gluon config the Gluon kernel cannot run
+    if fp8 is not None and a_scale is None:  # a gluon config where the Gluon kernel cannot run
         a, a_scale = quantize_activation(a, fp8.activation)
     inter, inter_scale = w1_gemm(
         a, a_scale, w1, w1_scale, routing, spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
         row_weights=flat_weights if apply_router_weight_on_input else None, a2_scale=a2_scale,
-        config=config.w1, out_dtype=result_dtype, load_quant=input_on_load,
-        unquantized_intermediate=bool(intermediate_on_load.mode),
+        config=config.w1, out_dtype=result_dtype,
     )
     row_weights = None if apply_router_weight_on_input else flat_weights
     if config.fold_topk and top_k > 1:
         acc = torch.zeros(num_tokens, k_dim, dtype=torch.float32, device=hidden.device)
         w2_gemm(
             inter, inter_scale, w2, w2_scale, routing, spec=fp8, row_weights=row_weights,
-            config=config.w2, out_dtype=result_dtype, sum_into=acc, load_quant=intermediate_on_load,
+            config=config.w2, out_dtype=result_dtype, sum_into=acc,
         )
         return out.copy_(acc)
     y = w2_gemm(
         inter, inter_scale, w2, w2_scale, routing, spec=fp8, row_weights=row_weights,
-        config=config.w2, out_dtype=result_dtype, load_quant=intermediate_on_load,
+        config=config.w2, out_dtype=result_dtype,
     )
     return topk_sum(y, topk_ids, num_experts, out)
 

@@ -252,13 +252,12 @@ def routings(num_tokens: int, num_experts: int, top_k: int, count: int, seed: in
     return out
 
 
-def layer_fn(shape: LayerShape, weights, config: Optional[MoEConfig], unsorted: Optional[bool] = None,
-             quantize_on_load: Optional[bool] = None) -> Callable:
-    """fn(x, topk_weights, topk_ids) -> the layer's output, with this config (None: the runtime's lookup), row
-    layout and FP8 quantization (``fused_experts``'s ``unsorted`` and ``quantize_on_load``; None: its rules)."""
+def layer_fn(shape: LayerShape, weights, config: Optional[MoEConfig], unsorted: Optional[bool] = None) -> Callable:
+    """fn(x, topk_weights, topk_ids) -> the layer's output, with this config (None: the runtime's lookup) and row
+    layout (``fused_experts``'s ``unsorted``; None: its rule)."""
     w1, w2, s1, s2 = weights
     spec = shape.spec
-    kw = {} if spec is None else {"fp8": spec, "w1_scale": s1, "w2_scale": s2, "quantize_on_load": quantize_on_load}
+    kw = {} if spec is None else {"fp8": spec, "w1_scale": s1, "w2_scale": s2}
     return lambda x, g, ids: fused_experts(x, w1, w2, g, ids, config=config, unsorted=unsorted, **kw)
 
 
