@@ -33,7 +33,9 @@ lost). The fourth sweep (``--rules default mid32`` at 128 and 512 tokens; ``defa
 ``default tma64_persistent tma_unflat`` at 2048 and 8192; H100, docs/perf/default_rules_h100_4.json) timed vLLM's
 tuned 32-row tile without swap-AB (kept for bf16 below 32 rows per expert: ``config.row_block32_config``) and, for the
 8192-token layers short of the TFLOP/s targets, tiles with fewer pad rows (kept: six stages for the 64-row Gluon
-blocks; the 64-row persistent TMA tiles and the unflattened loop lost). ``CHECK`` shapes are in no fit:
+blocks; the 64-row persistent TMA tiles and the unflattened loop lost). The fifth (``--rules default vllm_default128``
+at 2048 tokens on 14 bf16 shapes, 2 x H200, docs/perf/default_rules_h200_5.json) timed vLLM's own default tile past
+512 tokens; it lost at 11 of 14 points and is not kept. ``CHECK`` shapes are in no fit:
 ``bench_experts_vs_vllm.py run --sweep-shapes check`` measures the result there.
 
 ``score SWEEP.json`` (no GPU) reads a saved sweep and, for each point where ``default_config`` picks a config one of
@@ -357,12 +359,28 @@ def rule_tma_unflat(e, n, k, top_k, m, fp8):
     return base
 
 
+# The fifth sweep's candidate (issue 44, after the fourth): three bf16 layers at 2048 tokens stayed below vLLM on an
+# H100 with every tile timed so far (GLM-4.5-Air-like x0.93 at 128 rows per expert, GPT-OSS-120B-shaped and its TP2
+# shard x0.95 at 64), where vLLM runs its default: 128-row blocks of half the width in 3 stages, never timed here.
+
+
+def rule_vllm_default128(e, n, k, top_k, m, fp8):
+    """bf16 past 512 tokens where the default runs 128-row blocks (the TMA tiles or the pointer-load ones): vLLM
+    0.33's ``get_default_config`` tile as vLLM runs it: 128-row blocks, 128-wide weight tiles (w1 64 gate + 64 up
+    columns, w2 128), 64-wide K steps, 8 warps, 3 stages, groups of 16 row blocks past 128 tokens per expert."""
+    base = rule_default(e, n, k, top_k, m, fp8)
+    if fp8 is None and m > 512 and base.block_m == 128 and not base.gluon:
+        group_m = 16 if m // max(e, 1) > 128 else 1
+        return MoEConfig(128, GemmConfig(64, 64, group_m, 8, 3), GemmConfig(128, 64, group_m, 8, 3))
+    return base
+
+
 CANDIDATES = {"mid_pointer64": rule_mid_pointer64, "mid_tma_flat": rule_mid_tma_flat, "flat_all": rule_flat_all,
               "w2_narrow": rule_w2_narrow, "gluon64": rule_gluon64, "decode_w1_16": rule_decode_w1_16,
               "decode_deep": rule_decode_deep, "thin_wide_k64": rule_thin_wide_k64, "thin_wide_w8": rule_thin_wide_w8,
               "thin32": rule_thin32, "mid_tma64": rule_mid_tma64, "mid32": rule_mid32, "gluon128": rule_gluon128,
               "gluon64_deep": rule_gluon64_deep, "tma64_persistent": rule_tma64_persistent,
-              "tma_unflat": rule_tma_unflat}
+              "tma_unflat": rule_tma_unflat, "vllm_default128": rule_vllm_default128}
 
 
 def _shape(entry):
