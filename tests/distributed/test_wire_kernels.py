@@ -205,15 +205,18 @@ def test_route_gives_the_slots_and_counts_of_the_torch_scan(device, monkeypatch,
 
 @pytest.mark.parametrize("rows_kind", ["token", "group"])
 @pytest.mark.parametrize("tokens", [0, 1, 37])
-def test_send_rows_quantized_while_packing_hold_the_quantizers_bytes(device, monkeypatch, rows_kind, tokens) -> None:
+# 320 columns: one program's column of groups, the last group 64 columns; 1344: two columns of programs (8 groups
+# and 3, the last 64 columns). 37 tokens leave the last program of several tokens partly empty.
+@pytest.mark.parametrize("hidden,world", [(320, 3), (1344, 2)])
+def test_send_rows_quantized_while_packing_hold_the_quantizers_bytes(device, monkeypatch, rows_kind, tokens, hidden,
+                                                                      world) -> None:
     """FP8 per token / per 1x128 group applied by the send-row kernel: the same bytes and scales as the torch
     quantizer, in every send row the token goes to, with empty rows past each rank's count in fixed blocks."""
     if not wire_kernels.kernels_apply(torch.zeros(1, device=device)):
         pytest.skip("quantizing while packing is the kernels' path (CUDA, or TRITON_INTERPRET=1)")
     from moe_fsm.kernels import fp8
 
-    gen = torch.Generator().manual_seed(tokens + len(rows_kind))
-    hidden, world = 320, 3  # the last group is 64 columns
+    gen = torch.Generator().manual_seed(tokens + len(rows_kind) + hidden)
     x = (torch.randn(tokens, hidden, generator=gen) * 4).to(torch.bfloat16)
     if tokens:
         x[0, :4] = torch.tensor([0.0, -0.0, 1e-6, -3e-4])  # values that land on e4m3 subnormals

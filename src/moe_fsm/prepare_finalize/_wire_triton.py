@@ -203,66 +203,76 @@ def _fp8_bytes(v, HW_FP8: tl.constexpr):
 
 
 @triton.jit
-def quantize_rows_kernel(q_ptr, q_stride, s_ptr, s_stride, x_ptr, x_stride, slot_ptr, world, not_sent, num_tokens,
-                         n_cols, q_columns, words_ptr, words_stride, meta_ptr, meta_stride, meta_start, row_words,
-                         empty_ptr, counts_ptr, pad_programs, capacity, PER_TOKEN: tl.constexpr, GROUP: tl.constexpr,
-                         GROUPS: tl.constexpr, FIXED: tl.constexpr, HW_FP8: tl.constexpr, BLOCK: tl.constexpr):
+def quantize_rows_kernel(q_ptr, q_stride, s_ptr, s_stride, x_ptr, x_stride, slot_ptr, not_sent, num_tokens, n_cols,
+                         token_programs, words_ptr, words_stride, meta_ptr, meta_stride, meta_start, row_words,
+                         empty_ptr, counts_ptr, pad_programs, capacity, WORLD: tl.constexpr, TOKENS: tl.constexpr,
+                         PER_TOKEN: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr, META: tl.constexpr,
+                         FIXED: tl.constexpr, HW_FP8: tl.constexpr, BLOCK: tl.constexpr):
     """Dynamic FP8 of each token's row, written with its scales and small fields straight into its send rows.
 
-    Program (t, c) for t < num_tokens reads token t once and writes every send row slot[t, d] < not_sent: for
-    c < q_columns, the quantized bytes and scales of its columns (PER_TOKEN: the whole row, one scale
-    max(amax, 1e-10) / 448, walked twice; else GROUPS groups of GROUP columns, one scale each); for c = q_columns
-    (the grid has that column where there are small fields) the packed small fields, copied as words of the send
-    rows (``words_ptr``) from word meta_start.
-    FIXED: programs past the tokens write the empty row, in words, into the rows of each rank's block no token
-    fills (_fill_empty_rows). Divisions are correctly rounded, as the experts' own quantizer's, so the bytes are
-    the same.
+    Program (p, c) for p < token_programs reads tokens [p * TOKENS, (p + 1) * TOKENS) once and writes every send
+    row slot[t, d] < not_sent of each: the quantized bytes and scales of its columns (PER_TOKEN: the whole row,
+    one scale max(amax, 1e-10) / 448, walked twice; else GROUPS groups of GROUP columns, one scale each, the
+    tokens' groups loaded as one [TOKENS, GROUPS, GROUP] tile so a program keeps many loads in flight and pays
+    its slot loads, address arithmetic and scale stores once for all of them), and, in the programs of column 0,
+    the packed small fields (META words, a power of two covering row_words - meta_start), copied as words of the
+    send rows (``words_ptr``) from word meta_start. WORLD is a constant, so each token's destinations are
+    unrolled. FIXED: programs past the tokens write the empty row, in words, into the rows of each rank's block
+    no token fills (_fill_empty_rows). Divisions are correctly rounded, as the experts' own quantizer's, so the
+    bytes are the same.
     """
     program = tl.program_id(0)
     column = tl.program_id(1)
-    if program < num_tokens:
-        row = program.to(tl.int64)
-        if column >= q_columns:
-            words = meta_start + tl.arange(0, BLOCK)
-            for c0 in range(0, row_words - meta_start, BLOCK):
-                in_row = c0 + words < row_words
-                meta = tl.load(meta_ptr + row * meta_stride + c0 + words - meta_start, mask=in_row, other=0)
-                for d in range(world):
-                    dst_m = tl.load(slot_ptr + row * world + d)
-                    tl.store(words_ptr + dst_m * words_stride + c0 + words, meta,
-                             mask=in_row & (words * 0 + dst_m < not_sent))
-        elif PER_TOKEN:
+    if program < token_programs:
+        tokens = program * TOKENS + tl.arange(0, TOKENS)
+        has_token = tokens < num_tokens
+        rows = tokens.to(tl.int64)
+        if PER_TOKEN:
             tcols = tl.arange(0, GROUPS * GROUP)
-            amax = 0.0
+            amax = tl.full((TOKENS,), 0.0, tl.float32)  # tl.full, not tl.zeros: see _kernel_module
             for c0 in range(0, n_cols, GROUPS * GROUP):
-                xt = tl.load(x_ptr + row * x_stride + c0 + tcols, mask=c0 + tcols < n_cols, other=0.0)
-                amax = tl.maximum(amax, tl.reduce(tl.abs(xt.to(tl.float32)), 0, _larger))
+                inside = has_token[:, None] & (c0 + tcols < n_cols)[None, :]
+                xt = tl.load(x_ptr + rows[:, None] * x_stride + c0 + tcols[None, :], mask=inside, other=0.0)
+                amax = tl.maximum(amax, tl.reduce(tl.abs(xt.to(tl.float32)), 1, _larger))
             token_scale = tl.div_rn(tl.maximum(amax, 1e-10), 448.0)
             for c0 in range(0, n_cols, GROUPS * GROUP):
-                in_tok = c0 + tcols < n_cols
-                xt = tl.load(x_ptr + row * x_stride + c0 + tcols, mask=in_tok, other=0.0)
-                qt = _fp8_bytes(tl.div_rn(xt.to(tl.float32), token_scale), HW_FP8)
-                for d in range(world):
-                    dst_t = tl.load(slot_ptr + row * world + d)
-                    tl.store(q_ptr + dst_t * q_stride + c0 + tcols, qt, mask=in_tok & (tcols * 0 + dst_t < not_sent))
-            for d in range(world):
-                dst_t = tl.load(slot_ptr + row * world + d)
-                tl.store(s_ptr + dst_t * s_stride, token_scale, mask=dst_t < not_sent)
+                inside = has_token[:, None] & (c0 + tcols < n_cols)[None, :]
+                xt = tl.load(x_ptr + rows[:, None] * x_stride + c0 + tcols[None, :], mask=inside, other=0.0)
+                qt = _fp8_bytes(tl.div_rn(xt.to(tl.float32), token_scale[:, None]), HW_FP8)
+                for d in tl.static_range(WORLD):
+                    dst_t = tl.load(slot_ptr + rows * WORLD + d, mask=has_token, other=not_sent)
+                    tl.store(q_ptr + dst_t[:, None] * q_stride + c0 + tcols[None, :], qt,
+                             mask=inside & (dst_t < not_sent)[:, None])
+            for d in tl.static_range(WORLD):
+                dst_s = tl.load(slot_ptr + rows * WORLD + d, mask=has_token, other=not_sent)
+                tl.store(s_ptr + dst_s * s_stride, token_scale, mask=dst_s < not_sent)
         else:
             groups = column * GROUPS + tl.arange(0, GROUPS)
             cols = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-            inside = cols < n_cols
-            x = tl.load(x_ptr + row * x_stride + cols, mask=inside, other=0.0).to(tl.float32)
-            scale = tl.div_rn(tl.maximum(tl.reduce(tl.abs(x), 1, _larger), 1e-10), 448.0)
-            q = _fp8_bytes(tl.div_rn(x, scale[:, None]), HW_FP8)
-            has_group = groups * GROUP < n_cols
-            for d in range(world):
-                dst_g = tl.load(slot_ptr + row * world + d)
-                tl.store(q_ptr + dst_g * q_stride + cols, q, mask=inside & (cols * 0 + dst_g < not_sent))
-                tl.store(s_ptr + dst_g * s_stride + groups, scale, mask=has_group & (groups * 0 + dst_g < not_sent))
+            inside = has_token[:, None, None] & (cols < n_cols)[None, :, :]
+            x = tl.load(x_ptr + rows[:, None, None] * x_stride + cols[None, :, :], mask=inside, other=0.0)
+            x = x.to(tl.float32)
+            scale = tl.div_rn(tl.maximum(tl.reduce(tl.abs(x), 2, _larger), 1e-10), 448.0)
+            q = _fp8_bytes(tl.div_rn(x, scale[:, :, None]), HW_FP8)
+            has_group = has_token[:, None] & (groups * GROUP < n_cols)[None, :]
+            for d in tl.static_range(WORLD):
+                dst_g = tl.load(slot_ptr + rows * WORLD + d, mask=has_token, other=not_sent)
+                tl.store(q_ptr + dst_g[:, None, None] * q_stride + cols[None, :, :], q,
+                         mask=inside & (dst_g < not_sent)[:, None, None])
+                tl.store(s_ptr + dst_g[:, None] * s_stride + groups[None, :], scale,
+                         mask=has_group & (dst_g < not_sent)[:, None])
+        if META > 0:
+            if column == 0:
+                words = tl.arange(0, META)
+                in_meta = has_token[:, None] & (meta_start + words < row_words)[None, :]
+                meta = tl.load(meta_ptr + rows[:, None] * meta_stride + words[None, :], mask=in_meta, other=0)
+                for d in tl.static_range(WORLD):
+                    dst_m = tl.load(slot_ptr + rows * WORLD + d, mask=has_token, other=not_sent)
+                    tl.store(words_ptr + dst_m[:, None] * words_stride + meta_start + words[None, :], meta,
+                             mask=in_meta & (dst_m < not_sent)[:, None])
     elif FIXED:
         for c0 in range(column * BLOCK, row_words, tl.num_programs(1) * BLOCK):
-            _fill_empty_rows(words_ptr, words_stride, empty_ptr, counts_ptr, program - num_tokens, pad_programs,
+            _fill_empty_rows(words_ptr, words_stride, empty_ptr, counts_ptr, program - token_programs, pad_programs,
                              capacity, row_words, c0 + tl.arange(0, BLOCK))
 
 

@@ -212,6 +212,13 @@ def send_order(slot: torch.Tensor, total: int) -> torch.Tensor:
 # Dynamic FP8 row quantizations the send-row kernel applies while packing (InputQuantizer.fused_fp8_rows).
 FUSED_FP8_ROWS = ("token", "group")
 FP8_GROUP = 128
+# Tokens one program of the FP8 send-row kernel quantizes. 1x128 groups: a [4 tokens, 8 groups, 128] tile, 32
+# values a thread over FP8_ROWS_WARPS warps, so a program has 8 KiB of loads in flight, stores 16 bytes a thread
+# and pays its slot loads, address arithmetic and scale stores once for the four tokens. Per token: one token a
+# program, its row walked twice (the scale needs the whole row first).
+FP8_GROUP_ROWS = 4
+FP8_TOKEN_ROWS = 1
+FP8_ROWS_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -353,13 +360,18 @@ def _quantize_into(source: SourcePack, send: torch.Tensor, index: torch.Tensor, 
     num_groups = -(-hidden // FP8_GROUP)
     groups = 8 if per_token else min(8, _next_power_of_2(num_groups))  # groups of 128 columns per program or pass
     q_columns = 1 if per_token else -(-num_groups // groups)
-    grid = (source.num_tokens + index.shape[1] * pad_programs, q_columns + (meta is not None))
+    tokens = FP8_TOKEN_ROWS if per_token else FP8_GROUP_ROWS
+    token_programs = -(-source.num_tokens // tokens)
+    meta_count = words.shape[1] - meta_start if meta is not None else 0  # small-field words per row
+    world = index.shape[1]
+    grid = (token_programs + world * pad_programs, q_columns)
     interpreted = index.device.type != "cuda"
     _kernels(index).quantize_rows_kernel[grid](
-        q, q.stride(0), s, s.stride(0), x, x.stride(0), index, index.shape[1], total, source.num_tokens, hidden,
-        q_columns, words, words.stride(0), meta_words, meta_words.stride(0), meta_start, words.shape[1],
-        source.empty.view(torch.int32), counts, max(pad_programs, 1), capacity, PER_TOKEN=per_token, GROUP=FP8_GROUP,
-        GROUPS=groups, FIXED=pad_programs > 0, HW_FP8=not interpreted, BLOCK=BLOCK_COLUMNS,
+        q, q.stride(0), s, s.stride(0), x, x.stride(0), index, total, source.num_tokens, hidden, token_programs,
+        words, words.stride(0), meta_words, meta_words.stride(0), meta_start, words.shape[1],
+        source.empty.view(torch.int32), counts, max(pad_programs, 1), capacity, WORLD=world, TOKENS=tokens,
+        PER_TOKEN=per_token, GROUP=FP8_GROUP, GROUPS=groups, META=_next_power_of_2(meta_count) if meta_count else 0,
+        FIXED=pad_programs > 0, HW_FP8=not interpreted, BLOCK=BLOCK_COLUMNS, num_warps=FP8_ROWS_WARPS,
     )
 
 
