@@ -451,7 +451,7 @@ def main_run(args) -> None:
     def ours_config(shape, t):
         if args.untuned:
             return default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, t,
-                                  block_fp8=shape.fp8 == "block", fp8=shape.fp8 is not None)
+                                  block_fp8=shape.fp8 == "block", fp8=shape.fp8 is not None, device=dev_name)
         return get_config(device_name(torch.device("cuda", 0)), shape.num_experts, shape.intermediate, shape.hidden,
                           shape.top_k, t, shape.dtype, shape.fp8)
 

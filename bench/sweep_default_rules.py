@@ -35,7 +35,12 @@ tuned 32-row tile without swap-AB (kept for bf16 below 32 rows per expert: ``con
 8192-token layers short of the TFLOP/s targets, tiles with fewer pad rows (kept: six stages for the 64-row Gluon
 blocks; the 64-row persistent TMA tiles and the unflattened loop lost). The fifth (``--rules default vllm_default128``
 at 2048 tokens on 14 bf16 shapes, 2 x H200, docs/perf/default_rules_h200_5.json) timed vLLM's own default tile past
-512 tokens; it lost at 11 of 14 points and is not kept. ``CHECK`` shapes are in no fit:
+512 tokens; it lost at 11 of 14 points and is not kept. The sixth (``--rules default vllm_default128 tma_vllm128
+tma_unflat`` at 2048 tokens on 9 bf16 shapes of 48-192 rows per expert, two more at 8192; one H100,
+docs/perf/default_rules_h100_6.json) timed it on the card where three such points were below vLLM: there it won at
+48-128 rows where the default runs the 128-row pointer-load or flattened TMA tiles, which the H100 now takes
+(``config.VLLM_TILE_MAX_ROWS_BY_DEVICE``); the same tiles through the TMA kernels (``tma_vllm128``) lost everywhere.
+``default`` is the default of the card the sweep runs on. ``CHECK`` shapes are in no fit:
 ``bench_experts_vs_vllm.py run --sweep-shapes check`` measures the result there.
 
 ``score SWEEP.json`` (no GPU) reads a saved sweep and, for each point where ``default_config`` picks a config one of
@@ -134,8 +139,13 @@ def rule_vllm_tiles(e, n, k, top_k, m, fp8):
     return vllm_tile_config(e, m, block_fp8=fp8 == "block", fp8=fp8 is not None)
 
 
+# the card the sweep runs on (``main`` sets it; ``score`` takes the saved run's): ``default`` is its default, the
+# fitted rule with that card's exceptions (``config.VLLM_TILE_MAX_ROWS_BY_DEVICE``)
+DEVICE = ""
+
+
 def rule_default(e, n, k, top_k, m, fp8):
-    return default_config(e, n, k, top_k, m, block_fp8=fp8 == "block", fp8=fp8 is not None)
+    return default_config(e, n, k, top_k, m, block_fp8=fp8 == "block", fp8=fp8 is not None, device=DEVICE)
 
 
 def rule_tma(e, n, k, top_k, m, fp8):
@@ -375,12 +385,22 @@ def rule_vllm_default128(e, n, k, top_k, m, fp8):
     return base
 
 
+def rule_tma_vllm128(e, n, k, top_k, m, fp8):
+    """Where ``vllm_default128`` changes the config: the same tiles through the TMA kernels (not persistent): the
+    weight tiles by the copy engine where vLLM's kernel loads them with pointers."""
+    base = rule_vllm_default128(e, n, k, top_k, m, fp8)
+    if base != rule_default(e, n, k, top_k, m, fp8):
+        return replace(base, hopper=True)
+    return base
+
+
 CANDIDATES = {"mid_pointer64": rule_mid_pointer64, "mid_tma_flat": rule_mid_tma_flat, "flat_all": rule_flat_all,
               "w2_narrow": rule_w2_narrow, "gluon64": rule_gluon64, "decode_w1_16": rule_decode_w1_16,
               "decode_deep": rule_decode_deep, "thin_wide_k64": rule_thin_wide_k64, "thin_wide_w8": rule_thin_wide_w8,
               "thin32": rule_thin32, "mid_tma64": rule_mid_tma64, "mid32": rule_mid32, "gluon128": rule_gluon128,
               "gluon64_deep": rule_gluon64_deep, "tma64_persistent": rule_tma64_persistent,
-              "tma_unflat": rule_tma_unflat, "vllm_default128": rule_vllm_default128}
+              "tma_unflat": rule_tma_unflat, "vllm_default128": rule_vllm_default128,
+              "tma_vllm128": rule_tma_vllm128}
 
 
 def _shape(entry):
@@ -427,7 +447,7 @@ def score(path: Path) -> dict:
     for p in report["points"]:
         fp8 = None if p["quant"] == "bf16" else p["quant"]
         chosen = default_config(p["E"], p["N"], p["K"], p["top_k"], p["tokens"], block_fp8=fp8 == "block",
-                                fp8=fp8 is not None).to_json()
+                                fp8=fp8 is not None, device=report.get("device", "")).to_json()
         timed = [name for name, cfg in p["configs"].items() if cfg == chosen and name in p["us"]]
         if not timed or "vllm" not in p["us"]:
             uncovered.append(f"{p['shape']}/{p['tokens']}")
@@ -466,7 +486,9 @@ def main() -> None:
     from moe_fsm.kernels.triton_moe.tuning import layer_fn, make_weights, replays_per_graph, routings, time_graph
 
     start = time.time()
-    vllm = VllmTriton(args.extract, torch.cuda.get_device_name(), torch.cuda.get_device_capability())
+    global DEVICE
+    DEVICE = torch.cuda.get_device_name()
+    vllm = VllmTriton(args.extract, DEVICE, torch.cuda.get_device_capability())
     # fit and held-out shapes alternate, so a budget cut leaves both sets measured
     fit, held = [(s, "fit") for s in FIT], [(s, "held_out") for s in HELD_OUT]
     entries = [e for pair in zip(fit, held) for e in pair] + fit[len(held):] + held[len(fit):]

@@ -288,6 +288,24 @@ def test_default_32_row_blocks_bf16():
     assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
 
 
+def test_default_vllm_tile_of_an_h100_bf16():
+    """The tile an H100's default takes for bf16 layers past 512 tokens at 48-128 rows per expert
+    (config.VLLM_TILE_MAX_ROWS_BY_DEVICE: vLLM's default 128-row tile, w1 64 / w2 128 wide, 64-wide K steps), run here
+    on whichever card the test has: 75 rows per expert, N and K not multiples of the tiles."""
+    from moe_fsm.kernels.triton_moe.config import default_config, vllm_default_tile_config
+
+    shape, num_tokens = Shape("rows-75", 32, 576, 352, 4), 600
+    config = default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens,
+                            block_fp8=False, device="NVIDIA H100 80GB HBM3")
+    assert config == vllm_default_tile_config()
+    w1, w2 = float_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=37)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=37)
+    poison_allocator()
+    out = fused_experts(x, w1, w2, g, ids, config=config, out=_nan_out(num_tokens, shape.hidden, torch.bfloat16))
+    assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+
+
 # Unsorted pair blocks past one token (align.pair_blocks_pay: up to 8 tokens while little weight is read twice): a
 # Qwen3-Next TP2 shard and a DeepSeek-V3 TP4 block-FP8 shard at 8 tokens, two tokens on one expert, a slot of another rank
 QWEN3_NEXT_TP2 = Shape("qwen3-next-tp2", 512, 2048, 256, 10)

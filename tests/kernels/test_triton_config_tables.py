@@ -190,6 +190,67 @@ def test_the_default_picks_by_rows_per_expert(case, kind):
     assert not c.fold_topk
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+                    reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
+def test_the_h100_default_vllm_tile_computes_the_layer():
+    """vLLM's default 128-row tile, which an H100's default takes at 48-128 rows per expert past 512 tokens
+    (``vllm_default_tile_config``), computes the layer: under Triton's interpreter (float16; tests/gpu/test_triton_moe.py
+    runs bf16 on a GPU) against float64, 75 rows per expert, N and K not multiples of the tiles, the output poisoned."""
+    import torch
+
+    from moe_fsm.kernels.reference import moe_reference
+    from moe_fsm.kernels.triton_moe import fused_experts
+
+    experts, k, n, top_k, tokens = 8, 160, 96, 1, 600
+    config = cfg.default_config(experts, n, k, top_k, tokens, block_fp8=False, device=DEVICE)
+    assert config == cfg.vllm_default_tile_config()
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(tokens, k, generator=gen).half()
+    w1 = (torch.randn(experts, 2 * n, k, generator=gen) / k**0.5).half()
+    w2 = (torch.randn(experts, k, n, generator=gen) / n**0.5).half()
+    g, ids = torch.rand(tokens, experts, generator=gen).topk(top_k, dim=1)
+    g, ids = (g / g.sum(1, keepdim=True)).float(), ids.int()
+    out = torch.full((tokens, k), float("nan"), dtype=torch.float16)
+    fused_experts(x, w1, w2, g, ids, out=out, config=config)
+    ref = moe_reference(x, w1.double(), w2.double(), g, ids)
+    assert float((out.double() - ref).norm() / ref.norm()) < 1e-2
+
+
+# (E, N, K, top-k, FP8 granularity or None, tokens) -> whether an H100 takes vLLM's default tile where the fitted rule
+# does not (config.VLLM_TILE_MAX_ROWS_BY_DEVICE: bf16 past 512 tokens at most 128 rows per expert, where the fitted
+# rule runs the 128-row pointer-load tile or the flattened TMA tiles)
+H100_CASES = [
+    ((128, 2880, 2880, 4, None, 2048), True),  # GPT-OSS-120B-shaped, 64 rows: the 128-row pointer-load tile before
+    ((128, 1440, 2880, 4, None, 2048), True),  # its TP2 shard
+    ((128, 1408, 4096, 8, None, 2048), True),  # GLM-4.5-Air-like, 128 rows: the flattened TMA tiles before
+    ((512, 768, 4096, 8, None, 8192), True),  # 128 rows at 8192 tokens
+    ((160, 1536, 5120, 6, None, 2048), True),  # 77 rows
+    ((60, 1408, 2048, 4, None, 2048), False),  # 137 rows: past 128
+    ((64, 1408, 2048, 6, None, 2048), False),  # 192 rows
+    ((16, 8192, 5120, 1, None, 2048), False),  # 128 rows of a wide layer: the unflattened TMA tiles stay
+    ((512, 512, 2048, 10, None, 2048), False),  # 40 rows: the 64-row pointer-load blocks stay
+    ((128, 2880, 2880, 4, None, 512), False),  # 16 rows at 512 tokens
+    ((128, 1536, 4096, 8, "channel", 2048), False),  # row-wise FP8
+    ((384, 2048, 7168, 8, "block", 2048), False),  # block FP8
+]
+
+
+@pytest.mark.parametrize("case, vllm_tile", H100_CASES)
+def test_an_h100_runs_vllms_default_tile_at_48_to_128_rows_per_expert(case, vllm_tile, user_dir):
+    e, n, k, top_k, fp8, tokens = case
+    fitted = cfg.default_config(e, n, k, top_k, tokens, block_fp8=fp8 == "block", fp8=fp8 is not None)
+    on_h100 = cfg.default_config(e, n, k, top_k, tokens, block_fp8=fp8 == "block", fp8=fp8 is not None, device=DEVICE)
+    on_h200 = cfg.default_config(e, n, k, top_k, tokens, block_fp8=fp8 == "block", fp8=fp8 is not None,
+                                 device="NVIDIA H200")
+    assert on_h200 == fitted
+    assert on_h100 == (cfg.vllm_default_tile_config() if vllm_tile else fitted)
+    assert (fitted == cfg.vllm_default_tile_config()) is False
+    cfg.validate_config(on_h100, block_fp8=fp8 == "block")
+    # the runtime's lookup passes the card's name: a shape no table holds gets that card's default
+    assert cfg.load_table(DEVICE).get(cfg.shape_key(e, n, k, cfg.dtype_key("bfloat16", fp8))) is None
+    assert cfg.get_config(DEVICE, e, n, k, top_k, tokens, "bfloat16", fp8) == on_h100
+
+
 def test_merging_a_partial_tuning_into_the_shipped_table_keeps_the_other_token_counts(tmp_path):
     """bench/tune_triton.py run for a few token counts replaces those entries of a shape and keeps the rest."""
     import importlib.util

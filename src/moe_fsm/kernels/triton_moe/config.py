@@ -286,7 +286,22 @@ def _check_warp_specialization(config: MoEConfig, block_fp8: bool) -> None:
                "block_m 64 compiles without wgmma)")
 
 
-def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int, *, block_fp8: bool, fp8: bool = False) -> MoEConfig:
+# Where a card's own sweep moved the fitted rule, by the device name ``torch.cuda.get_device_name()`` gives (data, not
+# a branch per card; cards not named keep the fitted rule): the most rows per expert at which a bf16 layer past 512
+# tokens runs vLLM's own default tile (``vllm_default_tile_config``) where the fitted rule runs the 128-row
+# pointer-load tile or the flattened persistent TMA tiles. The H100 sweep (``docs/perf/default_rules_h100_6.json``,
+# ``docs/perf/vs_vllm.md``, "The H100") ran it faster at all 4 such points of the fit shapes (64-128 rows;
+# E512 N768 at 8192 tokens x0.83 -> x1.04 against vLLM, DeepSeek-V2-like at 2048 x0.95 -> x1.02) and of the held-out
+# and check ones (GLM-4.5-Air-like x0.91 -> x1.04, GPT-OSS-120B-shaped x0.95 -> x1.02, its TP2 shard x0.95 -> x1.03);
+# at 136-192 rows it tied or lost (DeepSeek-V2-Lite-like at 192 x1.16 -> x1.09), and so did the unflattened TMA tiles
+# of wide layers at 128 rows (Llama-4-Scout-like x1.13 -> x1.02). On an H200 the same tile lost at 11 of 14 bf16 points
+# at 2048 tokens, both at 128 rows and 2 of 4 at 64-77 among them (``docs/perf/default_rules_h200_5.json``), so the
+# H200 keeps the fitted rule.
+VLLM_TILE_MAX_ROWS_BY_DEVICE: dict[str, int] = {"NVIDIA H100 80GB HBM3": 128}
+
+
+def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int, *, block_fp8: bool, fp8: bool = False,
+                   device: str = "") -> MoEConfig:
     """The config for a shape no table holds, from the token count and the expected rows per expert.
 
     The rule was fitted on a sweep (``bench/sweep_default_rules.py``, ``docs/perf/vs_vllm.md``, "Shapes no table
@@ -327,7 +342,21 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     A ``hopper`` config runs the pointer-load kernels with the same tiles where the TMA kernels cannot
     (``hopper.hopper_usable``); a ``gluon`` one the Triton kernels (``fused.py``). The top-k sum is never folded into
     w2: folded, the layer was slower in 26 of 28 comparisons (``docs/perf/hopper.md``, "The default config").
+
+    ``device`` (the card's name) applies that card's measured exceptions (``VLLM_TILE_MAX_ROWS_BY_DEVICE``); without
+    it, or for a card not named there, the fitted rule decides alone.
     """
+    fitted = _fitted_default(num_experts, n, top_k, num_tokens, block_fp8=block_fp8, fp8=fp8)
+    max_rows = VLLM_TILE_MAX_ROWS_BY_DEVICE.get(device)
+    rows = num_tokens * top_k / max(num_experts, 1)
+    if (max_rows is not None and not fp8 and num_tokens > 512 and rows <= max_rows and fitted.block_m == 128
+            and not fitted.gluon and (not fitted.hopper or fitted.w1.flatten)):
+        return vllm_default_tile_config()
+    return fitted
+
+
+def _fitted_default(num_experts: int, n: int, top_k: int, num_tokens: int, *, block_fp8: bool, fp8: bool) -> MoEConfig:
+    """``default_config``'s rule as fitted on the sweeps, before any card's exceptions."""
     m = num_tokens
     rows = m * top_k / max(num_experts, 1)
     if m <= 64:
@@ -361,6 +390,16 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     if not fp8 and 96 < m <= 512 and rows < 32:
         return row_block32_config()
     return vllm_tile_config(num_experts, m, block_fp8=False, fp8=fp8)
+
+
+def vllm_default_tile_config() -> MoEConfig:
+    """vLLM 0.33's ``get_default_config`` tile past 512 tokens as vLLM runs it, on the pointer-load kernels: 128-row
+    blocks, 128-wide weight tiles (w1 64 gate + 64 up columns, w2 128), 64-wide K steps, 8 warps, 3 stages, no
+    grouping (vLLM groups only past 128 tokens per expert, more rows than ``VLLM_TILE_MAX_ROWS_BY_DEVICE`` admits).
+    Its three stages of 128 x 64 and 64 x 128 bf16 tiles take 96 KiB of shared memory, room for two programs on an
+    SM, where the fitted 128-row tiles' four stages (w2 256 wide) take 192 KiB; on an H100 it ran bf16 layers at
+    48-128 rows per expert faster than those (``VLLM_TILE_MAX_ROWS_BY_DEVICE``), why was not profiled."""
+    return MoEConfig(128, GemmConfig(64, 64, 1, 8, 3), GemmConfig(128, 64, 1, 8, 3))
 
 
 def row_block32_config() -> MoEConfig:
@@ -599,7 +638,8 @@ def _lookup(
     user_dir = str(_user_config_dir(explicit_dir, xdg_cache))
     entries = load_user_table(user_dir, device_name).get(key) or load_shipped_table(device_name).get(key)
     if not entries:
-        return default_config(num_experts, n, k, top_k, num_tokens, block_fp8=block_fp8, fp8=fp8 is not None)
+        return default_config(num_experts, n, k, top_k, num_tokens, block_fp8=block_fp8, fp8=fp8 is not None,
+                              device=device_name)
     target = math.log2(max(num_tokens, 1))
     nearest = min(entries, key=lambda m: (abs(math.log2(int(m)) - target), int(m)))
     config = MoEConfig.from_json(entries[nearest])

@@ -93,13 +93,16 @@ GLUON_TILES = ((128, 8, 4, 8, True, True), (128, 8, 4, 16, True, True), (128, 8,
                (128, 8, 5, 8, True, False), (64, 4, 4, 8, True, True))
 
 
-def candidate_configs(shape: LayerShape, num_tokens: int, *, hopper: bool = False, gluon: bool = False) -> list[MoEConfig]:
-    """The default config first, then row blocks around the mean rows per expert times a few tiles each; with
-    ``hopper`` (the device runs the TMA kernels) also TMA variants of the row blocks of 64 rows and more, and
-    with ``gluon`` (it runs the Gluon kernel too) for block FP8 the Gluon variants there."""
+def candidate_configs(shape: LayerShape, num_tokens: int, *, hopper: bool = False, gluon: bool = False,
+                      device: str = "") -> list[MoEConfig]:
+    """The default config first (``device``'s, as the runtime would run it untuned), then row blocks around the
+    mean rows per expert times a few tiles each; with ``hopper`` (the device runs the TMA kernels) also TMA variants
+    of the row blocks of 64 rows and more, and with ``gluon`` (it runs the Gluon kernel too) for block FP8 the Gluon
+    variants there."""
     block_fp8 = shape.fp8 == "block"
     default = default_config(
-        shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens, block_fp8=block_fp8, fp8=shape.fp8 is not None
+        shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens, block_fp8=block_fp8,
+        fp8=shape.fp8 is not None, device=device,
     )
     rows = num_tokens * shape.top_k / shape.num_experts
     if num_tokens == 1 or rows < 4:
@@ -455,7 +458,7 @@ def tune_and_write(
     start = time.monotonic()
     device = device_name(torch.device("cuda", torch.cuda.current_device()))
     hopper, gluon = _tma_kernels_here(), _gluon_kernels_here()
-    plans = {s: {t: candidate_configs(s, t, hopper=hopper, gluon=gluon) for t in tokens} for s in shapes}
+    plans = {s: {t: candidate_configs(s, t, hopper=hopper, gluon=gluon, device=device) for t in tokens} for s in shapes}
     count = len({(s, t, c) for s, plan in plans.items() for t, cs in plan.items() for c in cs})
     log(f"tuning {len(shapes)} shape(s) x {len(tokens)} token count(s) on {device}: {count} candidates "
         f"(pointer-load{', TMA' if hopper else ''}{', Gluon' if gluon else ''}), screening in {workers} process(es)"
