@@ -291,6 +291,26 @@ def _reference(x, w1q, w2q, scales, scheme, g, ids, activation, limit, sample):
                          w1_bias=sub["w1_bias"], w2_bias=sub["w2_bias"])
 
 
+def operand_candidates(tokens: int, top_k: int, experts: int, mxfp4: bool):
+    """Swap-AB tiles of 33 or more pairs an expert that ``prefill --candidates`` times beside what moe-fsm serves:
+    the dots chained onto the running sums (``chain_acc``) and, for MXFP4, each K tile dequantized in the form
+    Triton can keep in the wgmma's register operand (``operand_dequant``, block_k 64)."""
+    from moe_fsm.kernels.triton_wq.fused import WqConfig
+
+    per_expert = tokens * top_k / experts
+    if per_expert <= 96:
+        tiles, group_m = [(64, 128, 64, 8, 3)], 1
+    else:
+        tiles, group_m = [(128, 128, 64, 8, 3), (64, 128, 64, 8, 3), (128, 128, 128, 8, 3)], 8
+    out = []
+    for tile in tiles:
+        if tile[:2] != (64, 128) or per_expert <= 96:
+            out.append(WqConfig(*tile, group_m=group_m, chain_acc=True))
+        if mxfp4 and tile[2] == 64:
+            out.append(WqConfig(*tile, group_m=group_m, chain_acc=True, operand_dequant=True))
+    return out
+
+
 def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, table, sink=None) -> list[dict]:
     import torch
     if args.compile_only:  # warm Triton's on-disk cache: one call per candidate, nothing timed
@@ -780,6 +800,7 @@ def prefill_compare(args) -> None:
                 vals, ids = lg.topk(top_k, dim=1)
                 routes.append((torch.softmax(vals, dim=1), ids.to(torch.int32)))
             swap = replace(get_wq_config(device_name(x.device), quant, e, n, k, top_k, tokens), hopper_bf16=False)
+            sample_rows = torch.randperm(tokens, device="cuda", generator=gen)[:16]
 
             def ours(cfg):
                 return lambda g, ids: fused_wq_experts(
@@ -807,7 +828,9 @@ def prefill_compare(args) -> None:
                                         split=True, deinterleave=False, tile=tile)
                 return fn
 
-            if tokens == args.tokens[0]:  # the pass's tile, once a row: the fastest is what the path then runs
+            if args.dequant_tile:  # fixed by the caller (the search below takes five timings)
+                prefill.DEQUANT_TILE = tuple(args.dequant_tile)
+            elif tokens == args.tokens[0]:  # the pass's tile, once a row: the fastest is what the path then runs
                 tiles = {t: time_graph(dequant_both(t), routes[:1], args.rep_ms) for t in DEQUANT_TILES}
                 prefill.DEQUANT_TILE = min(tiles, key=tiles.get)
                 print(f"  {name}: dequant pass µs by (rows, bytes, warps): "
@@ -816,6 +839,20 @@ def prefill_compare(args) -> None:
             del scratch
             swap_us = time_graph(ours(swap), routes, args.rep_ms)
             path_us = time_graph(ours(replace(swap, hopper_bf16=True)), routes, args.rep_ms)
+            candidates_us = {}
+            ref = _reference(x, w1q, w2q, scales, scheme, *routes[0], activation, limit, sample_rows)
+            for cfg in (operand_candidates(tokens, top_k, e, quant.kind == "mxfp4") if args.candidates else []):
+                label = json.dumps(cfg.to_json())
+                try:
+                    candidates_us[label] = time_graph(ours(cfg), routes, args.rep_ms)
+                    # the allocator's next blocks hold NaN: an output the kernel leaves unwritten shows
+                    torch.full((1 << 29,), float("nan"), dtype=torch.bfloat16, device="cuda")
+                    got = ours(cfg)(*routes[0])[sample_rows].double()
+                    err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
+                    print(f"  {name} T={tokens} {label}: {candidates_us[label]:.1f} µs, err {err:.1e}", flush=True)
+                    candidates_us[label + " err"] = err
+                except Exception as exc:  # report and go on: the other candidates still run
+                    print(f"  {name} T={tokens} {label}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             bf16_us = time_graph(lambda g, ids: fused_experts(x, w1b, w2b, g, ids, activation=activation,
                                                               swiglu_limit=limit), routes, args.rep_ms)
             peer_us = None
@@ -828,16 +865,15 @@ def prefill_compare(args) -> None:
                         peer_us = time_graph(lambda g, ids: peer(x, g, ids), routes, args.rep_ms)
                 except Exception as exc:
                     print(f"  {name} T={tokens} peer failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-            sample = torch.randperm(tokens, device="cuda", generator=gen)[:16]
+            sample = sample_rows
             g0, ids0 = routes[0]
             torch.full((1 << 29,), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison the allocator's blocks
             got = ours(replace(swap, hopper_bf16=True))(g0, ids0)[sample].double()
-            ref = _reference(x, w1q, w2q, scales, scheme, g0, ids0, activation, limit, sample)
             err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
             flops = 2 * tokens * top_k * 3 * n * k
             row = {"row": name, "tokens": tokens, "swap_ab_us": swap_us, "hopper_bf16_us": path_us,
                    "dequant_us": dequant_us, "dequant_tile": list(prefill.DEQUANT_TILE), "bf16_us": bf16_us, "peer_us": peer_us, "rel_err": err,
-                   "swap_ab_config": swap.to_json(), "tflops": flops / path_us / 1e6,
+                   "swap_ab_config": swap.to_json(), "candidates_us": candidates_us, "tflops": flops / path_us / 1e6,
                    "bf16_tflops": flops / bf16_us / 1e6}
             rows.append(row)
             peer_txt = f"{peer_us:.1f}" if peer_us else "-"
@@ -898,6 +934,10 @@ def main() -> None:
     f.add_argument("--rows", nargs="*", help="row names of run or decode (default: run's three)")
     f.add_argument("--tokens", nargs="*", type=int, default=[512, 2048, 8192])
     f.add_argument("--rep-ms", type=float, default=40.0)
+    f.add_argument("--candidates", action="store_true",
+                   help="also time the chained and operand-layout swap-AB tiles (operand_candidates), with their error")
+    f.add_argument("--dequant-tile", nargs=3, type=int, metavar=("ROWS", "BYTES", "WARPS"),
+                   help="the dequantization pass's tile (default: the fastest of DEQUANT_TILES, timed first)")
     args = parser.parse_args()
     if args.cmd == "prefill":
         prefill_compare(args)

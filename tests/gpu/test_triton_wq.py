@@ -219,6 +219,35 @@ def test_padded_split_layout_on_every_dequant_path(cfg, fast):
     assert rel_err(out.cpu(), ref) <= TOL
 
 
+# Many-pair swap-AB tiles (the prefill benchmark's candidates): each K tile's dots chained onto the running sums
+# (``chain_acc``), and MXFP4 dequantized as one column-ordered tile for the wgmma's register operand
+# (``operand_dequant``; another format runs the same tile on the per-tile path)
+MANY_PAIR = [WqConfig(128, 128, 64, 8, 3, group_m=8, chain_acc=True),
+             WqConfig(64, 128, 64, 8, 3, chain_acc=True, operand_dequant=True),
+             WqConfig(128, 128, 64, 8, 3, group_m=8, chain_acc=True, operand_dequant=True)]
+
+
+@pytest.mark.parametrize("cfg", MANY_PAIR, ids=lambda c: "m{}n{}{}{}".format(
+    c.block_m, c.block_n, "-chained" if c.chain_acc else "", "-operand" if c.operand_dequant else ""))
+@pytest.mark.parametrize("tokens", [45, 700])
+@pytest.mark.parametrize("name,shape", [("mxfp4", GPT_OSS), ("mxfp4", GPT_OSS_TP2), ("int4 g32 zp", QWEN3)],
+                         ids=lambda v: v if isinstance(v, str) else "N{intermediate_size}".format(**v))
+def test_many_pair_tiles_match_reference(name, shape, tokens, cfg):
+    """Both GEMMs at the many-pair tiles, in the SPLIT layout with the inline-PTX decode, against float64: gpt-oss's
+    whole chunks and its TP2 shard's padded ones (N = 1440: w2's last K tile is half a chunk, masked)."""
+    layer = _layer(name, shape)
+    x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"many-{name}-{tokens}-{shape}".encode()))
+    w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
+    poison_allocator()
+    out = fused_wq_experts(
+        x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
+        w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
+        w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=layer.activation.value,
+        swiglu_limit=layer.swiglu_limit, split=True, fast=True, config=cfg,
+    )
+    assert rel_err(out.cpu(), ref) <= TOL
+
+
 # NVFP4 weight-only: what runs where vLLM 0.33 decides Marlin for NVFP4 on Hopper (e2m1, e4m3 scales per 16, a global
 # scale per expert, bf16 activations).
 NVFP4_SHAPES = [dict(num_experts=32, top_k=8, hidden_size=2048, intermediate_size=768),

@@ -63,8 +63,10 @@ SHAPES = {
     "int4 g64 zp act-order": (QuantScheme.int_wna16(4, 64, True, "compressed-tensors", act_order=True), 192, 320),
     "int8 g32 act-order": (QuantScheme.int_wna16(8, 32, act_order=True), 96, 160),
 }
-# the last one splits both GEMMs along K (w1 into 2 slices, w2 into as many as its K tiles allow)
-CONFIGS = [WqConfig(16, 32, 64, 4, 1), WqConfig(16, 16, 128, 4, 1), WqConfig(16, 32, 64, 4, 1, split_k=2, w2_split_k=3)]
+# the third splits both GEMMs along K (w1 into 2 slices, w2 into as many as its K tiles allow); the last chains each K
+# tile's dots onto the running sums (``chain_acc``, the many-pair tiles' form)
+CONFIGS = [WqConfig(16, 32, 64, 4, 1), WqConfig(16, 16, 128, 4, 1), WqConfig(16, 32, 64, 4, 1, split_k=2, w2_split_k=3),
+           WqConfig(32, 32, 64, 4, 1, chain_acc=True)]
 
 
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
@@ -110,7 +112,7 @@ def check_every_stored_layout(name: str, tokens: int, config: WqConfig) -> None:
         assert _rel(out, ref) <= TOL, (name, split)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.split_k}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.split_k}" + ("-chained" if c.chain_acc else ""))
 @pytest.mark.parametrize("tokens", [1, 5])
 @pytest.mark.parametrize("name", list(SHAPES))
 @interpreter
