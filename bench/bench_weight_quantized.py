@@ -291,24 +291,15 @@ def _reference(x, w1q, w2q, scales, scheme, g, ids, activation, limit, sample):
                          w1_bias=sub["w1_bias"], w2_bias=sub["w2_bias"])
 
 
-def operand_candidates(tokens: int, top_k: int, experts: int, mxfp4: bool):
-    """Swap-AB tiles of 33 or more pairs an expert that ``prefill --candidates`` times beside what moe-fsm serves:
-    the dots chained onto the running sums (``chain_acc``) and, for MXFP4, each K tile dequantized in the form
-    Triton can keep in the wgmma's register operand (``operand_dequant``, block_k 64)."""
+def chained_candidates(tokens: int, top_k: int, experts: int):
+    """Swap-AB tiles of 33 or more pairs an expert with each K tile's dots chained onto the running sums
+    (``chain_acc``), which ``prefill --candidates`` times beside what moe-fsm serves."""
     from moe_fsm.kernels.triton_wq.fused import WqConfig
 
-    per_expert = tokens * top_k / experts
-    if per_expert <= 96:
-        tiles, group_m = [(64, 128, 64, 8, 3)], 1
-    else:
-        tiles, group_m = [(128, 128, 64, 8, 3), (64, 128, 64, 8, 3), (128, 128, 128, 8, 3)], 8
-    out = []
-    for tile in tiles:
-        if tile[:2] != (64, 128) or per_expert <= 96:
-            out.append(WqConfig(*tile, group_m=group_m, chain_acc=True))
-        if mxfp4 and tile[2] == 64:
-            out.append(WqConfig(*tile, group_m=group_m, chain_acc=True, operand_dequant=True))
-    return out
+    if tokens * top_k / experts <= 96:
+        return [WqConfig(64, 128, 64, 8, 3, chain_acc=True)]
+    return [WqConfig(128, 128, 64, 8, 3, group_m=8, chain_acc=True),
+            WqConfig(128, 128, 128, 8, 3, group_m=8, chain_acc=True)]
 
 
 def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, table, sink=None) -> list[dict]:
@@ -841,7 +832,7 @@ def prefill_compare(args) -> None:
             path_us = time_graph(ours(replace(swap, hopper_bf16=True)), routes, args.rep_ms)
             candidates_us = {}
             ref = _reference(x, w1q, w2q, scales, scheme, *routes[0], activation, limit, sample_rows)
-            for cfg in (operand_candidates(tokens, top_k, e, quant.kind == "mxfp4") if args.candidates else []):
+            for cfg in (chained_candidates(tokens, top_k, e) if args.candidates else []):
                 label = json.dumps(cfg.to_json())
                 try:
                     candidates_us[label] = time_graph(ours(cfg), routes, args.rep_ms)
@@ -935,7 +926,7 @@ def main() -> None:
     f.add_argument("--tokens", nargs="*", type=int, default=[512, 2048, 8192])
     f.add_argument("--rep-ms", type=float, default=40.0)
     f.add_argument("--candidates", action="store_true",
-                   help="also time the chained and operand-layout swap-AB tiles (operand_candidates), with their error")
+                   help="also time the chained swap-AB tiles (chained_candidates), with their error")
     f.add_argument("--dequant-tile", nargs=3, type=int, metavar=("ROWS", "BYTES", "WARPS"),
                    help="the dequantization pass's tile (default: the fastest of DEQUANT_TILES, timed first)")
     args = parser.parse_args()

@@ -49,7 +49,7 @@ STRIDES = ("stride_xm", "stride_we", "stride_wr", "stride_se", "stride_sr", "str
 def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, block_m: int, block_n: int,
             block_k: int, warps: int, stages: int, k: int = 2880, n: int = 2880, group: int | None = None,
             zp: bool = False, bias: bool | None = None, scaled_dot: bool = False, perm: bool = False,
-            split_k: bool = False, chain_acc: bool = False, operand_dequant: bool = False):
+            split_k: bool = False, chain_acc: bool = False):
     """(signature, constexprs, attrs, options) of one launch of ``fused_wq_experts``."""
     kinds = {"mxfp4": 0, "int4": 1, "int8": 2, "nvfp4": 3}
     group = 32 if kind == "mxfp4" else (group or 128)
@@ -81,21 +81,16 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
                  ACT=2 if kind == "mxfp4" else 0, HAS_LIMIT=kind == "mxfp4", INTERLEAVED=False,
                  ROUTER_WEIGHT=not gated, PAIR_BLOCKS=pair_blocks, SPLIT=split, FAST=fast and kind != "int8",
                  EVEN_K=kred % block_k == 0, SCALE_ACC=scale_acc, SCALED_DOT=scaled_dot, HAS_PERM=perm,
-                 SPLIT_K=split_k, CHAIN_ACC=chain_acc, OPERAND_DEQUANT=operand_dequant)
-    if operand_dequant:  # the 64-byte nibble-shift table (fused._nibble_shifts); a None pointer otherwise
-        sig["nibble_shift_ptr"] = "*u8"
-    else:
-        const["nibble_shift_ptr"] = None
+                 SPLIT_K=split_k, CHAIN_ACC=chain_acc)
     for c in const:
         sig[c] = "constexpr"
-    divisible = ["nibble_shift_ptr"] if operand_dequant else []
     # the JIT's specialization: ints equal to 1 become constants, multiples of 16 carry divisibility 16
     unspecialized = ("num_pairs", "num_experts", "num_row_blocks", "k_tiles_per_split", "stride_os")  # do_not_specialize
     const_ints = {a: 1 for a, v in values.items() if v == 1 and a not in unspecialized}
     for a in const_ints:
         sig[a] = "constexpr"
     const.update(const_ints)
-    divisible += [a for a, v in values.items() if v != 1 and v % 16 == 0 and a not in unspecialized]
+    divisible = [a for a, v in values.items() if v != 1 and v % 16 == 0 and a not in unspecialized]
     return sig, const, {"num_warps": warps, "num_stages": stages}, divisible
 
 
@@ -156,19 +151,16 @@ def loop_cost(kernel, v) -> tuple[int, float, int, int]:
 
 
 def prefill_matrix():
-    """MXFP4 (gpt-oss) w1 and w2 at the many-pair tiles: the per-tile path, its dots chained (``chain_acc``) and
-    the operand-layout dequantization (``operand_dequant``)."""
+    """MXFP4 (gpt-oss) w1 and w2 at the many-pair tiles, each K tile's dots into a fresh product or chained onto the
+    running sums (``chain_acc``)."""
     out = []
     for block_m, block_n, block_k, warps, stages in ((128, 128, 64, 8, 3), (64, 128, 64, 8, 3), (128, 64, 64, 4, 3),
                                                      (64, 64, 128, 4, 3)):
-        for chain, operand in ((False, False), (True, False), (True, True)):
-            if operand and block_k != 64:
-                continue
+        for chain in (False, True):
             for gated in (True, False):
                 out.append(dict(kind="mxfp4", gated=gated, pair_blocks=False, split=True, fast=True, scaled=False,
                                 block_m=block_m, block_n=block_n, block_k=block_k, warps=warps, stages=stages, k=2880,
-                                n=2880, group=32, zp=False, perm=False, split_k=False, chain_acc=chain,
-                                operand_dequant=operand))
+                                n=2880, group=32, zp=False, perm=False, split_k=False, chain_acc=chain))
     return out
 
 
@@ -209,12 +201,12 @@ def main() -> None:
                                    "a change leaves the compiled code as it was)")
     ap.add_argument("--loop", action="store_true", help="the K loop's SASS instructions per weight byte")
     ap.add_argument("--prefill", action="store_true",
-                    help="only MXFP4 at the many-pair tiles: per-tile, chained and operand-layout dequantization")
+                    help="only MXFP4 at the many-pair tiles, with and without chain_acc")
     args = ap.parse_args()
     mod = _load()
     failures = 0
     for v in (prefill_matrix() if args.prefill else matrix(args.quick)):
-        flags = "".join(f" {f}" for f in ("chain_acc", "operand_dequant") if v.get(f))
+        flags = " chain_acc" if v.get("chain_acc") else ""
         name = "{kind} g{group}{z}{a} {g} {p} split={split} fast={fast} scaled_dot={scaled} split_k={split_k} m{block_m} n{block_n} k{block_k} w{warps} s{stages}{flags}".format(
             g="w1" if v["gated"] else "w2", p="pair" if v["pair_blocks"] else "sorted", z=" zp" if v["zp"] else "", a=" act-order" if v["perm"] else "", flags=flags, **v)
         if args.only and args.only not in name:
@@ -222,8 +214,7 @@ def main() -> None:
         sig, const, options, divisible = variant(v["kind"], v["gated"], v["pair_blocks"], v["split"], v["fast"], v["block_m"],
                                             v["block_n"], v["block_k"], v["warps"], v["stages"], v["k"], v["n"],
                                             v["group"], v["zp"], scaled_dot=v["scaled"], perm=v["perm"],
-                                            split_k=v["split_k"], chain_acc=v.get("chain_acc", False),
-                                            operand_dequant=v.get("operand_dequant", False))
+                                            split_k=v["split_k"], chain_acc=v.get("chain_acc", False))
         try:
             kernel = compile_one(mod, sig, const, options, divisible)
         except Exception as exc:  # report and go on: every variant's verdict in one pass

@@ -63,11 +63,12 @@ def test_dequantized_scratch_holds_the_hit_experts_deinterleaved_with_the_bias_c
     assert bool((out[[1, 3]] == -7.0).all())
 
 
-def test_the_flag_round_trips_and_stays_out_of_a_table_until_set():
+@pytest.mark.parametrize("flag", ["hopper_bf16", "chain_acc"])
+def test_the_flags_round_trip_and_stay_out_of_a_table_until_set(flag):
     tile = WqConfig(128, 64, 128, 4, 3)
-    assert "hopper_bf16" not in tile.to_json()  # older tables and the tuner's entries read back unchanged
-    on = WqConfig.from_json({**tile.to_json(), "hopper_bf16": True})
-    assert on.hopper_bf16 is True and on.to_json()["hopper_bf16"] is True
+    assert flag not in tile.to_json()  # older tables and the tuner's entries read back unchanged
+    on = WqConfig.from_json({**tile.to_json(), flag: True})
+    assert getattr(on, flag) is True and on.to_json()[flag] is True
     on.check()
 
 

@@ -157,12 +157,6 @@ MX_NIBBLES_PTX = tl.constexpr(_ptx_block("t0, t1, l0, l1, h0, h1, a, c, bias", [
 MX_NIBBLES_SCALED_PTX = tl.constexpr(_ptx_block("t0, a, c, bias", [
     f"mov.b32 bias, {E2M1_BF16_BIAS};", *_ptx_two_bytes("$2"),
     *_ptx_mx_value("$0", "t0", False, "$3"), *_ptx_mx_value("$1", "t0", True, "$4")]))
-# The low nibble of each byte as its exact e2m1 value (the fields times 2^126; the high nibble's bits fall outside
-# bf16's fields), two bytes in, one bf16 pair out: a one-operand, one-result asm, which Triton can run in the wgmma's
-# register-operand layout (``_mx_operand_tile``).
-MX_LOW_NIBBLE_PTX = tl.constexpr(_ptx_block("t0, a, c, bias", [
-    f"mov.b32 bias, {E2M1_BF16_BIAS};", *_ptx_two_bytes("$1"), *_ptx_e2m1_fields("t0", False),
-    *_ptx_product("$0", ("bias",))]))
 NV_NIBBLES_PTX = tl.constexpr(_ptx_block("t0, a, c", [
     *_ptx_two_bytes("$2"),
     *_ptx_e2m1_fields("t0", False), *_ptx_product("$0", ("$3",)),
@@ -319,37 +313,6 @@ def _mx_nibbles_scaled_bf16(b, s_lo, s_hi):
         is_pure=True,
         pack=2,
     )
-
-
-@triton.jit
-def _mx_operand_tile(w_ptr, w_row, s_ptr, s_row, shift_ptr, ki, KRED, ROW_BYTES, BLOCK_N: tl.constexpr,
-                     EVEN_K: tl.constexpr):
-    """SPLIT MXFP4 K tile ``ki`` (one 64-column chunk) as a [BLOCK_N, 64] bf16 tile in column order (exact), built
-    so that Triton keeps it in the wgmma's register-operand layout, with no shared-memory round trip.
-
-    Triton moves the dot operand's layout up to the loads only through elementwise ops with one result each, from
-    loads or constants, into one dot each (its MMAv3 layout hoisting); a multi-result asm, the scales' reshape
-    broadcast, scales carried in from the previous K step, or the low and high nibble tiles of one byte load going
-    to two dots make it dequantize in another layout and copy the bf16 tile through shared memory into the
-    operand's (the per-tile path: sm_90, MXFP4 128 x 128 x 64, 16 KiB a K step for w1, and a barrier). So column j
-    loads byte j % 32 of the chunk (each byte twice, from the copy of the tile in shared memory) and shifts it by
-    ``shift_ptr[j]`` (0 for the first 32 columns, the low nibbles; 4 for the next 32: a 64-byte table, since a
-    shift made from ``tl.arange`` is not a load), one asm decodes the low nibble, and the E8M0 scales are a full
-    [BLOCK_N, 64] load whose pointers repeat within each 32-column group (cached loads, not a broadcast)."""
-    cols = tl.arange(0, SPLIT_CHUNK)
-    offs_b = ki * HALF_CHUNK + cols % HALF_CHUNK
-    groups = 2 * ki + cols // HALF_CHUNK  # the chunk's low nibbles are its first 32-column group, the high its second
-    shift = tl.load(shift_ptr + tl.zeros_like(w_row)[:, None].to(tl.int32) + cols[None, :])
-    if EVEN_K:
-        b = tl.load(w_ptr + w_row[:, None] + offs_b[None, :])
-        e = tl.load(s_ptr + s_row[:, None] + groups[None, :])
-    else:
-        b = tl.load(w_ptr + w_row[:, None] + offs_b[None, :], mask=(offs_b < ROW_BYTES)[None, :], other=0)
-        e = tl.load(s_ptr + s_row[:, None] + groups[None, :], mask=(groups < tl.cdiv(KRED, HALF_CHUNK))[None, :],
-                    other=127)
-    v = tl.inline_asm_elementwise(MX_LOW_NIBBLE_PTX, constraints="=r,h", args=[b >> shift], dtype=tl.bfloat16,
-                                  is_pure=True, pack=2)
-    return v * _e8m0_bf16(e)
 
 
 @triton.jit
@@ -657,8 +620,7 @@ def wq_gemm_kernel(
     GATED: tl.constexpr, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERLEAVED: tl.constexpr,
     ROUTER_WEIGHT: tl.constexpr, PAIR_BLOCKS: tl.constexpr, SPLIT: tl.constexpr, FAST: tl.constexpr,
     EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr = False, HAS_PERM: tl.constexpr = False,
-    SPLIT_K: tl.constexpr = False, CHAIN_ACC: tl.constexpr = False, OPERAND_DEQUANT: tl.constexpr = False,
-    nibble_shift_ptr=None,
+    SPLIT_K: tl.constexpr = False, CHAIN_ACC: tl.constexpr = False,
 ):
     """out[pair, r] for the weight rows r of one BLOCK_N tile and the pairs of one BLOCK_M row block.
 
@@ -724,26 +686,22 @@ def wq_gemm_kernel(
     else:
         k_first = 0
         k_last = tl.cdiv(KRED, BLOCK_K)
-    # scales and zero points travel one K tile ahead of the weights (``_tile_scales``), except with OPERAND_DEQUANT,
-    # which loads each tile's own where it dequantizes (``_mx_operand_tile``)
-    if not OPERAND_DEQUANT:
-        sa_a, sb_a, za_a, zb_a = _tile_scales(s_base, z_base, rows_a * stride_sr, rows_a * stride_zr, k_first, KRED,
+    # scales and zero points travel one K tile ahead of the weights (``_tile_scales``)
+    sa_a, sb_a, za_a, zb_a = _tile_scales(s_base, z_base, rows_a * stride_sr, rows_a * stride_zr, k_first, KRED,
+                                          BLOCK_N, BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC, SCALED_DOT)
+    if GATED:
+        sa_b, sb_b, za_b, zb_b = _tile_scales(s_base, z_base, rows_b * stride_sr, rows_b * stride_zr, k_first, KRED,
                                               BLOCK_N, BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC,
                                               SCALED_DOT)
-        if GATED:
-            sa_b, sb_b, za_b, zb_b = _tile_scales(s_base, z_base, rows_b * stride_sr, rows_b * stride_zr, k_first,
-                                                  KRED, BLOCK_N, BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K,
-                                                  SCALE_ACC, SCALED_DOT)
     for ki in range(k_first, k_last):
         k0 = ki * BLOCK_K
         k_next = tl.minimum(ki + 1, k_last - 1)  # the last tile reloads its own (never used)
-        if not OPERAND_DEQUANT:
-            next_a = _tile_scales(s_base, z_base, rows_a * stride_sr, rows_a * stride_zr, k_next, KRED, BLOCK_N,
+        next_a = _tile_scales(s_base, z_base, rows_a * stride_sr, rows_a * stride_zr, k_next, KRED, BLOCK_N,
+                              BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC, SCALED_DOT)
+        if GATED:
+            next_b = _tile_scales(s_base, z_base, rows_b * stride_sr, rows_b * stride_zr, k_next, KRED, BLOCK_N,
                                   BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC, SCALED_DOT)
-            if GATED:
-                next_b = _tile_scales(s_base, z_base, rows_b * stride_sr, rows_b * stride_zr, k_next, KRED, BLOCK_N,
-                                      BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC, SCALED_DOT)
-        if SPLIT and KIND != KIND_INT8 and not OPERAND_DEQUANT:
+        if SPLIT and KIND != KIND_INT8:
             idx = tl.arange(0, BLOCK_K // 2)
             k_lo = k0 + (idx // HALF_CHUNK) * SPLIT_CHUNK + idx % HALF_CHUNK
             k_hi = k_lo + HALF_CHUNK
@@ -763,24 +721,15 @@ def wq_gemm_kernel(
             else:
                 x_lo = tl.load(x_ptr + x_row_off[None, :] + cols[:, None], mask=pair_ok[None, :] & (offs_k < KRED)[:, None], other=0.0)
             x_hi = x_lo
-        if OPERAND_DEQUANT:  # MXFP4, SPLIT, bf16, BLOCK_K 64: dequantized in the dot's operand layout, chained
-            w_tile = _mx_operand_tile(w_base, rows_a * stride_wr, s_base, rows_a * stride_sr, nibble_shift_ptr, ki,
-                                      KRED, stride_wr, BLOCK_N, EVEN_K)
-            acc_a = tl.dot(w_tile, x_lo, acc_a)
-            if GATED:
-                w_tile = _mx_operand_tile(w_base, rows_b * stride_wr, s_base, rows_b * stride_sr, nibble_shift_ptr,
-                                          ki, KRED, stride_wr, BLOCK_N, EVEN_K)
-                acc_b = tl.dot(w_tile, x_lo, acc_b)
-        else:
-            acc_a = _tile_dot(acc_a, w_base, rows_a * stride_wr, x_lo, x_hi, ki, KRED, stride_wr, sa_a, sb_a, za_a,
-                              zb_a, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K,
+        acc_a = _tile_dot(acc_a, w_base, rows_a * stride_wr, x_lo, x_hi, ki, KRED, stride_wr, sa_a, sb_a, za_a, zb_a,
+                          BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K, SCALE_ACC,
+                          SCALED_DOT, CHAIN_ACC)
+        sa_a, sb_a, za_a, zb_a = next_a
+        if GATED:
+            acc_b = _tile_dot(acc_b, w_base, rows_b * stride_wr, x_lo, x_hi, ki, KRED, stride_wr, sa_b, sb_b, za_b,
+                              zb_b, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K,
                               SCALE_ACC, SCALED_DOT, CHAIN_ACC)
-            sa_a, sb_a, za_a, zb_a = next_a
-            if GATED:
-                acc_b = _tile_dot(acc_b, w_base, rows_b * stride_wr, x_lo, x_hi, ki, KRED, stride_wr, sa_b, sb_b,
-                                  za_b, zb_b, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST,
-                                  EVEN_K, SCALE_ACC, SCALED_DOT, CHAIN_ACC)
-                sa_b, sb_b, za_b, zb_b = next_b
+            sa_b, sb_b, za_b, zb_b = next_b
     if KIND == KIND_NVFP4 and SPLIT and FAST:
         acc_a = acc_a * NVFP4_FAST_SUM_SCALE
         if GATED:

@@ -192,7 +192,7 @@ def can_split(quant: "WeightQuant") -> bool:
     return quant.kind != "int8"
 
 
-FLAGS = ("hopper_bf16", "chain_acc", "operand_dequant")  # WqConfig's on/off fields (the rest: sizes and counts)
+FLAGS = ("hopper_bf16", "chain_acc")  # WqConfig's on/off fields (the rest are tile sizes and counts)
 
 
 @dataclass(frozen=True)
@@ -209,10 +209,6 @@ class WqConfig:
     of 8) the tile fields run the swap-AB kernel. ``chain_acc``: each K tile's dots accumulate straight into the
     running sums instead of into a fresh product added after them (``_tile_dot``); for many-pair tiles, where the
     fresh product's registers spilled (sm_90, 128 x 128 x 64 w1: 216 bytes of stack, none chained).
-    ``operand_dequant`` (MXFP4 in the SPLIT layout with bf16 activations, ``block_k`` 64): each K tile dequantized
-    as one column-ordered tile in the form Triton can keep in the wgmma's register operand (``_mx_operand_tile``),
-    the dots chained; other calls (fp16 activations, checkpoint nibble order, ``tl.dot_scaled``) run the tile on
-    the per-tile path.
     """
 
     block_m: int
@@ -229,7 +225,6 @@ class WqConfig:
     w2_split_k: Optional[int] = None
     hopper_bf16: bool = False
     chain_acc: bool = False
-    operand_dequant: bool = False
 
     def to_json(self) -> dict:
         # the flags stay out of a table until set, so older tables read back unchanged
@@ -261,9 +256,6 @@ class WqConfig:
                 raise KernelInputError(f"WqConfig.{name} must be a positive power of two; got {value}")
         if self.block_m < 16 or min(self.gemm("w1")[0], self.gemm("w2")[0]) < 16:
             raise KernelInputError("WqConfig: block_m and block_n must be at least 16 (tensor-core tiles)")
-        if self.operand_dequant and (self.gemm("w1")[1], self.gemm("w2")[1]) != (SPLIT_CHUNK, SPLIT_CHUNK):
-            raise KernelInputError(f"WqConfig.operand_dequant takes block_k {SPLIT_CHUNK} (one SPLIT chunk a K step) "
-                                   f"for both GEMMs; got {self.gemm('w1')[1]} and {self.gemm('w2')[1]}")
 
 
 # Split-K splits a decode GEMM whose programs are fewer than this many per SM, until they are at least that many.
@@ -477,8 +469,6 @@ def fused_wq_experts(
     dummy = w1_scale.view(torch.uint8) if w1_scale.dtype == torch.float8_e4m3fn else w1_scale
     flat_weights = topk_weights.contiguous().reshape(-1)
     flat_ids = topk_ids.contiguous().reshape(-1)
-    operand_dequant = (config.operand_dequant and quant.kind == "mxfp4" and split and fast and not scaled_dot
-                       and w1_perm is None and w2_perm is None)
 
     def launch(x, w, s, z, b, perm, gs, out_t, r_out, kred, group, which, gated):
         """One GEMM; with split-K, its fp32 partial sums go to a workspace, returned for the epilogue pass."""
@@ -507,7 +497,6 @@ def fused_wq_experts(
             ROUTER_WEIGHT=not gated, PAIR_BLOCKS=num_tokens == 1, SPLIT=split, FAST=fast,
             EVEN_K=kred % block_k == 0, SCALE_ACC=_scale_acc(quant, group, kred, block_k), SCALED_DOT=scaled_dot,
             HAS_PERM=perm is not None, SPLIT_K=slices > 1, CHAIN_ACC=config.chain_acc,
-            OPERAND_DEQUANT=operand_dequant, nibble_shift_ptr=_nibble_shifts(hidden.device) if operand_dequant else None,
             num_warps=warps, num_stages=stages,
         )
         return target if slices > 1 else None
@@ -539,14 +528,6 @@ def fused_wq_experts(
         TOP_K=top_k, BLOCK=block, KIND=kind, HAS_BIAS=has_bias, MAX_SPLITS=_pow2(partial.shape[0]), num_warps=warps,
     )
     return out
-
-
-@functools.lru_cache(maxsize=None)
-def _nibble_shifts(device: torch.device) -> torch.Tensor:
-    """uint8 [64]: the right shift that brings column j's nibble of a SPLIT chunk's byte j % 32 into the low nibble
-    (0 for the chunk's first 32 columns, 4 for the rest), read by the kernel's ``OPERAND_DEQUANT`` path as a load
-    (``_mx_operand_tile`` says why a load)."""
-    return torch.tensor([0] * 32 + [4] * 32, dtype=torch.uint8, device=device)
 
 
 def _pow2(count: int) -> int:
