@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -37,9 +38,8 @@ from moe_fsm.kernels import intq
 from moe_fsm.kernels.reference import moe_reference
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
 from moe_fsm.kernels.triton_wq.fused import (
-    MIN_K_TILES_PER_SLICE, PROGRAMS_PER_SM, WqConfig, _epilogue_block, default_wq_config, relayout_nibbles,
-    sort_act_order,
-    split_columns, undo_relayout_nibbles,
+    MIN_K_TILES_PER_SLICE, MXFP4_MANY_PAIR_TILE, MXFP4_MID_TILE, PROGRAMS_PER_SM, WqConfig, _epilogue_block,
+    default_wq_config, get_wq_config, relayout_nibbles, sort_act_order, split_columns, undo_relayout_nibbles,
 )
 from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.prepare_finalize.local import LocalPrepareFinalize
@@ -120,6 +120,14 @@ def test_every_format_at_shard_shapes(poisoned, name, tokens, cfg):
     check_every_stored_layout(name, tokens, cfg)
 
 
+@pytest.mark.parametrize("cfg", [MXFP4_MID_TILE, MXFP4_MANY_PAIR_TILE], ids=["mid", "many-pair"])
+@interpreter
+def test_mxfp4_default_chained_tiles(poisoned, cfg):
+    """The chained tiles MXFP4 takes by default from 33 pairs an expert, on the shard shape (K = 96, N = 160: the
+    tiles' K steps run past the rows' ends) with 40 tokens (80 pairs over 4 experts)."""
+    check_every_stored_layout("mxfp4 bias", 40, cfg)
+
+
 @interpreter
 @pytest.mark.parametrize("tokens", [1, 6])
 def test_split_k_epilogues_read_interleaved_rows_clamp_and_skip_other_ranks(poisoned, tokens):
@@ -194,6 +202,22 @@ def test_mid_counts_take_the_64_row_4_warp_tile(tokens, top_k, experts, n, k):
     assert default_wq_config(tokens, top_k, experts, n, k, 132) == WqConfig(64, 64, 128, 4, 3)
     assert default_wq_config(256, 4, 32, n, k, 132).block_m == 32  # 32 pairs an expert
     assert default_wq_config(4 * tokens, top_k, experts, n, k, 132).block_m == 128
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,expected", [
+    (512, 4, 32, MXFP4_MID_TILE), (2048, 4, 128, MXFP4_MID_TILE),  # 64 pairs an expert
+    (1024, 4, 32, MXFP4_MANY_PAIR_TILE),  # 128: the swap-AB kernel
+    (2048, 4, 32, replace(MXFP4_MANY_PAIR_TILE, hopper_bf16=True)),  # 256: the bf16 Hopper path, the tile its fallback
+    (256, 4, 32, WqConfig(32, 64, 128, 4, 4))])  # 32 pairs: as every format
+def test_mxfp4_takes_its_chained_tiles_from_33_pairs_an_expert(tokens, top_k, experts, expected):
+    """MXFP4's dots chained onto the running sums at 33 pairs an expert and more (measured faster on an H200, INT4
+    g128 slower: docs/perf/weight_quantized.md); the other formats keep their tiles, and an untuned MXFP4 layer
+    gets MXFP4's (the runtime's lookup hands the default its format)."""
+    assert default_wq_config(tokens, top_k, experts, 2880, 2880, 132, "mxfp4") == expected
+    if expected.chain_acc:
+        assert not default_wq_config(tokens, top_k, experts, 2880, 2880, 132, "int4").chain_acc
+        quant = WeightQuant.for_scheme(QuantScheme.mxfp4())
+        assert get_wq_config("NO_TABLE_GPU", quant, experts, 2880, 2880, top_k, tokens, sm_count=132) == expected
 
 
 @pytest.mark.parametrize("cols,rows,expected", [(2880, 1, (64, 1)), (2880, 4, (64, 1)), (2880, 64, (1024, 8)),

@@ -288,15 +288,28 @@ def decode_split_k(pairs: int, num_experts: int, row_tiles: int, k_tiles: int, s
 PREFILL_ROWS_PER_EXPERT = 256
 
 
+# MXFP4's swap-AB tiles from 33 pairs an expert, each K tile's dots chained onto the running sums (``chain_acc``),
+# measured on an H200 (docs/perf/weight_quantized.md, "Chained accumulators at the many-pair tiles"): 64 pairs by 128
+# weight rows with 8 warps 1.045x the 64 x 64 4-warp tile on gpt-oss-20b at 512 tokens and 1.08x on gpt-oss-120b at
+# 2048 (INT4 g128, whose K tiles are scaled once and so not chained, 0.90x: the other formats keep the 4-warp tile);
+# from 97 pairs 128 x 128 x 128 chained 1.15x the unchained 128 x 128 x 64 at 128 pairs an expert (gpt-oss-20b at
+# 1024 tokens), 1.16x at 256 and 1.23x at 1024 (where the bf16 Hopper path runs instead). Not measured on an H100.
+MXFP4_MID_TILE = WqConfig(64, 128, 64, 8, 3, chain_acc=True)
+MXFP4_MANY_PAIR_TILE = WqConfig(128, 128, 128, 8, 3, group_m=8, chain_acc=True)
+
+
 def default_wq_config(num_tokens: int, top_k: int, num_experts: int, n: Optional[int] = None,
-                      k: Optional[int] = None, sm_count: int = FALLBACK_SM_COUNT) -> WqConfig:
+                      k: Optional[int] = None, sm_count: int = FALLBACK_SM_COUNT,
+                      kind: Optional[str] = None) -> WqConfig:
     """Untuned shapes: row blocks sized to the pairs an expert sees on average; small tiles for decode, split
     along K (``decode_split_k``) where the layer's shape (``n``, ``k``) gives too few programs for the SMs; from
     ``PREFILL_ROWS_PER_EXPERT`` pairs an expert (and 256 tokens) the bf16 Hopper path (``hopper_bf16``), its
-    swap-AB tile kept for calls that cannot take it."""
+    swap-AB tile kept for calls that cannot take it. ``kind`` (``WeightQuant.kind``): MXFP4 takes its chained
+    tiles from 33 pairs an expert (``MXFP4_MID_TILE``, ``MXFP4_MANY_PAIR_TILE``)."""
     per_expert = num_tokens * top_k / max(num_experts, 1)
+    many_pair = MXFP4_MANY_PAIR_TILE if kind == "mxfp4" else WqConfig(128, 128, 64, 8, 3, group_m=8)
     if per_expert >= PREFILL_ROWS_PER_EXPERT and num_tokens >= 256:
-        return WqConfig(128, 128, 64, 8, 3, group_m=8, hopper_bf16=True)
+        return replace(many_pair, hopper_bf16=True)
     if per_expert <= 16:
         # 3 stages: 1.01-1.08x faster than 4 at 1 and 8 tokens on an H200 (MXFP4 gpt-oss-120b 1.07-1.08x, INT4 g128
         # Mixtral and Qwen3-235B-A22B 1.01-1.03x; docs/perf/weight_quantized.md)
@@ -313,9 +326,9 @@ def default_wq_config(num_tokens: int, top_k: int, num_experts: int, n: Optional
         # 64 pairs by 64 weight rows, 4 warps: the fastest of the five mid-count candidates at 64 pairs an expert on
         # the H100 (gpt-oss-20b at 512 tokens 1.23x, gpt-oss-120b at 2048 1.22x the 64 x 128 8-warp tile it
         # replaces) and on an H200, gpt-oss-20b at 512 and gpt-oss-120b at 2048 (docs/perf/weight_quantized.md,
-        # "MXFP4 dequantization in one multiply, the mid-count tile")
-        return WqConfig(64, 64, 128, 4, 3)
-    return WqConfig(128, 128, 64, 8, 3, group_m=8)
+        # "MXFP4 dequantization in one multiply, the mid-count tile"); MXFP4 its chained tile (above)
+        return MXFP4_MID_TILE if kind == "mxfp4" else WqConfig(64, 64, 128, 4, 3)
+    return many_pair
 
 
 def table_key(quant: WeightQuant, num_experts: int, n: int, k: int, top_k: int, scaled_dot: bool = False) -> str:
@@ -340,7 +353,7 @@ def get_wq_config(device: str, quant: WeightQuant, num_experts: int, n: int, k: 
     key = table_key(quant, num_experts, n, k, top_k, scaled_dot)
     entries = {**_shipped_table(device).get(key, {}), **user_table(device).get(key, {})}
     if not entries:
-        return default_wq_config(num_tokens, top_k, num_experts, n, k, sm_count)
+        return default_wq_config(num_tokens, top_k, num_experts, n, k, sm_count, quant.kind)
     tuned = min(entries, key=lambda t: abs(math.log(int(t)) - math.log(max(num_tokens, 1))))
     return WqConfig.from_json(entries[tuned])
 
