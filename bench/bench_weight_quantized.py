@@ -358,8 +358,8 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
 
         tried = {}
         # the default tile's split along K where it splits (few tokens), beside the one-pass candidates
-        split_default = default_wq_config(tokens, top_k, e, n, k, torch.cuda.get_device_properties(0).multi_processor_count,
-                                          quant.kind)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        split_default = default_wq_config(tokens, top_k, e, n, k, sms, quant.kind)
         split_k_tiles = [split_default] if max(split_default.splits("w1"), split_default.splits("w2")) > 1 else []
         # MXFP4: both dequant paths, SPLIT nibbles + inline PTX and checkpoint order + tl.dot_scaled
         if args.served:  # only what moe-fsm runs at this point: the table's tile, else the default

@@ -453,8 +453,9 @@ def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a,
     # registers ... between start and end of the pipeline stage": a wait after each 64 x 16 x 16 step, 16 a K tile
     # of w1), for every path that scales each weight (MXFP4, NVFP4, INT4 in runs); a fresh product keeps the tile's
     # wgmmas in flight together, as the one-scale-a-tile path (SCALE_ACC) always did. CHAIN_ACC (many-pair tiles,
-    # WqConfig.chain_acc) chains them after all: there the fresh product's BLOCK_N x BLOCK_M fp32 registers spilled
-    # (sm_90, MXFP4 w1 128 x 128 x 64 with 8 warps: 216 bytes of stack, 20.2 SASS a weight byte; chained none, 13.6)
+    # WqConfig.chain_acc) chains them after all: there the fresh product is a second BLOCK_N x BLOCK_M fp32 register
+    # set (sm_90, MXFP4 w1 128 x 128 x 64 with 8 warps: Triton 3.6 17.0 -> 12.8 SASS a weight byte chained, wgmma
+    # waits 4 -> 2 of 8; Triton 3.9 spilled 216 bytes unchained), and chained 8-warp tiles keep their wgmmas in flight
     if CHAIN_ACC and not SCALE_ACC:
         part = acc
     else:

@@ -207,8 +207,9 @@ class WqConfig:
     16-bit scratch and both GEMMs run on the bf16 Hopper kernels with the bf16 experts' tile (``prefill.py``);
     the tile fields above are then unused. Where the call cannot take that path (no TMA, K or N not a multiple
     of 8) the tile fields run the swap-AB kernel. ``chain_acc``: each K tile's dots accumulate straight into the
-    running sums instead of into a fresh product added after them (``_tile_dot``); for many-pair tiles, where the
-    fresh product's registers spilled (sm_90, 128 x 128 x 64 w1: 216 bytes of stack, none chained).
+    running sums instead of into a fresh product added after them (``_tile_dot``): for 8-warp many-pair tiles, where
+    the fresh product is a second fp32 register set (fewer instructions a weight byte chained, and no wgmma waits
+    added; at 4-warp tiles chaining serializes the wgmmas).
     """
 
     block_m: int
@@ -289,11 +290,12 @@ PREFILL_ROWS_PER_EXPERT = 256
 
 
 # MXFP4's swap-AB tiles from 33 pairs an expert, each K tile's dots chained onto the running sums (``chain_acc``),
-# measured on an H200 (docs/perf/weight_quantized.md, "Chained accumulators at the many-pair tiles"): 64 pairs by 128
-# weight rows with 8 warps 1.045x the 64 x 64 4-warp tile on gpt-oss-20b at 512 tokens and 1.08x on gpt-oss-120b at
-# 2048 (INT4 g128, whose K tiles are scaled once and so not chained, 0.90x: the other formats keep the 4-warp tile);
-# from 97 pairs 128 x 128 x 128 chained 1.15x the unchained 128 x 128 x 64 at 128 pairs an expert (gpt-oss-20b at
-# 1024 tokens), 1.16x at 256 and 1.23x at 1024 (where the bf16 Hopper path runs instead). Not measured on an H100.
+# measured on an H200 (docs/perf/weight_quantized.md, "The dequantization inside the GEMM at 512-8192 tokens"):
+# 64 pairs by 128 weight rows with 8 warps 1.045x the 64 x 64 4-warp tile on gpt-oss-20b at 512 tokens and 1.08x
+# on gpt-oss-120b at 2048 (INT4 g128, whose K tiles are scaled once and so not chained, 0.90x: the other formats
+# keep the 4-warp tile); from 97 pairs 128 x 128 x 128 chained 1.15x the unchained 128 x 128 x 64 at 128 pairs an
+# expert (gpt-oss-20b at 1024 tokens), 1.16x at 256 and 1.23x at 1024 (where the bf16 Hopper path runs instead).
+# Not measured on an H100.
 MXFP4_MID_TILE = WqConfig(64, 128, 64, 8, 3, chain_acc=True)
 MXFP4_MANY_PAIR_TILE = WqConfig(128, 128, 128, 8, 3, group_m=8, chain_acc=True)
 
