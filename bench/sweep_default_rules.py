@@ -68,8 +68,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from moe_fsm.kernels.triton_moe.config import (  # noqa: E402
-    GemmConfig, MoEConfig, default_config, gluon_mid_config, gluon_prefill_config, pointer_mid_config, thin_wide_config,
-    tma_mid_config, tma_prefill_config, vllm_tile_config,
+    GemmConfig, MoEConfig, default_config, gluon_mid_config, gluon_pair_config, gluon_prefill_config,
+    pointer_mid_config, thin_wide_config, tma_mid_config, tma_prefill_config, vllm_tile_config,
 )
 
 # (name, E, N, K, top-k, quant): quant None (bf16), "tensor", "channel" or "block"
@@ -394,13 +394,36 @@ def rule_tma_vllm128(e, n, k, top_k, m, fp8):
     return base
 
 
+# The seventh sweep's candidates (issue 44, the two 8192-token TFLOP/s misses): 64-row blocks in two warpgroups side
+# by side over the columns, where the default pads experts of 100-300 rows to 128-row blocks (a fifth to a third pads)
+# or runs 64-row blocks in one warpgroup (the fourth sweep's tma64_persistent and the Gluon kernel's 64-row blocks).
+
+
+def rule_gluon_pair(e, n, k, top_k, m, fp8):
+    """Block FP8 where the default runs the Gluon kernel past 512 tokens: its 64-row blocks in two math warpgroups
+    side by side (``config.gluon_pair_config``)."""
+    base = rule_default(e, n, k, top_k, m, fp8)
+    if base.gluon and m > 512:
+        return gluon_pair_config()
+    return base
+
+
+def rule_tma64_pair(e, n, k, top_k, m, fp8):
+    """bf16 and row-wise FP8 where the default runs the 128-row persistent TMA tiles: the same tiles on 64-row
+    blocks in 8 warps, which Triton lays out as two warpgroups side by side over the tile's columns."""
+    base = rule_default(e, n, k, top_k, m, fp8)
+    if base.hopper and not base.gluon and base.block_m == 128 and base.w1.persistent:
+        return replace(base, block_m=64)
+    return base
+
+
 CANDIDATES = {"mid_pointer64": rule_mid_pointer64, "mid_tma_flat": rule_mid_tma_flat, "flat_all": rule_flat_all,
               "w2_narrow": rule_w2_narrow, "gluon64": rule_gluon64, "decode_w1_16": rule_decode_w1_16,
               "decode_deep": rule_decode_deep, "thin_wide_k64": rule_thin_wide_k64, "thin_wide_w8": rule_thin_wide_w8,
               "thin32": rule_thin32, "mid_tma64": rule_mid_tma64, "mid32": rule_mid32, "gluon128": rule_gluon128,
               "gluon64_deep": rule_gluon64_deep, "tma64_persistent": rule_tma64_persistent,
               "tma_unflat": rule_tma_unflat, "vllm_default128": rule_vllm_default128,
-              "tma_vllm128": rule_tma_vllm128}
+              "tma_vllm128": rule_tma_vllm128, "gluon_pair": rule_gluon_pair, "tma64_pair": rule_tma64_pair}
 
 
 def _shape(entry):

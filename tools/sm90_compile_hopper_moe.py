@@ -44,7 +44,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from moe_fsm.errors import KernelInputError  # noqa: E402
 from moe_fsm.kernels.triton_moe import _gluon_kernels, _hopper_kernels, fused, hopper  # noqa: E402
 from moe_fsm.kernels.triton_moe.align import AlignedRouting, max_padded_rows  # noqa: E402
-from moe_fsm.kernels.triton_moe.config import FP8_GROUP, GemmConfig, MoEConfig, validate_config  # noqa: E402
+from moe_fsm.kernels.triton_moe.config import (  # noqa: E402
+    FP8_GROUP, GemmConfig, MoEConfig, gluon_pair_config, validate_config,
+)
 from moe_fsm.kernels.triton_moe.fused import Fp8Spec  # noqa: E402
 from moe_fsm.kernels.triton_moe.quant import FP8_DTYPE  # noqa: E402
 
@@ -188,6 +190,8 @@ def gluon_cases() -> list[tuple[str, Layer, MoEConfig]]:
         out.append((f"{DSV3.name} bm{bm} w1 {w1} w{warps}s{stages} w2 {w2} gluon{flags}{note}", DSV3,
                     cfg(bm, (w1, 128, 8, warps, stages), (w2, 128, 8, warps, stages), pers=pers, gather=True, ws=ws,
                         gluon=True)))
+    out.append((f"{DSV3.name} bm64 w1 128 w8s5 w2 256 w8s4 gluon+ws+pers (two warpgroups side by side)", DSV3,
+                gluon_pair_config()))
     return out
 
 

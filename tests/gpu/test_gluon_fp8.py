@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 
 from moe_fsm.kernels.triton_moe import Fp8Spec, GemmConfig, MoEConfig, align_tokens, fused_experts  # noqa: E402
 from moe_fsm.kernels.triton_moe.align import expert_runs  # noqa: E402
-from moe_fsm.kernels.triton_moe.config import gluon_mid_config  # noqa: E402
+from moe_fsm.kernels.triton_moe.config import gluon_mid_config, gluon_pair_config  # noqa: E402
 from moe_fsm.kernels.triton_moe.hopper import (  # noqa: E402
     gather_sorted,
     gluon_kernels_available,
@@ -64,8 +64,13 @@ def _config(block_m=64, bn1=64, bn2=128, warps=4, stages=4, group_m=8, ws=False,
 
 
 def _pointer_twin(config: MoEConfig) -> MoEConfig:
-    return MoEConfig(config.block_m, GemmConfig(config.w1.block_n, 128, 8, config.w1.num_warps, 3),
-                     GemmConfig(config.w2.block_n, 128, 8, config.w2.num_warps, 3))
+    """The pointer-load kernel on a warpgroup's tile widths: two warpgroups side by side (block_m = 8 x num_warps)
+    make the Gluon tile twice a warpgroup's width, and a w1 tile 128 wide would take the pointer kernel's
+    in-epilogue quantization of the intermediate (from fp32, not from the bf16 it writes: 1.1e-2 apart at these
+    dimensions, past SAME_TILES_TOL)."""
+    split = 16 * config.w1.num_warps // config.block_m
+    return MoEConfig(config.block_m, GemmConfig(config.w1.block_n // split, 128, 8, config.w1.num_warps // split, 3),
+                     GemmConfig(config.w2.block_n // split, 128, 8, config.w2.num_warps // split, 3))
 
 
 def _run(x, w1, w2, g, ids, config, **kw):
@@ -95,6 +100,11 @@ def _run(x, w1, w2, g, ids, config, **kw):
         (RAGGED, 300, _config(ws=True, persistent=True)),
         # what default_config takes for block FP8 with N >= 2048 at 40-256 rows per expert past 512 tokens
         (DEEPSEEK_V3_E16, 2000, gluon_mid_config()),
+        # 64-row blocks in two warpgroups side by side, each over its own weight boxes: persistent, one role for
+        # all warps, and 32-wide boxes on the ragged layer (w2's last tile past its 576 columns)
+        (DEEPSEEK_V3_E16, 2000, gluon_pair_config()),
+        (DEEPSEEK_V3_E16, 600, _config(64, bn1=128, bn2=256, warps=8, stages=3)),
+        (RAGGED, 300, _config(64, bn1=64, bn2=128, warps=8, ws=True, persistent=True)),
     ],
 )
 def test_matches_emulation_and_pointer_kernel(shape, num_tokens, config):
@@ -126,13 +136,18 @@ def test_dropped_slots_and_router_weight_on_input(on_input):
         assert rel_err(out, emulated) < FP8_VS_EMULATION_TOL
 
 
-# rows per expert: an expert's last 128-row block holds 1, 63, 64, 65, 127 or 128 rows (or the expert none)
+# rows per expert: an expert's last 128-row block holds 1, 63, 64, 65, 127 or 128 rows (or the expert none), its
+# last 64-row block 1, 30, 36, 63 or 64
 TAIL_COUNTS = [1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 0, 255, 256, 257, 30, 100]
 
 
 @pytest.mark.parametrize("on_input", [False, True])
-@pytest.mark.parametrize("persistent", [False, True])
-def test_every_expert_tail_length(persistent, on_input):
+@pytest.mark.parametrize(
+    "config",
+    [_config(128, warps=8, ws=True), _config(128, warps=8, ws=True, persistent=True), gluon_pair_config()],
+    ids=["bm128", "bm128-persistent", "bm64-two-warpgroups"],
+)
+def test_every_expert_tail_length(config, on_input):
     """Pad rows of every count end the experts' last row blocks, their input rows never written (the input is
     quantized straight into the slots that hold a pair): every expert's real rows must come out as the pointer
     kernel's and the emulation's, whichever tile of a persistent program they fall in."""
@@ -143,7 +158,6 @@ def test_every_expert_tail_length(persistent, on_input):
     ids = experts[torch.randperm(experts.numel(), generator=gen)].to(torch.int32).view(-1, 1).cuda()
     g = torch.rand(ids.shape, generator=gen).cuda() if on_input else torch.ones(ids.shape, device="cuda")
     x = hidden_states(ids.shape[0], shape.hidden, torch.bfloat16, seed=28)
-    config = _config(128, warps=8, ws=True, persistent=persistent)
     kw = dict(w1_scale=s1, w2_scale=s2, apply_router_weight_on_input=on_input)
     out = _run(x, w1q, w2q, g, ids, config, **kw)
     twin = fused_experts(x, w1q, w2q, g, ids, config=_pointer_twin(config), fp8=BLOCK_FP8, **kw)

@@ -47,6 +47,32 @@ def _staging_conflicts(BLOCK_M: gl.constexpr, HALF: gl.constexpr, GATED: gl.cons
         c_smem.index(1).store(hi)
 
 
+@gluon.jit
+def _paired_staging_conflicts(HALF: gl.constexpr, GATED: gl.constexpr):
+    """The same for 64-row blocks in two warpgroups side by side (``SPLIT_N = 2``): the tile staged whole into one
+    ``[rows, width]`` buffer, each 64-column box of which the copy engine stores as a column slice."""
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 2 * HALF, 32]
+    )
+    acc = gl.zeros([64, 4 * HALF], gl.float32, layout=mma_layout)
+    if GATED:
+        gate, up = _gluon_kernels._gated_pairs(acc, 2)
+        tile = gl.reshape(gate * up, [64, 2 * HALF]).to(gl.bfloat16)
+    else:
+        tile = acc.to(gl.bfloat16)
+    box_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    c_smem = gl.allocate_shared_memory(gl.bfloat16, [64, tile.shape[1]], box_layout)
+    gl.static_assert(gl.bank_conflicts(tile.type, c_smem.type) == 0, "conflicting stores")
+    c_smem.store(tile)
+
+
+@pytest.mark.parametrize("half,gated", [(64, True), (64, False), (32, True), (32, False)])
+def test_two_warpgroup_epilogue_staging_has_no_bank_conflicts(half, gated):
+    constants = {"HALF": half, "GATED": gated}
+    source = GluonASTSource(_paired_staging_conflicts, {name: "constexpr" for name in constants}, constants)
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+
+
 @pytest.mark.parametrize(
     "block_m,half,gated,num_warps",
     [(128, 64, True, 8), (128, 64, False, 8), (128, 32, True, 8), (128, 32, False, 8), (64, 64, True, 4),

@@ -17,6 +17,7 @@ from moe_fsm.kernels.triton_moe.config import (
     WARP_SPECIALIZE_ENV,
     GemmConfig,
     MoEConfig,
+    gluon_pair_config,
     validate_config,
     weight_scale_span,
 )
@@ -115,7 +116,10 @@ def _gluon(bm=64, warps=4, bn1=64, bn2=128, bk=128, ws=False, persistent=False):
 
 
 def test_gluon_takes_block_fp8_tiles_of_one_wgmma_per_warpgroup():
-    for config in (_gluon(), _gluon(128, 8), _gluon(bn1=32, bn2=64)):
+    # 64-row blocks in 8 warps: two warpgroups side by side, each a 64-row wgmma over its own half of a tile twice
+    # as wide
+    for config in (_gluon(), _gluon(128, 8), _gluon(bn1=32, bn2=64), _gluon(64, 8, bn1=128, bn2=256),
+                   _gluon(64, 8, bn1=64, bn2=128), gluon_pair_config()):
         validate_config(config, block_fp8=True)
     assert MoEConfig.from_json(_gluon().to_json()) == _gluon()
     assert "gluon" not in _cfg().to_json()
@@ -133,6 +137,11 @@ def test_gluon_takes_block_fp8_tiles_of_one_wgmma_per_warpgroup():
         (_gluon(bn1=128), True, "gluon w1: .*block_n in \\(32, 64\\)"),
         (_gluon(bn2=256), True, "gluon w2: .*block_n in \\(64, 128\\)"),
         (_gluon(128, 4), True, "block_m = 16 x num_warps"),
+        (_gluon(32, 8), True, "block_m = 8 x num_warps \\(two warpgroups side by side\\)"),
+        (_gluon(64, 8, bn1=256, bn2=256), True, "gluon w1: .*block_n in \\(64, 128\\)"),
+        (_gluon(64, 8, bn1=128, bn2=512), True, "gluon w2: .*block_n in \\(128, 256\\)"),
+        (MoEConfig(64, GemmConfig(128, 128, 8, 8, 5), GemmConfig(256, 128, 8, 8, 5), False, True, True, True), True,
+         "gluon w2: 5 stages .* need 237,568 bytes"),
         (MoEConfig(128, GemmConfig(64, 128, 8, 8, 7), GemmConfig(128, 128, 8, 8, 4), False, True, True, True), True,
          "gluon w1: 7 stages .* need 245,760 bytes"),
     ],
@@ -266,6 +275,7 @@ def test_every_hopper_launch_binds_to_its_kernel(monkeypatch, fp8, config):
 
 GLUON_LAUNCH_CASES = [
     _gluon(128, 8, ws=True, persistent=True),
+    gluon_pair_config(),
     _gluon(64, 4, ws=True),
     _gluon(bn1=32, bn2=64),
 ]
@@ -315,7 +325,9 @@ def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config, float_input
         gemm = config.w1 if kwargs["GATED"] else config.w2
         bind_kwargs = {k: v for k, v in kwargs.items() if k != "maxnreg"}
         signature, _ = bind(fn, args, bind_kwargs)
-        half = gemm.block_n if kwargs["GATED"] else gemm.block_n // 2
+        # a weight box is a warpgroup's: two warpgroups side by side (block_m = 8 x num_warps) halve it
+        split = 16 * gemm.num_warps // config.block_m
+        half = (gemm.block_n if kwargs["GATED"] else gemm.block_n // 2) // split
         assert signature["a_desc"].startswith("tensordesc<fp8e4nv[64, 128]" if config.block_m == 64 else
                                               "tensordesc<fp8e4nv[128, 128]")
         assert signature["w_desc"].startswith(f"tensordesc<fp8e4nv[{half}, 128]")
@@ -328,7 +340,7 @@ def test_every_gluon_launch_binds_to_its_kernel(monkeypatch, config, float_input
         assert ("maxnreg" in kwargs) == gemm.warp_specialize
         # K = 512 is 4 steps of 128 for w1, N = 256 is 2 for w2
         assert kwargs["UNROLL"] == (4 if kwargs["GATED"] else 2)
-        tiles = -(-args[fn.arg_names.index("N")] // (half if kwargs["GATED"] else 2 * half))
+        tiles = -(-args[fn.arg_names.index("N")] // gemm.block_n)
         max_tiles = tiles * (args[fn.arg_names.index("sorted_ids_ptr")].numel() // config.block_m)
         assert grid == ((min(max_tiles, 132) if gemm.persistent else max_tiles),)
 

@@ -18,6 +18,11 @@ scales that one while step k runs (``_step_group``).
   on (``_epilogue``): the outputs are in sorted order too, w1's ``act(gate, up)`` (the intermediate, quantized
   in 1x128 groups after the GEMM, as vLLM does) and w2's products times their top-k weight where asked (the
   top-k sum finds each pair's row by its slot).
+* **Two warpgroups side by side** (``SPLIT_N = 2``: 8 math warps on 64-row blocks): each warpgroup multiplies
+  the block's one A tile by a ``[2 * HALF, BLOCK_K]`` weight tile of its own (w1: gate and up boxes of the next
+  ``HALF`` columns; w2: the next two column blocks), so a 64-row block, half the pad rows of a 128-row one where
+  experts get 100-300 rows, still gives the tensor cores two warpgroups' work per program
+  (``docs/perf/hopper.md``: one warpgroup alone ran a tile about 1.7 times as long as two sharing it).
 * **Warp specialization** (``WARP_SPECIALIZE``, Gluon's explicit partitions): one producer warp issues every
   load into a ring of ``NUM_STAGES`` slots and the ``num_warps`` math warps hand each slot back through an
   mbarrier when its wgmma is done. Without it the math warps load too, refilling each slot as it frees.
@@ -52,9 +57,10 @@ PRODUCER_REGS = gl.constexpr(24)
 
 @gluon.jit
 def _tile_origin(tile, tiles, weights, runs, GATED: gl.constexpr, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr,
-                 HALF: gl.constexpr):
-    """Where tile ``tile`` starts: (first sorted row, first output column, first rows of its two weight boxes in
-    the ``[E * rows, K]`` weight view). A tile past the last (a prefetch beyond the program's share) reads
+                 HALF: gl.constexpr, SPLIT_N: gl.constexpr):
+    """Where tile ``tile`` starts: (first sorted row, first output column, first rows of its first two weight
+    boxes in the ``[E * rows, K]`` weight view; with ``SPLIT_N = 2`` the second warpgroup's two boxes follow them
+    at ``_box_step``). A tile past the last (a prefetch beyond the program's share) reads
     nothing out of bounds: it comes back as row block 0's.
 
     Tiles go expert by expert: the tiles of an expert's row blocks are the row-major tile numbers of those blocks
@@ -79,10 +85,10 @@ def _tile_origin(tile, tiles, weights, runs, GATED: gl.constexpr, GROUP_M: gl.co
     expert = gl.load(block_expert_ptr + pid_m).to(gl.int64)
     w_row0 = (expert * w_rows_per_expert).to(gl.int32)
     if GATED:
-        n0 = pid_n * HALF
+        n0 = pid_n * HALF * SPLIT_N
         hi_row = N + n0
     else:
-        n0 = pid_n * 2 * HALF
+        n0 = pid_n * 2 * HALF * SPLIT_N
         hi_row = n0 + HALF
     return pid_m * BLOCK_M, n0, expert, w_row0 + n0, w_row0 + hi_row
 
@@ -100,6 +106,13 @@ def _tile_range(tiles, PERSISTENT: gl.constexpr):
 
 
 @gluon.jit
+def _box_step(GATED: gl.constexpr, HALF: gl.constexpr):
+    """Weight rows from a warpgroup's boxes to the next warpgroup's (``SPLIT_N = 2``): w1's gate and up boxes each
+    move on by ``HALF`` columns, w2's two column blocks by both of them."""
+    return HALF if GATED else 2 * HALF
+
+
+@gluon.jit
 def _upper_half_pads(sorted_ids_ptr, row0, num_valid_rows, BLOCK_M: gl.constexpr):
     """Whether the row block at ``row0`` holds pad rows only past its first half: an expert's last block with at
     most ``BLOCK_M // 2`` rows (pad rows end an expert's last block)."""
@@ -109,17 +122,19 @@ def _upper_half_pads(sorted_ids_ptr, row0, num_valid_rows, BLOCK_M: gl.constexpr
 @gluon.jit
 def _load_step(loads, ring, step, ki, pred, NUM_STAGES: gl.constexpr):
     """TMA loads of K step ``ki`` into the ring slot of the program's ``step``-th step (none where ``pred`` is
-    false): the A tile and both weight boxes, all counted on the slot's ready barrier. A tile whose second half
-    is pads (``half_a``) loads its first half of A rows only (``a_half_desc``): the math warps still multiply
-    all of the slot's rows, and the rows not loaded hold an earlier step's, whose products are pad rows' (never
-    stored by w2, and w1's pad rows are never read into a real one)."""
-    a_desc, a_half_desc, w_desc, row0, w_lo, w_hi, half_a = loads
+    false): the A tile and the ``2 * SPLIT_N`` weight boxes (pair ``j`` at ``box_step * j`` rows), all counted
+    on the slot's ready barrier. A tile whose second half is pads (``half_a``) loads its first half of A rows only
+    (``a_half_desc``): the math warps still multiply all of the slot's rows, and the rows not loaded hold an
+    earlier step's, whose products are pad rows' (never stored by w2, and w1's pad rows are never read into a
+    real one)."""
+    a_desc, a_half_desc, w_desc, row0, w_lo, w_hi, half_a, box_step = loads
     a_smem, b_smem, ready, empty = ring
     HALF: gl.constexpr = w_desc.block_type.shape[0]
+    SPLIT_N: gl.constexpr = b_smem.shape[1] // (2 * HALF)
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     slot = step % NUM_STAGES
     bar = ready.index(slot)
-    w_bytes: gl.constexpr = 2 * w_desc.block_type.nbytes
+    w_bytes: gl.constexpr = 2 * SPLIT_N * w_desc.block_type.nbytes
     mbarrier.expect(bar, a_desc.block_type.nbytes + w_bytes, pred=pred and not half_a)
     mbarrier.expect(bar, a_half_desc.block_type.nbytes + w_bytes, pred=pred and half_a)
     k0 = ki * BLOCK_K
@@ -128,13 +143,15 @@ def _load_step(loads, ring, step, ki, pred, NUM_STAGES: gl.constexpr):
                                     a_smem.index(slot).slice(0, a_half_desc.block_type.shape[0]),
                                     pred=pred and half_a)
     b = b_smem.index(slot)
-    tma.async_copy_global_to_shared(w_desc, [w_lo, k0], bar, b.slice(0, HALF), pred=pred)
-    tma.async_copy_global_to_shared(w_desc, [w_hi, k0], bar, b.slice(HALF, HALF), pred=pred)
+    for j in gl.static_range(SPLIT_N):
+        tma.async_copy_global_to_shared(w_desc, [w_lo + j * box_step, k0], bar, b.slice(2 * j * HALF, HALF), pred=pred)
+        tma.async_copy_global_to_shared(w_desc, [w_hi + j * box_step, k0], bar, b.slice((2 * j + 1) * HALF, HALF),
+                                        pred=pred)
 
 
 @gluon.jit
 def _producer(a_desc, a_half_desc, weights, runs, row_ids, ring, tiles, GATED: gl.constexpr, GROUP_M: gl.constexpr,
-              NUM_STAGES: gl.constexpr, PERSISTENT: gl.constexpr):
+              NUM_STAGES: gl.constexpr, PERSISTENT: gl.constexpr, SPLIT_N: gl.constexpr):
     """The copy-engine warp of a warp-specialized program: every K step of its tiles, each into a slot the
     consumers have released (``empty``; a fresh barrier reads as released once). It runs ahead across tiles,
     so the next tile's first loads overlap the consumers' last steps and epilogue."""
@@ -145,15 +162,15 @@ def _producer(a_desc, a_half_desc, weights, runs, row_ids, ring, tiles, GATED: g
     first, last, stride = _tile_range(tiles, PERSISTENT)
     sorted_ids_ptr, num_valid_rows = row_ids
     step = 0
-    upcoming = _tile_origin(first, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
+    upcoming = _tile_origin(first, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF, SPLIT_N)
     upcoming_half = _upper_half_pads(sorted_ids_ptr, upcoming[0], num_valid_rows, BLOCK_M)
     for tile in range(first, last, stride):
         row0, n0, expert, w_lo, w_hi = upcoming
         half_a = upcoming_half
         # the next tile's origin is loaded now and used an iteration later: no load latency between two tiles
-        upcoming = _tile_origin(tile + stride, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
+        upcoming = _tile_origin(tile + stride, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF, SPLIT_N)
         upcoming_half = _upper_half_pads(sorted_ids_ptr, upcoming[0], num_valid_rows, BLOCK_M)
-        loads = (a_desc, a_half_desc, weights[0], row0, w_lo, w_hi, half_a)
+        loads = (a_desc, a_half_desc, weights[0], row0, w_lo, w_hi, half_a, _box_step(GATED, HALF))
         for ki in range(num_k):
             mbarrier.wait(empty.index(step % NUM_STAGES), ((step // NUM_STAGES) & 1) ^ 1)
             _load_step(loads, ring, step, ki, True, NUM_STAGES)
@@ -282,8 +299,30 @@ def _column_halves(tile):
 
 
 @gluon.jit
+def _gated_pairs(acc, SPLIT_N: gl.constexpr):
+    """A two-warpgroup w1 tile (columns: gate, up of warpgroup 0, then gate, up of warpgroup 1, ``HALF`` each) as
+    its gate and up values, ``[rows, SPLIT_N, HALF]`` each; the split is along a register dimension of the wgmma
+    layout, so each thread keeps its own values."""
+    HALF: gl.constexpr = acc.shape[1] // (2 * SPLIT_N)
+    return gl.split(gl.permute(gl.reshape(acc, [acc.shape[0], SPLIT_N, 2, HALF]), [0, 1, 3, 2]))
+
+
+@gluon.jit
+def _staged_box(c_smem, box, BOX: gl.constexpr, SPLIT_N: gl.constexpr):
+    """The epilogue's ``box``-th staged box of ``BOX`` columns. One warpgroup stages a tile as separate boxes (its
+    columns split in registers); two side by side stage it as one ``[rows, width]`` buffer, whose 64-column boxes
+    lie one after another in the 128-byte swizzled layout, since the warpgroup's bit of a column cannot be split
+    off in registers."""
+    if SPLIT_N > 1:
+        view = c_smem.slice(box * BOX, BOX, dim=1)
+    else:
+        view = c_smem.index(box)
+    return view
+
+
+@gluon.jit
 def _epilogue(acc, outputs, c_smem, row_weights, row0, n0, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
-              HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr):
+              HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr, SPLIT_N: gl.constexpr):
     """One tile's sum out, times each row's top-k weight where asked: w1 writes ``act(gate, up)`` into the sorted
     intermediate, w2 its rows in sorted order too (the top-k sum finds each pair's row by its slot). Everything
     up to the output dtype happens in the wgmma layout; the rounded tile goes to shared memory (``c_smem``, one
@@ -292,7 +331,11 @@ def _epilogue(acc, outputs, c_smem, row_weights, row0, n0, GATED: gl.constexpr, 
     out_desc, row_weight_ptr, sorted_ids_ptr, num_valid_rows, swiglu_limit = outputs
     if WEIGHT_ROWS:
         acc = acc * gl.expand_dims(row_weights, 1)
-    if GATED:
+    if GATED and SPLIT_N > 1:
+        gate, up = _gated_pairs(acc, SPLIT_N)
+        activated = _activate(gate, up, swiglu_limit, ACTIVATION, HAS_LIMIT)
+        tile = gl.reshape(activated, [acc.shape[0], acc.shape[1] // 2]).to(out_desc.dtype)
+    elif GATED:
         gate, up = _column_halves(acc)
         tile = _activate(gate, up, swiglu_limit, ACTIVATION, HAS_LIMIT).to(out_desc.dtype)
     else:
@@ -300,7 +343,9 @@ def _epilogue(acc, outputs, c_smem, row_weights, row0, n0, GATED: gl.constexpr, 
     BOX: gl.constexpr = out_desc.block_type.shape[1]
     tma.store_wait(0)
     gl.thread_barrier()  # the last tile's store has read c_smem, and (one role for all warps) every wgmma is done
-    if tile.shape[1] == BOX:
+    if SPLIT_N > 1:
+        c_smem.store(tile)
+    elif tile.shape[1] == BOX:
         c_smem.index(0).store(tile)
     else:
         lo, hi = _column_halves(tile)
@@ -309,14 +354,14 @@ def _epilogue(acc, outputs, c_smem, row_weights, row0, n0, GATED: gl.constexpr, 
     fence_async_shared()
     gl.thread_barrier()
     for box in gl.static_range(tile.shape[1] // BOX):
-        tma.async_copy_shared_to_global(out_desc, [row0, n0 + box * BOX], c_smem.index(box))
+        tma.async_copy_shared_to_global(out_desc, [row0, n0 + box * BOX], _staged_box(c_smem, box, BOX, SPLIT_N))
 
 
 @gluon.jit
 def _consumer(a_desc, a_half_desc, a_scales, weights, runs, outputs, ring, tiles, GATED: gl.constexpr,
               ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, WEIGHT_ROWS: gl.constexpr, GROUP_M: gl.constexpr,
               NUM_STAGES: gl.constexpr, UNROLL: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
-              PERSISTENT: gl.constexpr):
+              PERSISTENT: gl.constexpr, SPLIT_N: gl.constexpr):
     """The math warps: each of the program's tiles, its K loop then its epilogue. Without a producer warp they
     also issue the loads: the tile's first ``NUM_STAGES`` steps here, each later one as a slot frees."""
     a_scale_ptr, stride_asm, stride_ask = a_scales
@@ -325,43 +370,54 @@ def _consumer(a_desc, a_half_desc, a_scales, weights, runs, outputs, ring, tiles
     num_k = tiles[2]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     HALF: gl.constexpr = w_desc.block_type.shape[0]
+    WIDTH: gl.constexpr = 2 * HALF * SPLIT_N
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, 2 * HALF, 32]
+        version=[3, 0], warps_per_cta=[gl.num_warps() // SPLIT_N, SPLIT_N], instr_shape=[16, 2 * HALF, 32]
     )
-    lo_cols = gl.arange(0, 2 * HALF, layout=gl.SliceLayout(0, mma_layout)) < HALF
+    # the columns whose weight scale is the "lo" one: w1's gate boxes (every other box), w2's first half
+    columns = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, mma_layout))
+    if GATED:
+        lo_cols = (columns // HALF) % 2 == 0
+    else:
+        lo_cols = columns < HALF * SPLIT_N
     BOX: gl.constexpr = out_desc.block_type.shape[1]
-    c_smem = gl.allocate_shared_memory(out_desc.dtype, [(HALF if GATED else 2 * HALF) // BOX, BLOCK_M, BOX],
-                                       out_desc.layout)
+    OUT_WIDTH: gl.constexpr = WIDTH // 2 if GATED else WIDTH
+    if SPLIT_N > 1:
+        c_smem = gl.allocate_shared_memory(out_desc.dtype, [BLOCK_M, OUT_WIDTH], out_desc.layout)
+    else:
+        c_smem = gl.allocate_shared_memory(out_desc.dtype, [OUT_WIDTH // BOX, BLOCK_M, BOX], out_desc.layout)
     # a box past the last scale block (a ragged N) reads the expert's next rows: their columns are masked on
     # store, and their scale index is clamped to a real block
     last_group = (w_rows_per_expert - 1) // 128
     first, last, stride = _tile_range(tiles, PERSISTENT)
     base = 0
     # the next tile's origin is loaded while this one runs: no load latency between two tiles
-    upcoming = _tile_origin(first, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
+    upcoming = _tile_origin(first, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF, SPLIT_N)
     for tile in range(first, last, stride):
         row0, n0, expert, w_lo, w_hi = upcoming
-        upcoming = _tile_origin(tile + stride, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF)
-        loads = (a_desc, a_half_desc, w_desc, row0, w_lo, w_hi, False)
+        upcoming = _tile_origin(tile + stride, tiles, weights, runs, GATED, GROUP_M, BLOCK_M, HALF, SPLIT_N)
+        loads = (a_desc, a_half_desc, w_desc, row0, w_lo, w_hi, False, _box_step(GATED, HALF))
         if not WARP_SPECIALIZE:
             for s in gl.static_range(NUM_STAGES):
                 _load_step(loads, ring, base + s, s, s < num_k, NUM_STAGES)
         w_row0 = expert * w_rows_per_expert
         ws_base = w_scale_ptr + expert * stride_wse
+        # w2's "hi" columns start half a tile in: with two warpgroups the second one's boxes, else the upper box
+        hi_first = w_hi - w_row0 if GATED else w_lo - w_row0 + HALF * SPLIT_N
         a_rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
         scales = (
             a_scale_ptr + a_rows.to(gl.int64) * stride_asm,
             ws_base + gl.minimum((w_lo - w_row0) // 128, last_group) * stride_wsn,
-            ws_base + gl.minimum((w_hi - w_row0) // 128, last_group) * stride_wsn,
+            ws_base + gl.minimum(hi_first // 128, last_group) * stride_wsn,
             stride_ask,
             stride_wsk,
             lo_cols,
         )
         row_weights = _row_weights(outputs, row0, mma_layout, BLOCK_M, WEIGHT_ROWS)
-        acc = _k_loop(loads, ring, scales, base, num_k, gl.zeros([BLOCK_M, 2 * HALF], gl.float32, layout=mma_layout),
+        acc = _k_loop(loads, ring, scales, base, num_k, gl.zeros([BLOCK_M, WIDTH], gl.float32, layout=mma_layout),
                       UNROLL, NUM_STAGES, WARP_SPECIALIZE)
         base += num_k
-        _epilogue(acc, outputs, c_smem, row_weights, row0, n0, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS)
+        _epilogue(acc, outputs, c_smem, row_weights, row0, n0, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS, SPLIT_N)
     tma.store_wait(0)
 
 
@@ -410,11 +466,15 @@ def moe_block_fp8_gemm_kernel(
     gl.static_assert(BLOCK_K == 128, "one K step is one 128-wide scale group")
     gl.static_assert(128 % HALF == 0, "a weight box must lie in one 128-row scale block")
     gl.static_assert(WARP_SPECIALIZE or not PERSISTENT, "a persistent program needs the producer warp")
+    # warpgroups side by side over the tile's columns: one 64-row wgmma per warpgroup, so 64-row blocks in 8 math
+    # warps run two weight tiles on one A tile
+    SPLIT_N: gl.constexpr = 16 * num_warps // BLOCK_M
+    gl.static_assert(SPLIT_N == 1 or SPLIT_N == 2, "block_m = 16 x num_warps, or 8 x num_warps (two warpgroups)")
 
     num_row_blocks = gl.load(num_padded_ptr) // BLOCK_M
-    tiles = (num_row_blocks, gl.cdiv(N, HALF if GATED else 2 * HALF), gl.cdiv(K, BLOCK_K))
+    tiles = (num_row_blocks, gl.cdiv(N, HALF * SPLIT_N if GATED else 2 * HALF * SPLIT_N), gl.cdiv(K, BLOCK_K))
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_smem = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, 2 * HALF, BLOCK_K], w_desc.layout)
+    b_smem = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, 2 * HALF * SPLIT_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NUM_STAGES):
@@ -428,13 +488,13 @@ def moe_block_fp8_gemm_kernel(
     if WARP_SPECIALIZE:
         gl.warp_specialize([
             (_consumer, (a_desc, a_half_desc, a_scales, weights, runs, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT,
-                         WEIGHT_ROWS, GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT)),
+                         WEIGHT_ROWS, GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT, SPLIT_N)),
             (_producer, (a_desc, a_half_desc, weights, runs, (sorted_ids_ptr, num_valid_rows), ring, tiles, GATED,
-                         GROUP_M, NUM_STAGES, PERSISTENT)),
+                         GROUP_M, NUM_STAGES, PERSISTENT, SPLIT_N)),
         ], [1], [PRODUCER_REGS])
     else:
         _consumer(a_desc, a_half_desc, a_scales, weights, runs, outputs, ring, tiles, GATED, ACTIVATION, HAS_LIMIT, WEIGHT_ROWS,
-                  GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT)
+                  GROUP_M, NUM_STAGES, UNROLL, WARP_SPECIALIZE, PERSISTENT, SPLIT_N)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(s))
         mbarrier.invalidate(empty.index(s))

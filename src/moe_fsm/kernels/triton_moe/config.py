@@ -95,7 +95,8 @@ class MoEConfig:
     into sorted order first, so the copy engine loads them as well. ``gluon`` (with both, block FP8 only)
     runs the two GEMMs through the Gluon kernel that scales each K step's product while the next one runs
     (``_gluon_kernels.py``): its w1 tile is ``w1.block_n`` gate plus as many up columns, its w2 tile
-    ``w2.block_n`` columns, each in ``block_m / 16`` warps. There ``warp_specialize`` adds a producer warp
+    ``w2.block_n`` columns, each in ``block_m / 16`` warps, or with ``block_m / 8`` warps in two warpgroups side
+    by side, each over half the tile's columns (``gluon_pair_config``). There ``warp_specialize`` adds a producer warp
     that issues the copy-engine loads (Gluon's explicit partitions, not Triton 3.6's automatic ones, which
     ``validate_config`` refuses), and ``persistent`` (with it) runs one program per SM over many tiles.
     """
@@ -210,21 +211,23 @@ def _check_gluon(config: MoEConfig, block_fp8: bool) -> None:
                                "no fold_topk (its w2 writes one row per pair)")
     # wider tiles (a 256-wide wgmma) need more than 255 registers for the sum and the two product sets: they spill,
     # and ptxas then serializes every wgmma (tools/sm90_compile_hopper_moe.py --only gluon --force)
+    # widths are a warpgroup's: with block_m = 8 x num_warps two warpgroups split the tile's columns (each its own
+    # weight boxes over the block's one A tile), so the tile is twice as wide
     for name, g, widths in (("w1", config.w1, (32, 64)), ("w2", config.w2, (64, 128))):
-        if g.block_k != FP8_GROUP or g.block_n not in widths or config.block_m != 16 * g.num_warps:
+        split = 16 * g.num_warps // config.block_m if 16 * g.num_warps % config.block_m == 0 else 0
+        if g.block_k != FP8_GROUP or split not in (1, 2) or g.block_n // max(split, 1) not in widths:
             raise KernelInputError(
-                f"gluon {name}: block_k {FP8_GROUP} (one scale group a K step), block_n in {widths} and "
-                f"block_m = 16 x num_warps (one 64-row wgmma per warpgroup) are accepted; got block_m="
-                f"{config.block_m}, {g}"
+                f"gluon {name}: block_k {FP8_GROUP} (one scale group a K step), block_m = 16 x num_warps (one 64-row "
+                f"wgmma per warpgroup) with block_n in {widths}, or block_m = 8 x num_warps (two warpgroups side by "
+                f"side) with block_n in {tuple(2 * w for w in widths)}, are accepted; got block_m={config.block_m}, {g}"
             )
         if g.flatten or g.paired or g.swap_ab:
             raise KernelInputError(f"gluon {name}: flatten, paired and swap_ab are options of the Triton kernels, not "
                                    f"of the Gluon one; got {g}")
         # shared memory: the ring of (A tile, two weight boxes) FP8 stages and the bf16 output tile the epilogue
         # stages (w1: its activation, half the wgmma's width)
-        half = g.block_n if name == "w1" else g.block_n // 2
-        out_width = half if name == "w1" else 2 * half
-        smem = g.num_stages * (config.block_m + 2 * half) * FP8_GROUP + config.block_m * out_width * 2
+        weight_rows = 2 * g.block_n if name == "w1" else g.block_n  # w1: gate and up rows
+        smem = g.num_stages * (config.block_m + weight_rows) * FP8_GROUP + config.block_m * g.block_n * 2
         if smem > HOPPER_SMEM_BYTES:
             raise KernelInputError(
                 f"gluon {name}: {g.num_stages} stages of block_m {config.block_m} x block_n {g.block_n} tiles need "
@@ -470,6 +473,17 @@ def gluon_mid_config() -> MoEConfig:
     TFLOP/s; at 2048 tokens Kimi-K2-like, DeepSeek-V3 and Qwen3-Coder-480B-like 1-6%)."""
     w1 = GemmConfig(64, FP8_GROUP, 8, 4, 6, persistent=True, warp_specialize=True)
     w2 = GemmConfig(128, FP8_GROUP, 8, 4, 6, persistent=True, warp_specialize=True)
+    return MoEConfig(64, w1, w2, fold_topk=False, hopper=True, gather_input=True, gluon=True)
+
+
+def gluon_pair_config() -> MoEConfig:
+    """The Gluon block-FP8 kernel on 64-row blocks in two math warpgroups side by side (8 warps and the producer
+    warp), each over its own weight boxes of the block's one A tile: w1 128 (64 gate + 64 up columns a warpgroup),
+    w2 256 wide (128 a warpgroup), persistent; the pad rows of ``gluon_mid_config`` with the tensor-core work per
+    program of ``gluon_prefill_config``. Five stages for w1, four for w2 (five of its 40 KiB stages and the 32 KiB
+    output tile are past the shared memory)."""
+    w1 = GemmConfig(128, FP8_GROUP, 8, 8, 5, persistent=True, warp_specialize=True)
+    w2 = GemmConfig(256, FP8_GROUP, 8, 8, 4, persistent=True, warp_specialize=True)
     return MoEConfig(64, w1, w2, fold_topk=False, hopper=True, gather_input=True, gluon=True)
 
 

@@ -410,10 +410,11 @@ def gluon_gemm(
     from moe_fsm.kernels.triton_moe._gluon_kernels import moe_block_fp8_gemm_kernel
 
     num_experts, w_rows, k_in = w.shape
-    half = config.block_n if gated else config.block_n // 2
+    # warpgroups side by side over the tile's columns (the kernel's SPLIT_N): 8 warps on 64-row blocks make two
+    split_n = 16 * config.num_warps // routing.block_m
+    half = config.block_n // split_n if gated else config.block_n // (2 * split_n)
     _, w_scale, (sws_e, sws_n, sws_k) = w_scale_info
-    tile_n = half if gated else 2 * half
-    max_tiles = routing.num_row_blocks * -(-n_out // tile_n)
+    max_tiles = routing.num_row_blocks * -(-n_out // config.block_n)
     grid = max(min(max_tiles, _sm_count(a.device.index or 0)) if config.persistent else max_tiles, 1)
     moe_block_fp8_gemm_kernel[(grid,)](
         _gluon_descriptor(a, [routing.block_m, FP8_GROUP]),

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from moe_fsm.kernels.triton_moe.config import (
-    FP8_GROUP, GemmConfig, MoEConfig, default_config, validate_config, vllm_tile_config,
+    FP8_GROUP, GemmConfig, MoEConfig, default_config, gluon_pair_config, validate_config, vllm_tile_config,
 )
 from moe_fsm.kernels.triton_moe.fused import Fp8Spec, fused_experts
 from moe_fsm.kernels.triton_moe.screen import TuneReport, screen_and_time
@@ -88,7 +88,8 @@ HOPPER_FLAGS = ((False, False, False, False), (True, False, True, False), (False
 
 # Gluon block-FP8 variants (MoEConfig.gluon) offered at row blocks of 64 and up: (block_m, warps, stages,
 # group_m, warp-specialized, persistent), all w1 64 / w2 128 wide; the fastest of the 8192-token measurements
-# of docs/perf/hopper.md ("The Gluon block-FP8 kernel")
+# of docs/perf/hopper.md ("The Gluon block-FP8 kernel"); 64-row blocks also in two warpgroups side by side
+# (config.gluon_pair_config)
 GLUON_TILES = ((128, 8, 4, 8, True, True), (128, 8, 4, 16, True, True), (128, 8, 5, 8, True, True),
                (128, 8, 5, 8, True, False), (64, 4, 4, 8, True, True))
 
@@ -151,7 +152,7 @@ def candidate_configs(shape: LayerShape, num_tokens: int, *, hopper: bool = Fals
                       GemmConfig(128, FP8_GROUP, group_m, warps, stages, persistent=pers, warp_specialize=ws),
                       False, True, True, True)
             for block_m, warps, stages, group_m, ws, pers in GLUON_TILES if block_m in block_ms
-        ]
+        ] + ([gluon_pair_config()] if 64 in block_ms else [])
     valid = []
     for c in dict.fromkeys(out):
         try:
