@@ -3,7 +3,7 @@
     python bench/bench_distributed.py [--nproc N] [--out bench-out] [--tokens 128 1024 4096] [--quant none fp8]
                                       [--routing uniform skewed]
                                       [--pf all2all capped capped_graph fixed fixed_graph allgather]
-                                      [--with-experts] [--profile]
+                                      [--with-experts] [--profile] [--host-breakdown]
 
 Starts itself on N ranks through ``moe_fsm.distributed.launch`` (NCCL with one
 process per GPU when CUDA is present, gloo on the CPU otherwise) unless it is
@@ -53,6 +53,10 @@ bytes, so their ratio is the P/F's own overhead.
 (where the time goes, operator by operator) and its Python profile of 20 calls
 (the host time around them: Triton's launcher, the collectives' Python, the wait
 of the host synchronisation).
+
+``--host-breakdown`` also gives, for the eager all-to-all calls (``all2all``, ``capped``), the host time of each
+step of one call on rank 0 (:func:`host_breakdown`: the wall clock around each step, averaged over
+``BREAKDOWN_CALLS`` calls), so the host time of an eager call can be split without a profiler's inflation.
 
 The column "host ms" is the median time until the call returns, before the device sync that ends
 it: where it is close to "P/F ms", the host's launches, not the GPU or the wire, set the time. Each such
@@ -127,6 +131,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="untimed iterations (default: 5 on GPU, 1 on CPU)")
     p.add_argument("--iters", type=int, default=None, help="timed iterations (default: 20 on GPU, 5 on CPU)")
     p.add_argument("--profile", action="store_true", help="print rank 0's torch.profiler tables of one P/F call per case and its Python profile of 20 calls")
+    p.add_argument("--host-breakdown", action="store_true",
+                   help="also time, in rank 0's eager all-to-all calls, the host time of each step of prepare and "
+                        "finalize (wall clock around each, no profiler)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the launch is stopped")
     return p.parse_args(argv)
 
@@ -230,6 +237,8 @@ class Case:
     # The same bare collectives receiving into outputs allocated on each call, as a P/F that does not keep its
     # received buffers would (None for the all-gather baseline): what the caching allocator adds to a call.
     fresh_baseline: Optional[Callable[[], None]] = None
+    # The P/F whose eager call ``step`` makes, for --host-breakdown (None for replays and the other P/Fs).
+    eager_all2all: Optional[AllToAllPrepareFinalize] = None
 
 
 def all2all_case(ctx, tokens, hidden, ids, weights, quantize, output) -> Case:
@@ -267,7 +276,7 @@ def all2all_case(ctx, tokens, hidden, ids, weights, quantize, output) -> Case:
         dist.all_to_all_single(torch.empty_like(c_out), c_in, output_split_sizes=send, input_split_sizes=recv)
 
     nbytes = sum(send) * row_bytes + sum(recv) * combine_row
-    return Case(pf.name, step, baseline, "all_to_all_single x2", row_bytes, sum(send), nbytes, fresh_baseline)
+    return Case(pf.name, step, baseline, "all_to_all_single x2", row_bytes, sum(send), nbytes, fresh_baseline, pf)
 
 
 def capped_case(ctx, tokens, hidden, ids, weights, quantize, output, graph: bool) -> Case:
@@ -289,8 +298,10 @@ def capped_case(ctx, tokens, hidden, ids, weights, quantize, output, graph: bool
         pf.finalize(output, stand_in, prepared, topk_weights=prepared.topk_weights, topk_ids=prepared.topk_ids,
                     apply_router_weight_on_input=False, reduce=WeightAndReduce.EXPERTS)
 
-    return _equal_blocks_case(pf.name + " (max_tokens_per_rank" + (", CUDA graph)" if graph else ")"),
+    case = _equal_blocks_case(pf.name + " (max_tokens_per_rank" + (", CUDA graph)" if graph else ")"),
                               captured(step, device) if graph else step, world * tokens, first.state.row_bytes, device)
+    case.eager_all2all = None if graph else pf
+    return case
 
 
 def _equal_blocks_case(name: str, step: Callable[[], None], rows: int, row_bytes: int, device: torch.device) -> Case:
@@ -419,6 +430,97 @@ def profile_table(fn: Callable[[], None], device: torch.device, record: bool) ->
     return "\n".join(tables)
 
 
+# Calls --host-breakdown averages over, and the steps it times: (label, module, attribute), each a function or
+# method the P/F calls through that name, so wrapping it there times every call of it.
+BREAKDOWN_CALLS = 50
+BREAKDOWN_STEPS = (
+    ("check the call", "moe_fsm.prepare_finalize.all2all:AllToAllPrepareFinalize", "_check_call"),
+    ("source rows, small fields packed", "moe_fsm.prepare_finalize.all2all:AllToAllPrepareFinalize", "_source"),
+    ("route kernel", "moe_fsm.prepare_finalize.all2all", "route"),
+    ("counts all-to-all", "moe_fsm.prepare_finalize.all2all", "exchange_counts"),
+    ("send-row kernel", "moe_fsm.prepare_finalize.all2all", "send_rows"),
+    ("all-to-all (variable)", "moe_fsm.prepare_finalize.all2all", "all_to_all_v"),
+    ("all-to-all (equal)", "moe_fsm.prepare_finalize.all2all", "all_to_all_equal"),
+    ("received fields as views", "moe_fsm.prepare_finalize.all2all", "unpack_row_bytes"),
+    ("local ids kernel", "moe_fsm.prepare_finalize.all2all", "local_ids"),
+    ("local prepare", "moe_fsm.prepare_finalize.local:LocalPrepareFinalize", "prepare"),
+    ("combine kernel", "moe_fsm.prepare_finalize.all2all", "combine_returned"),
+)
+
+
+def host_breakdown(pf: AllToAllPrepareFinalize, call: Callable[[], None], device: torch.device) -> dict:
+    """µs a call of host time per step of ``pf``'s prepare and finalize (BREAKDOWN_STEPS), by phase.
+
+    Each step is wrapped where the P/F looks it up, and the wall clock around it summed per phase (prepare or
+    finalize, themselves wrapped on ``pf``); "rest" is the phase's time outside the steps (the host read of the
+    variable call is there). Nested steps (the route inside ``_routes``) are not wrapped twice. The device is
+    synchronized only before and after the calls, so what is timed is the host's work, as in "host ms".
+    """
+    import importlib
+
+    clock = time.perf_counter
+    totals: dict[tuple[str, str], float] = {}
+    phase = ["outside"]
+    restore = []
+
+    def timed_step(label: str, fn: Callable) -> Callable:
+        def wrapper(*a, **k):
+            start = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                key = (phase[0], label)
+                totals[key] = totals.get(key, 0.0) + clock() - start
+        return wrapper
+
+    def timed_phase(name: str, fn: Callable) -> Callable:
+        def wrapper(*a, **k):
+            phase[0] = name
+            start = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                totals[(name, "total")] = totals.get((name, "total"), 0.0) + clock() - start
+                phase[0] = "outside"
+        return wrapper
+
+    for label, where, attribute in BREAKDOWN_STEPS:
+        module_name, _, class_name = where.partition(":")
+        owner = importlib.import_module(module_name)
+        owner = getattr(owner, class_name) if class_name else owner
+        original = getattr(owner, attribute)  # a class's inherited method is set on the class and deleted after
+        restore.append((owner, attribute, original if attribute in vars(owner) else None))
+        setattr(owner, attribute, timed_step(label, original))
+    pf.prepare, pf.finalize = timed_phase("prepare", pf.prepare), timed_phase("finalize", pf.finalize)
+    try:
+        call()
+        synchronize(device)
+        totals.clear()
+        for _ in range(BREAKDOWN_CALLS):
+            call()
+        synchronize(device)
+    finally:
+        for owner, attribute, original in restore:
+            if original is None:
+                delattr(owner, attribute)
+            else:
+                setattr(owner, attribute, original)
+        del pf.prepare, pf.finalize
+    result: dict[str, dict[str, float]] = {}
+    for (name, label), seconds in totals.items():
+        result.setdefault(name, {})[label] = seconds / BREAKDOWN_CALLS * 1e6
+    for steps in result.values():
+        steps["rest"] = steps.get("total", 0.0) - sum(v for k, v in steps.items() if k != "total")
+    return result
+
+
+def render_breakdown(breakdown: dict) -> str:
+    return "; ".join(
+        f"{name} {steps['total']:.0f} µs: " + ", ".join(f"{k} {v:.0f}" for k, v in steps.items() if k != "total")
+        for name, steps in breakdown.items() if "total" in steps
+    )
+
+
 def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, warmup: int, iters: int) -> Optional[dict]:
     device, rank, world = ctx.device, ctx.rank, ctx.world_size
     if pf_kind.endswith("_graph") and device.type != "cuda":
@@ -446,6 +548,12 @@ def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, war
     fresh_times, fresh_host = timed(case.fresh_baseline, device, warmup, iters) if case.fresh_baseline else ([], [])
     quant_times = timed(lambda: quantize(hidden), device, warmup, iters)[0] if quantize is not None else [0.0]
     pf_b2b, base_b2b = back_to_back(case.step, device, iters), back_to_back(case.baseline, device, iters)
+    breakdown = None
+    if args.host_breakdown and case.eager_all2all is not None:
+        breakdown = host_breakdown(case.eager_all2all, case.step, device)
+        if rank == 0:
+            print(f"--- host breakdown (rank 0, µs a call): {case.pf} {quant} {route} {tokens} tok/rank: "
+                  f"{render_breakdown(breakdown)}", flush=True)
     if args.profile:
         table = profile_table(case.step, device, record=rank == 0)
         if rank == 0:
@@ -469,6 +577,7 @@ def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, war
         "fresh_baseline_host_median_s": statistics.median(fresh_host) if fresh_host else None,
         "pf_back_to_back_s": pf_b2b,
         "baseline_back_to_back_s": base_b2b,
+        "host_breakdown_us": breakdown,
     }
 
 
