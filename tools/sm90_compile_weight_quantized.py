@@ -154,8 +154,9 @@ def prefill_matrix():
     """MXFP4 (gpt-oss) w1 and w2 at the many-pair tiles, each K tile's dots into a fresh product or chained onto the
     running sums (``chain_acc``)."""
     out = []
-    for block_m, block_n, block_k, warps, stages in ((128, 128, 64, 8, 3), (64, 128, 64, 8, 3), (128, 64, 64, 4, 3),
-                                                     (64, 64, 128, 4, 3)):
+    # MXFP4's default tiles from 33 pairs an expert (fused.MXFP4_MID_TILE, MXFP4_MANY_PAIR_TILE) among them
+    for block_m, block_n, block_k, warps, stages in ((128, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 128, 64, 8, 3),
+                                                     (128, 64, 64, 4, 3), (64, 64, 128, 4, 3)):
         for chain in (False, True):
             for gated in (True, False):
                 out.append(dict(kind="mxfp4", gated=gated, pair_blocks=False, split=True, fast=True, scaled=False,
