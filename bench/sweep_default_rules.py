@@ -343,9 +343,9 @@ def rule_gluon128(e, n, k, top_k, m, fp8):
 
 def rule_gluon64_deep(e, n, k, top_k, m, fp8):
     """The default's 64-row Gluon blocks with six stages instead of five (more weight tiles in flight for the one
-    math warpgroup)."""
+    math warpgroup; the default's two-warpgroup 64-row blocks are left as they are)."""
     base = rule_default(e, n, k, top_k, m, fp8)
-    if base.gluon and base.block_m == 64:
+    if base.gluon and base.block_m == 64 and base.w1.num_warps == 4:
         return replace(base, w1=replace(base.w1, num_stages=6), w2=replace(base.w2, num_stages=6))
     return base
 

@@ -98,10 +98,11 @@ def _run(x, w1, w2, g, ids, config, **kw):
         (DEEPSEEK_V3_E16, 600, _config(128, warps=8, ws=True, persistent=True)),
         (DEEPSEEK_V3_E16, 2000, _config(ws=True, persistent=True, stages=3)),
         (RAGGED, 300, _config(ws=True, persistent=True)),
-        # what default_config takes for block FP8 with N >= 2048 at 40-256 rows per expert past 512 tokens
+        # what default_config takes for block FP8 with N >= 2048 at 40-48 rows per expert past 512 tokens
         (DEEPSEEK_V3_E16, 2000, gluon_mid_config()),
-        # 64-row blocks in two warpgroups side by side, each over its own weight boxes: persistent, one role for
-        # all warps, and 32-wide boxes on the ragged layer (w2's last tile past its 576 columns)
+        # 64-row blocks in two warpgroups side by side, each over its own weight boxes (the default from 48 rows):
+        # persistent, one role for all warps, and 32-wide boxes on the ragged layer (w2's last tile past its 576
+        # columns)
         (DEEPSEEK_V3_E16, 2000, gluon_pair_config()),
         (DEEPSEEK_V3_E16, 600, _config(64, bn1=128, bn2=256, warps=8, stages=3)),
         (RAGGED, 300, _config(64, bn1=64, bn2=128, warps=8, ws=True, persistent=True)),

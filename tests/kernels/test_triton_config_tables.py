@@ -133,10 +133,12 @@ DEFAULT_CASES = [
     ((256, 256, 7168, 8, "block", 1), "vllm"),
     ((256, 2048, 7168, 8, "block", 128), "thin"),  # 4 rows per expert: 16-row blocks with swap-AB
     ((384, 2048, 7168, 8, "block", 2048), "gluon_mid"),  # 43 rows, N 2048: 64-row Gluon blocks
-    ((384, 2048, 7168, 8, "block", 8192), "gluon_mid"),  # 171 rows: a 128-row block would be a third pads
+    ((384, 2048, 7168, 8, "block", 8192), "gluon_pair"),  # 171 rows: 64-row blocks in two warpgroups side by side
+    ((256, 2048, 7168, 8, "block", 2048), "gluon_pair"),  # 64 rows
     ((384, 256, 7168, 8, "block", 2048), "tma_mid"),  # 43 rows, N 256: the 64-row TMA tiles
     ((160, 1536, 5120, 8, "block", 2048), "gluon"),  # 102 rows, N 1536: 128-row Gluon blocks
-    ((256, 2048, 7168, 8, "block", 8192), "gluon"),  # 256 rows
+    ((256, 2048, 7168, 8, "block", 8192), "gluon_pair"),  # 256 rows, N 2048
+    ((256, 1536, 7168, 8, "block", 8192), "gluon"),  # 256 rows, N 1536: 128-row Gluon blocks
     ((128, 1536, 4096, 8, "block", 512), "vllm"),  # 32 rows: vLLM's 64-row pointer-load tile
     ((512, 768, 4096, 8, None, 512), "thin_wide"),  # 8 rows, narrow bf16 (N <= 768): 128-wide tiles in 8 warps
     ((128, 2880, 2880, 4, None, 128), "thin"),  # 4 rows, wide bf16: vLLM's 64-wide decode tiles
@@ -180,6 +182,7 @@ def test_the_default_picks_by_rows_per_expert(case, kind):
         "tma_mid": cfg.tma_mid_config(block_k),
         "gluon": cfg.gluon_prefill_config(),
         "gluon_mid": cfg.gluon_mid_config(),
+        "gluon_pair": cfg.gluon_pair_config(),
         "vllm_deep": deep(cfg.vllm_tile_config(e, tokens, block_fp8=False, fp8=True)),
         "pointer_mid": cfg.pointer_mid_config(block_k),
         "tma_flat": cfg.tma_prefill_config(block_k, flatten=True),

@@ -241,6 +241,12 @@ def _check_gluon(config: MoEConfig, block_fp8: bool) -> None:
 
 WARP_SPECIALIZE_ENV = "MOE_FSM_TRITON_WARP_SPECIALIZE"
 
+# Block-FP8 layers with N >= 2048 past 512 tokens take ``gluon_pair_config`` from this many expected rows per expert:
+# the seventh sweep (H200, docs/perf/default_rules_h200_7.json) ran it faster at 64-410 rows (DeepSeek-V3 at 2048
+# tokens 3422 -> 3088 µs, Qwen3-Coder-480B-like at 2048 and 8192 tokens 9% and 5%, Kimi-K2-like at 8192 8726 -> 7588,
+# DeepSeek-V3 at 8192 2%) and 1.5% slower at 43 (Kimi-K2-like at 2048 tokens, which keeps ``gluon_mid_config``)
+GLUON_PAIR_MIN_ROWS = 48
+
 
 def warp_specialization_opted_in() -> bool:
     """Whether a kernel developer asked to run warp-specialized GEMMs despite their measured wrong results."""
@@ -329,7 +335,8 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
       the Gluon kernel on 64-row blocks (``gluon_mid_config``): a 128-row block of an expert with 170 rows is a
       third pads (Kimi-K2-like at 8192 tokens x1.25 -> x1.36, at 2048 x1.08 -> x1.12, DeepSeek-V3 at 2048 x1.09 ->
       x1.18), while narrower layers (N 256-1536) lost 4-16% with it (not profiled; their w2 runs only 2-12 K
-      steps a tile);
+      steps a tile); from ``GLUON_PAIR_MIN_ROWS`` rows on (the seventh sweep) those layers take 64-row blocks in
+      two warpgroups side by side (``gluon_pair_config``), also from 256 rows on, where 128-row Gluon blocks ran;
     - bf16 and row-wise FP8: 8 rows or fewer, thin blocks (swept up to 512 tokens; past it, where a 128-row block
       would be 94% pads, they are kept by reasoning, not measured); 96 rows and more up to 512 tokens, 64-row
       TMA tiles (Mixtral-like layers at 512 tokens: x0.71 -> x0.97-1.32); past 512 tokens the 128-row TMA tiles,
@@ -370,7 +377,9 @@ def _fitted_default(num_experts: int, n: int, top_k: int, num_tokens: int, *, bl
             return thin_wide_config(fp8=fp8)
         return tiles
     if block_fp8:
-        if m > 512 and n >= 2048 and 40 <= rows < 256:
+        if m > 512 and n >= 2048 and rows >= GLUON_PAIR_MIN_ROWS:
+            return gluon_pair_config()
+        if m > 512 and n >= 2048 and rows >= 40:
             return gluon_mid_config()
         if rows >= 96:
             return gluon_prefill_config()
@@ -468,9 +477,9 @@ def pointer_mid_config(block_k: int) -> MoEConfig:
 
 def gluon_mid_config() -> MoEConfig:
     """The Gluon block-FP8 kernel on 64-row blocks (one math warpgroup and the producer warp), persistent, 6 stages:
-    half the pad rows of ``gluon_prefill_config`` where experts get 40-256 rows. Six stages over five: faster at all
-    4 points of the fourth sweep where it runs (H100, Kimi-K2-like at 8192 tokens 9927 -> 9447 µs, 581 -> 611
-    TFLOP/s; at 2048 tokens Kimi-K2-like, DeepSeek-V3 and Qwen3-Coder-480B-like 1-6%)."""
+    half the pad rows of ``gluon_prefill_config`` where experts get 40-48 rows (past that ``gluon_pair_config``).
+    Six stages over five: faster at all 4 points of the fourth sweep where it ran (H100, Kimi-K2-like at 8192 tokens
+    9927 -> 9447 µs, 581 -> 611 TFLOP/s; at 2048 tokens Kimi-K2-like, DeepSeek-V3 and Qwen3-Coder-480B-like 1-6%)."""
     w1 = GemmConfig(64, FP8_GROUP, 8, 4, 6, persistent=True, warp_specialize=True)
     w2 = GemmConfig(128, FP8_GROUP, 8, 4, 6, persistent=True, warp_specialize=True)
     return MoEConfig(64, w1, w2, fold_topk=False, hopper=True, gather_input=True, gluon=True)
