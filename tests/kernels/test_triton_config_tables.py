@@ -135,6 +135,7 @@ DEFAULT_CASES = [
     ((384, 2048, 7168, 8, "block", 2048), "gluon_mid"),  # 43 rows, N 2048: 64-row Gluon blocks
     ((384, 2048, 7168, 8, "block", 8192), "gluon_pair"),  # 171 rows: 64-row blocks in two warpgroups side by side
     ((256, 2048, 7168, 8, "block", 2048), "gluon_pair"),  # 64 rows
+    ((384, 2112, 7168, 8, "block", 8192), "gluon_mid"),  # N off the pair's 128-wide w1 grid: one warpgroup
     ((384, 256, 7168, 8, "block", 2048), "tma_mid"),  # 43 rows, N 256: the 64-row TMA tiles
     ((160, 1536, 5120, 8, "block", 2048), "gluon"),  # 102 rows, N 1536: 128-row Gluon blocks
     ((256, 2048, 7168, 8, "block", 8192), "gluon_pair"),  # 256 rows, N 2048

@@ -336,7 +336,8 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
       third pads (Kimi-K2-like at 8192 tokens x1.25 -> x1.36, at 2048 x1.08 -> x1.12, DeepSeek-V3 at 2048 x1.09 ->
       x1.18), while narrower layers (N 256-1536) lost 4-16% with it (not profiled; their w2 runs only 2-12 K
       steps a tile); from ``GLUON_PAIR_MIN_ROWS`` rows on (the seventh sweep) those layers take 64-row blocks in
-      two warpgroups side by side (``gluon_pair_config``), also from 256 rows on, where 128-row Gluon blocks ran;
+      two warpgroups side by side (``gluon_pair_config``), also from 256 rows on, where 128-row Gluon blocks ran,
+      where N is a multiple of that config's 128-wide w1 tile;
     - bf16 and row-wise FP8: 8 rows or fewer, thin blocks (swept up to 512 tokens; past it, where a 128-row block
       would be 94% pads, they are kept by reasoning, not measured); 96 rows and more up to 512 tokens, 64-row
       TMA tiles (Mixtral-like layers at 512 tokens: x0.71 -> x0.97-1.32); past 512 tokens the 128-row TMA tiles,
@@ -377,9 +378,11 @@ def _fitted_default(num_experts: int, n: int, top_k: int, num_tokens: int, *, bl
             return thin_wide_config(fp8=fp8)
         return tiles
     if block_fp8:
-        if m > 512 and n >= 2048 and rows >= GLUON_PAIR_MIN_ROWS:
-            return gluon_pair_config()
-        if m > 512 and n >= 2048 and rows >= 40:
+        pair = gluon_pair_config()
+        # the Gluon kernel takes an intermediate width on its w1 tile grid only (hopper.gluon_usable)
+        if m > 512 and n >= 2048 and rows >= GLUON_PAIR_MIN_ROWS and n % pair.w1.block_n == 0:
+            return pair
+        if m > 512 and n >= 2048 and 40 <= rows < 256:
             return gluon_mid_config()
         if rows >= 96:
             return gluon_prefill_config()
