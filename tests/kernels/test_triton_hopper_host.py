@@ -398,8 +398,9 @@ def test_the_tuner_offers_tma_variants_only_on_a_tma_device_and_at_prefill():
     # decode sizes take thin row blocks, which the TMA kernels cannot run
     assert not any(c.hopper for c in _variants(shape, 8, hopper=True))
 
+
 def test_the_tuner_offers_gluon_variants_for_block_fp8_prefill_only():
-    from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES, candidate_configs
+    from moe_fsm.kernels.triton_moe.tuning import NAMED_SHAPES
 
     block = NAMED_SHAPES["deepseek-v3-fp8-block"]
     gluon = [c for c in _variants(block, 8192, hopper=True, gluon=True) if c.gluon]
