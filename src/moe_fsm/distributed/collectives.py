@@ -108,7 +108,9 @@ def unpack_row_bytes(packed: torch.Tensor, layout: RowLayout) -> list[torch.Tens
     rows = packed.shape[0]
     if rows == 0:
         return [torch.empty((0, *f.trailing), dtype=f.dtype, device=packed.device) for f in layout.fields]
-    return [packed[:, f.start : f.start + f.nbytes].view(f.dtype).view(rows, *f.trailing) for f in layout.fields]
+    # A field of one trailing dimension is its byte columns viewed as its dtype already: one view fewer a field.
+    return [packed[:, f.start : f.start + f.nbytes].view(f.dtype) if len(f.trailing) == 1
+            else packed[:, f.start : f.start + f.nbytes].view(f.dtype).view(rows, *f.trailing) for f in layout.fields]
 
 
 def all_gather_ints(values: Sequence[int], *, group: Optional[dist.ProcessGroup] = None, device: torch.device) -> list[tuple[int, ...]]:

@@ -77,8 +77,9 @@ class SourceRows:
 
     def from_wire(self, fields: list[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
         """Received fields (views of the packed rows) back into (payload, row scale or None, top-k ids, weights)."""
-        payload = fields[0].view(self.payload.dtype)
-        scale = fields[1].view(self.row_scale.dtype) if self.row_scale is not None else None
+        payload = fields[0] if fields[0].dtype == self.payload.dtype else fields[0].view(self.payload.dtype)  # float8 bytes
+        scale = None if self.row_scale is None else fields[1] if fields[1].dtype == self.row_scale.dtype else \
+            fields[1].view(self.row_scale.dtype)
         return payload, scale, fields[-2], fields[-1]
 
 

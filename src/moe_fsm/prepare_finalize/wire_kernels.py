@@ -45,6 +45,7 @@ import torch
 from moe_fsm.distributed.collectives import RowLayout
 from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.triton_moe._runtime import HAS_TRITON, interpreter_enabled
+from moe_fsm.prepare_finalize.wire_launch import launch
 
 # Columns (of the word type the rows are viewed as) one program copies: 4 KiB of int32 words.
 BLOCK_COLUMNS = 1024
@@ -187,11 +188,13 @@ def route(
     block_k = max(_next_power_of_2(top_k), 2)
     programs = max(1, min(ROUTE_PROGRAMS, -(-num_tokens // ROUTE_BLOCK_T)))
     span = -(-num_tokens // programs)
-    _kernels(ids).route_kernel[(programs,)](
-        ids, ids.stride(0), owner, slot, counts, counts.stride(0), num_tokens, top_k, owner.shape[0], not_sent,
-        capacity or 0, span, WORLD=world, FIXED=fixed, BLOCK_T=ROUTE_BLOCK_T,
-        COUNT_T=max(ROUTE_BLOCK_T, ROUTE_COUNT_SLOTS // block_k), BLOCK_K=block_k,
-        BLOCK_W=max(_next_power_of_2(world), 2), num_warps=8,
+    launch(
+        _kernels(ids).route_kernel, (programs,),
+        (ids, ids.stride(0), owner, slot, counts, counts.stride(0), num_tokens, top_k, owner.shape[0], not_sent,
+         capacity or 0, span),
+        dict(WORLD=world, FIXED=fixed, BLOCK_T=ROUTE_BLOCK_T, COUNT_T=max(ROUTE_BLOCK_T, ROUTE_COUNT_SLOTS // block_k),
+             BLOCK_K=block_k, BLOCK_W=max(_next_power_of_2(world), 2)),
+        num_warps=8,
     )
     return Routes(slot, counts)
 
@@ -258,7 +261,7 @@ def pack_source(
     """``fields`` (the row-aligned tensors of ``layout``, payload first) as a :class:`SourcePack`.
 
     ``empty`` is the packed empty row (:func:`moe_fsm.prepare_finalize.dispatch_layout.empty_row`). Only the
-    small fields are copied here (one copy each, into a reused buffer); the payload is read where it lies when
+    small fields are copied here (one concatenation into a reused buffer); the payload is read where it lies when
     the send rows are written. With ``fp8_rows``, ``fields[0]`` is the unquantized rows and ``fields[1]`` only
     stands for the scale the kernel will write (it is not read).
     """
@@ -269,9 +272,19 @@ def pack_source(
     if len(fields) <= first_meta:
         return SourcePack(payload, None, layout, empty, fp8_rows)
     meta_start = layout.fields[first_meta].start
-    meta = _buffer(buffers, "meta", payload.shape[0], (layout.row_bytes - meta_start,), torch.uint8, payload.device)
+    rows = payload.shape[0]
+    meta = _buffer(buffers, "meta", rows, (layout.row_bytes - meta_start,), torch.uint8, payload.device)
+    # One concatenation (one launch) writes every small field, and the alignment gaps between them and after the
+    # last (the empty row's bytes there, as views), instead of one copy a field.
+    parts, at = [], meta_start
     for t, f in zip(fields[first_meta:], layout.fields[first_meta:]):
-        meta[:, f.start - meta_start : f.start - meta_start + f.nbytes].copy_(_byte_rows(t))
+        if f.start > at:
+            parts.append(empty[at : f.start].expand(rows, f.start - at))
+        parts.append(_byte_rows(t))
+        at = f.start + f.nbytes
+    if layout.row_bytes > at:
+        parts.append(empty[at:].expand(rows, layout.row_bytes - at))
+    torch.cat(parts, dim=1, out=meta)
     return SourcePack(payload, meta, layout, empty, fp8_rows)
 
 
@@ -333,11 +346,12 @@ def send_rows(
     dst = _words(send, word)
     meta_words = _words(meta, word) if meta is not None else dst  # a placeholder pointer without small fields
     grid = (source.num_tokens + world * pad_programs, -(-dst.shape[1] // BLOCK_COLUMNS))
-    _kernels(index).send_rows_kernel[grid](
-        dst, dst.stride(0), _words(payload, word), payload.stride(0) // size, payload.shape[1] // size, meta_words,
-        meta_words.stride(0), source.meta_start // size, dst.shape[1], index, world, total, source.num_tokens,
-        _words(source.empty, word), counts_arg, max(pad_programs, 1), capacity or 0,
-        HAS_META=meta is not None, FIXED=fixed, BLOCK=BLOCK_COLUMNS,
+    launch(
+        _kernels(index).send_rows_kernel, grid,
+        (dst, dst.stride(0), _words(payload, word), payload.stride(0) // size, payload.shape[1] // size, meta_words,
+         meta_words.stride(0), source.meta_start // size, dst.shape[1], index, world, total, source.num_tokens,
+         _words(source.empty, word), counts_arg, max(pad_programs, 1), capacity or 0),
+        dict(HAS_META=meta is not None, FIXED=fixed, BLOCK=BLOCK_COLUMNS),
     )
     return send  # alignment padding between fields is sent as it is: nobody reads it
 
@@ -366,12 +380,15 @@ def _quantize_into(source: SourcePack, send: torch.Tensor, index: torch.Tensor, 
     world = index.shape[1]
     grid = (token_programs + world * pad_programs, q_columns)
     interpreted = index.device.type != "cuda"
-    _kernels(index).quantize_rows_kernel[grid](
-        q, q.stride(0), s, s.stride(0), x, x.stride(0), index, total, source.num_tokens, hidden, token_programs,
-        words, words.stride(0), meta_words, meta_words.stride(0), meta_start, words.shape[1],
-        source.empty.view(torch.int32), counts, max(pad_programs, 1), capacity, WORLD=world, TOKENS=tokens,
-        PER_TOKEN=per_token, GROUP=FP8_GROUP, GROUPS=groups, META=_next_power_of_2(meta_count) if meta_count else 0,
-        FIXED=pad_programs > 0, HW_FP8=not interpreted, BLOCK=BLOCK_COLUMNS, num_warps=FP8_ROWS_WARPS,
+    launch(
+        _kernels(index).quantize_rows_kernel, grid,
+        (q, q.stride(0), s, s.stride(0), x, x.stride(0), index, total, source.num_tokens, hidden, token_programs,
+         words, words.stride(0), meta_words, meta_words.stride(0), meta_start, words.shape[1],
+         source.empty.view(torch.int32), counts, max(pad_programs, 1), capacity),
+        dict(WORLD=world, TOKENS=tokens, PER_TOKEN=per_token, GROUP=FP8_GROUP, GROUPS=groups,
+             META=_next_power_of_2(meta_count) if meta_count else 0, FIXED=pad_programs > 0, HW_FP8=not interpreted,
+             BLOCK=BLOCK_COLUMNS),
+        num_warps=FP8_ROWS_WARPS,
     )
 
 
@@ -388,9 +405,10 @@ def local_ids(topk_ids: torch.Tensor, expert_map: torch.Tensor) -> torch.Tensor:
     if num_rows == 0:
         return out
     block_r, block_k = _id_blocks(top_k)
-    _kernels(topk_ids).local_ids_kernel[(-(-num_rows // block_r),)](
-        out, topk_ids, topk_ids.stride(0), expert_map, num_rows, top_k, expert_map.shape[0], BLOCK_R=block_r,
-        BLOCK_K=block_k,
+    launch(
+        _kernels(topk_ids).local_ids_kernel, (-(-num_rows // block_r),),
+        (out, topk_ids, topk_ids.stride(0), expert_map, num_rows, top_k, expert_map.shape[0]),
+        dict(BLOCK_R=block_r, BLOCK_K=block_k),
     )
     return out
 
@@ -412,9 +430,11 @@ def slab_layout(
     if num_local == 0:
         return local_ids(topk_ids, expert_map), flat.fill_(0), counts
     block_r, block_k = _id_blocks(top_k)
-    _kernels(topk_ids).slab_layout_kernel[(num_local,)](
-        topk_ids, topk_ids.stride(0), expert_map, ids_out, flat, counts, num_rows, top_k, expert_map.shape[0],
-        capacity, num_local * capacity, BLOCK_R=block_r, BLOCK_K=block_k,
+    launch(
+        _kernels(topk_ids).slab_layout_kernel, (num_local,),
+        (topk_ids, topk_ids.stride(0), expert_map, ids_out, flat, counts, num_rows, top_k, expert_map.shape[0],
+         capacity, num_local * capacity),
+        dict(BLOCK_R=block_r, BLOCK_K=block_k),
     )
     return ids_out, flat, counts
 
@@ -434,9 +454,10 @@ def combine_returned(output: torch.Tensor, returned: torch.Tensor, slot: torch.T
         returned = returned.contiguous()
     direct = output.stride(-1) == 1
     target = output if direct else torch.empty_like(output, memory_format=torch.contiguous_format)
-    _kernels(returned).combine_kernel[_grid(num_tokens, hidden)](
-        target, target.stride(0), returned, returned.stride(0), slot.contiguous(), returned.shape[0], hidden,
-        WORLD=slot.shape[1], BLOCK=BLOCK_COLUMNS,
+    launch(
+        _kernels(returned).combine_kernel, _grid(num_tokens, hidden),
+        (target, target.stride(0), returned, returned.stride(0), slot.contiguous(), returned.shape[0], hidden),
+        dict(WORLD=slot.shape[1], BLOCK=BLOCK_COLUMNS),
     )
     if not direct:
         output.copy_(target)
@@ -458,8 +479,9 @@ def scatter_to_slabs(slab: torch.Tensor, rows: torch.Tensor, flat: torch.Tensor,
     dst = slab.reshape(slab.shape[0], -1).view(torch.uint8)
     word = _word_dtype(src.shape[1], src.stride(0), src.storage_offset(), dst.stride(0), dst.storage_offset())
     src, dst = _words(src, word), _words(dst, word)
-    _kernels(rows).scatter_rows_kernel[_grid(num_rows, src.shape[1])](
-        dst, dst.stride(0), src, src.stride(0), flat.contiguous(), top_k, trash, src.shape[1], BLOCK=BLOCK_COLUMNS
+    launch(
+        _kernels(rows).scatter_rows_kernel, _grid(num_rows, src.shape[1]),
+        (dst, dst.stride(0), src, src.stride(0), flat.contiguous(), top_k, trash, src.shape[1]), dict(BLOCK=BLOCK_COLUMNS),
     )
 
 
@@ -472,7 +494,8 @@ def reduce_from_slabs(
     if num_rows == 0:
         return
     w = weights if weights is not None else flat  # a placeholder pointer: HAS_WEIGHTS=False never reads it
-    _kernels(out).slab_reduce_kernel[_grid(num_rows, hidden)](
-        out, out.stride(0), slab_rows, slab_rows.stride(0), flat.contiguous(), w, w.stride(0), top_k, trash, hidden,
-        HAS_WEIGHTS=weights is not None, BLOCK=BLOCK_COLUMNS,
+    launch(
+        _kernels(out).slab_reduce_kernel, _grid(num_rows, hidden),
+        (out, out.stride(0), slab_rows, slab_rows.stride(0), flat.contiguous(), w, w.stride(0), top_k, trash, hidden),
+        dict(HAS_WEIGHTS=weights is not None, BLOCK=BLOCK_COLUMNS),
     )
