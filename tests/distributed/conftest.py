@@ -35,3 +35,16 @@ def dist_suite(tmp_path_factory):
         return found
 
     return get
+
+
+@pytest.fixture
+def world_of_one():
+    """A one-rank gloo group in this process, for code that needs a process group but no other ranks (a P/F on its
+    own, the benchmark's timing wrappers)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("this process already has a process group")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

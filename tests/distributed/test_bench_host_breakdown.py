@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from moe_fsm.distributed import ExpertPlacement
 from moe_fsm.modular.interfaces import WeightAndReduce
@@ -30,15 +29,6 @@ def bench(monkeypatch):
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def world_of_one():
-    if dist.is_initialized():
-        pytest.skip("this process already has a process group")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("max_tokens_per_rank", [None, 16], ids=["variable", "max_tokens_per_rank"])

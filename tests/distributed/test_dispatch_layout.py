@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from moe_fsm.distributed import ExpertPlacement, exchange_counts, pack_row_bytes, unpack_row_bytes
 from moe_fsm.errors import KernelInputError
@@ -142,16 +141,6 @@ def test_returned_rows_add_into_their_tokens() -> None:
     returned = torch.arange(6, dtype=torch.float32).unsqueeze(1).repeat(1, 2).to(torch.bfloat16)
     total = add_returned_rows(returned, order, 3)
     assert total[:, 0].tolist() == [0.0, 4.0, 1.0 + 5.0]
-
-
-@pytest.fixture
-def world_of_one():
-    """A one-rank gloo group in this process (the fixed-capacity P/F on its own, no other ranks)."""
-    if dist.is_initialized():
-        pytest.skip("this process already has a process group")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_counts_exchange_into_the_second_half_of_one_buffer(world_of_one) -> None:

@@ -81,6 +81,17 @@ def _problem(layer: MoELayer, tokens: int, seed: int):
     return x, w1q, w2q, scales, g, ids.to(torch.int32), ref
 
 
+def _run_layer(layer: MoELayer, x, w1, w2, scales, g, ids, **options):
+    """``fused_wq_experts`` on a ``_problem``'s layer: its format, scales, zero points, biases and activation (the
+    tests vary only the layout, the decode path and the tile, ``options``)."""
+    return fused_wq_experts(
+        x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
+        w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
+        w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=layer.activation.value,
+        swiglu_limit=layer.swiglu_limit, **options,
+    )
+
+
 @pytest.mark.parametrize("tokens", [1, 37, 300])
 @pytest.mark.parametrize("name,shape", [("mxfp4", GPT_OSS), ("int4 g128", QWEN3), ("int4 g32 zp", QWEN3),
                                         ("int8 channel", QWEN3), ("int8 g64 zp", QWEN3)])
@@ -142,12 +153,7 @@ def test_dequant_paths_and_tiles(name, tokens, split, fast, cfg):
     if split:
         w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
     poison_allocator()
-    out = fused_wq_experts(
-        x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
-        w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
-        w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=layer.activation.value,
-        swiglu_limit=layer.swiglu_limit, split=split, fast=fast, config=cfg,
-    )
+    out = _run_layer(layer, x, w1, w2, scales, g, ids, split=split, fast=fast, config=cfg)
     assert rel_err(out.cpu(), ref) <= TOL
 
 
@@ -236,12 +242,7 @@ def test_many_pair_tiles_match_reference(name, shape, tokens, cfg):
     x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"many-{name}-{tokens}-{shape}".encode()))
     w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
     poison_allocator()
-    out = fused_wq_experts(
-        x, w1, w2, g, ids, quant=WeightQuant.for_scheme(layer.quant), w1_scale=scales.w1_scale,
-        w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
-        w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=layer.activation.value,
-        swiglu_limit=layer.swiglu_limit, split=True, fast=True, config=cfg,
-    )
+    out = _run_layer(layer, x, w1, w2, scales, g, ids, split=True, fast=True, config=cfg)
     assert rel_err(out.cpu(), ref) <= TOL
 
 

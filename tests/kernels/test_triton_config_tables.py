@@ -194,21 +194,15 @@ def test_the_default_picks_by_rows_per_expert(case, kind):
     assert not c.fold_topk
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
-                    reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
-def test_the_h100_default_vllm_tile_computes_the_layer():
-    """vLLM's default 128-row tile, which an H100's default takes at 48-128 rows per expert past 512 tokens
-    (``vllm_default_tile_config``), computes the layer: under Triton's interpreter (float16; tests/gpu/test_triton_moe.py
-    runs bf16 on a GPU) against float64, 75 rows per expert, N and K not multiples of the tiles, the output poisoned."""
+def _interpreted_layer_error(experts: int, k: int, n: int, top_k: int, tokens: int, *, seed: int, config=None) -> float:
+    """Relative error against float64 of a float16 layer that ``fused_experts`` computes (under Triton's interpreter,
+    which computes float16) with ``config`` (None: the runtime's own choice), its output poisoned with NaN first."""
     import torch
 
     from moe_fsm.kernels.reference import moe_reference
     from moe_fsm.kernels.triton_moe import fused_experts
 
-    experts, k, n, top_k, tokens = 8, 160, 96, 1, 600
-    config = cfg.default_config(experts, n, k, top_k, tokens, block_fp8=False, device=DEVICE)
-    assert config == cfg.vllm_default_tile_config()
-    gen = torch.Generator().manual_seed(11)
+    gen = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, k, generator=gen).half()
     w1 = (torch.randn(experts, 2 * n, k, generator=gen) / k**0.5).half()
     w2 = (torch.randn(experts, k, n, generator=gen) / n**0.5).half()
@@ -217,7 +211,19 @@ def test_the_h100_default_vllm_tile_computes_the_layer():
     out = torch.full((tokens, k), float("nan"), dtype=torch.float16)
     fused_experts(x, w1, w2, g, ids, out=out, config=config)
     ref = moe_reference(x, w1.double(), w2.double(), g, ids)
-    assert float((out.double() - ref).norm() / ref.norm()) < 1e-2
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+                    reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
+def test_the_h100_default_vllm_tile_computes_the_layer():
+    """vLLM's default 128-row tile, which an H100's default takes at 48-128 rows per expert past 512 tokens
+    (``vllm_default_tile_config``), computes the layer: under Triton's interpreter (float16; tests/gpu/test_triton_moe.py
+    runs bf16 on a GPU) against float64, 75 rows per expert, N and K not multiples of the tiles, the output poisoned."""
+    experts, k, n, top_k, tokens = 8, 160, 96, 1, 600
+    config = cfg.default_config(experts, n, k, top_k, tokens, block_fp8=False, device=DEVICE)
+    assert config == cfg.vllm_default_tile_config()
+    assert _interpreted_layer_error(experts, k, n, top_k, tokens, seed=11, config=config) < 1e-2
 
 
 # (E, N, K, top-k, FP8 granularity or None, tokens) -> whether an H100 takes vLLM's default tile where the fitted rule
@@ -285,20 +291,6 @@ def test_the_default_32_row_blocks_compute_the_layer():
     """The 32-row blocks the default takes for bf16 layers at 8-32 rows per expert past 96 tokens (``row_block32_config``)
     compute the layer: under Triton's interpreter (float16, which it computes; tests/gpu/test_triton_moe.py runs bf16 on
     a GPU) against float64, the output poisoned with NaN first."""
-    import torch
-
-    from moe_fsm.kernels.reference import moe_reference
-    from moe_fsm.kernels.triton_moe import fused_experts
-
     experts, k, n, top_k, tokens = 16, 128, 64, 4, 100  # 25 rows per expert
     assert cfg.default_config(experts, n, k, top_k, tokens, block_fp8=False) == cfg.row_block32_config()
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn(tokens, k, generator=gen).half()
-    w1 = (torch.randn(experts, 2 * n, k, generator=gen) / k**0.5).half()
-    w2 = (torch.randn(experts, k, n, generator=gen) / n**0.5).half()
-    g, ids = torch.rand(tokens, experts, generator=gen).topk(top_k, dim=1)
-    g, ids = (g / g.sum(1, keepdim=True)).float(), ids.int()
-    out = torch.full((tokens, k), float("nan"), dtype=torch.float16)
-    fused_experts(x, w1, w2, g, ids, out=out)
-    ref = moe_reference(x, w1.double(), w2.double(), g, ids)
-    assert float((out.double() - ref).norm() / ref.norm()) < 1e-2
+    assert _interpreted_layer_error(experts, k, n, top_k, tokens, seed=7) < 1e-2
