@@ -40,6 +40,15 @@ tma_unflat`` at 2048 tokens on 9 bf16 shapes of 48-192 rows per expert, two more
 docs/perf/default_rules_h100_6.json) timed it on the card where three such points were below vLLM: there it won at
 48-128 rows where the default runs the 128-row pointer-load or flattened TMA tiles, which the H100 now takes
 (``config.VLLM_TILE_MAX_ROWS_BY_DEVICE``); the same tiles through the TMA kernels (``tma_vllm128``) lost everywhere.
+The seventh (``--rules default gluon_pair tma64_pair`` at 2048 and 8192 tokens; one H200,
+docs/perf/default_rules_h200_7.json) timed 64-row blocks in two warpgroups side by side for the 8192-token misses
+(kept for block FP8: ``config.gluon_pair_config``; lost for bf16). The eighth (``--rules default
+gluon_one_warpgroup thin_block_vllm thin32_block`` on four block-FP8 shapes at 128-8192 tokens, ``default
+thin_deep_k`` on three bf16 ones at 128; one H100, docs/perf/default_rules_h100_8.json) checked the seventh's
+two-warpgroup Gluon blocks on an H100 against the rule before them (an H100 keeps 128-row blocks past 512 rows per
+expert: ``config.GLUON_PAIR_MAX_ROWS_BY_DEVICE``) and timed tiles for the check run's two 128-token points below vLLM
+(an H100 takes both: ``config.BLOCK_FP8_ROW_BLOCK32_DEVICES``, ``config.THIN_DEEP_K_DEVICES``); there ``default`` is
+the rule with the seventh sweep's change and ``gluon_one_warpgroup`` the rule before it.
 ``default`` is the default of the card the sweep runs on. ``CHECK`` shapes are in no fit:
 ``bench_experts_vs_vllm.py run --sweep-shapes check`` measures the result there.
 
@@ -69,7 +78,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from moe_fsm.kernels.triton_moe.config import (  # noqa: E402
     GemmConfig, MoEConfig, default_config, gluon_mid_config, gluon_pair_config, gluon_prefill_config,
-    pointer_mid_config, thin_wide_config, tma_mid_config, tma_prefill_config, vllm_tile_config,
+    block_fp8_row_block32_config, pointer_mid_config, thin_deep_k_config, thin_wide_config, tma_mid_config,
+    tma_prefill_config, vllm_tile_config, wide_thin_tiles_pay,
 )
 
 # (name, E, N, K, top-k, quant): quant None (bf16), "tensor", "channel" or "block"
@@ -417,13 +427,62 @@ def rule_tma64_pair(e, n, k, top_k, m, fp8):
     return base
 
 
+# The eighth sweep's candidates (the seventh's rule checked on an H100): ``gluon_one_warpgroup`` is the rule before
+# the seventh sweep, so the default is timed against what it replaced on the same card; the others probe the two
+# 128-token points of the H100 check run below vLLM, both thin 16-row swap-AB blocks: ERNIE-4.5-300B-like block FP8
+# at 16 rows per expert (vLLM's default ran 64-row blocks there) and GPT-OSS-120B-shaped bf16 at 4 (vLLM's tuned H100
+# entry runs 256-wide K steps in 5 stages).
+
+
+def rule_gluon_one_warpgroup(e, n, k, top_k, m, fp8):
+    """Where the default runs ``gluon_pair_config``, the rule before it: the Gluon kernel on 64-row blocks in one
+    math warpgroup (``gluon_mid_config``) below 256 rows per expert, on 128-row blocks (``gluon_prefill_config``)
+    from 256 on."""
+    base = rule_default(e, n, k, top_k, m, fp8)
+    if base == gluon_pair_config():
+        return gluon_mid_config() if m * top_k / e < 256 else gluon_prefill_config()
+    return base
+
+
+def _thin_block_rows16(e, n, k, top_k, m, fp8) -> bool:
+    """Block FP8 at 97-512 tokens with 8-16 rows per expert, where the default runs 16-row swap-AB blocks."""
+    return fp8 == "block" and 96 < m <= 512 and 8 < m * top_k / e <= 16
+
+
+def rule_thin_block_vllm(e, n, k, top_k, m, fp8):
+    """Block FP8 at 8-16 rows per expert past 96 tokens: vLLM's own tile for the token count (64-row blocks, w1 64
+    (128 gate and up columns) / w2 128 wide, 4 warps, 3 stages, no swap-AB), which ran ERNIE-4.5-300B-like at 128
+    tokens 1.5% faster than our thin blocks on an H100."""
+    if _thin_block_rows16(e, n, k, top_k, m, fp8):
+        return vllm_tile_config(e, m, block_fp8=True, fp8=True)
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
+def rule_thin32_block(e, n, k, top_k, m, fp8):
+    """Block FP8 at 8-16 rows per expert past 96 tokens: 32-row swap-AB blocks (``config.block_fp8_row_block32_config``,
+    which an H100's default now takes there)."""
+    if _thin_block_rows16(e, n, k, top_k, m, fp8):
+        return block_fp8_row_block32_config()
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
+def rule_thin_deep_k(e, n, k, top_k, m, fp8):
+    """bf16 thin blocks at 97-512 tokens where the wide weight tiles do not pay (N > 768): vLLM's tuned H100 entry
+    for E=128 N=2880 at 128 tokens (``config.thin_deep_k_config``, which an H100's default now takes there)."""
+    if fp8 is None and 96 < m <= 512 and _thin(e, n, k, top_k, m, fp8) and not wide_thin_tiles_pay(n, m, fp8=False):
+        return thin_deep_k_config()
+    return rule_default(e, n, k, top_k, m, fp8)
+
+
 CANDIDATES = {"mid_pointer64": rule_mid_pointer64, "mid_tma_flat": rule_mid_tma_flat, "flat_all": rule_flat_all,
               "w2_narrow": rule_w2_narrow, "gluon64": rule_gluon64, "decode_w1_16": rule_decode_w1_16,
               "decode_deep": rule_decode_deep, "thin_wide_k64": rule_thin_wide_k64, "thin_wide_w8": rule_thin_wide_w8,
               "thin32": rule_thin32, "mid_tma64": rule_mid_tma64, "mid32": rule_mid32, "gluon128": rule_gluon128,
               "gluon64_deep": rule_gluon64_deep, "tma64_persistent": rule_tma64_persistent,
               "tma_unflat": rule_tma_unflat, "vllm_default128": rule_vllm_default128,
-              "tma_vllm128": rule_tma_vllm128, "gluon_pair": rule_gluon_pair, "tma64_pair": rule_tma64_pair}
+              "tma_vllm128": rule_tma_vllm128, "gluon_pair": rule_gluon_pair, "tma64_pair": rule_tma64_pair,
+              "gluon_one_warpgroup": rule_gluon_one_warpgroup, "thin_block_vllm": rule_thin_block_vllm,
+              "thin32_block": rule_thin32_block, "thin_deep_k": rule_thin_deep_k}
 
 
 def _shape(entry):

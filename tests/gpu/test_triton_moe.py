@@ -306,6 +306,45 @@ def test_default_vllm_tile_of_an_h100_bf16():
     assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
 
 
+def test_default_thin_deep_k_of_an_h100_bf16():
+    """The tile an H100's default takes on the thin blocks of wide bf16 layers at 97-512 tokens
+    (config.THIN_DEEP_K_DEVICES: vLLM's tuned H100 tile, 256-wide K steps in 5 stages), run here on whichever card the
+    test has: 6 rows per expert, N past 768 and neither N nor K a multiple of the tiles."""
+    from moe_fsm.kernels.triton_moe.config import default_config, thin_deep_k_config
+
+    shape, num_tokens = Shape("wide-rows-6", 16, 1344, 800, 1), 100
+    config = default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens,
+                            block_fp8=False, device="NVIDIA H100 80GB HBM3")
+    assert config == thin_deep_k_config()
+    w1, w2 = float_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=39)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=39)
+    poison_allocator()
+    out = fused_experts(x, w1, w2, g, ids, config=config, out=_nan_out(num_tokens, shape.hidden, torch.bfloat16))
+    assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+
+
+def test_default_block_fp8_32_row_blocks_of_an_h100():
+    """The 32-row swap-AB blocks an H100's default takes for block-FP8 layers at 8-16 rows per expert past 96 tokens
+    (config.BLOCK_FP8_ROW_BLOCK32_DEVICES), run here on whichever card the test has: 12.5 rows per expert, a w1 up
+    half that starts off the 128-row scale grid (N = 320), against the float64 emulation of the FP8 pipeline (as
+    test_fp8_block_tiles_across_scale_groups: at K = 512 the activations' FP8 rounding alone is near the float bound)."""
+    from moe_fsm.kernels.triton_moe.config import block_fp8_row_block32_config, default_config
+
+    shape, num_tokens = Shape("block-rows-12", 16, 512, 320, 2), 100
+    config = default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens,
+                            block_fp8=True, fp8=True, device="NVIDIA H100 80GB HBM3")
+    assert config == block_fp8_row_block32_config()
+    w1q, w2q, s1, s2 = block_fp8_weights(shape)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=41)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=41)
+    poison_allocator()
+    out = fused_experts(x, w1q, w2q, g, ids, fp8=Fp8Spec("block", "group"), w1_scale=s1, w2_scale=s2, config=config,
+                        out=_nan_out(num_tokens, shape.hidden, torch.bfloat16))
+    deq = dequantize_block(w1q, w2q, s1, s2)
+    assert rel_err(out, emulate_fp8(x, w1q, w2q, g, ids, granularity="group", dequantize=deq)) < FP8_VS_EMULATION_TOL
+
+
 # Unsorted pair blocks past one token (align.pair_blocks_pay: up to 8 tokens while little weight is read twice): a
 # Qwen3-Next TP2 shard and a DeepSeek-V3 TP4 block-FP8 shard at 8 tokens, two tokens on one expert, a slot of another rank
 QWEN3_NEXT_TP2 = Shape("qwen3-next-tp2", 512, 2048, 256, 10)

@@ -261,6 +261,65 @@ def test_an_h100_runs_vllms_default_tile_at_48_to_128_rows_per_expert(case, vllm
     assert cfg.get_config(DEVICE, e, n, k, top_k, tokens, "bfloat16", fp8) == on_h100
 
 
+# (E, N, K, top-k, FP8 granularity or None, tokens) -> what an H100's default takes where the eighth sweep's exceptions
+# depart from the fitted rule (config.GLUON_PAIR_MAX_ROWS_BY_DEVICE: 128-row Gluon blocks past 512 rows per expert;
+# BLOCK_FP8_ROW_BLOCK32_DEVICES: 32-row blocks for block FP8 at 8-16 rows past 96 tokens; THIN_DEEP_K_DEVICES: 256-wide
+# K steps on the thin blocks of wide bf16 layers past 96 tokens); None: the fitted rule's config
+H100_BLOCK_AND_THIN_CASES = [
+    ((64, 3584, 8192, 8, "block", 8192), "gluon"),  # ERNIE-4.5-300B-like, 1024 rows: the pair lost 6% there
+    ((48, 2048, 7168, 8, "block", 8192), "gluon"),  # Kimi-K2 EP8 shard, 1365 rows
+    ((64, 2048, 7168, 8, "block", 4096), None),  # 512 rows: the pair
+    ((160, 2560, 6144, 8, "block", 8192), None),  # Qwen3-Coder-480B-like, 410 rows: the pair (5% faster)
+    ((384, 2048, 7168, 8, "block", 8192), None),  # Kimi-K2-like, 171 rows: the pair
+    ((64, 3584, 8192, 8, "block", 128), "rows32"),  # ERNIE-4.5-300B-like at 128 tokens, 16 rows
+    ((256, 2048, 5120, 8, "block", 512), "rows32"),  # DeepSeek-V3-like at 512 tokens, 16 rows (K 7168 is tabled)
+    ((384, 2048, 7168, 8, "block", 512), "rows32"),  # Kimi-K2-like at 512 tokens, 10.7 rows
+    ((256, 2048, 5120, 8, "block", 128), None),  # 4 rows: 16-row blocks
+    ((48, 2048, 7168, 8, "block", 128), None),  # 21 rows: vLLM's 64-row tile
+    ((64, 3584, 8192, 8, "block", 64), None),  # decode: vLLM's tiles
+    ((128, 2880, 2880, 4, None, 128), "deep_k"),  # GPT-OSS-120B-shaped, 4 rows
+    ((128, 1440, 2880, 4, None, 128), "deep_k"),  # its TP2 shard
+    ((128, 1408, 4096, 8, None, 128), "deep_k"),  # GLM-4.5-Air-like, 8 rows
+    ((512, 512, 2048, 10, None, 128), None),  # narrow: the 128-wide thin tiles
+    ((128, 2880, 2880, 4, None, 64), None),  # decode
+    ((128, 2880, 2880, 4, "channel", 128), None),  # row-wise FP8
+    ((64, 2560, 3584, 8, None, 128), None),  # 16 rows: the bf16 32-row blocks
+]
+
+
+@pytest.mark.parametrize("case, kind", H100_BLOCK_AND_THIN_CASES)
+def test_an_h100_keeps_its_measured_block_fp8_and_thin_tiles(case, kind, user_dir):
+    e, n, k, top_k, fp8, tokens = case
+    quant = {"block_fp8": fp8 == "block", "fp8": fp8 is not None}
+    fitted = cfg.default_config(e, n, k, top_k, tokens, **quant)
+    on_h100 = cfg.default_config(e, n, k, top_k, tokens, **quant, device=DEVICE)
+    assert cfg.default_config(e, n, k, top_k, tokens, **quant, device="NVIDIA H200") == fitted
+    expected = {None: fitted, "gluon": cfg.gluon_prefill_config(), "rows32": cfg.block_fp8_row_block32_config(),
+                "deep_k": cfg.thin_deep_k_config()}[kind]
+    assert on_h100 == expected
+    if kind is not None:
+        assert fitted != expected
+        assert fitted == (cfg.gluon_pair_config() if kind == "gluon" else
+                          cfg.vllm_tile_config(e, 32, block_fp8=fp8 == "block", fp8=fp8 is not None))
+    cfg.validate_config(on_h100, block_fp8=fp8 == "block")
+    # the runtime's lookup passes the card's name: a shape no table holds gets that card's default
+    assert cfg.load_table(DEVICE).get(cfg.shape_key(e, n, k, cfg.dtype_key("bfloat16", fp8))) is None
+    assert cfg.get_config(DEVICE, e, n, k, top_k, tokens, "bfloat16", fp8) == on_h100
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+                    reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
+def test_the_h100_thin_deep_k_tile_computes_the_layer():
+    """vLLM's tuned H100 tile with 256-wide K steps, which an H100's default takes on the thin blocks of wide bf16
+    layers at 97-512 tokens (``thin_deep_k_config``), computes the layer: under Triton's interpreter (float16) against
+    float64, 6 rows per expert, N past 768 (narrower layers take the 128-wide thin tiles) and neither N nor K a multiple
+    of the tiles, the output poisoned."""
+    experts, k, n, top_k, tokens = 16, 320, 800, 1, 100
+    config = cfg.default_config(experts, n, k, top_k, tokens, block_fp8=False, device=DEVICE)
+    assert config == cfg.thin_deep_k_config()
+    assert _interpreted_layer_error(experts, k, n, top_k, tokens, seed=13, config=config) < 1e-2
+
+
 def test_merging_a_partial_tuning_into_the_shipped_table_keeps_the_other_token_counts(tmp_path):
     """bench/tune_triton.py run for a few token counts replaces those entries of a shape and keeps the rest."""
     import importlib.util

@@ -308,6 +308,28 @@ def _check_warp_specialization(config: MoEConfig, block_fp8: bool) -> None:
 # H200 keeps the fitted rule.
 VLLM_TILE_MAX_ROWS_BY_DEVICE: dict[str, int] = {"NVIDIA H100 80GB HBM3": 128}
 
+# The eighth sweep (one H100, docs/perf/default_rules_h100_8.json, docs/perf/vs_vllm.md, "The H100 check of the
+# seventh sweep's rule"), the seventh sweep's two-warpgroup Gluon blocks against the rule before them on that card:
+# faster at 102-410 rows per expert (Qwen3-Coder-480B-like at 2048 and 8192 tokens 4% and 5%, DeepSeek-V3-shaped at
+# 8192 4%), level at 64, slower at 171 (Kimi-K2-like at 8192, 4%) and 256 (ERNIE-4.5-300B-like at 2048, 2%), and 6%
+# slower at 1024 rows (ERNIE-4.5-300B-like at 8192 tokens, 13966 against 13087 µs on the 128-row blocks), where a
+# 128-row block is one-sixteenth pads. So past this many rows per expert such a card keeps the 128-row Gluon blocks
+# (``gluon_prefill_config``); the H200 was measured up to 410 rows only (all faster) and keeps the pair there.
+GLUON_PAIR_MAX_ROWS_BY_DEVICE: dict[str, int] = {"NVIDIA H100 80GB HBM3": 512}
+
+# The same sweep's 128-token candidates, on the cards named: block-FP8 layers at 97-512 tokens with 8-16 rows per
+# expert, where the fitted rule runs 16-row swap-AB blocks, take 32-row ones (``block_fp8_row_block32_config``):
+# faster at all 3 such points (ERNIE-4.5-300B-like at 128 tokens 2078 -> 1966 µs, x0.98 -> x1.03 against vLLM;
+# DeepSeek-V3-shaped at 512 4200 -> 3926, x0.97 -> x1.04; Kimi-K2-like at 512 3%), where vLLM's own 64-row tile
+# gained 1-5%. Not measured on an H200.
+BLOCK_FP8_ROW_BLOCK32_DEVICES: frozenset[str] = frozenset({"NVIDIA H100 80GB HBM3"})
+
+# bf16 layers at 97-512 tokens with 8 rows per expert or fewer whose thin blocks keep 64-wide weight tiles
+# (``wide_thin_tiles_pay`` false: N > 768) take vLLM's tuned H100 tile for E=128 N=2880 at 128 tokens
+# (``thin_deep_k_config``) on the cards named: the same sweep ran it faster on GPT-OSS-120B-shaped (2095 -> 2054 µs,
+# x0.99 -> x1.01) and its TP2 shard (2%), level on GLM-4.5-Air-like (0.1%). Not measured on an H200.
+THIN_DEEP_K_DEVICES: frozenset[str] = frozenset({"NVIDIA H100 80GB HBM3"})
+
 
 def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int, *, block_fp8: bool, fp8: bool = False,
                    device: str = "") -> MoEConfig:
@@ -354,12 +376,23 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     (``hopper.hopper_usable``); a ``gluon`` one the Triton kernels (``fused.py``). The top-k sum is never folded into
     w2: folded, the layer was slower in 26 of 28 comparisons (``docs/perf/hopper.md``, "The default config").
 
-    ``device`` (the card's name) applies that card's measured exceptions (``VLLM_TILE_MAX_ROWS_BY_DEVICE``); without
-    it, or for a card not named there, the fitted rule decides alone.
+    ``device`` (the card's name) applies that card's measured exceptions (``VLLM_TILE_MAX_ROWS_BY_DEVICE``,
+    ``GLUON_PAIR_MAX_ROWS_BY_DEVICE``, ``BLOCK_FP8_ROW_BLOCK32_DEVICES``, ``THIN_DEEP_K_DEVICES``); without it, or for
+    a card not named there, the fitted rule decides alone.
     """
     fitted = _fitted_default(num_experts, n, top_k, num_tokens, block_fp8=block_fp8, fp8=fp8)
-    max_rows = VLLM_TILE_MAX_ROWS_BY_DEVICE.get(device)
     rows = num_tokens * top_k / max(num_experts, 1)
+    if block_fp8:
+        if fitted == gluon_pair_config() and rows > GLUON_PAIR_MAX_ROWS_BY_DEVICE.get(device, math.inf):
+            return gluon_prefill_config()
+        if (device in BLOCK_FP8_ROW_BLOCK32_DEVICES and 96 < num_tokens <= 512 and 8 < rows <= 16
+                and fitted.block_m == 16):
+            return block_fp8_row_block32_config()
+        return fitted
+    if (device in THIN_DEEP_K_DEVICES and not fp8 and 96 < num_tokens <= 512 and rows <= 8 and fitted.block_m == 16
+            and not wide_thin_tiles_pay(n, num_tokens, fp8=False)):
+        return thin_deep_k_config()
+    max_rows = VLLM_TILE_MAX_ROWS_BY_DEVICE.get(device)
     if (max_rows is not None and not fp8 and num_tokens > 512 and rows <= max_rows and fitted.block_m == 128
             and not fitted.gluon and (not fitted.hopper or fitted.w1.flatten)):
         return vllm_default_tile_config()
@@ -428,6 +461,22 @@ def row_block32_config() -> MoEConfig:
     put the four check points it changed between 5% slower and 1% faster than the run before, within that page's
     run-to-run spread."""
     return MoEConfig(32, GemmConfig(64, 128, 1, 4, 3), GemmConfig(128, 128, 1, 4, 3))
+
+
+def block_fp8_row_block32_config() -> MoEConfig:
+    """32-row swap-AB blocks for block FP8, w1 64 (128 gate and up columns) / w2 128 wide, 128-wide K steps (one
+    scale group), 4 warps, 3 stages: the fitted thin blocks' tiles on blocks twice as tall, so an expert of 8-16
+    rows (up to ~25 under a random routing) fills one block where 16-row blocks take two, the second mostly pads
+    (``BLOCK_FP8_ROW_BLOCK32_DEVICES`` says where)."""
+    return MoEConfig(32, GemmConfig(64, FP8_GROUP, 1, 4, 3, True), GemmConfig(128, FP8_GROUP, 1, 4, 3, True))
+
+
+def thin_deep_k_config() -> MoEConfig:
+    """16-row swap-AB blocks with vLLM's 64-wide weight tiles (w1 32 gate + 32 up columns, w2 64), 256-wide K steps, 4
+    warps, 5 stages: vLLM's tuned H100 entry for E=128 N=2880 at 128 tokens, twice the K step and one more stage than
+    the fitted thin tiles (``THIN_DEEP_K_DEVICES`` says where). Its five stages of 40 KiB take 200 KiB of shared
+    memory, which only Hopper-class cards have."""
+    return MoEConfig(16, GemmConfig(32, 256, 1, 4, 5, True), GemmConfig(64, 256, 1, 4, 5, True))
 
 
 def wide_thin_tiles_pay(n: int, num_tokens: int, *, fp8: bool) -> bool:
