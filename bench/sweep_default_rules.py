@@ -45,8 +45,8 @@ docs/perf/default_rules_h200_7.json) timed 64-row blocks in two warpgroups side 
 (kept for block FP8: ``config.gluon_pair_config``; lost for bf16). The eighth (``--rules default
 gluon_one_warpgroup thin_block_vllm thin32_block`` on four block-FP8 shapes at 128-8192 tokens, ``default
 thin_deep_k`` on three bf16 ones at 128; one H100, docs/perf/default_rules_h100_8.json) checked the seventh's
-two-warpgroup Gluon blocks on an H100 against the rule before them (an H100 keeps 128-row blocks past 512 rows per
-expert: ``config.GLUON_PAIR_MAX_ROWS_BY_DEVICE``) and timed tiles for the check run's two 128-token points below vLLM
+two-warpgroup Gluon blocks on an H100 against the rule before them (every card keeps 128-row blocks past 512 rows per
+expert: ``config.GLUON_PAIR_MAX_ROWS``) and timed tiles for the check run's two 128-token points below vLLM
 (an H100 takes both: ``config.BLOCK_FP8_ROW_BLOCK32_DEVICES``, ``config.THIN_DEEP_K_DEVICES``); there ``default`` is
 the rule with the seventh sweep's change and ``gluon_one_warpgroup`` the rule before it.
 ``default`` is the default of the card the sweep runs on. ``CHECK`` shapes are in no fit:

@@ -139,6 +139,9 @@ DEFAULT_CASES = [
     ((384, 256, 7168, 8, "block", 2048), "tma_mid"),  # 43 rows, N 256: the 64-row TMA tiles
     ((160, 1536, 5120, 8, "block", 2048), "gluon"),  # 102 rows, N 1536: 128-row Gluon blocks
     ((256, 2048, 7168, 8, "block", 8192), "gluon_pair"),  # 256 rows, N 2048
+    ((64, 2048, 7168, 8, "block", 4096), "gluon_pair"),  # 512 rows: the pair's last
+    ((64, 3584, 8192, 8, "block", 8192), "gluon"),  # ERNIE-4.5-300B-like, 1024 rows: past the pair (lost 6% there)
+    ((48, 2048, 7168, 8, "block", 8192), "gluon"),  # Kimi-K2 EP8 shard, 1365 rows
     ((256, 1536, 7168, 8, "block", 8192), "gluon"),  # 256 rows, N 1536: 128-row Gluon blocks
     ((128, 1536, 4096, 8, "block", 512), "vllm"),  # 32 rows: vLLM's 64-row pointer-load tile
     ((512, 768, 4096, 8, None, 512), "thin_wide"),  # 8 rows, narrow bf16 (N <= 768): 128-wide tiles in 8 warps
@@ -262,12 +265,11 @@ def test_an_h100_runs_vllms_default_tile_at_48_to_128_rows_per_expert(case, vllm
 
 
 # (E, N, K, top-k, FP8 granularity or None, tokens) -> what an H100's default takes where the eighth sweep's exceptions
-# depart from the fitted rule (config.GLUON_PAIR_MAX_ROWS_BY_DEVICE: 128-row Gluon blocks past 512 rows per expert;
-# BLOCK_FP8_ROW_BLOCK32_DEVICES: 32-row blocks for block FP8 at 8-16 rows past 96 tokens; THIN_DEEP_K_DEVICES: 256-wide
-# K steps on the thin blocks of wide bf16 layers past 96 tokens); None: the fitted rule's config
+# depart from the fitted rule (config.BLOCK_FP8_ROW_BLOCK32_DEVICES: 32-row blocks for block FP8 at 8-16 rows past 96
+# tokens; THIN_DEEP_K_DEVICES: 256-wide K steps on the thin blocks of wide bf16 layers past 96 tokens); None: the
+# fitted rule's config
 H100_BLOCK_AND_THIN_CASES = [
-    ((64, 3584, 8192, 8, "block", 8192), "gluon"),  # ERNIE-4.5-300B-like, 1024 rows: the pair lost 6% there
-    ((48, 2048, 7168, 8, "block", 8192), "gluon"),  # Kimi-K2 EP8 shard, 1365 rows
+    ((64, 3584, 8192, 8, "block", 8192), None),  # ERNIE-4.5-300B-like, 1024 rows: the 128-row Gluon blocks
     ((64, 2048, 7168, 8, "block", 4096), None),  # 512 rows: the pair
     ((160, 2560, 6144, 8, "block", 8192), None),  # Qwen3-Coder-480B-like, 410 rows: the pair (5% faster)
     ((384, 2048, 7168, 8, "block", 8192), None),  # Kimi-K2-like, 171 rows: the pair
@@ -294,13 +296,11 @@ def test_an_h100_keeps_its_measured_block_fp8_and_thin_tiles(case, kind, user_di
     fitted = cfg.default_config(e, n, k, top_k, tokens, **quant)
     on_h100 = cfg.default_config(e, n, k, top_k, tokens, **quant, device=DEVICE)
     assert cfg.default_config(e, n, k, top_k, tokens, **quant, device="NVIDIA H200") == fitted
-    expected = {None: fitted, "gluon": cfg.gluon_prefill_config(), "rows32": cfg.block_fp8_row_block32_config(),
-                "deep_k": cfg.thin_deep_k_config()}[kind]
+    expected = {None: fitted, "rows32": cfg.block_fp8_row_block32_config(), "deep_k": cfg.thin_deep_k_config()}[kind]
     assert on_h100 == expected
     if kind is not None:
         assert fitted != expected
-        assert fitted == (cfg.gluon_pair_config() if kind == "gluon" else
-                          cfg.vllm_tile_config(e, 32, block_fp8=fp8 == "block", fp8=fp8 is not None))
+        assert fitted == cfg.vllm_tile_config(e, 32, block_fp8=fp8 == "block", fp8=fp8 is not None)
     cfg.validate_config(on_h100, block_fp8=fp8 == "block")
     # the runtime's lookup passes the card's name: a shape no table holds gets that card's default
     assert cfg.load_table(DEVICE).get(cfg.shape_key(e, n, k, cfg.dtype_key("bfloat16", fp8))) is None

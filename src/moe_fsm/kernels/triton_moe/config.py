@@ -246,6 +246,13 @@ WARP_SPECIALIZE_ENV = "MOE_FSM_TRITON_WARP_SPECIALIZE"
 # tokens 3422 -> 3088 µs, Qwen3-Coder-480B-like at 2048 and 8192 tokens 9% and 5%, Kimi-K2-like at 8192 8726 -> 7588,
 # DeepSeek-V3 at 8192 2%) and 1.5% slower at 43 (Kimi-K2-like at 2048 tokens, which keeps ``gluon_mid_config``)
 GLUON_PAIR_MIN_ROWS = 48
+# ... and up to this many: past it no card ran the pair faster. The eighth sweep (one H100,
+# docs/perf/default_rules_h100_8.json, docs/perf/vs_vllm.md, "The eighth sweep") ran it 6% slower at 1024 rows per
+# expert (ERNIE-4.5-300B-like at 8192 tokens, 13966 against 13087 µs on the 128-row Gluon blocks, which are
+# one-sixteenth pads there), faster at 102 and 410 rows, level at 64, slower at 171 (Kimi-K2-like at 8192, 4%); the
+# H200 was measured up to 410 rows (all faster). So past 512 rows every card keeps the 128-row Gluon blocks
+# (``gluon_prefill_config``), where they were measured.
+GLUON_PAIR_MAX_ROWS = 512
 
 
 def warp_specialization_opted_in() -> bool:
@@ -308,15 +315,6 @@ def _check_warp_specialization(config: MoEConfig, block_fp8: bool) -> None:
 # H200 keeps the fitted rule.
 VLLM_TILE_MAX_ROWS_BY_DEVICE: dict[str, int] = {"NVIDIA H100 80GB HBM3": 128}
 
-# The eighth sweep (one H100, docs/perf/default_rules_h100_8.json, docs/perf/vs_vllm.md, "The H100 check of the
-# seventh sweep's rule"), the seventh sweep's two-warpgroup Gluon blocks against the rule before them on that card:
-# faster at 102-410 rows per expert (Qwen3-Coder-480B-like at 2048 and 8192 tokens 4% and 5%, DeepSeek-V3-shaped at
-# 8192 4%), level at 64, slower at 171 (Kimi-K2-like at 8192, 4%) and 256 (ERNIE-4.5-300B-like at 2048, 2%), and 6%
-# slower at 1024 rows (ERNIE-4.5-300B-like at 8192 tokens, 13966 against 13087 µs on the 128-row blocks), where a
-# 128-row block is one-sixteenth pads. So past this many rows per expert such a card keeps the 128-row Gluon blocks
-# (``gluon_prefill_config``); the H200 was measured up to 410 rows only (all faster) and keeps the pair there.
-GLUON_PAIR_MAX_ROWS_BY_DEVICE: dict[str, int] = {"NVIDIA H100 80GB HBM3": 512}
-
 # The same sweep's 128-token candidates, on the cards named: block-FP8 layers at 97-512 tokens with 8-16 rows per
 # expert, where the fitted rule runs 16-row swap-AB blocks, take 32-row ones (``block_fp8_row_block32_config``):
 # faster at all 3 such points (ERNIE-4.5-300B-like at 128 tokens 2078 -> 1966 µs, x0.98 -> x1.03 against vLLM;
@@ -357,9 +355,9 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
       the Gluon kernel on 64-row blocks (``gluon_mid_config``): a 128-row block of an expert with 170 rows is a
       third pads (Kimi-K2-like at 8192 tokens x1.25 -> x1.36, at 2048 x1.08 -> x1.12, DeepSeek-V3 at 2048 x1.09 ->
       x1.18), while narrower layers (N 256-1536) lost 4-16% with it (not profiled; their w2 runs only 2-12 K
-      steps a tile); from ``GLUON_PAIR_MIN_ROWS`` rows on (the seventh sweep) those layers take 64-row blocks in
-      two warpgroups side by side (``gluon_pair_config``), also from 256 rows on, where 128-row Gluon blocks ran,
-      where N is a multiple of that config's 128-wide w1 tile;
+      steps a tile); from ``GLUON_PAIR_MIN_ROWS`` to ``GLUON_PAIR_MAX_ROWS`` rows (the seventh and eighth sweeps)
+      those layers take 64-row blocks in two warpgroups side by side (``gluon_pair_config``), also from 256 rows
+      on, where 128-row Gluon blocks ran, where N is a multiple of that config's 128-wide w1 tile;
     - bf16 and row-wise FP8: 8 rows or fewer, thin blocks (swept up to 512 tokens; past it, where a 128-row block
       would be 94% pads, they are kept by reasoning, not measured); 96 rows and more up to 512 tokens, 64-row
       TMA tiles (Mixtral-like layers at 512 tokens: x0.71 -> x0.97-1.32); past 512 tokens the 128-row TMA tiles,
@@ -377,14 +375,12 @@ def default_config(num_experts: int, n: int, k: int, top_k: int, num_tokens: int
     w2: folded, the layer was slower in 26 of 28 comparisons (``docs/perf/hopper.md``, "The default config").
 
     ``device`` (the card's name) applies that card's measured exceptions (``VLLM_TILE_MAX_ROWS_BY_DEVICE``,
-    ``GLUON_PAIR_MAX_ROWS_BY_DEVICE``, ``BLOCK_FP8_ROW_BLOCK32_DEVICES``, ``THIN_DEEP_K_DEVICES``); without it, or for
-    a card not named there, the fitted rule decides alone.
+    ``BLOCK_FP8_ROW_BLOCK32_DEVICES``, ``THIN_DEEP_K_DEVICES``); without it, or for a card not named there, the
+    fitted rule decides alone.
     """
     fitted = _fitted_default(num_experts, n, top_k, num_tokens, block_fp8=block_fp8, fp8=fp8)
     rows = num_tokens * top_k / max(num_experts, 1)
     if block_fp8:
-        if fitted == gluon_pair_config() and rows > GLUON_PAIR_MAX_ROWS_BY_DEVICE.get(device, math.inf):
-            return gluon_prefill_config()
         if (device in BLOCK_FP8_ROW_BLOCK32_DEVICES and 96 < num_tokens <= 512 and 8 < rows <= 16
                 and fitted.block_m == 16):
             return block_fp8_row_block32_config()
@@ -413,7 +409,7 @@ def _fitted_default(num_experts: int, n: int, top_k: int, num_tokens: int, *, bl
     if block_fp8:
         pair = gluon_pair_config()
         # the Gluon kernel takes an intermediate width on its w1 tile grid only (hopper.gluon_usable)
-        if m > 512 and n >= 2048 and rows >= GLUON_PAIR_MIN_ROWS and n % pair.w1.block_n == 0:
+        if m > 512 and n >= 2048 and GLUON_PAIR_MIN_ROWS <= rows <= GLUON_PAIR_MAX_ROWS and n % pair.w1.block_n == 0:
             return pair
         if m > 512 and n >= 2048 and 40 <= rows < 256:
             return gluon_mid_config()
