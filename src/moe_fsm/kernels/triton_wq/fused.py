@@ -298,6 +298,12 @@ PREFILL_ROWS_PER_EXPERT = 256
 # Not measured on an H100.
 MXFP4_MID_TILE = WqConfig(64, 128, 64, 8, 3, chain_acc=True)
 MXFP4_MANY_PAIR_TILE = WqConfig(128, 128, 128, 8, 3, group_m=8, chain_acc=True)
+# The untuned tiles at 33-96 and from 97 pairs an expert, by format (``WeightQuant.kind``) where a format's own
+# measurement moved them (above); the others take ``MID_TILE`` and ``MANY_PAIR_TILE``.
+MID_TILE = WqConfig(64, 64, 128, 4, 3)
+MANY_PAIR_TILE = WqConfig(128, 128, 64, 8, 3, group_m=8)
+MID_TILE_BY_KIND: dict[str, WqConfig] = {"mxfp4": MXFP4_MID_TILE}
+MANY_PAIR_TILE_BY_KIND: dict[str, WqConfig] = {"mxfp4": MXFP4_MANY_PAIR_TILE}
 
 
 def default_wq_config(num_tokens: int, top_k: int, num_experts: int, n: Optional[int] = None,
@@ -306,10 +312,10 @@ def default_wq_config(num_tokens: int, top_k: int, num_experts: int, n: Optional
     """Untuned shapes: row blocks sized to the pairs an expert sees on average; small tiles for decode, split
     along K (``decode_split_k``) where the layer's shape (``n``, ``k``) gives too few programs for the SMs; from
     ``PREFILL_ROWS_PER_EXPERT`` pairs an expert (and 256 tokens) the bf16 Hopper path (``hopper_bf16``), its
-    swap-AB tile kept for calls that cannot take it. ``kind`` (``WeightQuant.kind``): MXFP4 takes its chained
-    tiles from 33 pairs an expert (``MXFP4_MID_TILE``, ``MXFP4_MANY_PAIR_TILE``)."""
+    swap-AB tile kept for calls that cannot take it. ``kind`` (``WeightQuant.kind``) picks the format's own tiles
+    from 33 pairs an expert where it has them (``MID_TILE_BY_KIND``, ``MANY_PAIR_TILE_BY_KIND``)."""
     per_expert = num_tokens * top_k / max(num_experts, 1)
-    many_pair = MXFP4_MANY_PAIR_TILE if kind == "mxfp4" else WqConfig(128, 128, 64, 8, 3, group_m=8)
+    many_pair = MANY_PAIR_TILE_BY_KIND.get(kind, MANY_PAIR_TILE)
     if per_expert >= PREFILL_ROWS_PER_EXPERT and num_tokens >= 256:
         return replace(many_pair, hopper_bf16=True)
     if per_expert <= 16:
@@ -329,7 +335,7 @@ def default_wq_config(num_tokens: int, top_k: int, num_experts: int, n: Optional
         # the H100 (gpt-oss-20b at 512 tokens 1.23x, gpt-oss-120b at 2048 1.22x the 64 x 128 8-warp tile it
         # replaces) and on an H200, gpt-oss-20b at 512 and gpt-oss-120b at 2048 (docs/perf/weight_quantized.md,
         # "MXFP4 dequantization in one multiply, the mid-count tile"); MXFP4 its chained tile (above)
-        return MXFP4_MID_TILE if kind == "mxfp4" else WqConfig(64, 64, 128, 4, 3)
+        return MID_TILE_BY_KIND.get(kind, MID_TILE)
     return many_pair
 
 
