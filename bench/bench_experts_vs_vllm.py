@@ -39,10 +39,6 @@ alignment launch), unsorted where it sorts, at the points past one token with at
 (more pairs would read each expert's weights several times over); ``other / ours`` > 1 means the rule's layout
 was the faster.
 
-Columns ``prefetch_start`` and ``prefetch_end`` time moe-fsm's layer at up to 8 tokens with the w1 kernel asking
-L2 for the hit experts' w2 slices before or after its K loop (``fused_experts``'s ``w2_prefetch``), whatever its
-rule (``config.w2_prefetch_mode``) picks; ``<column>_max_abs_diff`` against ours must be 0.
-
 ``run --untuned`` takes both sides off their tables: moe-fsm's ``default_config`` against vLLM's
 ``get_default_config``, what each runs on a shape no table holds.
 
@@ -86,8 +82,6 @@ KERNEL_FUNCTIONS = ("write_zeros_to_output", "fused_moe_kernel")
 DEFAULT_EXTRACT = ROOT / ".vllm_extract"
 # timing rounds per point, the columns taken in turn (module docstring)
 ROUNDS = 3
-# the w2 prefetch columns and the mode each forces (``fused_experts``'s ``w2_prefetch``)
-PREFETCH_COLUMNS = {"prefetch_start": "start", "prefetch_end": "end"}
 
 
 # ---------------------------------------------------------------- prepare (no GPU, no torch)
@@ -346,7 +340,7 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
     from moe_fsm.kernels.triton_moe.tuning import LayerShape, layer_fn, make_weights
 
     failures = []
-    for extract, series, shape_fields, tokens, ours_json, vllm_cfg, naive, layouts, prefetches in jobs:
+    for extract, series, shape_fields, tokens, ours_json, vllm_cfg, naive, layouts in jobs:
         shape = LayerShape(*shape_fields)
         small = shape.with_experts(2)
         try:
@@ -356,8 +350,6 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
             g = torch.full(ids.shape, 1.0 / shape.top_k, device="cuda")
             for unsorted in layouts:  # the full shape's layouts (two experts alone would always sort)
                 layer_fn(small, weights, MoEConfig.from_json(ours_json), unsorted)(x, g, ids)
-            for mode in prefetches:  # the forced w2 prefetch columns, in the rule's layout
-                layer_fn(small, weights, MoEConfig.from_json(ours_json), layouts[0], mode)(x, g, ids)
             if extract is not None:
                 vllm = VllmTriton(Path(extract), torch.cuda.get_device_name(), torch.cuda.get_device_capability())
                 pipe = VllmPipeline(vllm, small, weights)
@@ -456,9 +448,6 @@ def main_run(args) -> None:
     def other_layout_timed(shape, t):
         return "other" in columns and 1 < t and t * shape.top_k <= shape.num_experts
 
-    def prefetch_columns(t):
-        return [c for c in PREFETCH_COLUMNS if c in columns and t <= 8]
-
     def ours_config(shape, t):
         if args.untuned:
             return default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, t,
@@ -475,8 +464,7 @@ def main_run(args) -> None:
                 rule = pair_blocks_pay(t, shape.top_k, shape.num_experts, shape.expert_bytes)
                 layouts = (rule, not rule) if other_layout_timed(shape, t) else (rule,)
                 jobs.append((str(args.extract) if vllm else None, series, astuple(shape), t, ours_config(shape, t).to_json(), cfg,
-                             t * shape.top_k * 4 <= shape.num_experts, layouts,
-                             [PREFETCH_COLUMNS[c] for c in prefetch_columns(t)]))
+                             t * shape.top_k * 4 <= shape.num_experts, layouts))
         chunks = [c for c in (jobs[i::args.workers] for i in range(args.workers)) if c]
         with mp.get_context("spawn").Pool(len(chunks)) as pool:
             failures = [f for fs in pool.map(precompile_worker, chunks) for f in fs]
@@ -487,7 +475,7 @@ def main_run(args) -> None:
     ceilings = measure_ceilings()
     print(json.dumps(ceilings), flush=True)
     report = {"machine": versions(), "ceilings": ceilings, "vllm": VLLM_VERSION if vllm else None,
-              "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c in ("flashinfer", "other", *PREFETCH_COLUMNS)],
+              "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c in ("flashinfer", "other")],
               "results": [], "eager": [], "flashinfer_missing": {}, "untuned": args.untuned}
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -531,14 +519,6 @@ def main_run(args) -> None:
                 other = layer_fn(shape, weights, ours_config(shape, t), not row["ours_unsorted"])
                 row["other_rel_diff"] = float((other(*inputs[0]).float() - a).norm() / a.norm().clamp(min=1e-30))
                 fns.append(("other", other))
-            for column in prefetch_columns(t):
-                forced = layer_fn(shape, weights, ours_config(shape, t) if args.untuned else None, None,
-                                  PREFETCH_COLUMNS[column])
-                try:
-                    row[f"{column}_max_abs_diff"] = float((forced(*inputs[0]).float() - a).abs().max())
-                    fns.append((column, forced))
-                except Exception as exc:  # the prefetch cannot run for this layer here: the reason is the figure
-                    row[f"{column}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             if fi is not None:
                 try:
                     fi.calibrate(inputs[0][0])
@@ -570,9 +550,6 @@ def main_run(args) -> None:
                 row["ours_x_roofline"] = row["ours_us"] / roofline_us
             if "other_us" in row and "ours_us" in row:
                 row["other_over_ours"] = row["other_us"] / row["ours_us"]
-            for column in prefetch_columns(t):
-                if f"{column}_us" in row and "ours_us" in row:
-                    row[f"{column}_over_ours"] = row[f"{column}_us"] / row["ours_us"]
             if "fi_us" in row and "ours_us" in row:
                 row["fi_speedup_over_ours"] = row["ours_us"] / row["fi_us"]
                 row["fi_TFLOPs"] = flops / row["fi_us"] / 1e6
@@ -597,9 +574,7 @@ def main_run(args) -> None:
                   f"(ours/fi x{row.get('fi_speedup_over_ours', nan):5.2f}, diff {row.get('fi_rel_diff', nan):.1e})"
                   + (f"  {row['fi_error'][:120]}" if "fi_error" in row else "")
                   + (f"  {'unsorted' if row['ours_unsorted'] else 'sorted'}; other layout {row['other_us']:.1f} "
-                     f"(other/ours x{row['other_over_ours']:.3f})" if "other_over_ours" in row else "")
-                  + "".join(f"  {c} {row[f'{c}_us']:.1f} (x{row[f'{c}_over_ours']:.3f})"
-                            for c in prefetch_columns(t) if f"{c}_over_ours" in row), flush=True)
+                     f"(other/ours x{row['other_over_ours']:.3f})" if "other_over_ours" in row else ""), flush=True)
             del xs, routes, inputs
         del weights, ours_fns, theirs, fi
         torch.cuda.empty_cache()
@@ -711,22 +686,9 @@ def summarize(report: dict) -> dict:
                         f"x{r['other_over_ours']:.3f}" for r in layout_rows if r["other_over_ours"] < 1.0],
         "max_rel_diff_vs_ours": max((r["other_rel_diff"] for r in layout_rows), default=None),
     }
-    prefetch = {}
-    for column in PREFETCH_COLUMNS:
-        timed = [r for r in report["results"] if f"{column}_over_ours" in r]
-        if timed or any(f"{column}_error" in r for r in report["results"]):
-            prefetch[column] = {
-                "points": len(timed),
-                "geomean_over_ours": round(geomean([r[f"{column}_over_ours"] for r in timed]), 3) if timed else None,
-                "over_ours": {f"{r['series']}/{r['tokens']}": round(r[f"{column}_over_ours"], 3) for r in timed},
-                "max_abs_diff_vs_ours": max((r[f"{column}_max_abs_diff"] for r in timed), default=None),
-                "errors": {f"{r['series']}/{r['tokens']}": r[f"{column}_error"] for r in report["results"]
-                           if f"{column}_error" in r},
-            }
     return {
         "flashinfer": flashinfer,
         "other_layout": other_layout,
-        "w2_prefetch": prefetch,
         "points": len(rows),
         "geomean_speedup": round(geomean([r["speedup"] for r in rows]), 3),
         "min_speedup": round(min((r["speedup"] for r in rows), default=float("nan")), 3),
@@ -897,9 +859,8 @@ def main() -> None:
     r.add_argument("--out-dir", type=Path, default=ROOT / "bench-out")
     r.add_argument("--name", default=None)
     r.add_argument("--columns", default="ours,vllm,flashinfer",
-                   help="which kernels to time beside moe-fsm's Triton (ours): vllm, flashinfer (default all three), "
-                        "other (ours with the row layout its rule did not pick), prefetch_start and prefetch_end "
-                        "(ours with the w2 prefetch forced, up to 8 tokens)")
+                   help="which kernels to time beside moe-fsm's Triton (ours): vllm, flashinfer (default all three) and "
+                        "other (ours with the row layout its rule did not pick)")
     r.add_argument("--skip-floors", action="store_true",
                    help="no read floors at up to 32 tokens (bench_read_floor.py: 16 timings a point); a run before "
                         "on the same shapes and tokens read the same bytes")

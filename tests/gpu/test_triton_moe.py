@@ -474,59 +474,6 @@ def test_programmatic_dependent_launch_changes_no_bit(monkeypatch, case, weight,
     assert rel_err(with_pdl[1], reference(x, w1, w2, g2, ids2, dequantize=deq)) < tol
 
 
-# (case, weights, tokens, unsorted): one token (pair blocks), 8 tokens as pair blocks (experts two pairs share
-# prefetched once) and sorted (the first row block of each expert prefetches)
-W2_PREFETCH_CASES = [("bf16-1", None, 1, None), ("bf16-8-pairs", None, 8, True), ("bf16-8-sorted", None, 8, False),
-                     ("block-1", "block", 1, None), ("tensor-8-sorted", "tensor", 8, False)]
-
-
-@pytest.mark.parametrize("case,weight,num_tokens,unsorted", W2_PREFETCH_CASES, ids=[c[0] for c in W2_PREFETCH_CASES])
-def test_w2_prefetch_changes_no_bit(case, weight, num_tokens, unsorted):
-    """The w1 kernel asking L2 for w2's hit slices, before or after its K loop, leaves every output bit as it
-    is without (eager, and replayed from a CUDA graph on a new routing, which the prefetch follows), and the
-    output matches the float64 reference."""
-    from moe_fsm.kernels.triton_moe._runtime import bulk_prefetch_capable
-
-    if not bulk_prefetch_capable(torch.cuda.current_device()):
-        pytest.skip("the bulk L2 prefetch needs sm_90 or later")
-    shape = QWEN3_30B
-    deq, tol, kwargs = None, BF16_TOL, {}
-    if weight == "block":
-        w1, w2, s1, s2 = block_fp8_weights(shape)
-        deq, tol = dequantize_block(w1, w2, s1, s2), FP8_VS_FLOAT_TOL
-        kwargs = dict(fp8=Fp8Spec("block", "group"), w1_scale=s1, w2_scale=s2)
-    else:
-        w1, w2 = float_weights(shape)
-        if weight is not None:
-            w1, w2, s1, s2, deq = quantize_rowwise(w1, w2, weight)
-            kwargs, tol = dict(fp8=Fp8Spec(weight, "tensor"), w1_scale=s1, w2_scale=s2), FP8_VS_FLOAT_TOL
-    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=21)
-    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=21)
-    g2, ids2 = routing(num_tokens, shape.num_experts, shape.top_k, seed=22)
-
-    def eager_and_graph(mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-        g_in, ids_in = g.clone(), ids.clone()
-        poison_allocator()
-        eager = fused_experts(x, w1, w2, g_in, ids_in, out=_nan_out(num_tokens, shape.hidden, torch.bfloat16),
-                              unsorted=unsorted, w2_prefetch=mode, **kwargs)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            replayed = fused_experts(x, w1, w2, g_in, ids_in, unsorted=unsorted, w2_prefetch=mode, **kwargs)
-        g_in.copy_(g2)
-        ids_in.copy_(ids2)
-        replayed.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        return eager, replayed.clone()
-
-    plain = eager_and_graph("off")
-    for mode in ("start", "end"):
-        for got, want in zip(eager_and_graph(mode), plain):
-            assert torch.equal(got, want), mode
-    assert rel_err(plain[0], reference(x, w1, w2, g, ids, dequantize=deq)) < tol
-    assert rel_err(plain[1], reference(x, w1, w2, g2, ids2, dequantize=deq)) < tol
-
-
 def _layer(shape, quant, top_k=None, router_weight_on_input=False):
     return MoELayer(
         quant=quant, num_experts=shape.num_experts, top_k=top_k or shape.top_k, hidden_size=shape.hidden,

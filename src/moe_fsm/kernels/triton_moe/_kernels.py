@@ -125,47 +125,6 @@ def _block_scaled(product, a_s, w_s, W_SCALAR: tl.constexpr, SWAP_AB: tl.constex
             return product * a_s[:, None] * w_s[None, :]
 
 
-@triton.jit
-def w2_prefetch_ranges(pid_m, pid_n, num_pid_n, expert, block_expert_ptr, w2_expert_bytes,
-                       PAIR_BLOCKS: tl.constexpr, LANES: tl.constexpr):
-    """The bytes of w2 this w1 program asks L2 for: (byte offsets from w2's start, sizes), one range a lane.
-
-    The first row block of each expert the batch hits (with ``PAIR_BLOCKS`` the first pair naming it, so an expert
-    two pairs chose is asked for once) splits that expert's w2 slice (``w2_expert_bytes``, a multiple of 16) over
-    its ``num_pid_n`` programs, and each program's share over ``LANES`` lanes, in 16-byte multiples; every other
-    program gets sizes 0. Together the ranges cover each hit expert's w2 slice once.
-    """
-    if PAIR_BLOCKS:
-        first = pid_m >= 0
-        for p0 in range(0, pid_m, 64):
-            earlier = p0 + tl.arange(0, 64)
-            named = tl.load(block_expert_ptr + earlier, mask=earlier < pid_m, other=-1).to(tl.int64)
-            first = first & (tl.sum((named == expert).to(tl.int32), axis=0) == 0)
-    else:
-        first = pid_m == 0
-        if pid_m > 0:
-            first = tl.load(block_expert_ptr + pid_m - 1).to(tl.int64) != expert
-    share = tl.cdiv(tl.cdiv(w2_expert_bytes, num_pid_n), 16) * 16
-    lo = pid_n * share
-    mine = tl.maximum(tl.minimum(share, w2_expert_bytes - lo), 0)
-    per_lane = tl.cdiv(tl.cdiv(mine, LANES), 16) * 16
-    lane_lo = tl.arange(0, LANES).to(tl.int64) * per_lane
-    sizes = tl.maximum(tl.minimum(per_lane, mine - lane_lo), 0)
-    sizes = tl.where(first, sizes, 0)
-    return expert * w2_expert_bytes + lo + lane_lo, sizes
-
-
-@triton.jit
-def _prefetch_to_l2(w2_bytes_ptr, offsets, sizes):
-    """One bulk L2 prefetch a lane (``cp.async.bulk.prefetch.L2``, sm_90): ``sizes[i]`` bytes from
-    ``w2_bytes_ptr + offsets[i]``, none where the size is 0. Nothing waits for them: the w2 kernel's loads that
-    come after find the lines in L2 or in flight."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [w2_bytes_ptr + offsets, sizes.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1,
-    )
-
-
 @triton.jit(do_not_specialize=["num_pairs", "max_padded", "num_experts"])
 def align_count_kernel(
     topk_ids_ptr, counts_ptr, rank_ptr, sorted_ids_ptr, num_pairs, max_padded, num_experts, BLOCK: tl.constexpr,
@@ -353,8 +312,6 @@ def moe_gemm_kernel(
     stride_ose,
     stride_osm,
     stride_osn,
-    w2_bytes_ptr,
-    w2_expert_bytes,
     A_ROW_DIV: tl.constexpr,
     BATCHED: tl.constexpr,
     PAIR_BLOCKS: tl.constexpr,
@@ -373,8 +330,6 @@ def moe_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    W2_PREFETCH: tl.constexpr,
-    PREFETCH_LANES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """out[rows, n-tile] = epilogue(a[rows] @ w[expert, cols]^T) for one row block of one expert.
@@ -385,11 +340,6 @@ def moe_gemm_kernel(
     the A row is ``pair // A_ROW_DIV``; with PAIR_BLOCKS there is no sorted list:
     row block b holds pair b alone and ``block_expert_ptr`` is topk_ids itself.
     Batched: program axis 1 is the expert and rows are ``0..expert_num_tokens[e]``.
-
-    ``W2_PREFETCH`` (w1 at decode, not batched; ``config.w2_prefetch_mode``): 1 or 2 has the w1 programs ask L2
-    for the w2 slices of the experts the batch hits (``w2_prefetch_ranges`` over ``w2_bytes_ptr``, w2 as bytes),
-    before their K loop (1) or after it (2), so that w2, which waits for the whole of w1, reads them from L2
-    while w1's reads of HBM overlap w2's.
     """
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -434,10 +384,6 @@ def moe_gemm_kernel(
         as_base = a_scale_ptr
         out_base = out_ptr
         os_base = out_scale_ptr
-        if W2_PREFETCH == 1:
-            w2_offsets, w2_sizes = w2_prefetch_ranges(pid_m, pid_n, num_pid_n, expert, block_expert_ptr,
-                                                      w2_expert_bytes, PAIR_BLOCKS, PREFETCH_LANES)
-            _prefetch_to_l2(w2_bytes_ptr, w2_offsets, w2_sizes)
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < N
@@ -517,10 +463,6 @@ def moe_gemm_kernel(
         w_ptrs += BLOCK_K * stride_wk
     if SWAP_AB:
         acc = tl.trans(acc)
-    if W2_PREFETCH == 2:
-        w2_offsets, w2_sizes = w2_prefetch_ranges(pid_m, pid_n, num_pid_n, expert, block_expert_ptr,
-                                                  w2_expert_bytes, PAIR_BLOCKS, PREFETCH_LANES)
-        _prefetch_to_l2(w2_bytes_ptr, w2_offsets, w2_sizes)
 
     if A_SCALE == 1:
         acc = acc * tl.load(a_scale_ptr)

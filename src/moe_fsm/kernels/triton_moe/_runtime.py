@@ -108,18 +108,6 @@ def _pdl_capable(device: int) -> bool:
     return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-def bulk_prefetch_capable(device: int) -> bool:
-    """Whether kernels on this device can ask L2 for a byte range (``cp.async.bulk.prefetch.L2``): sm_90 or later
-    NVIDIA, not under the interpreter."""
-    return not interpreter_enabled() and _pdl_capable(device)
-
-
-@functools.lru_cache(maxsize=None)
-def l2_cache_bytes(device: int) -> int:
-    """The device's L2 cache size in bytes, as the driver reports it."""
-    return torch.cuda.get_device_properties(device).L2_cache_size
-
-
 def pdl_enabled() -> bool:
     """Whether launches on the current device are programmatic dependent launches (module docstring)."""
     if interpreter_enabled() or os.environ.get(PDL_ENV, "1") == "0":

@@ -44,19 +44,6 @@ FP8_GROUP = 128  # DeepSeek-V3 block size: 128x128 weight blocks, 1x128 activati
 HOPPER_SMEM_BYTES = 232448  # the shared memory one sm_90 program may opt into
 
 
-# what the w1 kernel does about w2's weights (``_kernels.moe_gemm_kernel``'s ``W2_PREFETCH``): nothing, ask L2 for
-# the hit experts' w2 slices before its K loop, or after it
-W2_PREFETCH_MODES = {"off": 0, "start": 1, "end": 2}
-
-
-def w2_prefetch_mode(num_tokens: int, top_k: int, num_experts: int, w1_expert_bytes: int, w2_expert_bytes: int,
-                     l2_bytes: int) -> str:
-    """Which ``W2_PREFETCH_MODES`` entry a w1 launch takes by default: "off" while no measurement has shown the
-    prefetch faster (it is timed beside the plain layer by ``bench_experts_vs_vllm.py``'s ``prefetch_start`` and
-    ``prefetch_end`` columns, for a rule keyed on the hit experts' w2 bytes against ``l2_bytes``)."""
-    return "off"
-
-
 def weight_scale_span(block_n: int, n: int, gated: bool) -> int:
     """How many 128-row weight-scale groups (block FP8) one output tile's columns can touch, per half of a w1
     tile: one tile aligned to the groups touches ``ceil(block_n / 128)``; the up half of a w1 tile starts at row

@@ -22,9 +22,7 @@ import torch
 
 from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
-from moe_fsm.kernels.triton_moe._runtime import (
-    bulk_prefetch_capable, device_name, kernels, l2_cache_bytes, launch, require_device,
-)
+from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, launch, require_device
 from moe_fsm.kernels.triton_moe.align import (
     AlignedRouting, PairBlocks, align_tokens, expert_runs, pair_blocks, pair_blocks_pay,
 )
@@ -33,9 +31,7 @@ from moe_fsm.kernels.triton_moe.config import (
     GemmConfig,
     MoEConfig,
     get_config,
-    W2_PREFETCH_MODES,
     validate_config,
-    w2_prefetch_mode,
     weight_scale_span,
 )
 from moe_fsm.kernels.triton_moe.hopper import (
@@ -164,8 +160,6 @@ def _launch(
     a_row_div: int,
     config: GemmConfig,
     out_row_div: int = 1,
-    w2_prefetch: int = 0,
-    w2: Optional[torch.Tensor] = None,
 ) -> None:
     batched = isinstance(rows, BatchedRows)
     a_mode = _activation_scale_mode(spec, a_scale)
@@ -218,8 +212,6 @@ def _launch(
         as_e, as_m, as_k,
         sws_e, sws_n, sws_k,
         os_e, os_m, os_n,
-        w if w2 is None else w2.view(torch.uint8),
-        0 if w2 is None else w2[0].numel() * w2.element_size(),
     )
     constexprs = dict(
         A_ROW_DIV=a_row_div,
@@ -240,8 +232,6 @@ def _launch(
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
-        W2_PREFETCH=w2_prefetch,
-        PREFETCH_LANES=32 * config.num_warps,
     )
     launch(kernels().moe_gemm_kernel, grid, args, constexprs, config.num_warps, config.num_stages)
 
@@ -260,16 +250,12 @@ def w1_gemm(
     a2_scale: Optional[torch.Tensor],
     config: GemmConfig,
     out_dtype: torch.dtype,
-    w2_prefetch: int = 0,
-    w2: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """act(a @ w1[e]^T) per row, quantized for the w2 GEMM when the layer is FP8.
 
     Standard rows give [num_pairs, N] (row = pair index); batched rows give [E, T, N].
     ``row_weights`` (flattened top-k weights) scale the rows before the activation:
-    that is the router weight applied on the input, since w1 is linear. ``w2_prefetch`` (a
-    ``W2_PREFETCH_MODES`` code, standard rows only) has the w1 programs ask L2 for the hit experts' slices of
-    ``w2`` (``_kernels.moe_gemm_kernel``).
+    that is the router weight applied on the input, since w1 is linear.
     """
     num_experts, two_n, k_dim = w1.shape
     n = two_n // 2
@@ -282,7 +268,7 @@ def w1_gemm(
     _launch(
         a, a_scale, w1, w_info, inter, out_scale, out_static, out_mode, rows, row_weights,
         spec=spec, n_out=n, k_in=k_dim, gated=True, activation=activation, swiglu_limit=swiglu_limit,
-        a_row_div=1 if batched else rows.top_k, config=config, w2_prefetch=w2_prefetch, w2=w2,
+        a_row_div=1 if batched else rows.top_k, config=config,
     )
     return _finish_intermediate(inter, out_scale, out_static, out_mode, spec)
 
@@ -437,7 +423,6 @@ def fused_experts(
     out_dtype: Optional[torch.dtype] = None,
     config: Optional[MoEConfig] = None,
     unsorted: Optional[bool] = None,
-    w2_prefetch: Optional[str] = None,
 ) -> torch.Tensor:
     """The MoE layer, out[t] = sum_j g[t,j] * w2[e] @ act(w1[e] @ x[t]) with e = topk_ids[t,j]: [M, K].
 
@@ -449,9 +434,6 @@ def fused_experts(
     ``unsorted`` gives each (token, slot) pair a row block of its own with no alignment launch
     (``align.pair_blocks``) when True, sorts the pairs by expert when False; None (the default) decides
     by ``align.pair_blocks_pay``. The benchmark times both layouts; either computes the same layer.
-    ``w2_prefetch`` ("off", "start", "end": ``config.W2_PREFETCH_MODES``) has the w1 kernel ask L2 for the w2
-    slices of the experts the batch hits, before or after its K loop; None (the default) decides by
-    ``config.w2_prefetch_mode``. Same outputs either way, bit for bit.
     """
     require_device(hidden, w1, w2, topk_weights, topk_ids)
     if activation not in ACTIVATIONS:
@@ -496,9 +478,7 @@ def fused_experts(
     align = pair_blocks if unsorted else align_tokens
     routing = align(topk_ids, num_experts, config.block_m)
     flat_weights = topk_weights.reshape(-1)
-    hopper = hopper_usable(config, routing, a, w1, w2)
-    prefetch = _w2_prefetch_code(w2_prefetch, w1, w2, num_tokens, top_k, hopper=hopper)
-    if hopper:
+    if hopper_usable(config, routing, a, w1, w2):
         return _hopper_layer(
             a, a_scale, w1, w2, w1_scale, w2_scale, a2_scale, routing, flat_weights, topk_ids, out,
             spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
@@ -509,7 +489,7 @@ def fused_experts(
     inter, inter_scale = w1_gemm(
         a, a_scale, w1, w1_scale, routing, spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
         row_weights=flat_weights if apply_router_weight_on_input else None, a2_scale=a2_scale,
-        config=config.w1, out_dtype=result_dtype, w2_prefetch=prefetch, w2=w2,
+        config=config.w1, out_dtype=result_dtype,
     )
     row_weights = None if apply_router_weight_on_input else flat_weights
     if config.fold_topk and top_k > 1:
@@ -524,34 +504,6 @@ def fused_experts(
         config=config.w2, out_dtype=result_dtype,
     )
     return topk_sum(y, topk_ids, num_experts, out)
-
-
-def _w2_prefetch_code(
-    requested: Optional[str], w1: torch.Tensor, w2: torch.Tensor, num_tokens: int, top_k: int, *, hopper: bool
-) -> int:
-    """The ``W2_PREFETCH`` code of the w1 launch: the mode asked for, or with None ``w2_prefetch_mode``'s, where
-    the prefetch can run (the pointer-load w1 kernel on an sm_90+ NVIDIA GPU, each expert's w2 slice contiguous
-    and a whole number of 16-byte units, as the bulk prefetch takes them); a mode asked for where it cannot is
-    an error."""
-    if requested is not None and requested not in W2_PREFETCH_MODES:
-        raise KernelInputError(f"w2_prefetch {requested!r} is not one of {[None, *W2_PREFETCH_MODES]}")
-    w2_expert_bytes = w2[0].numel() * w2.element_size()
-    missing = (
-        "the Hopper TMA path runs this config" if hopper
-        else "the weights are not on a CUDA device" if w2.device.type != "cuda"
-        else "it needs an NVIDIA GPU of sm_90 or later" if not bulk_prefetch_capable(w2.device.index or 0)
-        else "w2 is not contiguous" if not w2.is_contiguous()
-        else f"one expert's w2 slice ({w2_expert_bytes} bytes) is not a multiple of 16 bytes"
-        if w2_expert_bytes % 16 else None
-    )
-    if requested is None:
-        if missing is not None:
-            return 0
-        requested = w2_prefetch_mode(num_tokens, top_k, w2.shape[0], w1[0].numel() * w1.element_size(),
-                                     w2_expert_bytes, l2_cache_bytes(w2.device.index or 0))
-    elif requested != "off" and missing is not None:
-        raise KernelInputError(f"w2_prefetch={requested!r} cannot run here: {missing}; pass 'off' or None")
-    return W2_PREFETCH_MODES[requested]
 
 
 def _hopper_layer(
