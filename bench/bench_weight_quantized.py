@@ -40,7 +40,6 @@ bf16 experts and the peer; writes ``<out>/wq_prefill.json`` and ``.md`` after ev
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import statistics
@@ -834,22 +833,13 @@ def prefill_compare(args) -> None:
             path_us = time_graph(ours(replace(swap, hopper_bf16=True)), routes, args.rep_ms)
             candidates_us = {}
             ref = _reference(x, w1q, w2q, scales, scheme, *routes[0], activation, limit, sample_rows)
-            tried = [(json.dumps(cfg.to_json()), cfg, True)
-                     for cfg in (chained_candidates(tokens, top_k, e) if args.candidates else [])]
-            # the Hopper path in pieces (dequantization on a side stream under the GEMMs), with the bf16 experts'
-            # persistent GEMMs and, with --non-persistent, one program a tile (which the SMs' scheduler can interleave
-            # with the dequantization's programs)
-            for chunks in args.chunks:
-                for persistent in (True, False) if args.non_persistent and chunks > 1 else (True,):
-                    label = f"hopper_bf16 dequant_chunks={chunks}" + ("" if persistent else " non-persistent GEMMs")
-                    tried.append((label, replace(swap, hopper_bf16=True, dequant_chunks=chunks), persistent))
-            for label, cfg, persistent in tried:
+            for cfg in (chained_candidates(tokens, top_k, e) if args.candidates else []):
+                label = json.dumps(cfg.to_json())
                 try:
-                    with _bf16_gemms(prefill, persistent):
-                        candidates_us[label] = time_graph(ours(cfg), routes, args.rep_ms)
-                        # the allocator's next blocks hold NaN: an output the kernel leaves unwritten shows
-                        torch.full((1 << 29,), float("nan"), dtype=torch.bfloat16, device="cuda")
-                        got = ours(cfg)(*routes[0])[sample_rows].double()
+                    candidates_us[label] = time_graph(ours(cfg), routes, args.rep_ms)
+                    # the allocator's next blocks hold NaN: an output the kernel leaves unwritten shows
+                    torch.full((1 << 29,), float("nan"), dtype=torch.bfloat16, device="cuda")
+                    got = ours(cfg)(*routes[0])[sample_rows].double()
                     err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
                     print(f"  {name} T={tokens} {label}: {candidates_us[label]:.1f} µs, err {err:.1e}", flush=True)
                     candidates_us[label + " err"] = err
@@ -894,26 +884,32 @@ def prefill_compare(args) -> None:
         del w1q, w2q, w1s, w2s, w1b, w2b, scales, peer
         torch.cuda.empty_cache()
         print(f"[{time.time() - t0:.0f} s]", flush=True)
+    if args.resources:
+        from moe_fsm.kernels.triton_moe._hopper_kernels import moe_gemm_tma_kernel
+
+        report["resources"] = compiled_resources({"wq_dequant_kernel": kern.wq_dequant_kernel,
+                                                  "moe_gemm_tma_kernel": moe_gemm_tma_kernel})
+        for r in report["resources"]:
+            print(f"  {r['kernel']}: {r['regs_per_thread']} registers a thread x {r['num_warps']} warps = "
+                  f"{r['regs_per_program']} a program, {r['spills']} spills, {r['shared_bytes']} B shared", flush=True)
+        (out_dir / "wq_prefill.json").write_text(json.dumps(report, indent=1))
 
 
-@contextlib.contextmanager
-def _bf16_gemms(prefill, persistent: bool):
-    """The Hopper path's bf16 GEMM tiles as ``prefill.bf16_config`` gives them, or (``persistent`` False) the same
-    tiles with one program a tile."""
-    if persistent:
-        yield
-        return
-    real = prefill.bf16_config
-
-    def one_program_a_tile(*args):
-        config = real(*args)
-        return replace(config, w1=replace(config.w1, persistent=False), w2=replace(config.w2, persistent=False))
-
-    prefill.bf16_config = one_program_a_tile
-    try:
-        yield
-    finally:
-        prefill.bf16_config = real
+def compiled_resources(kernels: dict) -> list[dict]:
+    """Registers a thread, spills, shared memory and warps of every variant of ``kernels`` (name -> Triton kernel)
+    compiled in this process: whether two kernels' programs can share an SM at once (an SM holds 64K registers and
+    228 KB of shared memory)."""
+    found = []
+    for name, fn in kernels.items():
+        for device, entry in getattr(fn, "device_caches", {}).items():
+            for compiled in entry[0].values():
+                meta = compiled.metadata
+                warps = getattr(meta, "num_warps", None)
+                regs = getattr(compiled, "n_regs", None)
+                found.append({"kernel": name, "device": str(device), "regs_per_thread": regs,
+                              "spills": getattr(compiled, "n_spills", None), "shared_bytes": getattr(meta, "shared", None),
+                              "num_warps": warps, "regs_per_program": regs * 32 * warps if regs and warps else None})
+    return found
 
 
 KIND_CODES = {"mxfp4": 0, "int4": 1, "int8": 2, "nvfp4": 3}
@@ -958,10 +954,8 @@ def main() -> None:
     f.add_argument("--rep-ms", type=float, default=40.0)
     f.add_argument("--candidates", action="store_true",
                    help="also time the chained swap-AB tiles (chained_candidates), with their error")
-    f.add_argument("--chunks", nargs="*", type=int, default=[],
-                   help="also time the Hopper path with each of these WqConfig.dequant_chunks (1: one pass a GEMM)")
-    f.add_argument("--non-persistent", action="store_true",
-                   help="with --chunks: also each count above 1 with one bf16 GEMM program a tile")
+    f.add_argument("--resources", action="store_true",
+                   help="print the registers, spills and shared memory of the Hopper path's compiled kernels")
     f.add_argument("--dequant-tile", nargs=3, type=int, metavar=("ROWS", "BYTES", "WARPS"),
                    help="the dequantization pass's tile (default: the fastest of DEQUANT_TILES, timed first)")
     args = parser.parse_args()

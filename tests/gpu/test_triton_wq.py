@@ -465,57 +465,6 @@ def test_prefill_path_reads_interleaved_rows_nvfp4_and_skips_other_ranks(monkeyp
     assert rel_err(out.cpu(), ref) <= TOL
 
 
-@pytest.mark.parametrize("name,shape,tokens,interleave", [
-    ("mxfp4", GPT_OSS, 2100, True), ("mxfp4", GPT_OSS_TP2, 700, False), ("int4 g32 zp", QWEN3, 1500, False),
-    ("int4 g128 zp act-order", QWEN3, 1500, False),
-], ids=["gpt-oss-interleaved", "gpt-oss-tp2", "int4-g32-zp", "int4-act-order"])
-def test_prefill_in_pieces_on_a_side_stream_equals_one_pass(name, shape, tokens, interleave):
-    """``dequant_chunks``: the pieces' dequantization on a side stream under the GEMMs gives the one-pass path's
-    output bit for bit (pieces are whole GEMM tiles: every output sums the same products in the same order), within
-    the family's tolerance of float64, eagerly and replayed from a CUDA graph (the side stream forked and joined
-    inside the capture) with new inputs copied in."""
-    from moe_fsm.kernels.triton_wq.fused import sort_act_order
-
-    _needs_tma()
-    layer = _layer(name, shape)
-    x, w1, w2, scales, g, ids, ref = _problem(layer, tokens, zlib.crc32(f"prefill-pieces-{name}-{tokens}".encode()))
-    quant = WeightQuant.for_scheme(layer.quant)
-    kw = dict(w1_scale=scales.w1_scale, w2_scale=scales.w2_scale, w1_zero_point=scales.w1_zero_point,
-              w2_zero_point=scales.w2_zero_point, w1_bias=scales.w1_bias, w2_bias=scales.w2_bias)
-    if quant.act_order:
-        (w1, p1), (w2, p2) = sort_act_order(w1, scales.w1_g_idx, quant), sort_act_order(w2, scales.w2_g_idx, quant)
-        kw.update(w1_perm=p1, w2_perm=p2)
-    if interleave:
-        w1 = interleave_gate_up(w1)
-        kw.update(w1_scale=interleave_gate_up(scales.w1_scale), w1_bias=interleave_gate_up(scales.w1_bias))
-    w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
-
-    def call(chunks, gates, slots):
-        return fused_wq_experts(x, w1, w2, gates, slots, quant=quant, activation=layer.activation.value,
-                                swiglu_limit=layer.swiglu_limit, interleaved=interleave, split=True,
-                                config=WqConfig(128, hopper_bf16=True, dequant_chunks=chunks), **kw)
-
-    poison_allocator(3 << 30)
-    one_pass = call(1, g, ids)
-    poison_allocator(3 << 30)
-    pieces = call(5, g, ids)
-    assert torch.equal(pieces, one_pass)
-    assert rel_err(pieces.cpu(), ref) <= TOL
-
-    gates, slots = g.clone(), ids.clone()
-    call(5, gates, slots)  # compiled before the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        replayed = call(5, gates, slots)
-    perm = torch.randperm(ids.shape[1], device=ids.device)
-    gates.copy_(g[:, perm])
-    slots.copy_(ids[:, perm])
-    replayed.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert rel_err(replayed.cpu(), one_pass.cpu()) <= 1e-3  # the same pairs, summed in another slot order
-
-
 def test_experts_take_the_bf16_hopper_path_by_default_at_prefill(monkeypatch):
     """The experts with no tile given: from 256 pairs an expert the default tile runs the bf16 Hopper path."""
     _needs_tma()

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_triton_wq_shards import SHAPES, TOL, _problem, _rel, check_every_stored_layout, interpreter
+from test_triton_wq_shards import SHAPES, _problem, check_every_stored_layout, interpreter
 
 from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig
-from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts, prefill
+from moe_fsm.kernels.triton_wq import WeightQuant, prefill
 from moe_fsm.kernels.triton_wq.fused import WqConfig, default_wq_config, relayout_nibbles
 from moe_fsm.quantize.weights import dequantize_weights, interleave_gate_up
 
@@ -96,53 +96,3 @@ def test_experts_count_the_weight_scratch_where_the_default_takes_the_path():
     per_token = (experts.workspace_bytes(4096) - experts.workspace_bytes(2048)) / 2048
     assert experts.workspace_bytes(2048) > scratch > experts.workspace_bytes(1024)
     assert experts.workspace_bytes(8192) - experts.workspace_bytes(4096) == pytest.approx(4096 * per_token)
-
-
-@interpreter
-@pytest.mark.parametrize("name", ["mxfp4 bias", "int4 g32 zp", "int4 g64 zp act-order", "int8 g32 zp"])
-def test_every_format_in_pieces_through_two_scratch_slots(poisoned, hopper_path, monkeypatch, name):  # noqa: F811
-    """``dequant_chunks``: w1's output columns in 3 pieces of whole 32-column tiles (the last one short), w2's in 2,
-    each dequantized into one of two slots before its GEMM (one stream under the interpreter); every stored layout
-    against float64, gate and up rows of each piece taken from both halves of the stacked weight."""
-    pieces = []
-    real = prefill._dequantize
-    monkeypatch.setattr(prefill, "_dequantize", lambda *a, **kw: pieces.append(kw["rows"]) or real(*a, **kw))
-    check_every_stored_layout(name, 5, WqConfig(16, hopper_bf16=True, dequant_chunks=3))
-    _, k, n = SHAPES[name]
-    w1_pieces, w2_pieces = prefill.chunk_bounds(n, 3, 32), prefill.chunk_bounds(k, 2, 32)
-    assert len(w1_pieces) == 3 and len(w2_pieces) == 2
-    # a piece's gate rows and its up rows (two launches: the stacked halves), then w2's pieces; once a layout
-    one_call = [c1 - c0 for c0, c1 in w1_pieces for _ in "gu"] + [r1 - r0 for r0, r1 in w2_pieces]
-    assert pieces == one_call * len(hopper_path)
-
-
-@interpreter
-def test_interleaved_gate_up_rows_in_pieces(poisoned, hopper_path):  # noqa: F811
-    """gpt-oss's interleaved gate/up rows with a bias, in pieces: each piece takes rows 2 c0 .. 2 c1 of the stored
-    weight and de-interleaves them into its slot."""
-    scheme, x, w1, w2, scales, b1, b2, g, ids, ref = _problem("mxfp4 bias", 7)
-    out = fused_wq_experts(
-        x, relayout_nibbles(interleave_gate_up(w1)), relayout_nibbles(w2), g, ids, quant=WeightQuant.for_scheme(scheme),
-        w1_scale=interleave_gate_up(scales.w1_scale), w2_scale=scales.w2_scale, w1_bias=interleave_gate_up(b1),
-        w2_bias=b2, interleaved=True, split=True, fast=False, config=WqConfig(16, hopper_bf16=True, dequant_chunks=4),
-    )
-    assert len(hopper_path) == 1 and bool(torch.isfinite(out).all())
-    assert _rel(out, ref) <= TOL
-
-
-@pytest.mark.parametrize("width,chunks,block,expected", [
-    (2880, 4, 128, [(0, 768), (768, 1536), (1536, 2304), (2304, 2880)]),
-    (2880, 2, 256, [(0, 1536), (1536, 2880)]),
-    (1440, 8, 128, [(0, 256), (256, 512), (512, 768), (768, 1024), (1024, 1280), (1280, 1440)]),
-    (96, 4, 128, [(0, 96)]),
-    (2880, 1, 128, [(0, 2880)]),
-])
-def test_pieces_are_whole_tiles(width, chunks, block, expected):
-    assert prefill.chunk_bounds(width, chunks, block) == expected
-
-
-def test_the_scratch_of_pieces_is_two_slots_of_the_largest():
-    one = prefill.scratch_bytes(32, 2880, 2880, True)
-    four = prefill.scratch_bytes(32, 2880, 2880, True, chunks=4)
-    assert four == 2 * 32 * max(2 * 768 * 2944, 1536 * 2880) * 2  # w1 pieces 768 wide, w2's 1536
-    assert four < one

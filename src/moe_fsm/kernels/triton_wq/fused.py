@@ -209,9 +209,7 @@ class WqConfig:
     of 8) the tile fields run the swap-AB kernel. ``chain_acc``: each K tile's dots accumulate straight into the
     running sums instead of into a fresh product added after them (``_tile_dot``): for 8-warp many-pair tiles, where
     the fresh product is a second fp32 register set (fewer instructions a weight byte chained, and no wgmma waits
-    added; at 4-warp tiles chaining serializes the wgmmas). ``dequant_chunks`` (with ``hopper_bf16``; default 1):
-    pieces w1's output columns are dequantized and multiplied in (w2's: half as many), each piece's dequantization
-    on a side stream under the GEMM of the piece before (``prefill.prefill_experts``).
+    added; at 4-warp tiles chaining serializes the wgmmas).
     """
 
     block_m: int
@@ -228,7 +226,6 @@ class WqConfig:
     w2_split_k: Optional[int] = None
     hopper_bf16: bool = False
     chain_acc: bool = False
-    dequant_chunks: Optional[int] = None
 
     def to_json(self) -> dict:
         # the flags stay out of a table until set, so older tables read back unchanged
@@ -474,7 +471,6 @@ def fused_wq_experts(
             zero_points=(w1_zero_point, w2_zero_point) if quant.zero_point else (None, None),
             perms=(w1_perm, w2_perm), global_scales=(w1_global_scale, w2_global_scale), biases=(w1_bias, w2_bias),
             activation=activation, swiglu_limit=swiglu_limit, interleaved=interleaved, split=split,
-            chunks=config.dequant_chunks or 1,
         )
     from moe_fsm.kernels.triton_moe.align import align_tokens, pair_blocks
     from moe_fsm.kernels.triton_moe.fused import topk_sum

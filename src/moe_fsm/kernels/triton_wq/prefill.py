@@ -37,7 +37,7 @@ import torch
 from moe_fsm.kernels.triton_moe._runtime import device_name
 from moe_fsm.kernels.triton_moe.align import align_tokens
 from moe_fsm.kernels.triton_moe.config import MoEConfig, get_config, tma_prefill_config
-from moe_fsm.kernels.triton_moe.hopper import _descriptor, _launch, gather_sorted, hopper_w2, tma_kernels_available
+from moe_fsm.kernels.triton_moe.hopper import hopper_w1, hopper_w2, tma_kernels_available
 
 # Rows of the dequantized scratch and of the input keep a whole number of 64 columns (128 bytes) with a bias folded
 # in: K = 2888 (K + 8) ran gpt-oss-20b's TMA GEMMs 3.3x slower than the bf16 experts' K = 2880 (H200)
@@ -50,19 +50,10 @@ def bias_columns(k: int) -> int:
     return -(-(k + 2) // BIAS_ALIGN) * BIAS_ALIGN - k
 
 
-# The widest GEMM tile the bf16 kernels take (w2's 256 columns): pieces are whole tiles, so this bounds their width
-WIDEST_TILE = 256
-
-
-def scratch_bytes(num_experts: int, n: int, k: int, bias: bool, element_size: int = 2, chunks: int = 1) -> int:
-    """The 16-bit weight scratch of one call: in one piece each, w1's (bias columns included) or w2's, whichever is
-    larger; in ``chunks`` pieces, two slots of the largest piece (at most: pieces of the widest tile)."""
+def scratch_bytes(num_experts: int, n: int, k: int, bias: bool, element_size: int = 2) -> int:
+    """The 16-bit weight scratch of one call (w1's, bias columns included, or w2's, whichever is larger)."""
     k_in = k + (bias_columns(k) if bias else 0)
-    if chunks <= 1:
-        return num_experts * max(2 * n * k_in, k * n) * element_size
-    w1_rows = max(c1 - c0 for c0, c1 in chunk_bounds(n, chunks, WIDEST_TILE))
-    w2_rows = max(c1 - c0 for c0, c1 in chunk_bounds(k, -(-chunks // 2), WIDEST_TILE))
-    return 2 * num_experts * max(2 * w1_rows * k_in, w2_rows * n) * element_size
+    return num_experts * max(2 * n * k_in, k * n) * element_size
 
 
 def usable(hidden: torch.Tensor, n: int, k: int) -> bool:
@@ -113,24 +104,6 @@ def _dequantize(kern, w, scale, zero, perm, bias, hit, out, *, rows: int, cols: 
     return out
 
 
-def chunk_bounds(width: int, chunks: int, block: int) -> list[tuple[int, int]]:
-    """``width`` output columns cut into at most ``chunks`` pieces, each a whole number of ``block``-wide GEMM
-    tiles (so that only the last piece has a partial tile, as the whole GEMM has)."""
-    step = -(-max(-(-width // max(chunks, 1)), 1) // block) * block
-    return [(c0, min(c0 + step, width)) for c0 in range(0, width, step)]
-
-
-_SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
-
-
-def _side_stream(device: torch.device) -> "torch.cuda.Stream":
-    """The stream the dequantization runs on while the GEMMs run on the caller's (one per device, reused)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return _SIDE_STREAMS[index]
-
-
 def prefill_experts(
     kern, hidden: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
     topk_ids: torch.Tensor, out: torch.Tensor, *, n: int, groups: tuple[int, int], kind: int, zero_code: int,
@@ -138,15 +111,9 @@ def prefill_experts(
     perms: tuple[Optional[torch.Tensor], Optional[torch.Tensor]],
     global_scales: tuple[Optional[torch.Tensor], Optional[torch.Tensor]],
     biases: tuple[Optional[torch.Tensor], Optional[torch.Tensor]], activation: str, swiglu_limit: Optional[float],
-    interleaved: bool, split: bool, chunks: int = 1,
+    interleaved: bool, split: bool,
 ) -> torch.Tensor:
-    """The layer through the dequantized scratch and the bf16 Hopper GEMMs (arguments checked by the caller).
-
-    ``chunks`` 1: one pass dequantizes all of w1, its GEMM runs, then the same for w2 in the same scratch. From 2
-    (``WqConfig.dequant_chunks``): w1's output columns are cut into ``chunks`` pieces and w2's into half as many
-    (``chunk_bounds``), each piece's weight rows dequantized into one of two scratch slots on a side stream while
-    the GEMM of the piece before runs on the caller's stream (events, no host sync): the memory-bound pass under
-    the compute-bound GEMMs, and the scratch two pieces instead of all of w1."""
+    """The layer through the dequantized scratch and the bf16 Hopper GEMMs (arguments checked by the caller)."""
     num_tokens, k = hidden.shape
     experts, top_k = w1.shape[0], topk_ids.shape[1]
     config = bf16_config(hidden, experts, n, k, top_k)
@@ -154,83 +121,30 @@ def prefill_experts(
     hit = _hit_experts(topk_ids, experts)
     w1_bias, w2_bias = biases
     k_in = k + (bias_columns(k) if w1_bias is not None else 0)
-    w1_pieces = chunk_bounds(n, chunks, config.w1.block_n)
-    w2_pieces = chunk_bounds(k, -(-chunks // 2), config.w2.block_n)
-    w1_rows = max(c1 - c0 for c0, c1 in w1_pieces)
-    w2_rows = max(c1 - c0 for c0, c1 in w2_pieces)
-    slot_size = experts * max(2 * w1_rows * k_in, w2_rows * n)
-    pipelined = len(w1_pieces) + len(w2_pieces) > 2
-    slots = torch.empty(2 if pipelined else 1, slot_size, dtype=hidden.dtype, device=hidden.device)
+    scratch = torch.empty(scratch_bytes(experts, n, k, w1_bias is not None, 1), dtype=hidden.dtype,
+                          device=hidden.device)
+    w1_dq = _dequantize(kern, w1, scales[0], zero_points[0], perms[0], w1_bias, hit,
+                        scratch[: experts * 2 * n * k_in].view(experts, 2 * n, k_in), rows=2 * n, cols=k,
+                        group=groups[0], kind=kind, zero_code=zero_code, split=split, deinterleave=interleaved)
     a = hidden
     if w1_bias is not None:  # ones where the w1 rows hold their bias (head, tail), zeros beside them
         a = torch.nn.functional.pad(hidden, (0, k_in - k))
         a[:, k : k + 2] = 1.0
-    a_desc = None
-    if config.gather_input:
-        a, _ = gather_sorted(a, None, 0, routing)
-        a_desc = _descriptor(a, [routing.block_m, config.w1.block_k])
     w1_scale_info = (0, None, (0, 0, 0))
     if global_scales[0] is not None:
         w1_scale_info = (1, global_scales[0], (1, 0, 0))
-    inter = torch.empty(routing.sorted_ids.numel(), n, dtype=hidden.dtype, device=hidden.device)
+    inter, _ = hopper_w1(
+        a, None, 0, w1_dq, w1_scale_info, routing, out_mode=0, inter_dtype=hidden.dtype, out_static_scale=None,
+        zero_fill=False, activation=activation, swiglu_limit=swiglu_limit, row_weights=None, config=config.w1,
+        gather_input=config.gather_input,
+    )
+    # w1's GEMM has read the scratch (same stream): w2 takes its place
+    w2_dq = _dequantize(kern, w2, scales[1], zero_points[1], perms[1], None, hit,
+                        scratch[: experts * k * n].view(experts, k, n), rows=k, cols=n, group=groups[1], kind=kind,
+                        zero_code=zero_code, split=split, deinterleave=False)
     per_pair = torch.empty(routing.num_pairs, k, dtype=hidden.dtype, device=hidden.device)
-
-    def view(t: Optional[torch.Tensor], r0: int, r1: int) -> Optional[torch.Tensor]:
-        return t[:, r0:r1] if t is not None else None
-
-    def dequantize_w1(slot: torch.Tensor, c0: int, c1: int) -> torch.Tensor:
-        """w1's gate rows c0..c1 and up rows N + c0..N + c1 into ``slot`` as [E, 2 (c1 - c0), k_in], stacked."""
-        width = c1 - c0
-        w_dq = slot[: experts * 2 * width * k_in].view(experts, 2 * width, k_in)
-        common = dict(cols=k, group=groups[0], kind=kind, zero_code=zero_code, split=split)
-        # the (gate, up) row ranges of the stored weight and where they go in the piece
-        if interleaved or width == n:
-            parts = [((2 * c0, 2 * c1) if interleaved else (0, 2 * n), w_dq, interleaved)]
-        else:
-            parts = [((c0, c1), w_dq[:, :width], False), ((n + c0, n + c1), w_dq[:, width:], False)]
-        for (r0, r1), dst, deinterleave in parts:
-            _dequantize(kern, w1[:, r0:r1], view(scales[0], r0, r1), view(zero_points[0], r0, r1), perms[0],
-                        view(w1_bias, r0, r1), hit, dst, rows=r1 - r0, deinterleave=deinterleave, **common)
-        return w_dq
-
-    def dequantize_w2(slot: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
-        w_dq = slot[: experts * (r1 - r0) * n].view(experts, r1 - r0, n)
-        return _dequantize(kern, w2[:, r0:r1], view(scales[1], r0, r1), view(zero_points[1], r0, r1), perms[1], None,
-                           hit, w_dq, rows=r1 - r0, cols=n, group=groups[1], kind=kind, zero_code=zero_code,
-                           split=split, deinterleave=False)
-
-    def gemm_w1(w_dq: torch.Tensor, c0: int, c1: int) -> None:
-        piece = inter[:, c0:c1]  # columns c0 is a multiple of the tile (128 bytes): a valid TMA box origin
-        _launch(a, a_desc, None, 0, w_dq, w1_scale_info, piece, _descriptor(piece, [routing.block_m, config.w1.block_n]),
-                None, None, 0, routing, None, n_out=c1 - c0, k_in=k_in, gated=True, activation=activation,
-                swiglu_limit=swiglu_limit, a_row_div=top_k, out_row_div=1, config=config.w1)
-
-    def gemm_w2(w_dq: torch.Tensor, r0: int, r1: int) -> None:
-        hopper_w2(inter, None, 0, w_dq, (0, None, (0, 0, 0)), routing, per_pair[:, r0:r1], 0, row_weights=None,
-                  config=config.w2)
-
-    steps = [(dequantize_w1, gemm_w1, c) for c in w1_pieces] + [(dequantize_w2, gemm_w2, c) for c in w2_pieces]
-    main = torch.cuda.current_stream(hidden.device) if pipelined and hidden.is_cuda else None
-    side = _side_stream(hidden.device) if main is not None else None
-    if side is not None:
-        side.wait_stream(main)  # the routing, the hit experts and the padded input are made on the caller's stream
-    gemm_done: list = []
-    for i, (dequantize, gemm, (r0, r1)) in enumerate(steps):
-        slot = slots[i % len(slots)]
-        if side is None:  # one stream: each piece's GEMM has read the slot before the next dequantization writes it
-            gemm(dequantize(slot, r0, r1), r0, r1)
-            continue
-        with torch.cuda.stream(side):
-            if i >= len(slots):
-                side.wait_event(gemm_done[i - len(slots)])  # the slot's previous piece has been read
-            w_dq = dequantize(slot, r0, r1)
-            ready = torch.cuda.Event()
-            ready.record(side)
-        main.wait_event(ready)  # the caller's stream waits for every piece, so the side stream rejoins it
-        gemm(w_dq, r0, r1)
-        done = torch.cuda.Event()
-        done.record(main)
-        gemm_done.append(done)
+    hopper_w2(inter, None, 0, w2_dq, (0, None, (0, 0, 0)), routing, per_pair, 0, row_weights=None,
+              config=config.w2)
     block = min(1024, max(16, 1 << (k - 1).bit_length()))
     dummy = topk_weights
     kern.wq_splitk_sum_kernel[(num_tokens, -(-k // block))](
