@@ -39,6 +39,11 @@ alignment launch), unsorted where it sorts, at the points past one token with at
 (more pairs would read each expert's weights several times over); ``other / ours`` > 1 means the rule's layout
 was the faster.
 
+Columns ``sum_apart`` and ``sum_in_w2`` time moe-fsm's layer at up to 8 tokens with the top-k sum forced to its
+own launch after w2, or into the w2 GEMM (``fused_experts``'s ``sum_in_w2``; ``config.sums_slots_in_w2`` is the
+rule ``ours`` follows): each is timed where the rule picked the other, and ``<column>_rel_diff`` is its distance to
+ours on the first input.
+
 ``run --untuned`` takes both sides off their tables: moe-fsm's ``default_config`` against vLLM's
 ``get_default_config``, what each runs on a shape no table holds.
 
@@ -82,6 +87,8 @@ KERNEL_FUNCTIONS = ("write_zeros_to_output", "fused_moe_kernel")
 DEFAULT_EXTRACT = ROOT / ".vllm_extract"
 # timing rounds per point, the columns taken in turn (module docstring)
 ROUNDS = 3
+# the top-k sum columns and what each forces (``fused_experts``'s ``sum_in_w2``)
+SUM_COLUMNS = {"sum_apart": False, "sum_in_w2": True}
 
 
 # ---------------------------------------------------------------- prepare (no GPU, no torch)
@@ -340,7 +347,7 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
     from moe_fsm.kernels.triton_moe.tuning import LayerShape, layer_fn, make_weights
 
     failures = []
-    for extract, series, shape_fields, tokens, ours_json, vllm_cfg, naive, layouts in jobs:
+    for extract, series, shape_fields, tokens, ours_json, vllm_cfg, naive, layouts, sums in jobs:
         shape = LayerShape(*shape_fields)
         small = shape.with_experts(2)
         try:
@@ -350,6 +357,8 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
             g = torch.full(ids.shape, 1.0 / shape.top_k, device="cuda")
             for unsorted in layouts:  # the full shape's layouts (two experts alone would always sort)
                 layer_fn(small, weights, MoEConfig.from_json(ours_json), unsorted)(x, g, ids)
+            for sum_in_w2 in sums:  # the forced top-k sum columns, in the rule's layout
+                layer_fn(small, weights, MoEConfig.from_json(ours_json), layouts[0], sum_in_w2)(x, g, ids)
             if extract is not None:
                 vllm = VllmTriton(Path(extract), torch.cuda.get_device_name(), torch.cuda.get_device_capability())
                 pipe = VllmPipeline(vllm, small, weights)
@@ -425,7 +434,7 @@ def main_run(args) -> None:
     from bench_read_floor import read_floor
     from moe_fsm.kernels.triton_moe import get_config
     from moe_fsm.kernels.triton_moe.align import pair_blocks_pay
-    from moe_fsm.kernels.triton_moe.config import default_config
+    from moe_fsm.kernels.triton_moe.config import default_config, sums_slots_in_w2
     from moe_fsm.kernels.triton_moe._runtime import device_name
     from dataclasses import astuple
 
@@ -448,6 +457,14 @@ def main_run(args) -> None:
     def other_layout_timed(shape, t):
         return "other" in columns and 1 < t and t * shape.top_k <= shape.num_experts
 
+    def sum_columns(shape, t):
+        """The forced top-k sum columns timed at this point: those whose choice differs from the rule's."""
+        if t > 8:
+            return []
+        rule = sums_slots_in_w2(pair_blocks_pay(t, shape.top_k, shape.num_experts, shape.expert_bytes),
+                                ours_config(shape, t), t, shape.hidden)
+        return [c for c, forced in SUM_COLUMNS.items() if c in columns and forced != rule]
+
     def ours_config(shape, t):
         if args.untuned:
             return default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, t,
@@ -464,7 +481,8 @@ def main_run(args) -> None:
                 rule = pair_blocks_pay(t, shape.top_k, shape.num_experts, shape.expert_bytes)
                 layouts = (rule, not rule) if other_layout_timed(shape, t) else (rule,)
                 jobs.append((str(args.extract) if vllm else None, series, astuple(shape), t, ours_config(shape, t).to_json(), cfg,
-                             t * shape.top_k * 4 <= shape.num_experts, layouts))
+                             t * shape.top_k * 4 <= shape.num_experts, layouts,
+                             [SUM_COLUMNS[c] for c in sum_columns(shape, t)]))
         chunks = [c for c in (jobs[i::args.workers] for i in range(args.workers)) if c]
         with mp.get_context("spawn").Pool(len(chunks)) as pool:
             failures = [f for fs in pool.map(precompile_worker, chunks) for f in fs]
@@ -475,7 +493,7 @@ def main_run(args) -> None:
     ceilings = measure_ceilings()
     print(json.dumps(ceilings), flush=True)
     report = {"machine": versions(), "ceilings": ceilings, "vllm": VLLM_VERSION if vllm else None,
-              "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c in ("flashinfer", "other")],
+              "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c in ("flashinfer", "other", *SUM_COLUMNS)],
               "results": [], "eager": [], "flashinfer_missing": {}, "untuned": args.untuned}
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -519,6 +537,10 @@ def main_run(args) -> None:
                 other = layer_fn(shape, weights, ours_config(shape, t), not row["ours_unsorted"])
                 row["other_rel_diff"] = float((other(*inputs[0]).float() - a).norm() / a.norm().clamp(min=1e-30))
                 fns.append(("other", other))
+            for column in sum_columns(shape, t):
+                forced = layer_fn(shape, weights, ours_config(shape, t) if args.untuned else None, None, SUM_COLUMNS[column])
+                row[f"{column}_rel_diff"] = float((forced(*inputs[0]).float() - a).norm() / a.norm().clamp(min=1e-30))
+                fns.append((column, forced))
             if fi is not None:
                 try:
                     fi.calibrate(inputs[0][0])
@@ -550,6 +572,9 @@ def main_run(args) -> None:
                 row["ours_x_roofline"] = row["ours_us"] / roofline_us
             if "other_us" in row and "ours_us" in row:
                 row["other_over_ours"] = row["other_us"] / row["ours_us"]
+            for column in sum_columns(shape, t):
+                if f"{column}_us" in row and "ours_us" in row:
+                    row[f"{column}_over_ours"] = row[f"{column}_us"] / row["ours_us"]
             if "fi_us" in row and "ours_us" in row:
                 row["fi_speedup_over_ours"] = row["ours_us"] / row["fi_us"]
                 row["fi_TFLOPs"] = flops / row["fi_us"] / 1e6
@@ -574,7 +599,9 @@ def main_run(args) -> None:
                   f"(ours/fi x{row.get('fi_speedup_over_ours', nan):5.2f}, diff {row.get('fi_rel_diff', nan):.1e})"
                   + (f"  {row['fi_error'][:120]}" if "fi_error" in row else "")
                   + (f"  {'unsorted' if row['ours_unsorted'] else 'sorted'}; other layout {row['other_us']:.1f} "
-                     f"(other/ours x{row['other_over_ours']:.3f})" if "other_over_ours" in row else ""), flush=True)
+                     f"(other/ours x{row['other_over_ours']:.3f})" if "other_over_ours" in row else "")
+                  + "".join(f"  {c} {row[f'{c}_us']:.1f} (x{row[f'{c}_over_ours']:.3f})"
+                            for c in SUM_COLUMNS if f"{c}_over_ours" in row), flush=True)
             del xs, routes, inputs
         del weights, ours_fns, theirs, fi
         torch.cuda.empty_cache()
@@ -686,9 +713,20 @@ def summarize(report: dict) -> dict:
                         f"x{r['other_over_ours']:.3f}" for r in layout_rows if r["other_over_ours"] < 1.0],
         "max_rel_diff_vs_ours": max((r["other_rel_diff"] for r in layout_rows), default=None),
     }
+    sums = {}
+    for column in SUM_COLUMNS:
+        timed = [r for r in report["results"] if f"{column}_over_ours" in r]
+        if timed:
+            sums[column] = {
+                "points": len(timed),
+                "geomean_over_ours": round(geomean([r[f"{column}_over_ours"] for r in timed]), 3),
+                "over_ours": {f"{r['series']}/{r['tokens']}": round(r[f"{column}_over_ours"], 3) for r in timed},
+                "max_rel_diff_vs_ours": max(r[f"{column}_rel_diff"] for r in timed),
+            }
     return {
         "flashinfer": flashinfer,
         "other_layout": other_layout,
+        "topk_sum": sums,
         "points": len(rows),
         "geomean_speedup": round(geomean([r["speedup"] for r in rows]), 3),
         "min_speedup": round(min((r["speedup"] for r in rows), default=float("nan")), 3),
@@ -860,7 +898,8 @@ def main() -> None:
     r.add_argument("--name", default=None)
     r.add_argument("--columns", default="ours,vllm,flashinfer",
                    help="which kernels to time beside moe-fsm's Triton (ours): vllm, flashinfer (default all three) and "
-                        "other (ours with the row layout its rule did not pick)")
+                        "other (ours with the row layout its rule did not pick); sum_apart and sum_in_w2 (ours with the "
+                        "top-k sum forced to its own launch or into w2, where the rule picked the other; up to 8 tokens)")
     r.add_argument("--skip-floors", action="store_true",
                    help="no read floors at up to 32 tokens (bench_read_floor.py: 16 timings a point); a run before "
                         "on the same shapes and tokens read the same bytes")

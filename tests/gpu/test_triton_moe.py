@@ -56,6 +56,7 @@ from .moe_gpu_cases import (  # noqa: E402
 BF16_TOL = 1e-2
 FP8_VS_FLOAT_TOL = 8e-2
 FP8_VS_EMULATION_TOL = 1.5e-2
+SUM_ORDER_TOL = 1e-2  # the top-k sum in w2 (fp32) against bf16 rows summed after it
 
 SHAPE_TOKENS = [
     (QWEN3_30B, 1),
@@ -380,6 +381,58 @@ def test_unsorted_pair_blocks_past_one_token(quant):
     for unsorted, out in outs.items():
         assert bool(torch.isfinite(out).all()), unsorted
         assert rel_err(out, ref) < tol, unsorted
+
+
+@pytest.mark.parametrize("quant", ["bf16", "tensor", "channel", "block"])
+@pytest.mark.parametrize("num_tokens", [1, 8])
+def test_w2_sums_each_tokens_slots_itself(quant, num_tokens):
+    """The w2 GEMM with the top-k sum inside (``sum_in_w2=True``) against the two-launch sum and the float64 reference
+    in every weight format, forced on sorted rows too (8 tokens of these layers past Qwen3-Next sort), with a slot of
+    another rank and, past one token, a token with no local slot (zeros); then replayed from a CUDA graph on new
+    routing. Both sums read the same quantized intermediate, so they differ by the bf16 rows the two-launch sum
+    rounds before adding (SUM_ORDER_TOL; 2.5-3.6e-3 measured on the check shapes); FP8 against the float64 emulation
+    of both quantizations at 8 tokens (one token's few intermediate values make that bound too noisy: 1.8e-2 with
+    tensor and block scales on an H200)."""
+    shape = DEEPSEEK_V3_TP4 if quant == "block" else QWEN3_NEXT_TP2
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=43)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=43)
+    g2, ids2 = routing(num_tokens, shape.num_experts, shape.top_k, seed=44)
+    ids[0, 1] = -1
+    if num_tokens > 1:
+        ids[3] = -1
+    if quant == "block":
+        w1q, w2q, s1, s2 = block_fp8_weights(shape)
+        deq = dequantize_block(w1q, w2q, s1, s2)
+        kwargs = dict(fp8=Fp8Spec("block", "group"), w1_scale=s1, w2_scale=s2)
+    elif quant in ("tensor", "channel"):
+        w1q, w2q, s1, s2, deq = quantize_rowwise(*float_weights(shape), quant)
+        kwargs = dict(fp8=Fp8Spec(quant, "token" if quant == "channel" else "tensor"), w1_scale=s1, w2_scale=s2)
+    else:
+        (w1q, w2q), deq, kwargs = float_weights(shape), None, {}
+    tol = BF16_TOL if quant == "bf16" else FP8_VS_FLOAT_TOL
+    outs = {}
+    for sum_in_w2 in (True, False):
+        poison_allocator()
+        outs[sum_in_w2] = out = fused_experts(x, w1q, w2q, g, ids, sum_in_w2=sum_in_w2,
+                                              out=_nan_out(num_tokens, shape.hidden, torch.bfloat16), **kwargs)
+        assert bool(torch.isfinite(out).all()), sum_in_w2
+        if num_tokens > 1:
+            assert bool((out[3] == 0).all()), sum_in_w2
+        assert rel_err(out, reference(x, w1q, w2q, g, ids, dequantize=deq)) < tol, sum_in_w2
+    assert rel_err(outs[True], outs[False].to(torch.float64)) < SUM_ORDER_TOL
+    if quant != "bf16" and num_tokens > 1:
+        granularity = {"block": "group", "channel": "token", "tensor": "tensor"}[quant]
+        emulated = emulate_fp8(x, w1q, w2q, g, ids, granularity=granularity, dequantize=deq)
+        assert rel_err(outs[True], emulated) < FP8_VS_EMULATION_TOL
+    graph = torch.cuda.CUDAGraph()
+    g_in, ids_in = g.clone(), ids.clone()
+    with torch.cuda.graph(graph):
+        replayed = fused_experts(x, w1q, w2q, g_in, ids_in, sum_in_w2=True, **kwargs)
+    g_in.copy_(g2)
+    ids_in.copy_(ids2)
+    replayed.fill_(float("nan"))
+    graph.replay()
+    assert rel_err(replayed, reference(x, w1q, w2q, g2, ids2, dequantize=deq)) < tol
 
 
 @pytest.mark.parametrize(

@@ -99,6 +99,8 @@ def _recorded_launches(monkeypatch, num_tokens: int, top_k: int, experts: int, *
 
 
 GEMMS_AND_SUM = ["moe_gemm_kernel", "moe_gemm_kernel", "topk_sum_kernel"]
+# w2 summing each token's slots itself, no top-k sum launch (fused_experts's sum_in_w2)
+W1_AND_SUMMING_W2 = ["moe_gemm_kernel", "w2_token_sum_kernel"]
 # sorting 512 experts takes the two-launch alignment (past align.SMALL_EXPERTS), 256 the one-program one
 SORT_512 = ["align_count_kernel", "align_scatter_kernel"]
 
@@ -111,6 +113,8 @@ SORT_512 = ["align_count_kernel", "align_scatter_kernel"]
     (8, 10, 512, {}, GEMMS_AND_SUM),  # a small layer at 8 tokens reads a few kB twice: no alignment launch
     (8, 10, 512, {"unsorted": False}, SORT_512 + GEMMS_AND_SUM),  # forced either way
     (9, 10, 256, {"unsorted": True}, GEMMS_AND_SUM),
+    (1, 4, 8, {"sum_in_w2": True}, W1_AND_SUMMING_W2),  # the sum forced into w2, also where the rows are sorted
+    (9, 10, 256, {"sum_in_w2": True}, ["align_small_kernel"] + W1_AND_SUMMING_W2),
 ])
 def test_unsorted_batches_launch_no_alignment(monkeypatch, tokens, top_k, experts, kwargs, expected):
     assert _recorded_launches(monkeypatch, tokens, top_k, experts, **kwargs) == expected

@@ -18,6 +18,8 @@ Four kernels make one MoE layer:
   the tensor-core instruction's N slot, where Hopper's wgmma accepts small sizes,
   and the weight tile in its M slot, which must be 64 rows.
 * ``topk_sum_kernel``: the top-k reduction, skipping slots another rank owns.
+* ``w2_token_sum_kernel``: the w2 GEMM and the top-k sum in one launch for a few unsorted tokens, one program
+  per (token, output tile) summing the token's slots in registers (``config.sums_slots_in_w2`` says where).
 * ``group_quant_kernel`` / ``row_quant_kernel`` (with ``tensor_amax_kernel``, or ``small_tensor_quant_kernel``
   for a decode call's small tensors): FP8 activation quantization. Scales and scaled values are
   correctly rounded divisions (``tl.div_rn``): Triton's ``/`` on float32 is an approximate division, which on
@@ -67,8 +69,8 @@ def _wait_for_previous_kernel(PDL: tl.constexpr):
 def _let_next_kernel_start(PDL: tl.constexpr):
     """Under programmatic dependent launch: let the next kernel's programs be placed on the SMs now, to wait
     there for this one to finish. Called after the wait, so a kernel that starts early still sees every
-    kernel before this one finished. The alignment, the top-k sum and the GEMMs with decode tiles
-    (``SWAP_AB``) do; the quantizers and the prefill GEMMs do not. Measured on an H200
+    kernel before this one finished. The alignment, the top-k sum, the GEMMs with decode tiles
+    (``SWAP_AB``) and the w2 GEMM that sums the top-k slots do; the quantizers and the prefill GEMMs do not. Measured on an H200
     (``docs/perf/decode.md``): with the quantizers doing it, the Mixtral-8x7B FP8 per-tensor layer at 8
     tokens ran 5-15% slower than without PDL; with the prefill GEMMs doing it, Mixtral-8x7B bf16 at 128
     tokens ran 1.5% slower. The causes were not found."""
@@ -522,6 +524,118 @@ def topk_sum_kernel(
     y_ptrs = y_ptr + rows[:, None] * stride_ym + offs[None, :]
     y = tl.load(y_ptrs, mask=ok[:, None] & (offs[None, :] < K), other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_om + offs, tl.sum(y, axis=0).to(out_ptr.dtype.element_ty), mask=offs < K)
+
+
+@triton.jit(do_not_specialize=["num_experts"])
+def w2_token_sum_kernel(
+    a_ptr,
+    a_scale_ptr,
+    w_ptr,
+    w_scale_ptr,
+    out_ptr,
+    row_weight_ptr,
+    topk_ids_ptr,
+    N,
+    K,
+    num_experts,
+    stride_am,
+    stride_ak,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_om,
+    stride_asm,
+    stride_ask,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
+    TOP_K: tl.constexpr,
+    WEIGHT_ROWS: tl.constexpr,
+    A_SCALE: tl.constexpr,
+    W_SCALE: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    W_SCALE_SPAN: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The w2 GEMM and the top-k sum in one launch, for few tokens: out[m, n-tile] = sum over token m's local
+    slots j of g[m, j] * (a[m * TOP_K + j] @ w[e_j, n-tile]^T), summed in fp32 registers, written once.
+
+    One program owns a (token, output tile) and walks that token's slots and each slot's K steps as one
+    software-pipelined loop, so the next slot's weight tiles load while this one's multiply. Where each pair has
+    a row block of its own (``PairBlocks``) the w2 GEMM reads each pair's expert slice alone anyway; this form
+    saves the separate top-k sum launch and the [M * TOP_K, N] rows it would read, with no atomics: the sum
+    runs in slot order, so the output does not depend on scheduling. ``N`` is the output width (hidden), ``K``
+    the reduction (intermediate); the product is swap-AB (the weight tile in the tensor-core instruction's M
+    slot, the pair's row as column 0 of a BLOCK_M-wide operand whose other columns read as zeros). A slot whose
+    expert is outside [0, num_experts) (another rank's) loads nothing and adds nothing; a token with none
+    gets zeros. Scales: the pair's activation scale (per tensor, per row, or per 1x128 group) and the
+    weight's (per tensor, per channel, or per 128x128 block) multiply each K step's product.
+    """
+    _wait_for_previous_kernel(PDL)
+    _let_next_kernel_start(PDL)
+    pid_n = tl.program_id(0)
+    token = tl.program_id(1).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_rows = (offs_n % N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    column = tl.arange(0, BLOCK_M)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    if W_SCALE == 3:
+        n0 = pid_n * BLOCK_N
+        last_group = (N - 1) // 128
+
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for it in range(0, TOP_K * k_steps):
+        slot = it // k_steps
+        ki = it - slot * k_steps
+        pair = token * TOP_K + slot
+        expert = tl.load(topk_ids_ptr + pair).to(tl.int64)
+        local = (expert >= 0) & (expert < num_experts)
+        expert = tl.where(local, expert, 0)
+        # masks as bounds (columns of a, weight rows) that are 0 for a slot of another rank: nothing loads, and
+        # both masks stay constant along K, so the loads keep their 16-byte width
+        a_ok = column[None, :] < tl.where(local, 1, 0)
+        w_ok = offs_n[:, None] < tl.where(local, N, 0)
+        k0 = ki * BLOCK_K
+        a_ptrs = a_ptr + pair * stride_am + (k0 + offs_k)[:, None] * stride_ak + column[None, :] * 0
+        w_ptrs = w_ptr + expert * stride_we + w_rows[:, None] * stride_wn + (k0 + offs_k)[None, :] * stride_wk
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=a_ok, other=0.0)
+            b = tl.load(w_ptrs, mask=w_ok, other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=a_ok & ((k0 + offs_k)[:, None] < K), other=0.0)
+            b = tl.load(w_ptrs, mask=w_ok & ((k0 + offs_k)[None, :] < K), other=0.0)
+        # the slot's scalar factor: its router weight and the per-tensor / per-row scales
+        factor = tl.where(local, 1.0, 0.0)
+        if WEIGHT_ROWS:
+            factor = factor * tl.load(row_weight_ptr + pair).to(tl.float32)
+        if A_SCALE == 1:
+            factor = factor * tl.load(a_scale_ptr)
+        elif A_SCALE == 2:
+            factor = factor * tl.load(a_scale_ptr + pair * stride_asm)
+        if W_SCALE == 1:
+            factor = factor * tl.load(w_scale_ptr + expert * stride_wse)
+        product = tl.dot(b, a)
+        if W_SCALE == 2:
+            w_s = tl.load(w_scale_ptr + expert * stride_wse + w_rows * stride_wsn)
+            acc += product * (w_s * factor)[:, None]
+        elif W_SCALE == 3:
+            k_group = k0 // 128
+            a_s = tl.load(a_scale_ptr + pair * stride_asm + k_group * stride_ask) * factor
+            w_s = _group_scales(w_scale_ptr + expert * stride_wse + k_group * stride_wsk, n0, tl.arange(0, BLOCK_N),
+                                last_group, stride_wsn, W_SCALE_SPAN)
+            if W_SCALE_SPAN == 1:
+                acc += product * (w_s * a_s)
+            else:
+                acc += product * (w_s * a_s)[:, None]
+        else:
+            acc += product * factor
+    # only column 0 holds a pair's product (the others multiplied zeros)
+    y = tl.sum(acc, axis=1)
+    tl.store(out_ptr + token * stride_om + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
 @triton.jit

@@ -132,6 +132,43 @@ class MoEConfig:
             ) from None
 
 
+# The w2 GEMM with the top-k sum inside (``fused.w2_token_sum``) has one program per (token, output tile) where the
+# GEMM that leaves the sum to its own launch has one per (pair, tile): top_k times fewer at the same tile. Measured on
+# one H200 (docs/perf/decode.md, "The top-k sum inside w2"; check shapes at 1-8 tokens, beside the two-launch sum):
+# it was faster only where its grid had at least TOKEN_SUM_MIN_PROGRAMS programs at a tile of at least
+# TOKEN_SUM_MIN_BLOCK_N columns (DeepSeek-V3 TP4 block FP8 at 4 tokens by 5%, Qwen3-Next TP2 at 8 tokens by 8%), and
+# slower at every point that needed a narrower tile to fill its grid (16-32 columns: 1.1-2.3 times the time, every
+# point at one token among them). Its loop reads a slot's expert id before that slot's tiles, and Triton's pipeliner
+# spends stages on that chain (compiled for sm_90: num_stages 4 left one tile buffer at 16 columns, 9 left four), so
+# the kernel asks TOKEN_SUM_STAGES.
+TOKEN_SUM_MIN_PROGRAMS = 256
+TOKEN_SUM_MIN_BLOCK_N = 64
+TOKEN_SUM_STAGES = 8
+
+
+def token_sum_config(w2: GemmConfig, num_tokens: int, n_out: int) -> GemmConfig:
+    """The tile of the w2 GEMM that sums each token's slots itself: ``w2``'s, swap-AB, ``block_n`` halved while it
+    is wider than ``TOKEN_SUM_MIN_BLOCK_N`` and the grid (tokens x output tiles of ``n_out`` columns) has fewer than
+    ``TOKEN_SUM_MIN_PROGRAMS`` programs, and ``TOKEN_SUM_STAGES`` pipeline stages."""
+    block_n = w2.block_n
+    while block_n > TOKEN_SUM_MIN_BLOCK_N and num_tokens * -(-n_out // block_n) < TOKEN_SUM_MIN_PROGRAMS:
+        block_n //= 2
+    return replace(w2, block_n=block_n, group_m=1, swap_ab=True, num_stages=TOKEN_SUM_STAGES)
+
+
+def sums_slots_in_w2(unsorted: bool, config: "MoEConfig", num_tokens: int, n_out: int) -> bool:
+    """Whether the pointer path's w2 GEMM sums each token's slots itself (``fused.w2_token_sum``), saving the top-k
+    sum's launch: where every pair has a row block of its own (``unsorted``, ``align.pair_blocks``: w2 reads each
+    pair's expert slice alone whichever program sums), with the decode (swap-AB) w2 tile, no atomic fold, and a grid
+    of at least ``TOKEN_SUM_MIN_PROGRAMS`` programs at a tile of at least ``TOKEN_SUM_MIN_BLOCK_N`` columns
+    (``token_sum_config``; the measurement above it). One token does only past a hidden size of 16384 (256 tiles of
+    64 columns): one program per output tile is too few to stream its weights."""
+    if not (unsorted and config.w2.swap_ab and not config.fold_topk):
+        return False
+    tile = token_sum_config(config.w2, num_tokens, n_out).block_n
+    return tile >= TOKEN_SUM_MIN_BLOCK_N and num_tokens * -(-n_out // tile) >= TOKEN_SUM_MIN_PROGRAMS
+
+
 def dtype_key(compute_dtype: str, fp8: Optional[str]) -> str:
     """The table's dtype field: ``bf16``/``fp16`` for unquantized, ``fp8_<weight granularity>`` for w8a8."""
     if fp8 is None:

@@ -4,7 +4,8 @@
 pairs by expert, quantize the input if the layer is FP8, run the w1 GEMM with the
 gated activation fused (and the intermediate's FP8 quantization too where it is
 per-group or static), run the w2 GEMM with the top-k weights applied, and sum
-over top-k. ``fused_experts_batched`` is the same pair of GEMMs on the batched
+over top-k (in a launch of its own, or inside w2 for a few unsorted tokens whose grid
+is wide enough: ``w2_token_sum``, ``config.sums_slots_in_w2``). ``fused_experts_batched`` is the same pair of GEMMs on the batched
 layout [E, max_tokens, K], whose output is left unweighted and unreduced for the
 prepare/finalize object to scatter back.
 
@@ -31,6 +32,8 @@ from moe_fsm.kernels.triton_moe.config import (
     GemmConfig,
     MoEConfig,
     get_config,
+    sums_slots_in_w2,
+    token_sum_config,
     validate_config,
     weight_scale_span,
 )
@@ -333,6 +336,46 @@ def w2_gemm(
     return y
 
 
+# the pair's row is column 0 of an operand this wide: the narrowest a Triton dot takes
+TOKEN_SUM_OPERAND_COLUMNS = 16
+
+
+def w2_token_sum(
+    inter: torch.Tensor,
+    inter_scale: Optional[torch.Tensor],
+    w2: torch.Tensor,
+    w2_scale: Optional[torch.Tensor],
+    topk_ids: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    spec: Optional[Fp8Spec],
+    row_weights: Optional[torch.Tensor],
+    config: GemmConfig,
+) -> torch.Tensor:
+    """out[m] = sum over token m's local slots j of ``row_weights[m * top_k + j]`` * (inter row m * top_k + j @
+    w2[e]^T), the w2 GEMM and the top-k sum in one launch (``_kernels.w2_token_sum_kernel``): one program per
+    (token, ``config.block_n`` output columns), the slots summed in fp32 registers in slot order, no [M * top_k, K]
+    rows and no atomics. ``inter`` [M * top_k, N] holds one row per pair, in pair order (the pointer-path w1's
+    layout); a token whose slots are all another rank's gets zeros."""
+    num_experts, k_dim, n = w2.shape
+    num_tokens, top_k = topk_ids.shape
+    w_mode, w_scale, (sws_e, sws_n, sws_k) = _weight_scale(spec, w2_scale, num_experts, k_dim, n, "w2_scale")
+    a_mode = _activation_scale_mode(spec, inter_scale)
+    _, as_m, as_k = _scale_strides(a_mode, inter_scale, False)
+    ids = topk_ids.contiguous()
+    launch(
+        kernels().w2_token_sum_kernel, (-(-k_dim // config.block_n), num_tokens),
+        (inter, out if inter_scale is None else inter_scale, w2, out if w_scale is None else w_scale, out,
+         out if row_weights is None else row_weights, ids, k_dim, n, num_experts,
+         inter.stride(0), inter.stride(1), *w2.stride(), out.stride(0), as_m, as_k, sws_e, sws_n, sws_k),
+        dict(TOP_K=top_k, WEIGHT_ROWS=row_weights is not None, A_SCALE=a_mode, W_SCALE=w_mode,
+             EVEN_K=n % config.block_k == 0, W_SCALE_SPAN=weight_scale_span(config.block_n, k_dim, False),
+             BLOCK_M=TOKEN_SUM_OPERAND_COLUMNS, BLOCK_N=config.block_n, BLOCK_K=config.block_k),
+        config.num_warps, config.num_stages,
+    )
+    return out
+
+
 def topk_sum(
     y: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, out: torch.Tensor,
     row_of_pair: Optional[torch.Tensor] = None,
@@ -423,6 +466,7 @@ def fused_experts(
     out_dtype: Optional[torch.dtype] = None,
     config: Optional[MoEConfig] = None,
     unsorted: Optional[bool] = None,
+    sum_in_w2: Optional[bool] = None,
 ) -> torch.Tensor:
     """The MoE layer, out[t] = sum_j g[t,j] * w2[e] @ act(w1[e] @ x[t]) with e = topk_ids[t,j]: [M, K].
 
@@ -434,6 +478,10 @@ def fused_experts(
     ``unsorted`` gives each (token, slot) pair a row block of its own with no alignment launch
     (``align.pair_blocks``) when True, sorts the pairs by expert when False; None (the default) decides
     by ``align.pair_blocks_pay``. The benchmark times both layouts; either computes the same layer.
+    ``sum_in_w2`` has the pointer path's w2 GEMM sum each token's slots itself, in one launch with no top-k sum
+    kernel after it (``w2_token_sum``), when True; w2 writes a row per pair and a second launch sums them when
+    False; None (the default) decides by ``sums_slots_in_w2``. The Hopper and Gluon kernels (prefill configs)
+    always sum apart: True with a config that takes them is refused.
     """
     require_device(hidden, w1, w2, topk_weights, topk_ids)
     if activation not in ACTIVATIONS:
@@ -450,6 +498,8 @@ def fused_experts(
     top_k = topk_ids.shape[1]
     if unsorted is not None and not isinstance(unsorted, bool):
         raise KernelInputError(f"unsorted must be True, False or None (the rule decides); got {unsorted!r}")
+    if sum_in_w2 is not None and not isinstance(sum_in_w2, bool):
+        raise KernelInputError(f"sum_in_w2 must be True, False or None (the rule decides); got {sum_in_w2!r}")
     if apply_router_weight_on_input and top_k != 1:
         raise KernelInputError(f"apply_router_weight_on_input needs top_k == 1, got top_k={top_k}")
     a, a_scale, result_dtype = _prepare_input(hidden, a1_scale, fp8, out_dtype, defer_groups=True)
@@ -479,6 +529,11 @@ def fused_experts(
     routing = align(topk_ids, num_experts, config.block_m)
     flat_weights = topk_weights.reshape(-1)
     if hopper_usable(config, routing, a, w1, w2):
+        if sum_in_w2:
+            raise KernelInputError(
+                "sum_in_w2=True: this config runs the Hopper/Gluon kernels, whose w2 writes rows in sorted order and "
+                "leaves the top-k sum to its own launch; pass a pointer-path (decode) config or sum_in_w2=None/False"
+            )
         return _hopper_layer(
             a, a_scale, w1, w2, w1_scale, w2_scale, a2_scale, routing, flat_weights, topk_ids, out,
             spec=fp8, activation=activation, swiglu_limit=swiglu_limit,
@@ -492,6 +547,11 @@ def fused_experts(
         config=config.w1, out_dtype=result_dtype,
     )
     row_weights = None if apply_router_weight_on_input else flat_weights
+    if sums_slots_in_w2(unsorted, config, num_tokens, k_dim) if sum_in_w2 is None else sum_in_w2:
+        return w2_token_sum(
+            inter, inter_scale, w2, w2_scale, topk_ids, out, spec=fp8, row_weights=row_weights,
+            config=token_sum_config(config.w2, num_tokens, k_dim),
+        )
     if config.fold_topk and top_k > 1:
         acc = torch.zeros(num_tokens, k_dim, dtype=torch.float32, device=hidden.device)
         w2_gemm(
