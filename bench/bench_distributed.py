@@ -2,7 +2,7 @@
 
     python bench/bench_distributed.py [--nproc N] [--out bench-out] [--tokens 128 1024 4096] [--quant none fp8]
                                       [--routing uniform skewed]
-                                      [--pf all2all capped capped_plain capped_graph fixed fixed_graph allgather]
+                                      [--pf all2all capped capped_graph fixed fixed_graph allgather]
                                       [--with-experts] [--profile] [--host-breakdown]
 
 Starts itself on N ranks through ``moe_fsm.distributed.launch`` (NCCL with one
@@ -19,10 +19,8 @@ each token count per rank, it times
   sizes and byte widths;
 * ``capped``: the same P/F built with ``max_tokens_per_rank`` = the tokens per rank: fixed blocks
   of that many rows each way, no counts exchange and no host read, against two plain equal-split
-  ``all_to_all_single`` of the same bytes (on CUDA its eager call replays graphs the P/F captured itself,
-  ``prepare_finalize/dispatch_graphs.py``); ``capped_plain``: the same eager call with those graphs switched off
-  (``MOE_FSM_DISPATCH_GRAPHS=0``: every kernel and collective launched from Python); ``capped_graph``: that call
-  captured in a CUDA graph by the caller and replayed (CUDA only);
+  ``all_to_all_single`` of the same bytes; ``capped_graph``: that call captured in a CUDA graph
+  and replayed (CUDA only);
 * ``fixed``: FixedCapacityAllToAllPrepareFinalize (Batched format, capacity = the tokens
   per rank), eagerly, against two plain equal-split ``all_to_all_single`` of the same
   bytes (W blocks of capacity rows each way);
@@ -106,10 +104,7 @@ QUANTS = {
     "none": None,
     "fp8": QuantScheme.fp8("block", "group"),  # DeepSeek-V3: 1x128 dynamic activation groups
 }
-PF_KINDS = ("all2all", "capped", "capped_plain", "capped_graph", "fixed", "fixed_graph", "allgather")
-# The switch of the P/F's own graphs, which ``capped_plain`` turns off (moe_fsm.prepare_finalize.dispatch_graphs.ENV;
-# spelled out so that this script also times trees from before it)
-DISPATCH_GRAPHS_ENV = "MOE_FSM_DISPATCH_GRAPHS"
+PF_KINDS = ("all2all", "capped", "capped_graph", "fixed", "fixed_graph", "allgather")
 # Environment the GPU run must keep as the machine sets it; recorded in the report.
 RECORDED_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "NCCL_DEBUG", "OMP_NUM_THREADS")
 
@@ -284,11 +279,8 @@ def all2all_case(ctx, tokens, hidden, ids, weights, quantize, output) -> Case:
     return Case(pf.name, step, baseline, "all_to_all_single x2", row_bytes, sum(send), nbytes, fresh_baseline, pf)
 
 
-def capped_case(ctx, tokens, hidden, ids, weights, quantize, output, graph: bool, plain: bool = False) -> Case:
-    """AllToAllPrepareFinalize with max_tokens_per_rank = tokens: equal blocks, no host read (graph-capturable).
-
-    ``plain``: labels the case as the call with the P/F's own graphs off (``plain_if`` sets the switch around the
-    whole case, its timing included)."""
+def capped_case(ctx, tokens, hidden, ids, weights, quantize, output, graph: bool) -> Case:
+    """AllToAllPrepareFinalize with max_tokens_per_rank = tokens: equal blocks, no host read (graph-capturable)."""
     device, world = ctx.device, ctx.world_size
     placement = ExpertPlacement(NUM_EXPERTS, world, ctx.rank)
     expert_map = placement.expert_map(device)
@@ -306,8 +298,7 @@ def capped_case(ctx, tokens, hidden, ids, weights, quantize, output, graph: bool
         pf.finalize(output, stand_in, prepared, topk_weights=prepared.topk_weights, topk_ids=prepared.topk_ids,
                     apply_router_weight_on_input=False, reduce=WeightAndReduce.EXPERTS)
 
-    label = ", CUDA graph)" if graph else (", plain eager)" if plain else ")")
-    case = _equal_blocks_case(pf.name + " (max_tokens_per_rank" + label,
+    case = _equal_blocks_case(pf.name + " (max_tokens_per_rank" + (", CUDA graph)" if graph else ")"),
                               captured(step, device) if graph else step, world * tokens, first.state.row_bytes, device)
     case.eager_all2all = None if graph else pf
     return case
@@ -530,21 +521,6 @@ def render_breakdown(breakdown: dict) -> str:
     )
 
 
-def plain_if(plain: bool, fn: Callable, *args):
-    """``fn(*args)``, with the P/F's own graphs switched off while it runs where ``plain``."""
-    if not plain:
-        return fn(*args)
-    saved = os.environ.get(DISPATCH_GRAPHS_ENV)
-    os.environ[DISPATCH_GRAPHS_ENV] = "0"
-    try:
-        return fn(*args)
-    finally:
-        if saved is None:
-            del os.environ[DISPATCH_GRAPHS_ENV]
-        else:
-            os.environ[DISPATCH_GRAPHS_ENV] = saved
-
-
 def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, warmup: int, iters: int) -> Optional[dict]:
     device, rank, world = ctx.device, ctx.rank, ctx.world_size
     if pf_kind.endswith("_graph") and device.type != "cuda":
@@ -563,7 +539,7 @@ def bench_case(pf_kind: str, quant: str, tokens: int, route: str, ctx, args, war
     elif pf_kind == "allgather":
         case = allgather_case(*args_)
     elif pf_kind.startswith("capped"):
-        case = capped_case(*args_, graph=pf_kind == "capped_graph", plain=pf_kind == "capped_plain")
+        case = capped_case(*args_, graph=pf_kind == "capped_graph")
     else:
         case = fixed_case(*args_, graph=pf_kind == "fixed_graph")
 
@@ -662,17 +638,17 @@ def target_lines(cases: list[dict]) -> list[str]:
         best_fixed = min((c for c in (eager, graph) if c), key=lambda c: c["pf_ms"], default=None)
         over_bare = lambda c: f"{c['pf_ms'] * 1e3:.0f} µs, {c['pf_over_baseline']:.2f}x" if c else "-"  # noqa: E731
         rows.append(f"| {key[0]} | {key[1]} | {key[2]} | {a2a['pf_ms'] * 1e3:.0f} | {a2a['pf_over_baseline']:.2f}x | "
-                    f"{over_bare(capped_eager)} | {over_bare(capped_graph)} | {cell(best_fixed, a2a)} | {cell(graph, eager)} | "
+                    f"{over_bare(capped_graph)} | {cell(best_fixed, a2a)} | {cell(graph, eager)} | "
                     f"{cell(capped_graph, capped_eager)} |")
     if not rows:
         return []
     return ["", "Targets (issue 42): all-to-all P/F over the bare collectives (<= 1.3x at 4096 tokens/rank; <= 3x and "
-            "<= 250 µs at 128; the variable call, and the call with max_tokens_per_rank, eager and replayed in a CUDA graph, over "
+            "<= 250 µs at 128; the variable call, and the call with max_tokens_per_rank replayed in a CUDA graph over "
             "the bare equal-split collectives), the faster fixed-capacity call (eager or replay) over the variable one "
             "(<= 1.2x), the replays over the eager calls (<= 1x):", "",
-            "| payload | routing | tokens/rank | all-to-all µs | over bare | max_tokens_per_rank eager | "
-            "max_tokens_per_rank replayed | fixed / variable | replay / eager (fixed) | replay / eager (max_tokens_per_rank) |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|", *rows]
+            "| payload | routing | tokens/rank | all-to-all µs | over bare | max_tokens_per_rank replayed | "
+            "fixed / variable | replay / eager (fixed) | replay / eager (max_tokens_per_rank) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|", *rows]
 
 
 def release_memory(device: torch.device) -> None:
@@ -838,8 +814,7 @@ def run_rank(args: argparse.Namespace) -> int:
             for route in args.routing:
                 for tokens in args.tokens:
                     for pf_kind in args.pf:
-                        mine = plain_if(pf_kind == "capped_plain", bench_case, pf_kind, quant, tokens, route, ctx,
-                                        args, warmup, iters)
+                        mine = bench_case(pf_kind, quant, tokens, route, ctx, args, warmup, iters)
                         release_memory(ctx.device)
                         if mine is None or "skipped" in mine:
                             if ctx.rank == 0:
