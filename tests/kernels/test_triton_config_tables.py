@@ -5,15 +5,14 @@ No GPU needed: the tables, their lookup and the default heuristic are plain Pyth
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
 import pytest
 
 from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.triton_moe import config as cfg
 from moe_fsm.kernels.triton_moe.config import GemmConfig, MoEConfig
+from triton_launches import interpreter
 
 DEVICE = "NVIDIA H100 80GB HBM3"
 
@@ -217,8 +216,7 @@ def _interpreted_layer_error(experts: int, k: int, n: int, top_k: int, tokens: i
     return float((out.double() - ref).norm() / ref.norm())
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
-                    reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
+@interpreter
 def test_the_h100_default_vllm_tile_computes_the_layer():
     """vLLM's default 128-row tile, which an H100's default takes at 48-128 rows per expert past 512 tokens
     (``vllm_default_tile_config``), computes the layer: under Triton's interpreter (float16; tests/gpu/test_triton_moe.py
@@ -307,8 +305,7 @@ def test_an_h100_keeps_its_measured_block_fp8_and_thin_tiles(case, kind, user_di
     assert cfg.get_config(DEVICE, e, n, k, top_k, tokens, "bfloat16", fp8) == on_h100
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
-                    reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
+@interpreter
 def test_the_h100_thin_deep_k_tile_computes_the_layer():
     """vLLM's tuned H100 tile with 256-wide K steps, which an H100's default takes on the thin blocks of wide bf16
     layers at 97-512 tokens (``thin_deep_k_config``), computes the layer: under Triton's interpreter (float16) against
@@ -344,8 +341,7 @@ def test_merging_a_partial_tuning_into_the_shipped_table_keeps_the_other_token_c
     assert merged[other] == {"1": tuned(16).to_json()}
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
-                    reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
+@interpreter
 def test_the_default_32_row_blocks_compute_the_layer():
     """The 32-row blocks the default takes for bf16 layers at 8-32 rows per expert past 96 tokens (``row_block32_config``)
     compute the layer: under Triton's interpreter (float16, which it computes; tests/gpu/test_triton_moe.py runs bf16 on

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 
 import pytest
 import torch
@@ -24,11 +23,7 @@ from moe_fsm.kernels.triton_moe.align import (
     UNSORTED_MAX_TOKENS, UNSORTED_REREAD_BYTES, expected_shared_pairs, pair_blocks_pay,
 )
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or not HAS_TRITON,
-                                 reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
-needs_triton = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1",
-                                  reason="binds launches with Triton's JIT binder: needs Triton, not its interpreter")
+from triton_launches import interpreter, needs_triton_jit
 
 TOL = 1e-2  # fp16 operands and intermediate, fp32 accumulation
 
@@ -105,7 +100,7 @@ W1_AND_SUMMING_W2 = ["moe_gemm_kernel", "w2_token_sum_kernel"]
 SORT_512 = ["align_count_kernel", "align_scatter_kernel"]
 
 
-@needs_triton
+@needs_triton_jit
 @pytest.mark.parametrize("tokens,top_k,experts,kwargs,expected", [
     (9, 10, 512, {}, SORT_512 + GEMMS_AND_SUM),  # past UNSORTED_MAX_TOKENS the default sorts
     (9, 10, 256, {}, ["align_small_kernel"] + GEMMS_AND_SUM),
@@ -120,7 +115,7 @@ def test_unsorted_batches_launch_no_alignment(monkeypatch, tokens, top_k, expert
     assert _recorded_launches(monkeypatch, tokens, top_k, experts, **kwargs) == expected
 
 
-@needs_triton
+@needs_triton_jit
 @pytest.mark.parametrize("bad", ["yes", 1, 0.0])
 def test_unsorted_takes_a_bool_or_none(monkeypatch, bad):
     from moe_fsm.errors import KernelInputError

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 
 import pytest
 import torch
@@ -27,11 +26,7 @@ from moe_fsm.kernels.triton_moe.config import (
     TOKEN_SUM_MIN_PROGRAMS, TOKEN_SUM_STAGES, GemmConfig, MoEConfig, sums_slots_in_w2, token_sum_config,
 )
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or not HAS_TRITON,
-                                 reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
-needs_triton = pytest.mark.skipif(not HAS_TRITON or os.environ.get("TRITON_INTERPRET") == "1",
-                                  reason="records launches with Triton's JIT functions: needs Triton, not its interpreter")
+from triton_launches import interpreter, needs_triton_jit
 
 TOL = 1e-2  # fp16 operands and intermediate, fp32 accumulation
 DECODE = MoEConfig(16, GemmConfig(16, 32, 1, 4, 2, swap_ab=True), GemmConfig(32, 16, 1, 4, 2, swap_ab=True))
@@ -84,7 +79,7 @@ def _record(monkeypatch, **kwargs) -> list[str]:
     return [fn.__name__ for fn, _, _, _ in calls]
 
 
-@needs_triton
+@needs_triton_jit
 @pytest.mark.parametrize("fp8", [None, "tensor", "channel", "block"])
 def test_the_summing_w2_launch_binds_in_every_format(monkeypatch, fp8):
     """``sum_in_w2=True``: w2's launch is ``w2_token_sum_kernel`` with no top-k sum after it, bound by Triton's
@@ -122,7 +117,7 @@ def test_the_summing_w2_launch_binds_in_every_format(monkeypatch, fp8):
     assert constexprs[(fn.arg_names.index("PDL"),)] is True
 
 
-@needs_triton
+@needs_triton_jit
 @pytest.mark.parametrize("bad", ["yes", 1, 0.0])
 def test_sum_in_w2_takes_a_bool_or_none(monkeypatch, bad):
     from moe_fsm.errors import KernelInputError
@@ -131,7 +126,7 @@ def test_sum_in_w2_takes_a_bool_or_none(monkeypatch, bad):
         _record(monkeypatch, sum_in_w2=bad)
 
 
-@needs_triton
+@needs_triton_jit
 def test_sum_in_w2_is_refused_where_the_hopper_kernels_run(monkeypatch):
     from moe_fsm.errors import KernelInputError
     from moe_fsm.kernels.triton_moe import fused

@@ -15,14 +15,13 @@ shard shapes on CUDA.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from dataclasses import replace
 
 import pytest
 import torch
 from torch_moe_cases import NVFP4_WEIGHT_ONLY, seed_for
+from triton_launches import interpreter
 
 from moe_fsm.engine.engine import Engine
 from moe_fsm.engine.presets import LayerSpec
@@ -67,10 +66,6 @@ SHAPES = {
 # tile's dots onto the running sums (``chain_acc``, the many-pair tiles' form)
 CONFIGS = [WqConfig(16, 32, 64, 4, 1), WqConfig(16, 16, 128, 4, 1), WqConfig(16, 32, 64, 4, 1, split_k=2, w2_split_k=3),
            WqConfig(32, 32, 64, 4, 1, chain_acc=True)]
-
-
-interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
-                                 reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
 
 
 def _problem(name: str, tokens: int, experts: int = 4, top_k: int = 2):

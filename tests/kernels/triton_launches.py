@@ -2,10 +2,25 @@
 
 A test swaps a kernel for a ``Recorder``, runs the host code that launches it, then ``bind``s each recorded
 launch: a renamed, missing or extra argument fails there, on a machine without a GPU, and not at the first
-launch on one. Needs Triton (not CUDA).
+launch on one. Needs Triton (not CUDA). Also the two skip markers the kernel tests share: ``interpreter`` for tests
+that run the kernels under Triton's interpreter, ``needs_triton_jit`` for tests that record and bind launches with
+Triton's JIT (which the interpreter replaces).
 """
 
 from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+UNDER_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+
+interpreter = pytest.mark.skipif(not (HAS_TRITON and UNDER_INTERPRETER),
+                                 reason="runs the kernels under Triton's interpreter: start pytest with TRITON_INTERPRET=1")
+needs_triton_jit = pytest.mark.skipif(not HAS_TRITON or UNDER_INTERPRETER,
+                                      reason="records and binds launches with Triton's JIT: needs Triton, not its interpreter")
 
 
 class Recorder:
