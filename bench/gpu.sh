@@ -142,7 +142,9 @@ EOF
 # that start sessions of their own (moe_fsm.distributed.launch's agent, ranks started with start_new_session=True)
 # escape a plain `timeout`, but they inherit the environment, so the tag finds them in /proc. Past LIMIT_S the step
 # prints which processes were still running (pid, RANK, command line), asks each rank for its Python stacks (SIGUSR1:
-# moe_fsm.distributed.init_from_env registers faulthandler for it), prints the tail of each rank's log file, then
+# moe_fsm.distributed.init_from_env registers faulthandler for it, writing into $MOE_FSM_STACKS_DIR, a folder the step
+# makes and removes, so that a rank whose stderr is a pipe, as under pytest, is heard too) and prints them, prints the
+# tail of each rank's log file, then
 # SIGTERMs the step's session and every tagged process and SIGKILLs whatever is left 5 s later. Tagged processes
 # left running by a step that ended by itself (orphans) are ended the same way. Exit status: COMMAND's, or 124 when
 # the limit was reached (as coreutils' timeout).
@@ -152,15 +154,17 @@ step() {
     [ "${1:-}" = "--" ] && shift
     case "$limit" in ''|*[!0-9]*) echo "gpu.sh step: LIMIT_S is '$limit'; accepted: a whole number of seconds" >&2; return 2 ;; esac
     [ $# -gt 0 ] || { echo "gpu.sh step: name the command to run after LIMIT_S (step NAME LIMIT_S -- COMMAND...)" >&2; return 2; }
-    local tag="moe-fsm-step-$$-$RANDOM-$name" start=$SECONDS pid status
-    MOE_FSM_STEP_TAG=$tag setsid "$@" &
+    local tag="moe-fsm-step-$$-$RANDOM-$name" start=$SECONDS pid status stacks
+    stacks=$(mktemp -d "${TMPDIR:-/tmp}/moe-fsm-stacks.XXXXXX") || return 1
+    MOE_FSM_STEP_TAG=$tag MOE_FSM_STACKS_DIR=$stacks setsid "$@" &
     pid=$!
     while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - start)) -lt "$limit" ]; do sleep 1; done
     if kill -0 "$pid" 2>/dev/null; then
         echo "gpu.sh: step '$name' still running after $limit s: ending it and every process it started"
-        describe_tagged "$tag"
+        describe_tagged "$tag" "$stacks"
         end_tagged "$tag" "$pid"
         wait "$pid" 2>/dev/null
+        rm -rf "$stacks"
         echo "gpu.sh: step '$name' ended after $((SECONDS - start)) s (limit $limit s)"
         return 124
     fi
@@ -168,9 +172,10 @@ step() {
     status=$?
     if [ -n "$(tagged_pids "$tag")" ]; then
         echo "gpu.sh: step '$name' exited ($status) but left processes running: ending them"
-        describe_tagged "$tag"
+        describe_tagged "$tag" "$stacks"
         end_tagged "$tag" ""
     fi
+    rm -rf "$stacks"
     return "$status"
 }
 
@@ -184,20 +189,25 @@ rank_of() {
     { tr '\0' '\n' < "/proc/$1/environ"; } 2>/dev/null | sed -n 's/^RANK=//p'
 }
 
-# Which processes of the step are running (pid, RANK, command line); each rank's stacks and log tail.
+# Which processes of the step are running (pid, RANK, command line); each rank's stacks (from the files in STACKS_DIR
+# where the rank wrote them there, else in its stderr) and log tail.
 describe_tagged() {
-    local p rank log pids
+    local p rank log pids stacks=${2:-}
     pids=$(tagged_pids "$1")
     for p in $pids; do
         rank=$(rank_of "$p")
         echo "  pid $p${rank:+ RANK=$rank}: $(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-300)"
     done
     for p in $pids; do
-        [ -n "$(rank_of "$p")" ] && kill -USR1 "$p" 2>/dev/null  # faulthandler: the rank's Python stacks to its stderr
+        [ -n "$(rank_of "$p")" ] && kill -USR1 "$p" 2>/dev/null  # faulthandler: the rank's Python stacks
     done
     sleep 2
     for p in $pids; do
         rank=$(rank_of "$p")
+        if [ -n "$rank" ] && [ -n "$stacks" ] && [ -s "$stacks/rank$rank-pid$p.txt" ]; then
+            echo "  --- RANK=$rank (pid $p), its Python stacks:"
+            sed 's/^/  | /' "$stacks/rank$rank-pid$p.txt"
+        fi
         log=$(readlink "/proc/$p/fd/2" 2>/dev/null)
         if [ -n "$rank" ] && [ -f "$log" ]; then
             echo "  --- RANK=$rank (pid $p), the last lines of $log:"

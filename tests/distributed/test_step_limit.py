@@ -30,11 +30,15 @@ pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the step finds its processes in /proc"),
 ]
 
+# Rank 0's stderr goes nowhere (as a rank's pipe into a pytest that is killed with it): its stacks reach the step's
+# output only through the files the step asks for (MOE_FSM_STACKS_DIR).
 HANGING_RANK = """
 import os, sys, time
 from pathlib import Path
 import torch.distributed as dist
 from moe_fsm.distributed import init_from_env
+if os.environ.get("RANK") == "0":
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
 ctx = init_from_env("gloo")
 Path(sys.argv[1], f"rank{ctx.rank}.ready").write_text(str(os.getpid()))
 if ctx.rank == 1:
@@ -88,10 +92,18 @@ def test_a_hung_step_ends_at_its_limit_with_every_rank_and_names_them(tmp_path: 
         assert elapsed < LIMIT_S + 30, f"the step took {elapsed:.0f} s to end"
         assert f"step 'hang' still running after {LIMIT_S} s" in out
         assert "RANK=0" in out and "RANK=1" in out, out[-3000:]
+        assert "RANK=0 (pid" in out and "its Python stacks" in out, out[-3000:]
         assert "in barrier" in out, f"rank 0's stack (faulthandler on SIGUSR1) should show where it waited:\n{out[-3000:]}"
+        assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"moe-fsm-stacks.*/rank*-pid{ready_pid(tmp_path, 0)}.txt")), \
+            "the step removes the stacks it asked for"
     finally:
         for pid in _marked(marker):
             os.kill(pid, 9)
+
+
+def ready_pid(tmp_path: Path, rank: int) -> int:
+    """The pid a rank of HANGING_RANK wrote when it got going."""
+    return int((tmp_path / f"rank{rank}.ready").read_text())
 
 
 def test_step_refuses_a_limit_that_is_not_seconds() -> None:

@@ -166,16 +166,32 @@ def init_from_env(backend: Optional[str] = None, timeout_s: Optional[float] = No
     return DistContext(rank, world_size, local_rank, backend, device)
 
 
+STACKS_DIR_ENV = "MOE_FSM_STACKS_DIR"
+_stacks_file = None  # the open file faulthandler writes this rank's stacks into (it must outlive the registration)
+
+
 def _stacks_on_request() -> None:
-    """SIGUSR1 makes this rank print every thread's Python stack to stderr (and go on).
+    """SIGUSR1 makes this rank print every thread's Python stack (and go on).
 
     A supervisor that finds a rank hung (``bench/gpu.sh step``) asks it where it
-    waits before ending it. Left alone where the program handles SIGUSR1 itself.
+    waits before ending it. The stacks go to ``$MOE_FSM_STACKS_DIR/rank<RANK>-pid<pid>.txt``
+    where the supervisor names that folder (a rank started by a test or ``moe-fsm run``
+    often writes its stderr into a pipe that a killed parent never prints), else to
+    stderr. Left alone where the program handles SIGUSR1 itself.
     """
+    global _stacks_file
     usr1 = getattr(signal, "SIGUSR1", None)  # POSIX only
     if usr1 is None or threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(usr1) == signal.SIG_DFL:
+    if signal.getsignal(usr1) != signal.SIG_DFL:
+        return
+    folder = os.environ.get(STACKS_DIR_ENV)
+    if folder and os.path.isdir(folder) and _stacks_file is None:
+        name = f"rank{os.environ.get('RANK', '')}-pid{os.getpid()}.txt"
+        _stacks_file = open(os.path.join(folder, name), "w", encoding="utf-8")  # noqa: SIM115 - held for the process
+    if _stacks_file is not None:
+        faulthandler.register(usr1, file=_stacks_file, all_threads=True)
+    else:
         faulthandler.register(usr1, all_threads=True)
 
 
