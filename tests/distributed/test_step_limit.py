@@ -115,3 +115,30 @@ def test_a_step_that_ends_by_itself_keeps_its_status(tmp_path: Path) -> None:
     done = subprocess.run(["bash", str(SCRIPT), "step", "quick", "30", "--", "sh", "-c", "echo hi; exit 7"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 7 and done.stdout == "hi\n"
+
+
+ASK_FOR_STACKS = """
+import os, signal, time
+from moe_fsm.distributed.group import _stacks_on_request
+_stacks_on_request()
+os.kill(os.getpid(), signal.SIGUSR1)
+time.sleep(0.5)
+print("still running")
+"""
+
+
+@pytest.mark.parametrize("folder", ["made", "missing"])
+def test_a_rank_writes_its_stacks_where_the_step_asks_or_to_stderr(tmp_path: Path, folder: str) -> None:
+    stacks = tmp_path / "stacks"
+    if folder == "made":
+        stacks.mkdir()
+    env = {**os.environ, "MOE_FSM_STACKS_DIR": str(stacks), "RANK": "3",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", ASK_FOR_STACKS], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and "still running" in done.stdout, done.stdout + done.stderr
+    if folder == "made":
+        files = list(stacks.glob("rank3-pid*.txt"))
+        assert len(files) == 1 and "<string>" in files[0].read_text(), (files, done.stderr)
+        assert "<string>" not in done.stderr
+    else:  # a folder that is not there: the rank runs on and its stacks go to stderr
+        assert not stacks.exists() and "<string>" in done.stderr, done.stderr

@@ -186,9 +186,12 @@ def _stacks_on_request() -> None:
     if signal.getsignal(usr1) != signal.SIG_DFL:
         return
     folder = os.environ.get(STACKS_DIR_ENV)
-    if folder and os.path.isdir(folder) and _stacks_file is None:
+    if folder and _stacks_file is None:
         name = f"rank{os.environ.get('RANK', '')}-pid{os.getpid()}.txt"
-        _stacks_file = open(os.path.join(folder, name), "w", encoding="utf-8")  # noqa: SIM115 - held for the process
+        try:
+            _stacks_file = open(os.path.join(folder, name), "w", encoding="utf-8")  # noqa: SIM115 - held for the process
+        except OSError:  # a folder that is gone or not writable: the stacks go to stderr, the rank runs on
+            _stacks_file = None
     if _stacks_file is not None:
         faulthandler.register(usr1, file=_stacks_file, all_threads=True)
     else:
