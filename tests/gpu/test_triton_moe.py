@@ -289,37 +289,24 @@ def test_default_32_row_blocks_bf16():
     assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
 
 
-def test_default_vllm_tile_of_an_h100_bf16():
-    """The tile an H100's default takes for bf16 layers past 512 tokens at 48-128 rows per expert
-    (config.VLLM_TILE_MAX_ROWS_BY_DEVICE: vLLM's default 128-row tile, w1 64 / w2 128 wide, 64-wide K steps), run here
-    on whichever card the test has: 75 rows per expert, N and K not multiples of the tiles."""
-    from moe_fsm.kernels.triton_moe.config import default_config, vllm_default_tile_config
+@pytest.mark.parametrize("tile,shape,num_tokens,seed", [
+    ("vllm_default_tile_config", Shape("rows-75", 32, 576, 352, 4), 600, 37),
+    ("thin_deep_k_config", Shape("wide-rows-6", 16, 1344, 800, 1), 100, 39),
+], ids=["vllm-tile-rows-75", "thin-deep-k-rows-6"])
+def test_default_h100_bf16_tiles(tile, shape, num_tokens, seed):
+    """The bf16 tiles an H100's default takes, run here on whichever card the test has, with N and K not multiples of
+    the tiles: vLLM's default 128-row tile (w1 64 / w2 128 wide, 64-wide K steps) past 512 tokens at 48-128 rows per
+    expert (config.VLLM_TILE_MAX_ROWS_BY_DEVICE; here 75 rows per expert), and vLLM's tuned H100 tile with 256-wide K
+    steps in 5 stages on the thin blocks of wide layers at 97-512 tokens (config.THIN_DEEP_K_DEVICES; here 6 rows per
+    expert, N past 768)."""
+    from moe_fsm.kernels.triton_moe import config as cfg
 
-    shape, num_tokens = Shape("rows-75", 32, 576, 352, 4), 600
-    config = default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens,
-                            block_fp8=False, device="NVIDIA H100 80GB HBM3")
-    assert config == vllm_default_tile_config()
+    config = cfg.default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens,
+                                block_fp8=False, device="NVIDIA H100 80GB HBM3")
+    assert config == getattr(cfg, tile)()
     w1, w2 = float_weights(shape)
-    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=37)
-    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=37)
-    poison_allocator()
-    out = fused_experts(x, w1, w2, g, ids, config=config, out=_nan_out(num_tokens, shape.hidden, torch.bfloat16))
-    assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
-
-
-def test_default_thin_deep_k_of_an_h100_bf16():
-    """The tile an H100's default takes on the thin blocks of wide bf16 layers at 97-512 tokens
-    (config.THIN_DEEP_K_DEVICES: vLLM's tuned H100 tile, 256-wide K steps in 5 stages), run here on whichever card the
-    test has: 6 rows per expert, N past 768 and neither N nor K a multiple of the tiles."""
-    from moe_fsm.kernels.triton_moe.config import default_config, thin_deep_k_config
-
-    shape, num_tokens = Shape("wide-rows-6", 16, 1344, 800, 1), 100
-    config = default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, num_tokens,
-                            block_fp8=False, device="NVIDIA H100 80GB HBM3")
-    assert config == thin_deep_k_config()
-    w1, w2 = float_weights(shape)
-    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=39)
-    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=39)
+    x = hidden_states(num_tokens, shape.hidden, torch.bfloat16, seed=seed)
+    g, ids = routing(num_tokens, shape.num_experts, shape.top_k, seed=seed)
     poison_allocator()
     out = fused_experts(x, w1, w2, g, ids, config=config, out=_nan_out(num_tokens, shape.hidden, torch.bfloat16))
     assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
