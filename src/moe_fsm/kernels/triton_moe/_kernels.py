@@ -725,3 +725,192 @@ def small_tensor_quant_kernel(
         tl.store(q_ptr + rows.to(tl.int64)[:, None] * stride_qm + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(amax_ptr, amax)
+
+
+@triton.jit
+def _load_acquire(ptr):
+    """One int32 read with acquire order at GPU scope: a write released by another SM before it is seen after it."""
+    return tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _grid_barrier(barrier_ptr, num_programs):
+    """Wait until every program of the grid has arrived here; what each wrote before is seen by all after.
+
+    CUDA cooperative groups' grid sync on one int32 word: each program adds 1, program 0 adds 2**31 - (programs -
+    1), so the word's top bit flips exactly when the last one arrives, and its low bits are back where they were:
+    no reset and no memset launch between calls, so CUDA-graph replays reuse it as it is. Every program must be on
+    an SM at once (``decode_layer``'s grid is bounded by the compiled kernel's occupancy); the block-wide barriers
+    order all the program's threads' writes before its arrival, and their reads after the flip."""
+    tl.debug_barrier()
+    add = tl.where(tl.program_id(0) == 0, 2147483647 - (num_programs - 2), 1)
+    before = tl.atomic_add(barrier_ptr, add, sem="acq_rel", scope="gpu")
+    now = _load_acquire(barrier_ptr)
+    while (now ^ before) >= 0:
+        now = _load_acquire(barrier_ptr)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _decode_w1_tile_out(acc, slot, n0, N, local, topk_weight_ptr, inter_ptr, swiglu_limit, BLOCK_N1: tl.constexpr,
+                        ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, WEIGHT_ON_INPUT: tl.constexpr):
+    """A w1 tile's epilogue in ``decode_layer_kernel``: its gate and up columns out of the swap-AB accumulator
+    (column 0 holds x's product), the router weight where it goes on the input, the activation, stored."""
+    y = tl.sum(acc, axis=1)
+    if WEIGHT_ON_INPUT:
+        y = y * tl.load(topk_weight_ptr + slot).to(tl.float32)
+    gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N1)), (1, 0)))
+    h = _activate(gate, up, swiglu_limit, ACTIVATION, HAS_LIMIT)
+    offs_n = n0 + tl.arange(0, BLOCK_N1)
+    tl.store(inter_ptr + slot * N + offs_n, h.to(inter_ptr.dtype.element_ty), mask=offs_n < tl.where(local, N, 0))
+
+
+@triton.jit
+def _decode_w2_tile_out(acc, slot, tile, K, topk_weight_ptr, partial_ptr, out_ptr, tile_arrivals_ptr,
+                        TOP_K: tl.constexpr, TOPK_POW2: tl.constexpr, BLOCK_N2: tl.constexpr,
+                        WEIGHT_ON_INPUT: tl.constexpr):
+    """A w2 tile's epilogue in ``decode_layer_kernel``: times the slot's router weight; with one slot straight into
+    ``out``, else into ``partial`` and, by the last of the column tile's TOP_K programs to arrive, the tile's slots
+    summed in slot order into ``out`` (the tile's counter put back to 0)."""
+    offs_c = tile * BLOCK_N2 + tl.arange(0, BLOCK_N2)
+    y = tl.sum(acc, axis=1)
+    if not WEIGHT_ON_INPUT:
+        y = y * tl.load(topk_weight_ptr + slot).to(tl.float32)
+    if TOP_K == 1:
+        tl.store(out_ptr + offs_c, y.to(out_ptr.dtype.element_ty), mask=offs_c < K)
+    else:
+        tl.store(partial_ptr + slot * K + offs_c, y, mask=offs_c < K)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(tile_arrivals_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == TOP_K - 1:
+            tl.debug_barrier()
+            slots = tl.arange(0, TOPK_POW2)
+            p = tl.load(partial_ptr + slots[:, None] * K + offs_c[None, :],
+                        mask=(slots[:, None] < TOP_K) & (offs_c[None, :] < K), other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + offs_c, tl.sum(p, axis=0).to(out_ptr.dtype.element_ty), mask=offs_c < K)
+            tl.atomic_xchg(tile_arrivals_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit(do_not_specialize=["num_experts", "num_programs"])
+def decode_layer_kernel(
+    x_ptr,
+    w1_ptr,
+    w2_ptr,
+    inter_ptr,
+    partial_ptr,
+    out_ptr,
+    topk_ids_ptr,
+    topk_weight_ptr,
+    tile_arrivals_ptr,
+    barrier_ptr,
+    K,
+    N,
+    num_experts,
+    num_programs,
+    swiglu_limit,
+    stride_xk,
+    stride_w1e,
+    stride_w1n,
+    stride_w1k,
+    stride_w2e,
+    stride_w2n,
+    stride_w2k,
+    TOP_K: tl.constexpr,
+    TOPK_POW2: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_LIMIT: tl.constexpr,
+    WEIGHT_ON_INPUT: tl.constexpr,
+    PHASES: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    BLOCK_N1: tl.constexpr,
+    BLOCK_K1: tl.constexpr,
+    BLOCK_N2: tl.constexpr,
+    BLOCK_K2: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """One token's whole MoE layer in one launch: out = sum_j g_j * w2[e_j] @ act(w1[e_j] @ x), e_j = topk_ids[j].
+
+    A persistent grid of ``num_programs`` programs, all on the SMs at once. Phase 1 (``PHASES`` bit 1): the w1
+    tiles, (slot, BLOCK_N1 intermediate columns) each, gate and up rows as one swap-AB operand (the weight tile in
+    the tensor-core instruction's M slot, x as column 0 of a 16-wide operand whose other columns are masked to
+    zeros), the gated activation (and the router weight where it goes on the input) applied, written to ``inter``
+    [TOP_K, N]. A grid barrier (``_grid_barrier``, PHASES == 3). Phase 2 (bit 2): the w2 tiles, (slot, BLOCK_N2
+    output columns) each (``_decode_w2_tile_out``): the last of a column tile's TOP_K programs to arrive sums the
+    tile's slots in slot order and writes ``out`` once, so the result does not depend on which program came last.
+    The tiles are the two launches' work; what goes is the launch between them, the top-k sum's launch and the
+    [TOP_K, K] rows' round trip in bf16. A program takes its tiles one after another, each tile's K loop
+    software-pipelined (a loop over a program's tiles and their K steps as one measured slower, and with w2's
+    epilogue inside it is not pipelined at all: ``docs/perf/decode.md``).
+
+    Off the GPU (Triton's interpreter runs programs one after another, so a spin would never end) the same code
+    runs as two launches, PHASES 1 then 2. A slot of another rank (expert outside [0, num_experts)) loads no
+    weights and adds zeros. The next kernel may start early (programmatic dependent launch) only once every
+    program is past the barrier.
+    """
+    _wait_for_previous_kernel(PDL)
+    pid = tl.program_id(0)
+    column = tl.arange(0, 16)
+    if PHASES & 1:
+        tiles1 = tl.cdiv(N, BLOCK_N1)
+        j = tl.arange(0, 2 * BLOCK_N1)
+        offs_k = tl.arange(0, BLOCK_K1)
+        for item in range(pid, TOP_K * tiles1, num_programs):
+            slot = item // tiles1
+            n0 = (item - slot * tiles1) * BLOCK_N1
+            expert = tl.load(topk_ids_ptr + slot).to(tl.int64)
+            local = (expert >= 0) & (expert < num_experts)
+            if local:
+                # gate rows first, then the matching up rows; wrapped into range, masked on store
+                w_rows = ((n0 + j % BLOCK_N1) % N + (j // BLOCK_N1) * N).to(tl.int64)
+                w_ptrs = (w1_ptr + expert * stride_w1e + w_rows[:, None] * stride_w1n
+                          + offs_k[None, :] * stride_w1k)
+                # x as column 0 of the 16-wide operand, the other columns masked to zeros: a pointer tile, which
+                # the pipeliner loads asynchronously with the weights' tiles
+                x_ptrs = x_ptr + offs_k[:, None] * stride_xk + column[None, :] * 0
+                acc = tl.zeros((2 * BLOCK_N1, 16), dtype=tl.float32)
+                for ki in range(0, tl.cdiv(K, BLOCK_K1)):
+                    if EVEN_K:
+                        a = tl.load(x_ptrs, mask=column[None, :] == 0, other=0.0)
+                        b = tl.load(w_ptrs)
+                    else:
+                        k_left = K - ki * BLOCK_K1
+                        a = tl.load(x_ptrs, mask=(column[None, :] == 0) & (offs_k[:, None] < k_left), other=0.0)
+                        b = tl.load(w_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                    acc = tl.dot(b, a, acc)
+                    x_ptrs += BLOCK_K1 * stride_xk
+                    w_ptrs += BLOCK_K1 * stride_w1k
+                _decode_w1_tile_out(acc, slot, n0, N, local, topk_weight_ptr, inter_ptr, swiglu_limit, BLOCK_N1,
+                                    ACTIVATION, HAS_LIMIT, WEIGHT_ON_INPUT)
+    if PHASES == 3:
+        _grid_barrier(barrier_ptr, num_programs)
+        _let_next_kernel_start(PDL)
+    if PHASES & 2:
+        tiles2 = tl.cdiv(K, BLOCK_N2)
+        offs_j = tl.arange(0, BLOCK_K2)
+        rows2 = tl.arange(0, BLOCK_N2)
+        # the intermediate was written by other programs before the barrier: read from L2 (.cg), never a stale L1 line
+        for item in range(pid, TOP_K * tiles2, num_programs):
+            slot = item // tiles2
+            tile = item - slot * tiles2
+            expert = tl.load(topk_ids_ptr + slot).to(tl.int64)
+            acc = tl.zeros((BLOCK_N2, 16), dtype=tl.float32)
+            if (expert >= 0) & (expert < num_experts):
+                w_ptrs = (w2_ptr + expert * stride_w2e + ((tile * BLOCK_N2 + rows2) % K).to(tl.int64)[:, None]
+                          * stride_w2n + offs_j[None, :] * stride_w2k)
+                i_ptrs = inter_ptr + slot * N + offs_j[:, None] + column[None, :] * 0
+                for ji in range(0, tl.cdiv(N, BLOCK_K2)):
+                    if EVEN_N:
+                        a = tl.load(i_ptrs, mask=column[None, :] == 0, other=0.0, cache_modifier=".cg")
+                        b = tl.load(w_ptrs)
+                    else:
+                        j_left = N - ji * BLOCK_K2
+                        a = tl.load(i_ptrs, mask=(column[None, :] == 0) & (offs_j[:, None] < j_left), other=0.0,
+                                    cache_modifier=".cg")
+                        b = tl.load(w_ptrs, mask=offs_j[None, :] < j_left, other=0.0)
+                    acc = tl.dot(b, a, acc)
+                    i_ptrs += BLOCK_K2
+                    w_ptrs += BLOCK_K2 * stride_w2k
+            _decode_w2_tile_out(acc, slot, tile, K, topk_weight_ptr, partial_ptr, out_ptr, tile_arrivals_ptr,
+                                TOP_K, TOPK_POW2, BLOCK_N2, WEIGHT_ON_INPUT)

@@ -169,6 +169,21 @@ def sums_slots_in_w2(unsorted: bool, config: "MoEConfig", num_tokens: int, n_out
     return tile >= TOKEN_SUM_MIN_BLOCK_N and num_tokens * -(-n_out // tile) >= TOKEN_SUM_MIN_PROGRAMS
 
 
+# One token's layer in one launch (``fused.decode_layer``): a persistent grid whose programs wait for each other at a
+# grid barrier between the two GEMMs, so never more of them than the device holds at once; of those, this many per
+# SM at most. Measured on one H200 (docs/perf/decode.md, "One launch for one token"): slower than the layer's launches
+# at all 18 one-token bf16 points timed (x1.03-1.24 with one program a SM, as shipped; two a SM, with an earlier
+# form of the w1 loop, x1.01-1.50), so ``fused_experts`` takes it only when asked (``one_launch=True``).
+DECODE_LAYER_PROGRAMS_PER_SM = 1
+
+
+def decode_layer_programs(work_items: int, resident: int, sms: int) -> int:
+    """The one-launch decode kernel's grid: one program per tile of the larger phase (``work_items``), at most
+    ``DECODE_LAYER_PROGRAMS_PER_SM`` a SM and never more than ``resident`` (what the compiled kernel's occupancy
+    puts on the device at once; 0 where it cannot run: the caller takes the launches it had)."""
+    return max(0, min(work_items, resident, sms * DECODE_LAYER_PROGRAMS_PER_SM))
+
+
 def dtype_key(compute_dtype: str, fp8: Optional[str]) -> str:
     """The table's dtype field: ``bf16``/``fp16`` for unquantized, ``fp8_<weight granularity>`` for w8a8."""
     if fp8 is None:

@@ -23,7 +23,9 @@ import torch
 
 from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
-from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, launch, require_device
+from moe_fsm.kernels.triton_moe._runtime import (
+    device_name, interpreter_enabled, kernels, launch, require_device, resident_programs,
+)
 from moe_fsm.kernels.triton_moe.align import (
     AlignedRouting, PairBlocks, align_tokens, expert_runs, pair_blocks, pair_blocks_pay,
 )
@@ -31,6 +33,7 @@ from moe_fsm.kernels.triton_moe.config import (
     FP8_GROUP,
     GemmConfig,
     MoEConfig,
+    decode_layer_programs,
     get_config,
     sums_slots_in_w2,
     token_sum_config,
@@ -467,6 +470,7 @@ def fused_experts(
     config: Optional[MoEConfig] = None,
     unsorted: Optional[bool] = None,
     sum_in_w2: Optional[bool] = None,
+    one_launch: bool = False,
 ) -> torch.Tensor:
     """The MoE layer, out[t] = sum_j g[t,j] * w2[e] @ act(w1[e] @ x[t]) with e = topk_ids[t,j]: [M, K].
 
@@ -482,6 +486,10 @@ def fused_experts(
     kernel after it (``w2_token_sum``), when True; w2 writes a row per pair and a second launch sums them when
     False; None (the default) decides by ``sums_slots_in_w2``. The Hopper and Gluon kernels (prefill configs)
     always sum apart: True with a config that takes them is refused.
+    ``one_launch=True`` runs one token of a bf16/fp16 layer as one launch, both GEMMs and the top-k sum
+    (``decode_layer``); where its grid cannot all be on the device at once it takes the launches above. Off by
+    default: it measured slower than the launches at every one-token point timed
+    (``config.DECODE_LAYER_PROGRAMS_PER_SM``).
     """
     require_device(hidden, w1, w2, topk_weights, topk_ids)
     if activation not in ACTIVATIONS:
@@ -500,6 +508,13 @@ def fused_experts(
         raise KernelInputError(f"unsorted must be True, False or None (the rule decides); got {unsorted!r}")
     if sum_in_w2 is not None and not isinstance(sum_in_w2, bool):
         raise KernelInputError(f"sum_in_w2 must be True, False or None (the rule decides); got {sum_in_w2!r}")
+    if not isinstance(one_launch, bool):
+        raise KernelInputError(f"one_launch must be True or False; got {one_launch!r}")
+    if one_launch and (num_tokens != 1 or fp8 is not None):
+        raise KernelInputError(
+            f"one_launch=True runs one token of a bf16/fp16 layer; got {num_tokens} tokens"
+            + (" of an FP8 layer" if fp8 is not None else "") + "; pass one_launch=False"
+        )
     if apply_router_weight_on_input and top_k != 1:
         raise KernelInputError(f"apply_router_weight_on_input needs top_k == 1, got top_k={top_k}")
     a, a_scale, result_dtype = _prepare_input(hidden, a1_scale, fp8, out_dtype, defer_groups=True)
@@ -519,6 +534,13 @@ def fused_experts(
         )
     else:
         validate_config(config, block_fp8=fp8 is not None and fp8.block)
+    if one_launch:
+        done = decode_layer(
+            hidden, w1, w2, topk_weights, topk_ids, out, activation=activation, swiglu_limit=swiglu_limit,
+            apply_router_weight_on_input=apply_router_weight_on_input, config=config,
+        )
+        if done is not None:
+            return done
     if fp8 is not None and a_scale is None and not (config.gluon and num_tokens > 1):
         # float input in 1x128 groups is left to the Gluon path, which quantizes it straight into sorted order
         a, a_scale = quantize_activation(a, fp8.activation)
@@ -695,3 +717,83 @@ def fused_experts_batched(
         row_weights=None, a2_scale=a2_scale, config=config.w1, out_dtype=result_dtype,
     )
     return w2_gemm(inter, inter_scale, w2, w2_scale, rows, spec=fp8, row_weights=None, config=config.w2, out_dtype=result_dtype)
+
+
+# The grid barrier's word and the w2 column tiles' arrival counters, per (device, stream): zero at rest, each call
+# leaves them as it found them (``decode_layer_kernel``), so they are zeroed once, never between calls or replays.
+# Per stream, because two calls running at once must not count into one word; a graph keeps those of the stream
+# it was captured on.
+_DECODE_COUNTERS = 8192
+_decode_workspace: dict[tuple[int, int], torch.Tensor] = {}
+# programs when Triton's interpreter runs the kernel (two launches, one program after another): a few, so that the
+# tests see programs take several tiles each
+INTERPRETER_DECODE_PROGRAMS = 3
+
+
+def _decode_counters(device: torch.device) -> torch.Tensor:
+    key = (device.index if device.index is not None else -1,
+           torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    counters = _decode_workspace.get(key)
+    if counters is None:
+        counters = _decode_workspace[key] = torch.zeros(_DECODE_COUNTERS, dtype=torch.int32, device=device)
+    return counters
+
+
+def decode_layer(
+    hidden: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    activation: str,
+    swiglu_limit: Optional[float],
+    apply_router_weight_on_input: bool,
+    config: MoEConfig,
+) -> Optional[torch.Tensor]:
+    """One token's bf16/fp16 layer in one launch (``_kernels.decode_layer_kernel``), into ``out`` [1, K]; None where
+    the grid that would run it cannot be on the device at once (the caller then takes the launches it had).
+
+    The tiles are the layer config's (w1's and w2's ``block_n`` and ``block_k``, w1's warps and stages); the grid
+    is ``config.decode_layer_programs`` of what the work and the compiled kernel's occupancy allow
+    (``_runtime.resident_programs``): every program must be resident, since they wait for each other."""
+    num_experts, two_n, k_dim = w1.shape
+    n = two_n // 2
+    top_k = topk_ids.shape[1]
+    tiles = (top_k * -(-n // config.w1.block_n), top_k * -(-k_dim // config.w2.block_n))
+    if -(-k_dim // config.w2.block_n) > _DECODE_COUNTERS:
+        return None
+    inter = torch.empty(top_k, n, dtype=out.dtype, device=out.device)
+    partial = torch.empty(top_k, k_dim, dtype=torch.float32, device=out.device) if top_k > 1 else out
+    if interpreter_enabled():
+        counters = torch.zeros(1 + -(-k_dim // config.w2.block_n), dtype=torch.int32, device=out.device)
+    else:
+        counters = _decode_counters(out.device)
+
+    def args(programs: int) -> tuple:
+        return (
+            hidden, w1, w2, inter, partial, out, topk_ids.reshape(-1), topk_weights.reshape(-1), counters[1:],
+            counters, k_dim, n, num_experts, programs, float(swiglu_limit) if swiglu_limit is not None else 0.0,
+            hidden.stride(1), *w1.stride(), *w2.stride(),
+        )
+
+    constexprs = dict(
+        TOP_K=top_k, TOPK_POW2=max(2, 1 << (top_k - 1).bit_length()), ACTIVATION=ACTIVATIONS[activation],
+        HAS_LIMIT=swiglu_limit is not None, WEIGHT_ON_INPUT=apply_router_weight_on_input, PHASES=3,
+        EVEN_K=k_dim % config.w1.block_k == 0, EVEN_N=n % config.w2.block_k == 0,
+        BLOCK_N1=config.w1.block_n, BLOCK_K1=config.w1.block_k, BLOCK_N2=config.w2.block_n, BLOCK_K2=config.w2.block_k,
+    )
+    fn = kernels().decode_layer_kernel
+    warps, stages = config.w1.num_warps, config.w1.num_stages
+    if interpreter_enabled():
+        programs = min(INTERPRETER_DECODE_PROGRAMS, max(tiles))
+        for phase in (1, 2):
+            launch(fn, (programs,), args(programs), {**constexprs, "PHASES": phase}, warps, stages)
+        return out
+    sms = torch.cuda.get_device_properties(out.device).multi_processor_count
+    programs = decode_layer_programs(max(tiles), resident_programs(fn, args(1), constexprs, warps, stages), sms)
+    if programs < 1:
+        return None
+    launch(fn, (programs,), args(programs), constexprs, warps, stages)
+    return out
