@@ -20,6 +20,8 @@ Four kernels make one MoE layer:
 * ``topk_sum_kernel``: the top-k reduction, skipping slots another rank owns.
 * ``w2_token_sum_kernel``: the w2 GEMM and the top-k sum in one launch for a few unsorted tokens, one program
   per (token, output tile) summing the token's slots in registers (``config.sums_slots_in_w2`` says where).
+* ``decode_layer_kernel``: one token's whole layer in one launch (w1, a grid barrier, w2 and the top-k sum) on a
+  persistent grid no larger than the device holds at once; off by default (``fused.decode_layer``).
 * ``group_quant_kernel`` / ``row_quant_kernel`` (with ``tensor_amax_kernel``, or ``small_tensor_quant_kernel``
   for a decode call's small tensors): FP8 activation quantization. Scales and scaled values are
   correctly rounded divisions (``tl.div_rn``): Triton's ``/`` on float32 is an approximate division, which on

@@ -5,7 +5,8 @@ pairs by expert, quantize the input if the layer is FP8, run the w1 GEMM with th
 gated activation fused (and the intermediate's FP8 quantization too where it is
 per-group or static), run the w2 GEMM with the top-k weights applied, and sum
 over top-k (in a launch of its own, or inside w2 for a few unsorted tokens whose grid
-is wide enough: ``w2_token_sum``, ``config.sums_slots_in_w2``). ``fused_experts_batched`` is the same pair of GEMMs on the batched
+is wide enough: ``w2_token_sum``, ``config.sums_slots_in_w2``); ``one_launch=True`` runs one token of a bf16
+layer as one launch (``decode_layer``). ``fused_experts_batched`` is the same pair of GEMMs on the batched
 layout [E, max_tokens, K], whose output is left unweighted and unreduced for the
 prepare/finalize object to scatter back.
 
@@ -757,7 +758,10 @@ def decode_layer(
 
     The tiles are the layer config's (w1's and w2's ``block_n`` and ``block_k``, w1's warps and stages); the grid
     is ``config.decode_layer_programs`` of what the work and the compiled kernel's occupancy allow
-    (``_runtime.resident_programs``): every program must be resident, since they wait for each other."""
+    (``_runtime.resident_programs``): every program must be resident, since they wait for each other. That bound
+    counts the whole device: a kernel on another stream that holds SMs for as long as this one runs (a persistent
+    communication kernel) could keep programs off them; it is not a cooperative launch, which would make the
+    driver check that. Off by default (``fused_experts``'s ``one_launch``)."""
     num_experts, two_n, k_dim = w1.shape
     n = two_n // 2
     top_k = topk_ids.shape[1]
