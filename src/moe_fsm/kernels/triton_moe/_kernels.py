@@ -755,7 +755,7 @@ def _grid_barrier(barrier_ptr, num_programs):
 
 
 @triton.jit
-def _decode_w1_tile_out(acc, slot, n0, N, local, topk_weight_ptr, inter_ptr, swiglu_limit, BLOCK_N1: tl.constexpr,
+def _decode_w1_tile_out(acc, slot, n0, N, topk_weight_ptr, inter_ptr, swiglu_limit, BLOCK_N1: tl.constexpr,
                         ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, WEIGHT_ON_INPUT: tl.constexpr):
     """A w1 tile's epilogue in ``decode_layer_kernel``: its gate and up columns out of the swap-AB accumulator
     (column 0 holds x's product), the router weight where it goes on the input, the activation, stored."""
@@ -765,7 +765,7 @@ def _decode_w1_tile_out(acc, slot, n0, N, local, topk_weight_ptr, inter_ptr, swi
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N1)), (1, 0)))
     h = _activate(gate, up, swiglu_limit, ACTIVATION, HAS_LIMIT)
     offs_n = n0 + tl.arange(0, BLOCK_N1)
-    tl.store(inter_ptr + slot * N + offs_n, h.to(inter_ptr.dtype.element_ty), mask=offs_n < tl.where(local, N, 0))
+    tl.store(inter_ptr + slot * N + offs_n, h.to(inter_ptr.dtype.element_ty), mask=offs_n < N)
 
 
 @triton.jit
@@ -883,8 +883,8 @@ def decode_layer_kernel(
                     acc = tl.dot(b, a, acc)
                     x_ptrs += BLOCK_K1 * stride_xk
                     w_ptrs += BLOCK_K1 * stride_w1k
-                _decode_w1_tile_out(acc, slot, n0, N, local, topk_weight_ptr, inter_ptr, swiglu_limit, BLOCK_N1,
-                                    ACTIVATION, HAS_LIMIT, WEIGHT_ON_INPUT)
+                _decode_w1_tile_out(acc, slot, n0, N, topk_weight_ptr, inter_ptr, swiglu_limit, BLOCK_N1, ACTIVATION,
+                                    HAS_LIMIT, WEIGHT_ON_INPUT)
     if PHASES == 3:
         _grid_barrier(barrier_ptr, num_programs)
         _let_next_kernel_start(PDL)
