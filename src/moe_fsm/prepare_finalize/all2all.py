@@ -58,6 +58,7 @@ from moe_fsm.modular.interfaces import (
     PreparedTokens,
     WeightAndReduce,
 )
+from moe_fsm.prepare_finalize.dispatch_graphs import DispatchGraphs
 from moe_fsm.prepare_finalize.dispatch_layout import destinations, empty_row, send_slots
 from moe_fsm.prepare_finalize.reduce import apply_router_weight_to_input
 from moe_fsm.prepare_finalize.transport import (
@@ -204,13 +205,15 @@ class ExpertParallelDispatch(PrepareFinalize):
         *,
         apply_router_weight_on_input: bool,
         quantize: Optional[InputQuantizer],
+        buffers: Optional[WireBuffers],
     ) -> tuple[SourceRows, SourcePack, WirePlan]:
         """This rank's rows as they leave (quantized where the scheme allows), packed for the send rows, and
         their plan.
 
         A dynamic per-token or 1x128-group FP8 quantizer (:class:`DynamicFP8RowQuantizer`) is applied by the
         send-row kernel itself where the kernels run, so the tokens are read once; the layout is then built
-        from descriptions of the quantized fields (meta tensors).
+        from descriptions of the quantized fields (meta tensors). ``buffers`` holds the packed small fields
+        (None: a fresh tensor, as in a CUDA graph's capture, whose memory belongs to the graph).
         """
         device = hidden_states.device
         fused = self._fused_fp8_rows(hidden_states, quantize)
@@ -238,7 +241,7 @@ class ExpertParallelDispatch(PrepareFinalize):
             fields = source.wire_fields(topk_ids, topk_weights)
             key = (*((f.dtype, f.shape[1:]) for f in fields), device)
             plan = self._plans.get(key) or self._plan(key, fields, device)
-        return source, pack_source(fields, plan.layout, plan.empty, fp8_rows=fused, buffers=self._buffers), plan
+        return source, pack_source(fields, plan.layout, plan.empty, fp8_rows=fused, buffers=buffers), plan
 
     def _plan(self, key: tuple, fields: list[torch.Tensor], device: torch.device, fused: Optional[SourceRows] = None) -> WirePlan:
         """The plan of rows of ``fields``' dtypes and trailing shapes, made once per ``key``."""
@@ -271,6 +274,9 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
     layouts once), and in the Standard format a call can be captured in a CUDA graph (the Batched format's
     local packing reads its busiest expert's count on the host; the fixed-capacity P/F is the batched one); a token goes to a rank at
     most once, so a block never overflows. The price is the unfilled rows on the wire and in the experts' input.
+    On CUDA such a Standard-format call is replayed from CUDA graphs the P/F captures itself, its inputs copied
+    into static buffers of ``max_tokens_per_rank`` rows (:mod:`moe_fsm.prepare_finalize.dispatch_graphs`: when it
+    runs the plain call instead, and ``MOE_FSM_DISPATCH_GRAPHS=0``).
     """
 
     name = "AllToAllPrepareFinalize"
@@ -294,6 +300,9 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         self._format = ActivationFormat(activation_format)
         self.local = local_prepare_finalize(self._format, max_num_tokens)
         self._records_held: dict[tuple[tuple[int, int], torch.device], torch.Tensor] = {}
+        # Fixed blocks in the Standard format: a call's work depends on no token count, so the eager call
+        # replays graphs this P/F captures itself (dispatch_graphs.py)
+        self._graphs = DispatchGraphs(max_tokens_per_rank) if self.captures_in_step else None
 
     @property
     def activation_format(self) -> ActivationFormat:
@@ -334,8 +343,33 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
                 f"{self.name} was built for at most {capacity} tokens per rank (max_tokens_per_rank) but was "
                 f"called with {hidden_states.shape[0]}; split the batch or build it with a larger capacity"
             )
+        if self._graphs is not None:
+            replayed = self._graphs.prepare(self, hidden_states, topk_weights, topk_ids, expert_map=expert_map,
+                                            apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize)
+            if replayed is not None:
+                return replayed
+        return self._dispatch(hidden_states, topk_weights, topk_ids, num_experts=num_experts, expert_map=expert_map,
+                              apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize, world=world,
+                              buffers=self._buffers)
+
+    def _dispatch(
+        self,
+        hidden_states: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        *,
+        num_experts: int,
+        expert_map: Optional[torch.Tensor],
+        apply_router_weight_on_input: bool,
+        quantize: Optional[InputQuantizer],
+        world: int,
+        buffers: Optional[WireBuffers],
+    ) -> PreparedTokens:
+        """The dispatch's work (every launch and collective of a prepare), after the call's checks."""
+        capacity = self.max_tokens_per_rank
         source, packed, plan = self._source(
-            hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
+            hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize,
+            buffers=buffers,
         )
         layout = packed.layout
         send: Optional[tuple[int, ...]]
@@ -354,14 +388,14 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
             send = tuple(record[0] for record in held[:world])
             check_row_layouts([tuple(record[1:]) for record in held[world:]], plan.signature, self.name)
             recv = tuple(record[0] for record in held[world:])
-            wire = all_to_all_v(send_rows(packed, routes.slot, sum(send), buffers=self._buffers), send, recv,
+            wire = all_to_all_v(send_rows(packed, routes.slot, sum(send), buffers=buffers), send, recv,
                                 group=self.group, world=world)
         else:
             # Fixed blocks: the rows past each rank's count hold the empty row.
             self._agree_on_layout(plan.signature, hidden_states.device)
             routes = self._routes(topk_ids, world, capacity)
             wire = all_to_all_equal(send_rows(packed, routes.slot, world * capacity, counts=routes.counts,
-                                              capacity=capacity, buffers=self._buffers), group=self.group, world=world)
+                                              capacity=capacity, buffers=buffers), group=self.group, world=world)
             send = recv = None
         rows, row_scale, ids, weights = source.from_wire(unpack_row_bytes(wire, layout))
         if expert_map is not None and kernels_apply(ids):
@@ -397,6 +431,23 @@ class AllToAllPrepareFinalize(ExpertParallelDispatch):
         reduce: WeightAndReduce,
     ) -> None:
         """Weighted partial sums of our experts per received row, sent back and added into each token."""
+        if self._graphs is not None and self._graphs.finalize(
+            self, output, expert_output, prepared, apply_router_weight_on_input=apply_router_weight_on_input, reduce=reduce
+        ):
+            return
+        self._combine(output, expert_output, prepared, apply_router_weight_on_input=apply_router_weight_on_input,
+                      reduce=reduce)
+
+    def _combine(
+        self,
+        output: torch.Tensor,
+        expert_output: torch.Tensor,
+        prepared: PreparedTokens,
+        *,
+        apply_router_weight_on_input: bool,
+        reduce: WeightAndReduce,
+    ) -> None:
+        """The combine's work (every launch and collective of a finalize) for tokens ``_dispatch`` prepared."""
         state: DispatchState = prepared.state
         if reduce is WeightAndReduce.EXPERTS and expert_output.dtype == output.dtype:
             partial = expert_output  # the experts already reduced each row: send it as it is

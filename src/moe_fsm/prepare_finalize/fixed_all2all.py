@@ -110,7 +110,8 @@ class FixedCapacityAllToAllPrepareFinalize(ExpertParallelDispatch):
                 f"called with {num_tokens}; split the batch or build it with a larger capacity"
             )
         source, packed, plan = self._source(
-            hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize
+            hidden_states, topk_weights, topk_ids, apply_router_weight_on_input=apply_router_weight_on_input, quantize=quantize,
+            buffers=self._buffers,
         )
         layout = packed.layout
         self._agree_on_layout(plan.signature, hidden_states.device)
