@@ -40,6 +40,7 @@ bf16 experts and the peer; writes ``<out>/wq_prefill.json`` and ``.md`` after ev
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -727,6 +728,246 @@ def decode_sweep(ours, one_pass, routes, rep_ms: float, time_graph) -> dict:
     return found
 
 
+# ---------------------------------------------------------------- inflight: what bounds the decode loop
+
+
+# The held-out decode rows of ``inflight`` beside ``DECODE_ROWS``: a tensor-parallel shard (N = 1440, not a multiple of
+# 64) that no decode rule was looked at with.
+INFLIGHT_ROWS = DECODE_ROWS + ("gpt-oss-120b TP2 MXFP4",)
+
+
+def _inflight_shapes():
+    from bench_experts_roofline import Shape
+
+    from moe_fsm.inputs.quant import QuantScheme
+
+    return {**_decode_shapes(), "gpt-oss-120b TP2 MXFP4": (Shape("gpt-oss-120b-tp2", 128, 2880, 1440, 4),
+                                                          QuantScheme.mxfp4(), "swigluoai", 7.0, True)}
+
+
+def inflight_variants(default, labels=None):
+    """(label, config) of the decode tile ``default`` (the tile moe-fsm serves) with ONE thing changed that sets how
+    many weight bytes an SM keeps in flight: a deeper cp.async ring of raw 4-bit tiles (stages; the pipeliner already
+    loads each weight tile into shared memory ``num_stages - 1`` K steps ahead of its dequantization), wider tiles
+    (twice the bytes a stage, half the programs), more programs an SM (a register cap: 4 warps at 96 registers fit 5
+    programs where 123 fit 4), more or fewer split-K slices; and what shrinks the shared memory an SM holds (the rest
+    of its 256 KB is L1, which the ring's 8-byte ``cp.async.ca`` copies pass through): a shallower ring (stages 2),
+    or none (``prefetch``: the next K tile loaded into registers with 16-byte loads, no cp.async)."""
+    s1, s2 = default.splits("w1"), default.splits("w2")
+    found = [("default", default), ("stages 2", replace(default, num_stages=2)),
+             ("stages 2, registers 96 / 80", replace(default, num_stages=2, max_registers=96, w2_max_registers=80)),
+             ("prefetch", replace(default, prefetch=True, num_stages=1)),
+             ("prefetch, registers 128 / -", replace(default, prefetch=True, num_stages=1, max_registers=128,
+                                                     w2_max_registers=255)),
+             ("stages 4", replace(default, num_stages=4)),
+             ("stages 5", replace(default, num_stages=5)),
+             ("block_n 128", replace(default, block_n=128)),
+             ("block_n 128, 8 warps", replace(default, block_n=128, num_warps=8)),
+             ("w2 block_n 128", replace(default, w2_block_n=128)),
+             ("block_k 256", replace(default, block_k=256)),
+             ("registers 96 / 80", replace(default, max_registers=96, w2_max_registers=80)),
+             ("registers 96 / 80, stages 4", replace(default, max_registers=96, w2_max_registers=80, num_stages=4)),
+             ("slices x2", replace(default, split_k=2 * s1, w2_split_k=2 * s2))]
+    if max(s1, s2) > 1:
+        found.append(("stages 5, slices / 2", replace(default, num_stages=5, split_k=max(1, s1 // 2),
+                                                       w2_split_k=max(1, s2 // 2))))
+    return [(label, cfg) for label, cfg in found if labels is None or label == "default" or label in labels]
+
+
+def _inflight_layer(name: str, num_experts: int | None, seed: int):
+    """(shape, scheme, activation, limit, quant, weights as the kernel takes them, quantized weights, scales) of an
+    ``inflight`` row, with ``num_experts`` experts (None: the row's own)."""
+    import torch
+
+    from moe_fsm.kernels.triton_wq import WeightQuant
+    from moe_fsm.kernels.triton_wq.fused import relayout_nibbles
+
+    shape, scheme, activation, limit, bias = _inflight_shapes()[name]
+    if num_experts is not None:
+        shape = replace(shape, num_experts=num_experts)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w1q, w2q, scales = _quantized(shape, scheme, bias, gen)
+    return shape, scheme, activation, limit, WeightQuant.for_scheme(scheme), (relayout_nibbles(w1q),
+                                                                               relayout_nibbles(w2q)), w1q, w2q, scales
+
+
+def _inflight_call(layer, x):
+    """fn(g, ids) running the layer ``_inflight_layer`` built on ``x`` with a given tile: fn(config)(g, ids)."""
+    from moe_fsm.kernels.triton_wq import fused_wq_experts
+
+    shape, scheme, activation, limit, quant, (w1s, w2s), w1q, w2q, scales = layer
+
+    def with_config(cfg):
+        def fn(g, ids):
+            return fused_wq_experts(
+                x, w1s, w2s, g, ids, quant=quant, w1_scale=scales.w1_scale, w2_scale=scales.w2_scale,
+                w1_zero_point=scales.w1_zero_point, w2_zero_point=scales.w2_zero_point,
+                w1_global_scale=scales.w1_global_scale, w2_global_scale=scales.w2_global_scale,
+                w1_bias=scales.w1_bias, w2_bias=scales.w2_bias, activation=activation, swiglu_limit=limit,
+                split=True, config=cfg)
+        return fn
+    return with_config
+
+
+def _inflight_compile(jobs: list) -> list[str]:
+    """Worker: each (row, tokens, config JSONs) run once on a copy of the row with top_k experts (the kernels
+    specialize on the tile, the token count's path and the strides' alignment, not on the expert count), so Triton's
+    on-disk cache holds them before the timing process asks."""
+    import torch
+
+    from moe_fsm.kernels.triton_wq.fused import WqConfig
+
+    failures = []
+    for name, tokens, configs in jobs:
+        top_k = _inflight_shapes()[name][0].top_k
+        layer = _inflight_layer(name, top_k, seed=1)
+        x = torch.randn(tokens, layer[0].hidden, device="cuda", dtype=torch.bfloat16)
+        ids = torch.stack([torch.randperm(top_k, device="cuda") for _ in range(tokens)]).to(torch.int32)
+        g = torch.full(ids.shape, 1.0 / top_k, device="cuda")
+        for cfg in configs:
+            try:
+                _inflight_call(layer, x)(WqConfig.from_json(cfg))(g, ids)
+                torch.cuda.synchronize()
+            except Exception as exc:  # reported; the timing process reports it again where it times the tile
+                failures.append(f"{name} T={tokens} {cfg}: {type(exc).__name__}: {str(exc)[:200]}")
+        del layer
+        torch.cuda.empty_cache()
+    return failures
+
+
+def inflight(args) -> None:
+    """Per row and token count: the decode tile moe-fsm serves against ``inflight_variants`` (one change each to the
+    weight bytes an SM keeps in flight), each checked against float64, beside the read floor of the same bytes
+    (``bench_read_floor``: kernels that only read them, 16-byte loads), moe-fsm's bf16 experts and, for MXFP4,
+    ``triton_kernels`` (``--extract``); the copy rate measured first. Every tile is compiled first in ``--workers``
+    processes. Writes ``<out>/wq_inflight.json`` and ``.md`` after every point."""
+    import multiprocessing as mp
+
+    import torch
+    import triton
+    from bench_experts_roofline import time_graph
+    from bench_read_floor import read_floor
+    from triton.testing import do_bench
+
+    from moe_fsm.kernels.triton_moe import fused_experts
+    from moe_fsm.kernels.triton_wq import WeightQuant
+    from moe_fsm.kernels.triton_wq.fused import default_wq_config
+
+    t0 = time.time()
+    sys.path.insert(0, str(Path(args.extract)))
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = _inflight_shapes()
+    points = [(name, t) for name in args.rows for t in args.tokens]
+    jobs = []
+    for name, tokens in points:
+        shape, scheme = shapes[name][:2]
+        kind = WeightQuant.for_scheme(scheme).kind
+        default = default_wq_config(tokens, shape.top_k, shape.num_experts, shape.intermediate, shape.hidden, sms, kind)
+        jobs.append((name, tokens, [c.to_json() for _, c in inflight_variants(default, args.variants)]))
+    if args.workers > 0:
+        chunks = [c for c in (jobs[i::args.workers] for i in range(args.workers)) if c]
+        with mp.get_context("spawn").Pool(len(chunks)) as pool:
+            for line in itertools.chain.from_iterable(pool.map(_inflight_compile, chunks)):
+                print("  compile: " + line, flush=True)
+        print(f"[compiled in {time.time() - t0:.0f} s]", flush=True)
+    if args.compile_only:
+        return
+    n_bytes = 1 << 30
+    src = torch.empty(n_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    copy_tbps = 2 * n_bytes / do_bench(lambda: dst.copy_(src), rep=100) / 1e9
+    del src, dst
+    device = torch.cuda.get_device_name()
+    print(f"{device}, {sms} SMs; torch {torch.__version__}, Triton {triton.__version__}; copy rate {copy_tbps:.2f} TB/s",
+          flush=True)
+    header = ("| row | tokens | tile | µs | % copy | default / tile | err | regs cap | read floor 1 / 2 kernels µs "
+              "(% copy) | bf16 µs | peer µs |")
+    lines = [header, "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+    rows = []
+    for name in args.rows:
+        try:
+            layer = _inflight_layer(name, None, seed=0)
+        except Exception as exc:
+            print(f"{name}: failed to build: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
+        shape, scheme, activation, limit, quant, _, w1q, w2q, scales = layer
+        e, k, n, top_k = shape.num_experts, shape.hidden, shape.intermediate, shape.top_k
+        per_expert_q = (w1q.numel() + w2q.numel()
+                        + sum(t.numel() * t.element_size() for t in vars(scales).values() if t is not None)) / e
+        gen = torch.Generator(device="cuda").manual_seed(2)
+        w1b = torch.randn(e, 2 * n, k, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(k**-0.5)
+        w2b = torch.randn(e, k, n, device="cuda", dtype=torch.bfloat16, generator=gen).mul_(n**-0.5)
+        peer = None
+        if quant.kind == "mxfp4":
+            try:
+                peer = TritonKernelsPeer(w1q, w2q, scales, e, n, k, top_k)
+            except Exception as exc:  # the peer is optional: say why it is missing
+                print(f"{name}: triton_kernels unavailable: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        for tokens in args.tokens:
+            if time.time() - t0 > args.budget_s:
+                print(f"budget of {args.budget_s:.0f} s spent: {name} T={tokens} and later points not timed", flush=True)
+                break
+            x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            logits = [torch.randn(tokens, e, device="cuda", generator=gen) for _ in range(8)]
+            routes = []
+            for lg in logits:
+                vals, ids = lg.topk(top_k, dim=1)
+                routes.append((torch.softmax(vals, dim=1), ids.to(torch.int32)))
+            active = sum(torch.unique(ids).numel() for _, ids in routes) / len(routes)
+            call = _inflight_call(layer, x)
+            sample = torch.arange(min(tokens, 2), device="cuda")
+            g0, ids0 = routes[0]
+            ref = _reference(x, w1q, w2q, scales, scheme, g0, ids0, activation, limit, sample)
+            default = default_wq_config(tokens, top_k, e, n, k, sms, quant.kind)
+            floor = read_floor(int(active * per_expert_q), 2 * tokens * k * 2, len(routes), rep_ms=args.rep_ms)
+            bf16_us = time_graph(lambda g, ids: fused_experts(x, w1b, w2b, g, ids, activation=activation,
+                                                              swiglu_limit=limit), routes, args.rep_ms)
+            peer_us = None
+            if peer is not None:
+                try:
+                    peer_us = time_graph(lambda rd, gi, si: peer(x, rd, gi, si), [peer.route(lg) for lg in logits],
+                                         args.rep_ms)
+                except Exception as exc:
+                    print(f"  {name} T={tokens} peer failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            tiles = {}
+            for label, cfg in inflight_variants(default, args.variants):
+                try:
+                    out = call(cfg)(g0, ids0)
+                    got = out[sample].double()
+                    err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
+                    tiles[label] = {"us": time_graph(call(cfg), routes, args.rep_ms), "err": err,
+                                    "config": cfg.to_json()}
+                except Exception as exc:  # a tile that does not build here is reported; the others still measure
+                    print(f"  {name} T={tokens} {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            tb = lambda us: active * per_expert_q / us / 1e6  # noqa: E731
+            row = {"row": name, "tokens": tokens, "active_experts": active, "weight_bytes": active * per_expert_q,
+                   "copy_TBps": copy_tbps, "floor_one_kernel_us": floor["one_kernel_us"],
+                   "floor_two_kernels_us": floor["two_kernels_us"], "bf16_us": bf16_us, "peer_us": peer_us,
+                   "tiles": tiles}
+            rows.append(row)
+            base = tiles.get("default", {}).get("us")
+            floor_text = (f"{floor['one_kernel_us']:.1f} / {floor['two_kernels_us']:.1f} "
+                          f"({100 * tb(floor['one_kernel_us']) / copy_tbps:.0f}% / "
+                          f"{100 * tb(floor['two_kernels_us']) / copy_tbps:.0f}%)")
+            for label, found in tiles.items():
+                cfg = found["config"]
+                line = (f"| {name} | {tokens} | {label} | {found['us']:.1f} | {100 * tb(found['us']) / copy_tbps:.0f}% | "
+                        f"{base / found['us'] if base else float('nan'):.2f} | {found['err']:.1e} | "
+                        f"{cfg.get('max_registers', '-')}/{cfg.get('w2_max_registers', '-')} | "
+                        f"{floor_text} | {bf16_us:.1f} | {peer_us if peer_us else float('nan'):.1f} |")
+                lines.append(line)
+                print(line, flush=True)
+            report = {"device": device, "sms": sms, "torch": torch.__version__, "triton": triton.__version__,
+                      "copy_TBps": copy_tbps, "rows": rows}
+            (out_dir / "wq_inflight.json").write_text(json.dumps(report, indent=1))
+            (out_dir / "wq_inflight.md").write_text("\n".join(lines) + "\n")
+        del layer, w1q, w2q, scales, w1b, w2b, peer
+        torch.cuda.empty_cache()
+        print(f"[{time.time() - t0:.0f} s]", flush=True)
+
+
 # ---------------------------------------------------------------- prefill: the bf16 Hopper path vs the swap-AB kernel
 
 
@@ -958,8 +1199,21 @@ def main() -> None:
                    help="print the registers, spills and shared memory of the Hopper path's compiled kernels")
     f.add_argument("--dequant-tile", nargs=3, type=int, metavar=("ROWS", "BYTES", "WARPS"),
                    help="the dequantization pass's tile (default: the fastest of DEQUANT_TILES, timed first)")
+    i = sub.add_parser("inflight", help="the decode tile against one-change variants of its bytes in flight, the "
+                                        "read floor, bf16 and triton_kernels at 1-32 tokens (GPU)")
+    i.add_argument("--extract", default=str(ROOT / ".xfer" / "wq_peers"))
+    i.add_argument("--out", default=str(ROOT / "bench-out"))
+    i.add_argument("--rows", nargs="*", choices=list(INFLIGHT_ROWS), default=list(INFLIGHT_ROWS))
+    i.add_argument("--tokens", nargs="*", type=int, default=[1, 8])
+    i.add_argument("--rep-ms", type=float, default=15.0)
+    i.add_argument("--workers", type=int, default=12, help="processes compiling the tiles first (0: none)")
+    i.add_argument("--budget-s", type=float, default=240.0, help="no new point starts after this many seconds")
+    i.add_argument("--compile-only", action="store_true", help="only fill Triton's cache (the workers' pass)")
+    i.add_argument("--variants", nargs="*", help="labels of inflight_variants to time beside the default (default: all)")
     args = parser.parse_args()
-    if args.cmd == "prefill":
+    if args.cmd == "inflight":
+        inflight(args)
+    elif args.cmd == "prefill":
         prefill_compare(args)
     elif args.cmd == "prepare":
         prepare(Path(args.wheel), Path(args.extract))
