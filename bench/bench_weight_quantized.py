@@ -747,26 +747,20 @@ def _inflight_shapes():
 
 def inflight_variants(default, labels=None):
     """(label, config) of the decode tile ``default`` (the tile moe-fsm serves) with ONE thing changed that sets how
-    many weight bytes an SM keeps in flight: a deeper cp.async ring of raw 4-bit tiles (stages; the pipeliner already
-    loads each weight tile into shared memory ``num_stages - 1`` K steps ahead of its dequantization), wider tiles
-    (twice the bytes a stage, half the programs), more programs an SM (a register cap: 4 warps at 96 registers fit 5
-    programs where 123 fit 4), more or fewer split-K slices; and what shrinks the shared memory an SM holds (the rest
-    of its 256 KB is L1, which the ring's 8-byte ``cp.async.ca`` copies pass through): a shallower ring (stages 2),
-    or none (``prefetch``: the next K tile loaded into registers with 16-byte loads, no cp.async)."""
+    many weight bytes an SM keeps in flight or how much shared memory it holds (the rest of its 256 KB is L1, which
+    the pipeliner's 8-byte ``cp.async.ca`` copies of the weight bytes pass through): a deeper or shallower cp.async
+    ring of raw 4-bit tiles (stages; the pipeliner loads each weight tile into shared memory ``num_stages - 1`` K
+    steps ahead of its dequantization), wider tiles (twice the bytes a stage, half the programs), more or fewer
+    split-K slices. ``labels``: only these beside the default (None: all). Two more knobs were timed the same way
+    and taken out, slower everywhere (docs/perf/weight_quantized.md): a register cap for more programs an SM, and
+    the next K tile loaded into registers instead of the ring."""
     s1, s2 = default.splits("w1"), default.splits("w2")
     found = [("default", default), ("stages 2", replace(default, num_stages=2)),
-             ("stages 2, registers 96 / 80", replace(default, num_stages=2, max_registers=96, w2_max_registers=80)),
-             ("prefetch", replace(default, prefetch=True, num_stages=1)),
-             ("prefetch, registers 128 / -", replace(default, prefetch=True, num_stages=1, max_registers=128,
-                                                     w2_max_registers=255)),
-             ("stages 4", replace(default, num_stages=4)),
-             ("stages 5", replace(default, num_stages=5)),
+             ("stages 4", replace(default, num_stages=4)), ("stages 5", replace(default, num_stages=5)),
              ("block_n 128", replace(default, block_n=128)),
              ("block_n 128, 8 warps", replace(default, block_n=128, num_warps=8)),
              ("w2 block_n 128", replace(default, w2_block_n=128)),
              ("block_k 256", replace(default, block_k=256)),
-             ("registers 96 / 80", replace(default, max_registers=96, w2_max_registers=80)),
-             ("registers 96 / 80, stages 4", replace(default, max_registers=96, w2_max_registers=80, num_stages=4)),
              ("slices x2", replace(default, split_k=2 * s1, w2_split_k=2 * s2))]
     if max(s1, s2) > 1:
         found.append(("stages 5, slices / 2", replace(default, num_stages=5, split_k=max(1, s1 // 2),
@@ -882,9 +876,8 @@ def inflight(args) -> None:
     device = torch.cuda.get_device_name()
     print(f"{device}, {sms} SMs; torch {torch.__version__}, Triton {triton.__version__}; copy rate {copy_tbps:.2f} TB/s",
           flush=True)
-    header = ("| row | tokens | tile | µs | % copy | default / tile | err | regs cap | read floor 1 / 2 kernels µs "
-              "(% copy) | bf16 µs | peer µs |")
-    lines = [header, "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+    header = "| row | tokens | tile | µs | % copy | default / tile | err | read floor 1 / 2 kernels µs (% copy) | bf16 µs | peer µs |"
+    lines = [header, "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     rows = []
     for name in args.rows:
         try:
@@ -952,10 +945,8 @@ def inflight(args) -> None:
                           f"({100 * tb(floor['one_kernel_us']) / copy_tbps:.0f}% / "
                           f"{100 * tb(floor['two_kernels_us']) / copy_tbps:.0f}%)")
             for label, found in tiles.items():
-                cfg = found["config"]
                 line = (f"| {name} | {tokens} | {label} | {found['us']:.1f} | {100 * tb(found['us']) / copy_tbps:.0f}% | "
                         f"{base / found['us'] if base else float('nan'):.2f} | {found['err']:.1e} | "
-                        f"{cfg.get('max_registers', '-')}/{cfg.get('w2_max_registers', '-')} | "
                         f"{floor_text} | {bf16_us:.1f} | {peer_us if peer_us else float('nan'):.1f} |")
                 lines.append(line)
                 print(line, flush=True)

@@ -49,7 +49,7 @@ STRIDES = ("stride_xm", "stride_we", "stride_wr", "stride_se", "stride_sr", "str
 def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, block_m: int, block_n: int,
             block_k: int, warps: int, stages: int, k: int = 2880, n: int = 2880, group: int | None = None,
             zp: bool = False, bias: bool | None = None, scaled_dot: bool = False, perm: bool = False,
-            split_k: bool = False, chain_acc: bool = False, prefetch: bool = False):
+            split_k: bool = False, chain_acc: bool = False):
     """(signature, constexprs, attrs, options) of one launch of ``fused_wq_experts``."""
     kinds = {"mxfp4": 0, "int4": 1, "int8": 2, "nvfp4": 3}
     group = 32 if kind == "mxfp4" else (group or 128)
@@ -81,7 +81,7 @@ def variant(kind: str, gated: bool, pair_blocks: bool, split: bool, fast: bool, 
                  ACT=2 if kind == "mxfp4" else 0, HAS_LIMIT=kind == "mxfp4", INTERLEAVED=False,
                  ROUTER_WEIGHT=not gated, PAIR_BLOCKS=pair_blocks, SPLIT=split, FAST=fast and kind != "int8",
                  EVEN_K=kred % block_k == 0, SCALE_ACC=scale_acc, SCALED_DOT=scaled_dot, HAS_PERM=perm,
-                 SPLIT_K=split_k, CHAIN_ACC=chain_acc, PREFETCH=prefetch)
+                 SPLIT_K=split_k, CHAIN_ACC=chain_acc)
     for c in const:
         sig[c] = "constexpr"
     # the JIT's specialization: ints equal to 1 become constants, multiples of 16 carry divisibility 16

@@ -62,11 +62,10 @@ SHAPES = {
     "int4 g64 zp act-order": (QuantScheme.int_wna16(4, 64, True, "compressed-tensors", act_order=True), 192, 320),
     "int8 g32 act-order": (QuantScheme.int_wna16(8, 32, act_order=True), 96, 160),
 }
-# the third splits both GEMMs along K (w1 into 2 slices, w2 into as many as its K tiles allow); the fourth chains each
-# K tile's dots onto the running sums (``chain_acc``, the many-pair tiles' form); the last loads each next K tile into
-# registers a step ahead (``prefetch``), split as the third
+# the third splits both GEMMs along K (w1 into 2 slices, w2 into as many as its K tiles allow); the last chains each K
+# tile's dots onto the running sums (``chain_acc``, the many-pair tiles' form)
 CONFIGS = [WqConfig(16, 32, 64, 4, 1), WqConfig(16, 16, 128, 4, 1), WqConfig(16, 32, 64, 4, 1, split_k=2, w2_split_k=3),
-           WqConfig(32, 32, 64, 4, 1, chain_acc=True), WqConfig(16, 32, 64, 4, 1, split_k=2, w2_split_k=3, prefetch=True)]
+           WqConfig(32, 32, 64, 4, 1, chain_acc=True)]
 
 
 def _problem(name: str, tokens: int, experts: int = 4, top_k: int = 2):
@@ -108,8 +107,7 @@ def check_every_stored_layout(name: str, tokens: int, config: WqConfig) -> None:
         assert _rel(out, ref) <= TOL, (name, split)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.split_k}" + ("-chained" if c.chain_acc else "")
-                         + ("-prefetch" if c.prefetch else ""))
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.split_k}" + ("-chained" if c.chain_acc else ""))
 @pytest.mark.parametrize("tokens", [1, 5])
 @pytest.mark.parametrize("name", list(SHAPES))
 @interpreter
@@ -222,21 +220,6 @@ def test_mxfp4_takes_its_chained_tiles_from_33_pairs_an_expert(tokens, top_k, ex
 def test_split_k_epilogue_gives_every_sm_a_program_where_the_rows_allow(cols, rows, expected):
     """One decode token's w2 sum (one row) took 1024 columns a program: 3 programs for 132 SMs."""
     assert _epilogue_block(cols, rows, 132) == expected
-
-
-def test_register_caps_travel_through_tables_and_refuse_what_ptxas_cannot_take():
-    """``max_registers`` / ``w2_max_registers``: w2 takes w1's cap unless it has its own, a table entry keeps them
-    (and an entry without them reads back uncapped), and a cap outside 24-255 registers a thread is one clear error."""
-    capped = WqConfig(16, 64, 128, 4, 3, max_registers=96)
-    assert (capped.registers("w1"), capped.registers("w2")) == (96, 96)
-    both = replace(capped, w2_max_registers=80)
-    assert (both.registers("w1"), both.registers("w2")) == (96, 80)
-    assert WqConfig.from_json(json.loads(json.dumps(both.to_json()))) == both
-    plain = WqConfig(16, 64, 128, 4, 3)
-    assert "max_registers" not in plain.to_json() and plain.registers("w2") is None
-    for bad in (dict(max_registers=16), dict(w2_max_registers=256)):
-        with pytest.raises(KernelInputError, match="registers per thread, 24 to 255"):
-            WqConfig(16, **bad).check()
 
 
 def test_relayout_pads_rows_to_whole_chunks_and_undoes_exactly():

@@ -59,10 +59,6 @@ Weights stay quantized in memory and are dequantized in registers inside the K l
   is scaled, the scale tile loaded once per group and broadcast (in the SPLIT layout per run of
   min(GROUP, 32) columns of each half, ``_split_run_groups``: group 32 is one scale per half-chunk).
   Scale and zero-point tiles are loaded one K tile ahead (``_tile_scales``).
-* ``PREFETCH`` (a decode alternative to the pipeliner's ring): each K step issues the next K tile's weight bytes
-  and activation tiles as plain 16-byte loads into registers (``_tile_bytes``, ``_tile_x``) before dequantizing
-  its own, carried through the loop as the scales are; without it Triton's pipeliner copies the weight bytes into a
-  ``num_stages``-deep shared-memory ring (8-byte ``cp.async.ca``: the dot operand's shared layout allows no wider).
 * Split-K (``SPLIT_K``, few tokens): one token hits top_k experts, so the row blocks times the weight-row
   tiles can be fewer programs than the SMs need to keep enough loads in flight (gpt-oss-120b at one token:
   4 x 45 per GEMM on 132 SMs). A second grid axis splits the reduction into slices; each program writes
@@ -440,38 +436,17 @@ def _tile_scales(s_ptr, z_ptr, s_row, z_row, ki, KRED,
 
 
 @triton.jit
-def _tile_bytes(w_ptr, w_row, ki, KRED, ROW_BYTES, BLOCK_K: tl.constexpr, KIND: tl.constexpr, EVEN_K: tl.constexpr):
-    """The stored weight bytes of K tile ``ki`` of rows ``w_row``: [BLOCK_N, BLOCK_K] INT8 codes, or [BLOCK_N,
-    BLOCK_K // 2] bytes of 4-bit codes (two a byte), masked past the row's stored length."""
-    if KIND == KIND_INT8:
-        offs_k = ki * BLOCK_K + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            stored = tl.load(w_ptr + w_row[:, None] + offs_k[None, :])
-        else:
-            stored = tl.load(w_ptr + w_row[:, None] + offs_k[None, :], mask=(offs_k < KRED)[None, :], other=0)
-    else:
-        HALF: tl.constexpr = BLOCK_K // 2
-        offs_b = ki * HALF + tl.arange(0, HALF)
-        if EVEN_K:
-            stored = tl.load(w_ptr + w_row[:, None] + offs_b[None, :])
-        else:
-            stored = tl.load(w_ptr + w_row[:, None] + offs_b[None, :], mask=(offs_b < ROW_BYTES)[None, :], other=0)
-    return stored
-
-
-@triton.jit
 def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a, z_b,
               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
               KIND: tl.constexpr, HAS_ZP: tl.constexpr, ZERO: tl.constexpr, SPLIT: tl.constexpr,
               FAST: tl.constexpr, EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr,
-              CHAIN_ACC: tl.constexpr = False, PREFETCH: tl.constexpr = False, loaded=None):
+              CHAIN_ACC: tl.constexpr = False):
     """acc [BLOCK_N, BLOCK_M] += W[rows, K tile ki] @ X^T[K tile ki, pairs], weights dequantized in registers.
 
     w_row: [BLOCK_N] int64 element offsets of the tile's weight rows in w; ROW_BYTES: the stored length of a 4-bit
     row in bytes (KRED / 2, or more with SPLIT's pad). x_lo, x_hi: the activation tiles, [BLOCK_K // 2, BLOCK_M]
     each (SPLIT 4-bit: the columns of the low / high nibbles), or x_lo the whole [BLOCK_K, BLOCK_M] tile.
-    s_a, s_b, z_a, z_b: the tile's scales and zero points as ``_tile_scales`` loaded them. ``PREFETCH``: the tile's
-    bytes are ``loaded`` (``_tile_bytes``, issued a K step earlier by the kernel), else loaded here.
+    s_a, s_b, z_a, z_b: the tile's scales and zero points as ``_tile_scales`` loaded them.
     """
     # Each K tile's dots start from zero and are added to the running sums after them. Chaining the dots onto the
     # loop-carried accumulator made ptxas serialize every wgmma (C7515, "non wgmma instructions defining accumulator
@@ -488,12 +463,13 @@ def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a,
     if SCALE_ACC:
         # the tile lies in one scale group: scale the fp32 product of the exact codes once per (row, pair)
         s_tile = s_a.to(tl.float32)
-    if PREFETCH:
-        stored = loaded
-    else:
-        stored = _tile_bytes(w_ptr, w_row, ki, KRED, ROW_BYTES, BLOCK_K, KIND, EVEN_K)
     if KIND == KIND_INT8:
-        v = stored.to(tl.int32).to(tl.float32)
+        offs_k = ki * BLOCK_K + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            codes = tl.load(w_ptr + w_row[:, None] + offs_k[None, :])
+        else:
+            codes = tl.load(w_ptr + w_row[:, None] + offs_k[None, :], mask=(offs_k < KRED)[None, :], other=0)
+        v = codes.to(tl.int32).to(tl.float32)
         if HAS_ZP:
             if SCALE_ACC:
                 v = v - z_a.to(tl.float32)[:, None]
@@ -506,7 +482,11 @@ def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a,
         part = tl.dot(v.to(x_lo.dtype), x_lo, part)
     else:
         HALF: tl.constexpr = BLOCK_K // 2
-        b = stored
+        offs_b = ki * HALF + tl.arange(0, HALF)  # the tile's bytes
+        if EVEN_K:
+            b = tl.load(w_ptr + w_row[:, None] + offs_b[None, :])
+        else:
+            b = tl.load(w_ptr + w_row[:, None] + offs_b[None, :], mask=(offs_b < ROW_BYTES)[None, :], other=0)
         # SPLIT INT4 scales of whole runs (a 32-column half-chunk holds whole groups or lies in one)
         RUNS: tl.constexpr = SPLIT and (32 % GROUP == 0 or GROUP % 32 == 0)
         RUN: tl.constexpr = GROUP if GROUP < 32 else 32
@@ -617,35 +597,6 @@ def _tile_dot(acc, w_ptr, w_row, x_lo, x_hi, ki, KRED, ROW_BYTES, s_a, s_b, z_a,
 
 
 @triton.jit
-def _tile_x(x_ptr, x_row_off, pair_ok, perm_base, ki, KRED, BLOCK_K: tl.constexpr, KIND: tl.constexpr,
-            SPLIT: tl.constexpr, EVEN_K: tl.constexpr, HAS_PERM: tl.constexpr):
-    """The activation tiles of K tile ``ki`` for ``_tile_dot``: (x_lo, x_hi), the columns of the low and high
-    nibbles (SPLIT 4-bit), or the whole tile twice; pairs past the batch (``pair_ok``) and columns past KRED read 0."""
-    k0 = ki * BLOCK_K
-    if SPLIT and KIND != KIND_INT8:
-        idx = tl.arange(0, BLOCK_K // 2)
-        k_lo = k0 + (idx // HALF_CHUNK) * SPLIT_CHUNK + idx % HALF_CHUNK
-        k_hi = k_lo + HALF_CHUNK
-        c_lo = _columns(perm_base, k_lo, KRED, EVEN_K, HAS_PERM)
-        c_hi = _columns(perm_base, k_hi, KRED, EVEN_K, HAS_PERM)
-        if EVEN_K:
-            x_lo = tl.load(x_ptr + x_row_off[None, :] + c_lo[:, None], mask=pair_ok[None, :], other=0.0)
-            x_hi = tl.load(x_ptr + x_row_off[None, :] + c_hi[:, None], mask=pair_ok[None, :], other=0.0)
-        else:
-            x_lo = tl.load(x_ptr + x_row_off[None, :] + c_lo[:, None], mask=pair_ok[None, :] & (k_lo < KRED)[:, None], other=0.0)
-            x_hi = tl.load(x_ptr + x_row_off[None, :] + c_hi[:, None], mask=pair_ok[None, :] & (k_hi < KRED)[:, None], other=0.0)
-    else:
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        cols = _columns(perm_base, offs_k, KRED, EVEN_K, HAS_PERM)
-        if EVEN_K:
-            x_lo = tl.load(x_ptr + x_row_off[None, :] + cols[:, None], mask=pair_ok[None, :], other=0.0)
-        else:
-            x_lo = tl.load(x_ptr + x_row_off[None, :] + cols[:, None], mask=pair_ok[None, :] & (offs_k < KRED)[:, None], other=0.0)
-        x_hi = x_lo
-    return x_lo, x_hi
-
-
-@triton.jit
 def _gated_activation(gate, up, limit, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr):
     if HAS_LIMIT:
         gate = tl.minimum(gate, limit)
@@ -670,7 +621,7 @@ def wq_gemm_kernel(
     GATED: tl.constexpr, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, INTERLEAVED: tl.constexpr,
     ROUTER_WEIGHT: tl.constexpr, PAIR_BLOCKS: tl.constexpr, SPLIT: tl.constexpr, FAST: tl.constexpr,
     EVEN_K: tl.constexpr, SCALE_ACC: tl.constexpr, SCALED_DOT: tl.constexpr = False, HAS_PERM: tl.constexpr = False,
-    SPLIT_K: tl.constexpr = False, CHAIN_ACC: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    SPLIT_K: tl.constexpr = False, CHAIN_ACC: tl.constexpr = False,
 ):
     """out[pair, r] for the weight rows r of one BLOCK_N tile and the pairs of one BLOCK_M row block.
 
@@ -743,43 +694,43 @@ def wq_gemm_kernel(
         sa_b, sb_b, za_b, zb_b = _tile_scales(s_base, z_base, rows_b * stride_sr, rows_b * stride_zr, k_first, KRED,
                                               BLOCK_N, BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC,
                                               SCALED_DOT)
-    w_a = tl.zeros((1,), dtype=tl.int8)  # stand in where PREFETCH is off (never read)
-    w_b = w_a
-    if PREFETCH:  # the first K tile's weights and activations (then one K tile ahead: the loop below)
-        w_a = _tile_bytes(w_base, rows_a * stride_wr, k_first, KRED, stride_wr, BLOCK_K, KIND, EVEN_K)
-        if GATED:
-            w_b = _tile_bytes(w_base, rows_b * stride_wr, k_first, KRED, stride_wr, BLOCK_K, KIND, EVEN_K)
-        x_lo, x_hi = _tile_x(x_ptr, x_row_off, pair_ok, perm_base, k_first, KRED, BLOCK_K, KIND, SPLIT, EVEN_K,
-                             HAS_PERM)
     for ki in range(k_first, k_last):
+        k0 = ki * BLOCK_K
         k_next = tl.minimum(ki + 1, k_last - 1)  # the last tile reloads its own (never used)
         next_a = _tile_scales(s_base, z_base, rows_a * stride_sr, rows_a * stride_zr, k_next, KRED, BLOCK_N,
                               BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC, SCALED_DOT)
         if GATED:
             next_b = _tile_scales(s_base, z_base, rows_b * stride_sr, rows_b * stride_zr, k_next, KRED, BLOCK_N,
                                   BLOCK_K, GROUP, KIND, HAS_ZP, SPLIT, EVEN_K, SCALE_ACC, SCALED_DOT)
-        if PREFETCH:  # the next K tile's weights and activations, issued before this tile's dequantization
-            next_w_a = _tile_bytes(w_base, rows_a * stride_wr, k_next, KRED, stride_wr, BLOCK_K, KIND, EVEN_K)
-            if GATED:
-                next_w_b = _tile_bytes(w_base, rows_b * stride_wr, k_next, KRED, stride_wr, BLOCK_K, KIND, EVEN_K)
-            next_x_lo, next_x_hi = _tile_x(x_ptr, x_row_off, pair_ok, perm_base, k_next, KRED, BLOCK_K, KIND, SPLIT,
-                                           EVEN_K, HAS_PERM)
+        if SPLIT and KIND != KIND_INT8:
+            idx = tl.arange(0, BLOCK_K // 2)
+            k_lo = k0 + (idx // HALF_CHUNK) * SPLIT_CHUNK + idx % HALF_CHUNK
+            k_hi = k_lo + HALF_CHUNK
+            c_lo = _columns(perm_base, k_lo, KRED, EVEN_K, HAS_PERM)
+            c_hi = _columns(perm_base, k_hi, KRED, EVEN_K, HAS_PERM)
+            if EVEN_K:
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + c_lo[:, None], mask=pair_ok[None, :], other=0.0)
+                x_hi = tl.load(x_ptr + x_row_off[None, :] + c_hi[:, None], mask=pair_ok[None, :], other=0.0)
+            else:
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + c_lo[:, None], mask=pair_ok[None, :] & (k_lo < KRED)[:, None], other=0.0)
+                x_hi = tl.load(x_ptr + x_row_off[None, :] + c_hi[:, None], mask=pair_ok[None, :] & (k_hi < KRED)[:, None], other=0.0)
         else:
-            x_lo, x_hi = _tile_x(x_ptr, x_row_off, pair_ok, perm_base, ki, KRED, BLOCK_K, KIND, SPLIT, EVEN_K,
-                                 HAS_PERM)
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            cols = _columns(perm_base, offs_k, KRED, EVEN_K, HAS_PERM)
+            if EVEN_K:
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + cols[:, None], mask=pair_ok[None, :], other=0.0)
+            else:
+                x_lo = tl.load(x_ptr + x_row_off[None, :] + cols[:, None], mask=pair_ok[None, :] & (offs_k < KRED)[:, None], other=0.0)
+            x_hi = x_lo
         acc_a = _tile_dot(acc_a, w_base, rows_a * stride_wr, x_lo, x_hi, ki, KRED, stride_wr, sa_a, sb_a, za_a, zb_a,
                           BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K, SCALE_ACC,
-                          SCALED_DOT, CHAIN_ACC, PREFETCH, w_a)
+                          SCALED_DOT, CHAIN_ACC)
         sa_a, sb_a, za_a, zb_a = next_a
         if GATED:
             acc_b = _tile_dot(acc_b, w_base, rows_b * stride_wr, x_lo, x_hi, ki, KRED, stride_wr, sa_b, sb_b, za_b,
                               zb_b, BLOCK_N, BLOCK_M, BLOCK_K, GROUP, KIND, HAS_ZP, ZERO, SPLIT, FAST, EVEN_K,
-                              SCALE_ACC, SCALED_DOT, CHAIN_ACC, PREFETCH, w_b)
+                              SCALE_ACC, SCALED_DOT, CHAIN_ACC)
             sa_b, sb_b, za_b, zb_b = next_b
-        if PREFETCH:
-            w_a, x_lo, x_hi = next_w_a, next_x_lo, next_x_hi
-            if GATED:
-                w_b = next_w_b
     if KIND == KIND_NVFP4 and SPLIT and FAST:
         acc_a = acc_a * NVFP4_FAST_SUM_SCALE
         if GATED:

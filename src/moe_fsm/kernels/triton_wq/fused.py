@@ -192,8 +192,7 @@ def can_split(quant: "WeightQuant") -> bool:
     return quant.kind != "int8"
 
 
-FLAGS = ("hopper_bf16", "chain_acc", "prefetch")  # WqConfig's on/off fields (the rest are tile sizes and counts)
-MIN_REGISTERS, MAX_REGISTERS = 24, 255  # ptxas's range for a per-thread register cap (maxnreg), sm_90
+FLAGS = ("hopper_bf16", "chain_acc")  # WqConfig's on/off fields (the rest are tile sizes and counts)
 
 
 @dataclass(frozen=True)
@@ -210,12 +209,7 @@ class WqConfig:
     of 8) the tile fields run the swap-AB kernel. ``chain_acc``: each K tile's dots accumulate straight into the
     running sums instead of into a fresh product added after them (``_tile_dot``): for 8-warp many-pair tiles, where
     the fresh product is a second fp32 register set (fewer instructions a weight byte chained, and no wgmma waits
-    added; at 4-warp tiles chaining serializes the wgmmas). ``max_registers`` / ``w2_max_registers`` (default: none):
-    the w1 / w2 kernel's register cap per thread (Triton's ``maxnreg``), so that more programs fit an SM (65536
-    registers: 4 warps at 123 hold 4 programs, at 96 five); ptxas spills what does not fit. ``prefetch``: each K
-    step loads the next K tile's weight bytes and activations into registers (16-byte loads) before dequantizing its
-    own, instead of the pipeliner's shared-memory ring (``num_stages``: 8-byte ``cp.async.ca`` copies of the weight
-    bytes, through L1); the scales travel one K tile ahead either way.
+    added; at 4-warp tiles chaining serializes the wgmmas).
     """
 
     block_m: int
@@ -232,9 +226,6 @@ class WqConfig:
     w2_split_k: Optional[int] = None
     hopper_bf16: bool = False
     chain_acc: bool = False
-    prefetch: bool = False
-    max_registers: Optional[int] = None
-    w2_max_registers: Optional[int] = None
 
     def to_json(self) -> dict:
         # the flags stay out of a table until set, so older tables read back unchanged
@@ -254,10 +245,6 @@ class WqConfig:
                     self.w2_num_warps or self.num_warps, self.w2_num_stages or self.num_stages)
         return self.block_n, self.block_k, self.num_warps, self.num_stages
 
-    def registers(self, which: str) -> Optional[int]:
-        """The register cap per thread of the w1 or w2 GEMM (None: the compiler's choice)."""
-        return (self.w2_max_registers or self.max_registers) if which == "w2" else self.max_registers
-
     def splits(self, which: str) -> int:
         """K slices of the w1 or w2 GEMM (split-K; 1: one pass)."""
         return (self.w2_split_k or self.split_k) if which == "w2" else self.split_k
@@ -270,11 +257,6 @@ class WqConfig:
                 raise KernelInputError(f"WqConfig.{name} must be a positive power of two; got {value}")
         if self.block_m < 16 or min(self.gemm("w1")[0], self.gemm("w2")[0]) < 16:
             raise KernelInputError("WqConfig: block_m and block_n must be at least 16 (tensor-core tiles)")
-        for name in ("max_registers", "w2_max_registers"):
-            value = getattr(self, name)
-            if value is not None and not MIN_REGISTERS <= value <= MAX_REGISTERS:
-                raise KernelInputError(f"WqConfig.{name} is registers per thread, {MIN_REGISTERS} to {MAX_REGISTERS}; "
-                                       f"got {value}")
 
 
 # Split-K splits a decode GEMM whose programs are fewer than this many per SM, until they are at least that many.
@@ -535,8 +517,8 @@ def fused_wq_experts(
             ACT=ACTIVATIONS[activation], HAS_LIMIT=swiglu_limit is not None, INTERLEAVED=interleaved and gated,
             ROUTER_WEIGHT=not gated, PAIR_BLOCKS=num_tokens == 1, SPLIT=split, FAST=fast,
             EVEN_K=kred % block_k == 0, SCALE_ACC=_scale_acc(quant, group, kred, block_k), SCALED_DOT=scaled_dot,
-            HAS_PERM=perm is not None, SPLIT_K=slices > 1, CHAIN_ACC=config.chain_acc, PREFETCH=config.prefetch,
-            num_warps=warps, num_stages=stages, maxnreg=config.registers(which),
+            HAS_PERM=perm is not None, SPLIT_K=slices > 1, CHAIN_ACC=config.chain_acc,
+            num_warps=warps, num_stages=stages,
         )
         return target if slices > 1 else None
 
