@@ -39,8 +39,9 @@ alignment launch), unsorted where it sorts, at the points past one token with at
 (more pairs would read each expert's weights several times over); ``other / ours`` > 1 means the rule's layout
 was the faster.
 
-Columns ``one_launch`` and ``one_launch_2_per_sm`` time one token of a bf16 layer as one launch (``fused_experts``'s
-``one_launch=True``, off by default), the second with two programs a SM.
+Columns ``one_launch`` and ``launches`` time one token of a bf16 layer forced to one launch or to the launches
+(``fused_experts``'s ``one_launch``; ``config.takes_one_launch`` is the rule ``ours`` follows), each where the rule
+picked the other.
 
 Columns ``sum_apart`` and ``sum_in_w2`` time moe-fsm's layer at up to 8 tokens with the top-k sum forced to its
 own launch after w2, or into the w2 GEMM (``fused_experts``'s ``sum_in_w2``; ``config.sums_slots_in_w2`` is the
@@ -94,7 +95,7 @@ ROUNDS = 3
 SUM_COLUMNS = {"sum_apart": False, "sum_in_w2": True}
 # one token's layer as one launch (``fused_experts``'s ``one_launch=True``), with the settings of ``config`` each
 # column sets while its call runs or is captured
-LAUNCH_COLUMNS = {"one_launch": {}, "one_launch_2_per_sm": {"DECODE_LAYER_PROGRAMS_PER_SM": 2}}
+LAUNCH_COLUMNS = {"one_launch": True, "launches": False}
 FORCED_COLUMNS = (*SUM_COLUMNS, *LAUNCH_COLUMNS)
 
 
@@ -366,7 +367,7 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
                 layer_fn(small, weights, MoEConfig.from_json(ours_json), unsorted)(x, g, ids)
             for sum_in_w2 in sums:  # the forced top-k sum columns, in the rule's layout
                 layer_fn(small, weights, MoEConfig.from_json(ours_json), layouts[0], sum_in_w2)(x, g, ids)
-            for one_launch in launches:
+            for one_launch in launches:  # the forced one-launch / launches columns
                 layer_fn(small, weights, MoEConfig.from_json(ours_json), one_launch=one_launch)(x, g, ids)
             if extract is not None:
                 vllm = VllmTriton(Path(extract), torch.cuda.get_device_name(), torch.cuda.get_device_capability())
@@ -443,8 +444,7 @@ def main_run(args) -> None:
     from bench_read_floor import read_floor
     from moe_fsm.kernels.triton_moe import get_config
     from moe_fsm.kernels.triton_moe.align import pair_blocks_pay
-    from moe_fsm.kernels.triton_moe import config as config_module
-    from moe_fsm.kernels.triton_moe.config import default_config, sums_slots_in_w2
+    from moe_fsm.kernels.triton_moe.config import default_config, sums_slots_in_w2, takes_one_launch
     from moe_fsm.kernels.triton_moe._runtime import device_name
     from dataclasses import astuple
 
@@ -453,6 +453,7 @@ def main_run(args) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_experts_vs_vllm.py run needs a CUDA device")
     dev_name = torch.cuda.get_device_name()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     columns = [c.strip() for c in args.columns.split(",") if c.strip()]
     vllm = None
     if "vllm" in columns:
@@ -476,29 +477,19 @@ def main_run(args) -> None:
         return [c for c, forced in SUM_COLUMNS.items() if c in columns and forced != rule]
 
     def launch_columns(shape, t):
-        """The one-launch columns timed at this point: one token of a bf16 layer."""
-        return [c for c in LAUNCH_COLUMNS if c in columns] if t == 1 and shape.fp8 is None else []
+        """The forced one-launch / launches columns timed at this point: one token of a bf16 layer, those whose
+        choice differs from the rule's."""
+        if t != 1 or shape.fp8 is not None:
+            return []
+        rule = takes_one_launch(t, False, ours_config(shape, t), shape.top_k, shape.intermediate, sms)
+        return [c for c, forced in LAUNCH_COLUMNS.items() if c in columns and forced != rule]
 
     def forced_fn(shape, weights, t, column):
         """moe-fsm's layer with this column's choice forced."""
         config = ours_config(shape, t) if args.untuned else None
         if column in SUM_COLUMNS:
             return layer_fn(shape, weights, config, None, SUM_COLUMNS[column])
-        fn = layer_fn(shape, weights, config, one_launch=True)
-        settings = LAUNCH_COLUMNS[column]
-        if not settings:
-            return fn
-
-        def with_settings(*inputs):
-            shipped = {name: getattr(config_module, name) for name in settings}
-            for name, value in settings.items():
-                setattr(config_module, name, value)
-            try:
-                return fn(*inputs)
-            finally:
-                for name, value in shipped.items():
-                    setattr(config_module, name, value)
-        return with_settings
+        return layer_fn(shape, weights, config, one_launch=LAUNCH_COLUMNS[column])
 
     def ours_config(shape, t):
         if args.untuned:
@@ -518,7 +509,7 @@ def main_run(args) -> None:
                 jobs.append((str(args.extract) if vllm else None, series, astuple(shape), t, ours_config(shape, t).to_json(), cfg,
                              t * shape.top_k * 4 <= shape.num_experts, layouts,
                              [SUM_COLUMNS[c] for c in sum_columns(shape, t)],
-                             [True] if launch_columns(shape, t) else []))
+                             [LAUNCH_COLUMNS[c] for c in launch_columns(shape, t)]))
         chunks = [c for c in (jobs[i::args.workers] for i in range(args.workers)) if c]
         with mp.get_context("spawn").Pool(len(chunks)) as pool:
             failures = [f for fs in pool.map(precompile_worker, chunks) for f in fs]
@@ -936,8 +927,8 @@ def main() -> None:
                    help="which kernels to time beside moe-fsm's Triton (ours): vllm, flashinfer (default all three) and "
                         "other (ours with the row layout its rule did not pick); sum_apart and sum_in_w2 (ours with the "
                         "top-k sum forced to its own launch or into w2, where the rule picked the other; up to 8 tokens); "
-                        "one_launch and one_launch_2_per_sm (one token of a bf16 layer as one launch, the second with two "
-                        "programs a SM)")
+                        "one_launch and launches (one token of a bf16 layer forced to one launch or to the "
+                        "launches, where the rule picked the other)")
     r.add_argument("--skip-floors", action="store_true",
                    help="no read floors at up to 32 tokens (bench_read_floor.py: 16 timings a point); a run before "
                         "on the same shapes and tokens read the same bytes")

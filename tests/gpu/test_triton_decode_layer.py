@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 
 from moe_fsm.kernels.triton_moe import _runtime, fused, fused_experts  # noqa: E402
 from moe_fsm.kernels.triton_moe._runtime import device_name, kernels  # noqa: E402
-from moe_fsm.kernels.triton_moe.config import get_config  # noqa: E402
+from moe_fsm.kernels.triton_moe.config import get_config, takes_one_launch  # noqa: E402
 
 from .moe_gpu_cases import (  # noqa: E402
     MIXTRAL_8X7B, QWEN3_30B, Shape, float_weights, hidden_states, poison_allocator, reference, rel_err, routing,
@@ -30,9 +30,10 @@ LAUNCHES_TOL = 1e-2  # the two-launch path rounds each slot's w2 row to bf16 bef
 CASES = [
     (QWEN3_30B, {}),
     (MIXTRAL_8X7B, {}),  # 2 slots, 14336-wide intermediate
-    (Shape("qwen3-next-tp2", 512, 2048, 256, 10), {}),  # top-k 10 over 512 experts
+    (Shape("qwen3-30b-a3b-tp4", 128, 2048, 192, 8), {}),  # where the default takes it; w1's K steps split
+    (Shape("qwen3-next-tp2", 512, 2048, 256, 10), {}),  # top-k 10 over 512 experts; w1 split, w2 tiles past resident
     (Shape("gpt-oss-tp2", 128, 2880, 1440, 4), dict(activation="swigluoai", swiglu_limit=7.0)),  # partial K steps
-    (Shape("top1-on-input", 16, 2048, 1024, 1), dict(apply_router_weight_on_input=True)),  # top-k 1, one w2 slot
+    (Shape("top1-on-input", 16, 2048, 1024, 1), dict(apply_router_weight_on_input=True)),  # top-k 1, one w2 slot, split
 ]
 
 
@@ -98,3 +99,30 @@ def test_one_launch_decode_layer(monkeypatch, shape, kwargs):
     # at rest after every call: the barrier word's low 31 bits (its top bit flips each time) and every tile counter
     for counters in fused._decode_workspace.values():
         assert int(counters[0]) & 0x7FFFFFFF == 0 and int(counters[1:].count_nonzero()) == 0
+
+
+@pytest.mark.parametrize("shape,takes", [
+    (Shape("qwen3-30b-a3b-tp4", 128, 2048, 192, 8), True),  # 96 w1 programs on the launches: fewer than the SMs
+    (Shape("qwen3-next-tp2", 512, 2048, 256, 10), False),  # 160: measured slower as one launch
+], ids=lambda v: getattr(v, "name", str(v)))
+def test_default_takes_one_launch_by_the_rule(monkeypatch, shape, takes):
+    """fused_experts' default (one_launch=None) launches the one-launch kernel exactly where
+    ``config.takes_one_launch`` says, on this device's SM count (an H100's and an H200's 132), and not at 2 tokens."""
+    kernels_launched = []
+    launch = fused.launch
+    monkeypatch.setattr(fused, "launch", lambda fn, *a, **k: (kernels_launched.append(fn), launch(fn, *a, **k)))
+    w1, w2 = float_weights(shape)
+    decode_kernel = kernels().decode_layer_kernel
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    config = _config(shape)
+    rule = takes_one_launch(1, False, config, shape.top_k, shape.intermediate, sms)
+    if sms == 132:
+        assert rule is takes
+    for tokens in (1, 2):
+        x = hidden_states(tokens, shape.hidden, torch.bfloat16, seed=5)
+        g, ids = routing(tokens, shape.num_experts, shape.top_k, seed=5)
+        kernels_launched.clear()
+        out = fused_experts(x, w1, w2, g, ids)
+        assert rel_err(out, reference(x, w1, w2, g, ids)) < BF16_TOL
+        assert (kernels_launched == [decode_kernel]) is (rule and tokens == 1)
+

@@ -1,14 +1,16 @@
 """One token's layer in one launch (``fused.decode_layer``, ``_kernels.decode_layer_kernel``).
 
-On the GPU a persistent grid runs the w1 tiles, waits at a grid barrier and runs the w2 tiles, the last of each output
-tile's slots to arrive summing them. Triton's interpreter runs programs one after another, so a barrier there would
+On the GPU a persistent grid runs the w1 tiles (each split over several programs' K steps where the tiles are few, the
+last split to arrive summing them), waits at a grid barrier and runs the w2 tiles, the last of each output tile's slots
+to arrive summing them. Triton's interpreter runs programs one after another, so a barrier there would
 spin forever: under it the same kernel runs as two launches (phase 1, then phase 2) on a grid of
 ``INTERPRETER_DECODE_PROGRAMS`` programs, each taking several tiles, which checks the tiles, the activation, the
 router weights, slots of another rank and the last arrival's sum against float64 with the output poisoned first
 (``TRITON_INTERPRET=1 python3 -m pytest tests/kernels/test_triton_decode_layer.py``; float16, which the interpreter
 computes). The barrier itself, the grid bound and graph replays run on the GPU:
-``tests/gpu/test_triton_decode_layer.py``. The grid's bound and the argument checks are tested here on the CPU; that
-the default (``one_launch=False``) launches what it did before, by the launch lists of ``test_triton_launch.py``.
+``tests/gpu/test_triton_decode_layer.py``. The grid's bound, the w1 splits, the default's rule
+(``config.takes_one_launch``) and the argument checks are tested here on the CPU; that the default off a CUDA device
+launches what it did before, by the launch lists of ``test_triton_launch.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from moe_fsm.kernels.reference import moe_reference
 from moe_fsm.kernels.triton_moe.config import (
-    DECODE_LAYER_PROGRAMS_PER_SM, GemmConfig, MoEConfig, decode_layer_programs,
+    GemmConfig, MoEConfig, decode_layer_programs, decode_layer_w1_splits, takes_one_launch,
 )
 
 from triton_launches import interpreter, needs_triton_jit
@@ -99,20 +101,75 @@ def test_no_local_slot_gives_zeros(poisoned):
     assert bool((out == 0).all())
 
 
-@pytest.mark.parametrize("work,resident,sms,programs", [
-    (448, 264, 132, 132 * DECODE_LAYER_PROGRAMS_PER_SM),  # the SMs bound it
-    (40, 264, 132, 40),  # fewer tiles than SMs: one program a tile
-    (448, 100, 132, min(100, 132 * DECODE_LAYER_PROGRAMS_PER_SM)),  # never past what the device holds at once
-    (448, 0, 132, 0),  # the compiled kernel does not fit: the caller keeps its launches
+@interpreter
+@pytest.mark.parametrize("k,n", [(160, 64), (150, 40)])  # 5 K steps of 32 in 2 splits (3, 2); a partial last step
+def test_split_w1_matches_float64(poisoned, monkeypatch, k, n):
+    """w1's K steps split over programs (the last split of a tile to arrive sums them in split order) against
+    float64: a slot of another rank among them, programs taking several items each."""
+    from moe_fsm.kernels.triton_moe import fused, fused_experts
+
+    splits = []
+    launch = fused.launch
+    monkeypatch.setattr(fused, "launch",
+                        lambda fn, grid, args, *a: (splits.append(args[16]), launch(fn, grid, args, *a)))
+    x, w1, w2, weights, ids = _layer(k + n, 16, 3, k, n, True)
+    ref = moe_reference(x, w1.double(), w2.double(), weights * (ids >= 0), ids.clamp(min=0))
+    out = torch.full((1, k), math.nan, dtype=torch.float16)
+    fused_experts(x, w1, w2, weights, ids, out=out, config=_config(32, 32, 32, 32), one_launch=True)
+    assert splits == [2, 2]  # 6 w1 tiles, 16 resident programs under the interpreter: 2 splits, both phases
+    assert bool(torch.isfinite(out).all())
+    assert float((out.double() - ref).norm() / ref.norm()) <= TOL
+
+
+@pytest.mark.parametrize("work,resident,programs", [
+    (448, 264, 264),  # past what is resident: the programs loop over the items
+    (256, 264, 256),  # one program an item
+    (40, 264, 40),
+    (448, 0, 0),  # the compiled kernel does not fit: the caller keeps its launches
 ])
-def test_the_grid_never_passes_what_is_resident(work, resident, sms, programs):
-    assert decode_layer_programs(work, resident, sms) == programs
+def test_the_grid_never_passes_what_is_resident(work, resident, programs):
+    assert decode_layer_programs(work, resident) == programs
+
+
+@pytest.mark.parametrize("tiles,k_steps,resident,expected", [
+    (48, 16, 264, (4, 4)),  # Qwen3-30B-A3B TP4: 5 fit, 16 steps in 4s: 4 splits, each with work
+    (48, 16, 396, (8, 2)),
+    (16, 3, 264, (3, 1)),  # at most one split per K step
+    (128, 12, 264, (2, 6)),
+    (192, 16, 264, (1, 16)),  # two splits a tile would pass what is resident
+    (896, 32, 264, (1, 32)),
+    (48, 1, 264, (1, 1)),
+])
+def test_w1_splits_fill_the_resident_programs(tiles, k_steps, resident, expected):
+    splits, per_split = decode_layer_w1_splits(tiles, k_steps, resident)
+    assert (splits, per_split) == expected
+    assert tiles * splits <= max(resident, tiles) and (splits - 1) * per_split < k_steps <= splits * per_split
+
+
+def _decode_tiles(block_n1: int = 32, swap_ab: bool = True) -> MoEConfig:
+    return MoEConfig(16, GemmConfig(block_n1, 128, 1, 4, 4, swap_ab=swap_ab),
+                     GemmConfig(64, 128, 1, 4, 4, swap_ab=True))
+
+
+@pytest.mark.parametrize("tokens,fp8,config,top_k,n,sms,takes", [
+    (1, False, _decode_tiles(), 8, 192, 132, True),  # Qwen3-30B-A3B TP4: 96 w1 programs, the one point it won
+    (1, False, _decode_tiles(), 10, 256, 132, False),  # Qwen3-Next TP2: 160, slower as one launch
+    (1, False, _decode_tiles(), 8, 384, 132, False),  # Qwen3-30B-A3B TP2: 192
+    (1, False, _decode_tiles(16), 8, 192, 132, False),  # narrower w1 tiles: 192 programs
+    (1, False, _decode_tiles(), 8, 192, 96, False),  # as many programs as SMs
+    (1, False, _decode_tiles(), 8, 192, 0, False),  # off a CUDA device
+    (1, False, _decode_tiles(swap_ab=False), 8, 192, 132, False),  # not the decode tiles it was measured with
+    (2, False, _decode_tiles(), 8, 192, 132, False),
+    (1, True, _decode_tiles(), 8, 192, 132, False),
+])
+def test_default_takes_one_launch_only_where_w1_leaves_sms_idle(tokens, fp8, config, top_k, n, sms, takes):
+    assert takes_one_launch(tokens, fp8, config, top_k, n, sms) is takes
 
 
 @needs_triton_jit
 @pytest.mark.parametrize("bad,match", [
-    (dict(one_launch="yes"), "one_launch must be True or False"),
-    (dict(one_launch=None), "one_launch must be True or False"),
+    (dict(one_launch="yes"), "one_launch must be True, False or None"),
+    (dict(one_launch=1), "one_launch must be True, False or None"),
     (dict(one_launch=True, tokens=2), "one_launch=True runs one token of a bf16/fp16 layer; got 2 tokens"),
 ])
 def test_one_launch_arguments_are_checked(monkeypatch, bad, match):

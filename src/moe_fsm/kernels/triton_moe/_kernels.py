@@ -755,11 +755,11 @@ def _grid_barrier(barrier_ptr, num_programs):
 
 
 @triton.jit
-def _decode_w1_tile_out(acc, slot, n0, N, topk_weight_ptr, inter_ptr, swiglu_limit, BLOCK_N1: tl.constexpr,
+def _decode_w1_tile_out(y, slot, n0, N, topk_weight_ptr, inter_ptr, swiglu_limit, BLOCK_N1: tl.constexpr,
                         ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, WEIGHT_ON_INPUT: tl.constexpr):
-    """A w1 tile's epilogue in ``decode_layer_kernel``: its gate and up columns out of the swap-AB accumulator
-    (column 0 holds x's product), the router weight where it goes on the input, the activation, stored."""
-    y = tl.sum(acc, axis=1)
+    """A w1 tile's epilogue in ``decode_layer_kernel``: its gate and up columns ``y`` (the swap-AB accumulator's
+    column 0, summed over the tile's K splits), the router weight where it goes on the input, the activation,
+    stored."""
     if WEIGHT_ON_INPUT:
         y = y * tl.load(topk_weight_ptr + slot).to(tl.float32)
     gate, up = tl.split(tl.permute(tl.reshape(y, (2, BLOCK_N1)), (1, 0)))
@@ -794,22 +794,26 @@ def _decode_w2_tile_out(acc, slot, tile, K, topk_weight_ptr, partial_ptr, out_pt
             tl.atomic_xchg(tile_arrivals_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
-@triton.jit(do_not_specialize=["num_experts", "num_programs"])
+@triton.jit(do_not_specialize=["num_experts", "num_programs", "w1_splits", "w1_steps_per_split"])
 def decode_layer_kernel(
     x_ptr,
     w1_ptr,
     w2_ptr,
     inter_ptr,
     partial_ptr,
+    w1_partial_ptr,
     out_ptr,
     topk_ids_ptr,
     topk_weight_ptr,
     tile_arrivals_ptr,
+    w1_arrivals_ptr,
     barrier_ptr,
     K,
     N,
     num_experts,
     num_programs,
+    w1_splits,
+    w1_steps_per_split,
     swiglu_limit,
     stride_xk,
     stride_w1e,
@@ -835,16 +839,18 @@ def decode_layer_kernel(
     """One token's whole MoE layer in one launch: out = sum_j g_j * w2[e_j] @ act(w1[e_j] @ x), e_j = topk_ids[j].
 
     A persistent grid of ``num_programs`` programs, all on the SMs at once. Phase 1 (``PHASES`` bit 1): the w1
-    tiles, (slot, BLOCK_N1 intermediate columns) each, gate and up rows as one swap-AB operand (the weight tile in
-    the tensor-core instruction's M slot, x as column 0 of a 16-wide operand whose other columns are masked to
-    zeros), the gated activation (and the router weight where it goes on the input) applied, written to ``inter``
-    [TOP_K, N]. A grid barrier (``_grid_barrier``, PHASES == 3). Phase 2 (bit 2): the w2 tiles, (slot, BLOCK_N2
-    output columns) each (``_decode_w2_tile_out``): the last of a column tile's TOP_K programs to arrive sums the
-    tile's slots in slot order and writes ``out`` once, so the result does not depend on which program came last.
-    The tiles are the two launches' work; what goes is the launch between them, the top-k sum's launch and the
-    [TOP_K, K] rows' round trip in bf16. A program takes its tiles one after another, each tile's K loop
-    software-pipelined (a loop over a program's tiles and their K steps as one measured slower, and with w2's
-    epilogue inside it is not pipelined at all: ``docs/perf/decode.md``).
+    items, (slot, BLOCK_N1 intermediate columns, K split) each, gate and up rows as one swap-AB operand (the weight
+    tile in the tensor-core instruction's M slot, x as column 0 of a 16-wide operand whose other columns are masked
+    to zeros). A tile whose K steps are split over ``w1_splits`` programs (``w1_steps_per_split`` steps each, so a
+    layer with few w1 tiles still streams from every SM) writes fp32 partial sums to ``w1_partial`` [TOP_K, splits,
+    2N]; the last of its splits to arrive (a counter per tile in ``w1_arrivals``, put back to 0) sums them in split
+    order. Then the gated activation (and the router weight where it goes on the input), written to ``inter``
+    [TOP_K, N]. A grid barrier (``_grid_barrier``, PHASES == 3). Phase 2 (bit 2): the w2 tiles, (slot, BLOCK_N2 output
+    columns) each (``_decode_w2_tile_out``): the last of a column tile's TOP_K programs to arrive sums the tile's
+    slots in slot order and writes ``out`` once, so the result does not depend on which program came last. A
+    program takes its items one after another, each K loop software-pipelined (a loop over a program's tiles and
+    their K steps as one measured slower, and with w2's epilogue inside it is not pipelined at all:
+    ``docs/perf/decode.md``).
 
     Off the GPU (Triton's interpreter runs programs one after another, so a spin would never end) the same code
     runs as two launches, PHASES 1 then 2. A slot of another rank (expert outside [0, num_experts)) loads no
@@ -856,23 +862,27 @@ def decode_layer_kernel(
     column = tl.arange(0, 16)
     if PHASES & 1:
         tiles1 = tl.cdiv(N, BLOCK_N1)
+        k_steps = tl.cdiv(K, BLOCK_K1)
         j = tl.arange(0, 2 * BLOCK_N1)
         offs_k = tl.arange(0, BLOCK_K1)
-        for item in range(pid, TOP_K * tiles1, num_programs):
-            slot = item // tiles1
-            n0 = (item - slot * tiles1) * BLOCK_N1
+        for item in range(pid, TOP_K * tiles1 * w1_splits, num_programs):
+            tile_item = item // w1_splits
+            split = item - tile_item * w1_splits
+            slot = tile_item // tiles1
+            n0 = (tile_item - slot * tiles1) * BLOCK_N1
             expert = tl.load(topk_ids_ptr + slot).to(tl.int64)
             local = (expert >= 0) & (expert < num_experts)
             if local:
+                k_first = split * w1_steps_per_split
                 # gate rows first, then the matching up rows; wrapped into range, masked on store
                 w_rows = ((n0 + j % BLOCK_N1) % N + (j // BLOCK_N1) * N).to(tl.int64)
                 w_ptrs = (w1_ptr + expert * stride_w1e + w_rows[:, None] * stride_w1n
-                          + offs_k[None, :] * stride_w1k)
+                          + (k_first * BLOCK_K1 + offs_k)[None, :] * stride_w1k)
                 # x as column 0 of the 16-wide operand, the other columns masked to zeros: a pointer tile, which
                 # the pipeliner loads asynchronously with the weights' tiles
-                x_ptrs = x_ptr + offs_k[:, None] * stride_xk + column[None, :] * 0
+                x_ptrs = x_ptr + (k_first * BLOCK_K1 + offs_k)[:, None] * stride_xk + column[None, :] * 0
                 acc = tl.zeros((2 * BLOCK_N1, 16), dtype=tl.float32)
-                for ki in range(0, tl.cdiv(K, BLOCK_K1)):
+                for ki in range(k_first, tl.minimum(k_first + w1_steps_per_split, k_steps)):
                     if EVEN_K:
                         a = tl.load(x_ptrs, mask=column[None, :] == 0, other=0.0)
                         b = tl.load(w_ptrs)
@@ -883,8 +893,25 @@ def decode_layer_kernel(
                     acc = tl.dot(b, a, acc)
                     x_ptrs += BLOCK_K1 * stride_xk
                     w_ptrs += BLOCK_K1 * stride_w1k
-                _decode_w1_tile_out(acc, slot, n0, N, topk_weight_ptr, inter_ptr, swiglu_limit, BLOCK_N1, ACTIVATION,
-                                    HAS_LIMIT, WEIGHT_ON_INPUT)
+                y = tl.sum(acc, axis=1)
+                if w1_splits == 1:
+                    _decode_w1_tile_out(y, slot, n0, N, topk_weight_ptr, inter_ptr, swiglu_limit, BLOCK_N1,
+                                        ACTIVATION, HAS_LIMIT, WEIGHT_ON_INPUT)
+                else:
+                    rows = slot * w1_splits * 2 * N + (j // BLOCK_N1) * N + n0 + j % BLOCK_N1
+                    row_ok = n0 + j % BLOCK_N1 < N
+                    tl.store(w1_partial_ptr + rows + split * 2 * N, y, mask=row_ok)
+                    tl.debug_barrier()
+                    arrived = tl.atomic_add(w1_arrivals_ptr + tile_item, 1, sem="acq_rel", scope="gpu")
+                    if arrived == w1_splits - 1:
+                        tl.debug_barrier()
+                        y = tl.zeros((2 * BLOCK_N1,), dtype=tl.float32)
+                        for s in range(0, w1_splits):  # in split order: the sum does not depend on who came last
+                            y += tl.load(w1_partial_ptr + rows + s * 2 * N, mask=row_ok, other=0.0,
+                                         cache_modifier=".cg")
+                        _decode_w1_tile_out(y, slot, n0, N, topk_weight_ptr, inter_ptr, swiglu_limit, BLOCK_N1,
+                                            ACTIVATION, HAS_LIMIT, WEIGHT_ON_INPUT)
+                        tl.atomic_xchg(w1_arrivals_ptr + tile_item, 0, sem="relaxed", scope="gpu")
     if PHASES == 3:
         _grid_barrier(barrier_ptr, num_programs)
         _let_next_kernel_start(PDL)

@@ -257,10 +257,10 @@ def routings(num_tokens: int, num_experts: int, top_k: int, count: int, seed: in
 
 
 def layer_fn(shape: LayerShape, weights, config: Optional[MoEConfig], unsorted: Optional[bool] = None,
-             sum_in_w2: Optional[bool] = None, one_launch: bool = False) -> Callable:
+             sum_in_w2: Optional[bool] = None, one_launch: Optional[bool] = None) -> Callable:
     """fn(x, topk_weights, topk_ids) -> the layer's output, with this config (None: the runtime's lookup), row
-    layout (``fused_experts``'s ``unsorted``; None: its rule), top-k sum (``sum_in_w2``; None: its rule) and, with
-    ``one_launch``, one token's layer as one launch."""
+    layout (``fused_experts``'s ``unsorted``; None: its rule), top-k sum (``sum_in_w2``; None: its rule) and one
+    token's layer as one launch or not (``one_launch``; None: its rule)."""
     w1, w2, s1, s2 = weights
     spec = shape.spec
     kw = {} if spec is None else {"fp8": spec, "w1_scale": s1, "w2_scale": s2}
