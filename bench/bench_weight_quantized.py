@@ -31,6 +31,10 @@ EP8 shard, INT4 g128 Mixtral-8x7B / Qwen3-235B-A22B / GLM-4.5-Air-like, MXFP4 gp
 the one-pass decode tile against the default tile now (split along K where the grid is small), with µs, weight
 TB/s and % of the copy rate measured in the same run, and moe-fsm's bf16 experts beside them; writes
 ``<out>/wq_decode.json`` and ``<out>/wq_decode.md`` after every point.
+``inflight`` (GPU, about 60 s on an H200 for six rows at three token counts): the decode tile moe-fsm serves beside
+one-change variants of the weight bytes an SM keeps in flight (``inflight_variants``), each checked against float64,
+with the read floor of the same bytes (``bench_read_floor.py``), bf16 and, for MXFP4, ``triton_kernels``; every tile
+compiled first in ``--workers`` processes; writes ``<out>/wq_inflight.json`` and ``.md`` after every point.
 ``prefill`` (GPU, about 45 s on an H200): at 512/2048/8192 tokens on the three rows, the swap-AB kernel with the tile
 moe-fsm takes there now against the bf16 Hopper path (``WqConfig.hopper_bf16``: dequantized scratch, then the bf16
 TMA kernels), the dequantization pass alone (its tile picked from ``DEQUANT_TILES`` at the first count), moe-fsm's
