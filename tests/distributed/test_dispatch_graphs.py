@@ -185,6 +185,9 @@ class _ReplayedByRunning:
         type(self).replays += 1
         _copy_into(self.result, self.body())
 
+    def reset(self) -> None:  # release_graphs frees every P/F's graphs, these included
+        self.body = self.result = None
+
 
 def _copy_into(held, fresh) -> None:
     if isinstance(held, torch.Tensor):
@@ -283,6 +286,50 @@ def test_held_tokens_make_the_next_prepare_plain(stand_in_graphs) -> None:
     assert type(prepare(hidden).state).__name__ == "DispatchState"
     del rows
     assert type(prepare(hidden).state).__name__ == "ReplayedDispatch"
+
+
+class _ResetRecorder:
+    """A captured graph's stand-in that records whether it was freed."""
+
+    def __init__(self) -> None:
+        self.freed = False
+
+    def reset(self) -> None:
+        self.freed = True
+
+
+def test_released_graphs_are_freed_and_later_calls_run_plainly(all_on) -> None:
+    graphs = DispatchGraphs(4)
+    prepare_graph, combine_graph = _ResetRecorder(), _ResetRecorder()
+    captured = dispatch_graphs._Captured(lane=None, graph=prepare_graph, inputs=None, prepared=None, expert_map=None,
+                                         finalize={("combine",): (combine_graph, None, None), ("failed",): None})
+    graphs._captured = {("prepare",): captured, ("eager",): None}
+    dispatch_graphs.release_graphs()
+    assert prepare_graph.freed and combine_graph.freed
+    assert graphs._captured == {("prepare",): None, ("eager",): None}
+    assert captured.finalize == {("combine",): None, ("failed",): None}
+    # a later prepare takes the plain call before it looks at anything else (no P/F needed to learn that)
+    assert graphs.prepare(None, torch.zeros(2, 8), torch.zeros(2, 1), torch.zeros(2, 1, dtype=torch.int32),
+                          expert_map=None, apply_router_weight_on_input=False, quantize=None) is None
+
+
+def test_destroying_the_group_releases_the_graphs_first(monkeypatch) -> None:
+    """NCCL destroys a communicator only once no CUDA graph holds one of its collectives: moe_fsm's destroy() frees
+    the P/Fs' graphs before it destroys the process group."""
+    from moe_fsm.distributed import group
+
+    order = []
+    monkeypatch.setattr(group.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(group.dist, "destroy_process_group", lambda: order.append("destroy_process_group"))
+    monkeypatch.setattr(group, "_BEFORE_DESTROY", [lambda: order.append("released")])
+    group.before_destroy(dispatch_graphs.release_graphs)
+    group.before_destroy(dispatch_graphs.release_graphs)  # registered once however often asked
+    monkeypatch.setattr(dispatch_graphs, "release_graphs", lambda: pytest.fail("the registered function is called"))
+    graphs = DispatchGraphs(4)
+    graphs._captured = {("prepare",): dispatch_graphs._Captured(None, _ResetRecorder(), None, None, None)}
+    group.destroy()
+    assert order == ["released", "destroy_process_group"] and graphs._released
+    assert len(group._BEFORE_DESTROY) == 2
 
 
 @pytest.mark.gpu

@@ -17,7 +17,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -198,9 +198,26 @@ def _stacks_on_request() -> None:
         faulthandler.register(usr1, all_threads=True)
 
 
+_BEFORE_DESTROY: list[Callable[[], None]] = []
+
+
+def before_destroy(release: Callable[[], None]) -> None:
+    """Have :func:`destroy` call ``release`` before it destroys the process group (once, however often registered).
+
+    Why: NCCL destroys a communicator only after every CUDA graph that captured one of its collectives is gone, so
+    a graph still alive at ``destroy_process_group`` blocks it forever (a rank that printed its whole report and
+    never exited, ``run --nproc 2`` on 2 x H200). Graphs whose owners outlive the group register their release here.
+    """
+    if release not in _BEFORE_DESTROY:
+        _BEFORE_DESTROY.append(release)
+
+
 def destroy() -> None:
-    """Tear down the default process group if this process has one (safe to call twice)."""
+    """Tear down the default process group if this process has one (safe to call twice), after releasing what
+    :func:`before_destroy` registered."""
     if dist.is_available() and dist.is_initialized():
+        for release in list(_BEFORE_DESTROY):
+            release()
         dist.destroy_process_group()
 
 

@@ -28,8 +28,9 @@ calls run eagerly.
 
 Plain eager calls instead (bit-identical results either way): while the caller is itself capturing (its graph
 takes the launches), off CUDA or without Triton, under Triton's interpreter, over a backend other than NCCL, with
-``MOE_FSM_DISPATCH_GRAPHS=0``, after a capture failed for that key (on any rank), and while tokens a replay handed
-out are still held (below).
+``MOE_FSM_DISPATCH_GRAPHS=0``, after a capture failed for that key (on any rank), while tokens a replay handed
+out are still held (below), and once :func:`release_graphs` freed the graphs (``moe_fsm.distributed.destroy`` does,
+before the process group goes: NCCL never destroys a communicator while a graph holds one of its collectives).
 
 Outputs: a replayed prepare hands out aliases of the graph's own tensors, which the next replay of any graph on
 the lane overwrites. So a prepare replays only when nothing the last replay on its lane handed out is still held
@@ -57,12 +58,14 @@ import gc
 import os
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
+from moe_fsm.distributed.group import before_destroy
 from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.triton_moe._runtime import HAS_TRITON, interpreter_enabled
 from moe_fsm.modular.interfaces import InputQuantizer, PreparedTokens, PrepareFinalize, WeightAndReduce
@@ -145,6 +148,25 @@ class _Lane:
 
 
 _LANES: dict[tuple[int, int, int], _Lane] = {}
+_LIVE: "weakref.WeakSet[DispatchGraphs]" = weakref.WeakSet()  # every P/F's graphs, for release_graphs
+
+
+def release_graphs() -> None:
+    """Free every graph the P/Fs of this process captured, the lanes' pools with them; later calls run plainly.
+
+    :func:`moe_fsm.distributed.destroy` calls this before it destroys the process group: NCCL destroys a
+    communicator only once every graph holding one of its collectives is gone, and a P/F (with its graphs) usually
+    outlives the group in the caller's frame, which hung ``run --nproc 2`` at exit. A caller that destroys the group
+    itself (``torch.distributed.destroy_process_group``) calls this first.
+    """
+    if _LANES:  # a lane exists once a graph was captured on CUDA
+        torch.cuda.synchronize()  # no replay in flight while its graph goes
+    for graphs in list(_LIVE):
+        graphs.release()
+    _LANES.clear()
+
+
+before_destroy(release_graphs)
 
 
 def _lane_state(lane: tuple[int, int, int]) -> _Lane:
@@ -226,6 +248,20 @@ class DispatchGraphs:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._captured: dict[tuple, Optional[_Captured]] = {}  # None: this key runs eagerly (capture failed, gloo)
+        self._released = False
+        _LIVE.add(self)
+
+    def release(self) -> None:
+        """Free this P/F's graphs; its later calls run plainly (:func:`release_graphs` says when and why)."""
+        for key, captured in self._captured.items():
+            if captured is not None:
+                captured.graph.reset()
+                for combine_key, found in captured.finalize.items():
+                    if found is not None:
+                        found[0].reset()
+                    captured.finalize[combine_key] = None
+            self._captured[key] = None
+        self._released = True
 
     @staticmethod
     def applies(device: torch.device) -> bool:
@@ -245,7 +281,7 @@ class DispatchGraphs:
         quantize: Optional[InputQuantizer],
     ) -> Optional[PreparedTokens]:
         """The prepared tokens from a replay, or None where the plain call must run (module docstring)."""
-        if not self.applies(hidden_states.device):
+        if self._released or not self.applies(hidden_states.device):
             return None
         fused = pf._fused_fp8_rows(hidden_states, quantize)
         if quantize is not None and fused is None:
@@ -295,7 +331,7 @@ class DispatchGraphs:
             raise KernelInputError(f"{pf.name}.finalize: the output has {output.shape[0]} rows but prepare was "
                                    f"called with {state.num_tokens} tokens")
         key = finalize_key(expert_output, output, reduce, apply_router_weight_on_input)
-        if not self.applies(expert_output.device):
+        if self._released or not self.applies(expert_output.device):
             found = None
         elif key in captured.finalize:
             found = captured.finalize[key]
