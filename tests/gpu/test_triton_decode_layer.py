@@ -1,9 +1,9 @@
-"""One token's layer in one launch on a CUDA device (``fused.decode_layer``): the persistent grid, its grid barrier
-and the w2 tiles' last-arrival sums, against the float64 reference (BF16_TOL, as every bf16 layer) and against the
+"""One token's layer in one launch on a CUDA device (``fused.decode_layer``): the persistent grid, the split w1 tiles'
+and the w2 tiles' last-arrival sums and the grid barrier, against the float64 reference (BF16_TOL, as every bf16 layer) and against the
 launches it replaces, with unwritten memory poisoned first; then captured in a CUDA graph and replayed twice in a
 row and on new routing, where the barrier's word and the tiles' counters must be back at rest after every call (no
-memset between replays). The CPU runs the same code as two launches under Triton's interpreter
-(``tests/kernels/test_triton_decode_layer.py``)."""
+memset between replays); and that ``fused_experts``' default takes it exactly where ``config.takes_one_launch`` says.
+The CPU runs the same code as two launches under Triton's interpreter (``tests/kernels/test_triton_decode_layer.py``)."""
 
 from __future__ import annotations
 
