@@ -39,10 +39,6 @@ alignment launch), unsorted where it sorts, at the points past one token with at
 (more pairs would read each expert's weights several times over); ``other / ours`` > 1 means the rule's layout
 was the faster.
 
-Columns ``one_launch`` and ``launches`` time one token of a bf16 layer forced to one launch or to the launches
-(``fused_experts``'s ``one_launch``; ``config.takes_one_launch`` is the rule ``ours`` follows), each where the rule
-picked the other.
-
 Columns ``sum_apart`` and ``sum_in_w2`` time moe-fsm's layer at up to 8 tokens with the top-k sum forced to its
 own launch after w2, or into the w2 GEMM (``fused_experts``'s ``sum_in_w2``; ``config.sums_slots_in_w2`` is the
 rule ``ours`` follows): each is timed where the rule picked the other, and ``<column>_rel_diff`` is its distance to
@@ -93,10 +89,6 @@ DEFAULT_EXTRACT = ROOT / ".vllm_extract"
 ROUNDS = 3
 # the top-k sum columns and what each forces (``fused_experts``'s ``sum_in_w2``)
 SUM_COLUMNS = {"sum_apart": False, "sum_in_w2": True}
-# one token's layer as one launch (``fused_experts``'s ``one_launch=True``), with the settings of ``config`` each
-# column sets while its call runs or is captured
-LAUNCH_COLUMNS = {"one_launch": True, "launches": False}
-FORCED_COLUMNS = (*SUM_COLUMNS, *LAUNCH_COLUMNS)
 
 
 # ---------------------------------------------------------------- prepare (no GPU, no torch)
@@ -355,7 +347,7 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
     from moe_fsm.kernels.triton_moe.tuning import LayerShape, layer_fn, make_weights
 
     failures = []
-    for extract, series, shape_fields, tokens, ours_json, vllm_cfg, naive, layouts, sums, launches in jobs:
+    for extract, series, shape_fields, tokens, ours_json, vllm_cfg, naive, layouts, sums in jobs:
         shape = LayerShape(*shape_fields)
         small = shape.with_experts(2)
         try:
@@ -367,8 +359,6 @@ def precompile_worker(jobs: list[tuple]) -> list[str]:
                 layer_fn(small, weights, MoEConfig.from_json(ours_json), unsorted)(x, g, ids)
             for sum_in_w2 in sums:  # the forced top-k sum columns, in the rule's layout
                 layer_fn(small, weights, MoEConfig.from_json(ours_json), layouts[0], sum_in_w2)(x, g, ids)
-            for one_launch in launches:  # the forced one-launch / launches columns
-                layer_fn(small, weights, MoEConfig.from_json(ours_json), one_launch=one_launch)(x, g, ids)
             if extract is not None:
                 vllm = VllmTriton(Path(extract), torch.cuda.get_device_name(), torch.cuda.get_device_capability())
                 pipe = VllmPipeline(vllm, small, weights)
@@ -444,7 +434,7 @@ def main_run(args) -> None:
     from bench_read_floor import read_floor
     from moe_fsm.kernels.triton_moe import get_config
     from moe_fsm.kernels.triton_moe.align import pair_blocks_pay
-    from moe_fsm.kernels.triton_moe.config import default_config, sums_slots_in_w2, takes_one_launch
+    from moe_fsm.kernels.triton_moe.config import default_config, sums_slots_in_w2
     from moe_fsm.kernels.triton_moe._runtime import device_name
     from dataclasses import astuple
 
@@ -453,7 +443,6 @@ def main_run(args) -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_experts_vs_vllm.py run needs a CUDA device")
     dev_name = torch.cuda.get_device_name()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     columns = [c.strip() for c in args.columns.split(",") if c.strip()]
     vllm = None
     if "vllm" in columns:
@@ -476,21 +465,6 @@ def main_run(args) -> None:
                                 ours_config(shape, t), t, shape.hidden)
         return [c for c, forced in SUM_COLUMNS.items() if c in columns and forced != rule]
 
-    def launch_columns(shape, t):
-        """The forced one-launch / launches columns timed at this point: one token of a bf16 layer, those whose
-        choice differs from the rule's."""
-        if t != 1 or shape.fp8 is not None:
-            return []
-        rule = takes_one_launch(t, False, ours_config(shape, t), shape.top_k, shape.intermediate, sms)
-        return [c for c, forced in LAUNCH_COLUMNS.items() if c in columns and forced != rule]
-
-    def forced_fn(shape, weights, t, column):
-        """moe-fsm's layer with this column's choice forced."""
-        config = ours_config(shape, t) if args.untuned else None
-        if column in SUM_COLUMNS:
-            return layer_fn(shape, weights, config, None, SUM_COLUMNS[column])
-        return layer_fn(shape, weights, config, one_launch=LAUNCH_COLUMNS[column])
-
     def ours_config(shape, t):
         if args.untuned:
             return default_config(shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, t,
@@ -508,8 +482,7 @@ def main_run(args) -> None:
                 layouts = (rule, not rule) if other_layout_timed(shape, t) else (rule,)
                 jobs.append((str(args.extract) if vllm else None, series, astuple(shape), t, ours_config(shape, t).to_json(), cfg,
                              t * shape.top_k * 4 <= shape.num_experts, layouts,
-                             [SUM_COLUMNS[c] for c in sum_columns(shape, t)],
-                             [LAUNCH_COLUMNS[c] for c in launch_columns(shape, t)]))
+                             [SUM_COLUMNS[c] for c in sum_columns(shape, t)]))
         chunks = [c for c in (jobs[i::args.workers] for i in range(args.workers)) if c]
         with mp.get_context("spawn").Pool(len(chunks)) as pool:
             failures = [f for fs in pool.map(precompile_worker, chunks) for f in fs]
@@ -520,7 +493,7 @@ def main_run(args) -> None:
     ceilings = measure_ceilings()
     print(json.dumps(ceilings), flush=True)
     report = {"machine": versions(), "ceilings": ceilings, "vllm": VLLM_VERSION if vllm else None,
-              "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c in ("flashinfer", "other", *FORCED_COLUMNS)],
+              "columns": ["ours"] + (["vllm"] if vllm else []) + [c for c in columns if c in ("flashinfer", "other", *SUM_COLUMNS)],
               "results": [], "eager": [], "flashinfer_missing": {}, "untuned": args.untuned}
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -564,8 +537,8 @@ def main_run(args) -> None:
                 other = layer_fn(shape, weights, ours_config(shape, t), not row["ours_unsorted"])
                 row["other_rel_diff"] = float((other(*inputs[0]).float() - a).norm() / a.norm().clamp(min=1e-30))
                 fns.append(("other", other))
-            for column in sum_columns(shape, t) + launch_columns(shape, t):
-                forced = forced_fn(shape, weights, t, column)
+            for column in sum_columns(shape, t):
+                forced = layer_fn(shape, weights, ours_config(shape, t) if args.untuned else None, None, SUM_COLUMNS[column])
                 row[f"{column}_rel_diff"] = float((forced(*inputs[0]).float() - a).norm() / a.norm().clamp(min=1e-30))
                 fns.append((column, forced))
             if fi is not None:
@@ -599,7 +572,7 @@ def main_run(args) -> None:
                 row["ours_x_roofline"] = row["ours_us"] / roofline_us
             if "other_us" in row and "ours_us" in row:
                 row["other_over_ours"] = row["other_us"] / row["ours_us"]
-            for column in sum_columns(shape, t) + launch_columns(shape, t):
+            for column in sum_columns(shape, t):
                 if f"{column}_us" in row and "ours_us" in row:
                     row[f"{column}_over_ours"] = row[f"{column}_us"] / row["ours_us"]
             if "fi_us" in row and "ours_us" in row:
@@ -628,7 +601,7 @@ def main_run(args) -> None:
                   + (f"  {'unsorted' if row['ours_unsorted'] else 'sorted'}; other layout {row['other_us']:.1f} "
                      f"(other/ours x{row['other_over_ours']:.3f})" if "other_over_ours" in row else "")
                   + "".join(f"  {c} {row[f'{c}_us']:.1f} (x{row[f'{c}_over_ours']:.3f})"
-                            for c in FORCED_COLUMNS if f"{c}_over_ours" in row), flush=True)
+                            for c in SUM_COLUMNS if f"{c}_over_ours" in row), flush=True)
             del xs, routes, inputs
         del weights, ours_fns, theirs, fi
         torch.cuda.empty_cache()
@@ -741,7 +714,7 @@ def summarize(report: dict) -> dict:
         "max_rel_diff_vs_ours": max((r["other_rel_diff"] for r in layout_rows), default=None),
     }
     sums = {}
-    for column in FORCED_COLUMNS:
+    for column in SUM_COLUMNS:
         timed = [r for r in report["results"] if f"{column}_over_ours" in r]
         if timed:
             sums[column] = {
@@ -926,9 +899,7 @@ def main() -> None:
     r.add_argument("--columns", default="ours,vllm,flashinfer",
                    help="which kernels to time beside moe-fsm's Triton (ours): vllm, flashinfer (default all three) and "
                         "other (ours with the row layout its rule did not pick); sum_apart and sum_in_w2 (ours with the "
-                        "top-k sum forced to its own launch or into w2, where the rule picked the other; up to 8 tokens); "
-                        "one_launch and launches (one token of a bf16 layer forced to one launch or to the "
-                        "launches, where the rule picked the other)")
+                        "top-k sum forced to its own launch or into w2, where the rule picked the other; up to 8 tokens)")
     r.add_argument("--skip-floors", action="store_true",
                    help="no read floors at up to 32 tokens (bench_read_floor.py: 16 timings a point); a run before "
                         "on the same shapes and tokens read the same bytes")

@@ -163,38 +163,3 @@ def _stream_getter() -> Callable[[int], int]:
 
 def _current_stream(device: int) -> int:
     return _stream_getter()(device)
-
-
-# CUDA's per-SM limits on sm_70 through sm_90: threads, resident programs, register allocation unit (per warp)
-_THREADS_PER_SM = 2048
-_PROGRAMS_PER_SM = 32
-_REGISTER_UNIT = 256
-_SHARED_RESERVED_PER_PROGRAM = 1024
-_occupancy: dict[tuple, int] = {}
-
-
-def resident_programs(fn: Any, args: tuple, constexprs: dict, num_warps: int, num_stages: int) -> int:
-    """How many programs of ``fn`` compiled for these arguments fit on the current device at once: the SM count
-    times the programs one SM holds by the compiled kernel's registers, shared memory and threads (0 where not one
-    fits). Computed once per kernel, arguments' signature and device. A kernel whose programs wait for each other (a
-    grid barrier) must never have a larger grid."""
-    from triton.runtime import driver
-
-    device = torch.cuda.current_device()
-    pdl = pdl_enabled()
-    key = (fn, device, num_warps, num_stages, pdl, tuple(constexprs.items()), _signature(args))
-    if key not in _occupancy:
-        options = dict(num_warps=num_warps, num_stages=num_stages)
-        if pdl:
-            options["launch_pdl"] = True
-        kernel = fn.warmup(*args, grid=(1,), **constexprs, PDL=pdl, **options)
-        kernel._init_handles()
-        props = driver.active.utils.get_device_properties(device)
-        warp_registers = -(-max(kernel.n_regs, 1) * 32 // _REGISTER_UNIT) * _REGISTER_UNIT
-        by_registers = (props["max_num_regs"] // warp_registers) // num_warps
-        shared = kernel.metadata.shared + _SHARED_RESERVED_PER_PROGRAM
-        by_shared = (props["max_shared_mem"] + _SHARED_RESERVED_PER_PROGRAM) // shared
-        by_threads = _THREADS_PER_SM // (32 * num_warps)
-        per_sm = min(by_registers, by_shared, by_threads, _PROGRAMS_PER_SM)
-        _occupancy[key] = max(per_sm, 0) * props["multiprocessor_count"]
-    return _occupancy[key]

@@ -169,42 +169,6 @@ def sums_slots_in_w2(unsorted: bool, config: "MoEConfig", num_tokens: int, n_out
     return tile >= TOKEN_SUM_MIN_BLOCK_N and num_tokens * -(-n_out // tile) >= TOKEN_SUM_MIN_PROGRAMS
 
 
-# One token's layer in one launch (``fused.decode_layer``): a persistent grid whose programs wait for each other at a
-# grid barrier between the two GEMMs, so never more of them than the device holds at once. ``fused_experts`` takes it
-# by default only where the launches' w1 GEMM (one program per slot and ``w1.block_n`` of its 2N gate/up rows) has
-# fewer programs than the device has SMs times this: SMs idle through w1 there, which the one launch fills by
-# splitting each w1 tile's K steps over the resident programs. Measured on one H200 at 18 one-token bf16 points
-# (docs/perf/decode.md, "One launch for one token", second round): faster at the one point with such a narrow w1
-# (Qwen3-30B-A3B TP4, 96 w1 programs: 14.4 -> 13.8 us), slower or even everywhere else (160 or more w1 programs).
-ONE_LAUNCH_W1_PROGRAMS_PER_SM = 1
-
-
-def takes_one_launch(num_tokens: int, fp8: bool, config: "MoEConfig", top_k: int, n: int, sms: int) -> bool:
-    """Whether ``fused_experts`` runs this layer as one launch by default: one token of a bf16/fp16 layer on decode
-    (swap-AB) tiles whose launches' w1 grid, ``top_k * cdiv(2n, w1.block_n)`` programs, is narrower than ``sms *
-    ONE_LAUNCH_W1_PROGRAMS_PER_SM`` (``sms`` 0 off a CUDA device: never)."""
-    if num_tokens != 1 or fp8 or not config.w1.swap_ab or config.fold_topk:
-        return False
-    return top_k * -(-2 * n // config.w1.block_n) < sms * ONE_LAUNCH_W1_PROGRAMS_PER_SM
-
-
-def decode_layer_programs(work_items: int, resident: int) -> int:
-    """The one-launch decode kernel's grid: one program per item of the larger phase (``work_items``), never more
-    than ``resident`` (what the compiled kernel's occupancy puts on the device at once; past it the programs loop
-    over the items; 0 where it cannot run: the caller takes the launches it had)."""
-    return max(0, min(work_items, resident))
-
-
-def decode_layer_w1_splits(w1_tiles: int, k_steps: int, resident: int) -> tuple[int, int]:
-    """(splits, K steps per split) of each w1 tile in the one-launch decode kernel: where at least two splits of
-    every tile fit in the resident programs, as many as fill them (at most one per K step), every split with work;
-    else (1, k_steps). Splitting measured faster at all four of 18 points where it applied (docs/perf/decode.md)."""
-    if w1_tiles < 1 or w1_tiles * 2 > resident or k_steps < 2:
-        return 1, k_steps
-    per_split = -(-k_steps // min(k_steps, resident // w1_tiles))
-    return -(-k_steps // per_split), per_split
-
-
 def dtype_key(compute_dtype: str, fp8: Optional[str]) -> str:
     """The table's dtype field: ``bf16``/``fp16`` for unquantized, ``fp8_<weight granularity>`` for w8a8."""
     if fp8 is None:

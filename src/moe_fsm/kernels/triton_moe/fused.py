@@ -5,9 +5,7 @@ pairs by expert, quantize the input if the layer is FP8, run the w1 GEMM with th
 gated activation fused (and the intermediate's FP8 quantization too where it is
 per-group or static), run the w2 GEMM with the top-k weights applied, and sum
 over top-k (in a launch of its own, or inside w2 for a few unsorted tokens whose grid
-is wide enough: ``w2_token_sum``, ``config.sums_slots_in_w2``); one token of a bf16 layer
-whose launches' w1 grid would leave SMs idle runs as one launch (``decode_layer``,
-``config.takes_one_launch``). ``fused_experts_batched`` is the same pair of GEMMs on the batched
+is wide enough: ``w2_token_sum``, ``config.sums_slots_in_w2``). ``fused_experts_batched`` is the same pair of GEMMs on the batched
 layout [E, max_tokens, K], whose output is left unweighted and unreduced for the
 prepare/finalize object to scatter back.
 
@@ -25,9 +23,7 @@ import torch
 
 from moe_fsm.errors import KernelInputError
 from moe_fsm.kernels.activations import TRITON_ACTIVATION_CODES as ACTIVATIONS
-from moe_fsm.kernels.triton_moe._runtime import (
-    device_name, interpreter_enabled, kernels, launch, require_device, resident_programs,
-)
+from moe_fsm.kernels.triton_moe._runtime import device_name, kernels, launch, require_device
 from moe_fsm.kernels.triton_moe.align import (
     AlignedRouting, PairBlocks, align_tokens, expert_runs, pair_blocks, pair_blocks_pay,
 )
@@ -35,9 +31,6 @@ from moe_fsm.kernels.triton_moe.config import (
     FP8_GROUP,
     GemmConfig,
     MoEConfig,
-    decode_layer_programs,
-    decode_layer_w1_splits,
-    takes_one_launch,
     get_config,
     sums_slots_in_w2,
     token_sum_config,
@@ -474,7 +467,6 @@ def fused_experts(
     config: Optional[MoEConfig] = None,
     unsorted: Optional[bool] = None,
     sum_in_w2: Optional[bool] = None,
-    one_launch: Optional[bool] = None,
 ) -> torch.Tensor:
     """The MoE layer, out[t] = sum_j g[t,j] * w2[e] @ act(w1[e] @ x[t]) with e = topk_ids[t,j]: [M, K].
 
@@ -490,10 +482,6 @@ def fused_experts(
     kernel after it (``w2_token_sum``), when True; w2 writes a row per pair and a second launch sums them when
     False; None (the default) decides by ``sums_slots_in_w2``. The Hopper and Gluon kernels (prefill configs)
     always sum apart: True with a config that takes them is refused.
-    ``one_launch=True`` runs one token of a bf16/fp16 layer as one launch, both GEMMs and the top-k sum
-    (``decode_layer``); where its grid cannot all be on the device at once it takes the launches above. False: the
-    launches; None (the default) decides by ``config.takes_one_launch`` (only where the launches' w1 grid is
-    narrower than the SMs, and neither ``unsorted`` nor ``sum_in_w2`` is forced).
     """
     require_device(hidden, w1, w2, topk_weights, topk_ids)
     if activation not in ACTIVATIONS:
@@ -512,13 +500,6 @@ def fused_experts(
         raise KernelInputError(f"unsorted must be True, False or None (the rule decides); got {unsorted!r}")
     if sum_in_w2 is not None and not isinstance(sum_in_w2, bool):
         raise KernelInputError(f"sum_in_w2 must be True, False or None (the rule decides); got {sum_in_w2!r}")
-    if one_launch is not None and not isinstance(one_launch, bool):
-        raise KernelInputError(f"one_launch must be True, False or None (the rule decides); got {one_launch!r}")
-    if one_launch and (num_tokens != 1 or fp8 is not None):
-        raise KernelInputError(
-            f"one_launch=True runs one token of a bf16/fp16 layer; got {num_tokens} tokens"
-            + (" of an FP8 layer" if fp8 is not None else "") + "; pass one_launch=False"
-        )
     if apply_router_weight_on_input and top_k != 1:
         raise KernelInputError(f"apply_router_weight_on_input needs top_k == 1, got top_k={top_k}")
     a, a_scale, result_dtype = _prepare_input(hidden, a1_scale, fp8, out_dtype, defer_groups=True)
@@ -538,17 +519,6 @@ def fused_experts(
         )
     else:
         validate_config(config, block_fp8=fp8 is not None and fp8.block)
-    if one_launch is None:
-        sms = torch.cuda.get_device_properties(hidden.device).multi_processor_count if hidden.is_cuda else 0
-        one_launch = (unsorted is None and sum_in_w2 is None
-                      and takes_one_launch(num_tokens, fp8 is not None, config, top_k, n, sms))
-    if one_launch:
-        done = decode_layer(
-            hidden, w1, w2, topk_weights, topk_ids, out, activation=activation, swiglu_limit=swiglu_limit,
-            apply_router_weight_on_input=apply_router_weight_on_input, config=config,
-        )
-        if done is not None:
-            return done
     if fp8 is not None and a_scale is None and not (config.gluon and num_tokens > 1):
         # float input in 1x128 groups is left to the Gluon path, which quantizes it straight into sorted order
         a, a_scale = quantize_activation(a, fp8.activation)
@@ -725,96 +695,3 @@ def fused_experts_batched(
         row_weights=None, a2_scale=a2_scale, config=config.w1, out_dtype=result_dtype,
     )
     return w2_gemm(inter, inter_scale, w2, w2_scale, rows, spec=fp8, row_weights=None, config=config.w2, out_dtype=result_dtype)
-
-
-# The grid barrier's word and the w2 column tiles' and split w1 tiles' arrival counters, per (device, stream): zero at
-# rest, each call leaves them as it found them (``decode_layer_kernel``), so they are zeroed once, never between calls
-# or replays. Per stream, because two calls running at once must not count into one word; a graph keeps those of the
-# stream it was captured on.
-_DECODE_COUNTERS = 8192
-_decode_workspace: dict[tuple[int, int], torch.Tensor] = {}
-# programs when Triton's interpreter runs the kernel (two launches, one program after another): a few, so that the
-# tests see programs take several tiles each; and the resident programs its w1 splits are chosen for
-INTERPRETER_DECODE_PROGRAMS = 3
-INTERPRETER_DECODE_RESIDENT = 16
-
-
-def _decode_counters(device: torch.device) -> torch.Tensor:
-    key = (device.index if device.index is not None else -1,
-           torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
-    counters = _decode_workspace.get(key)
-    if counters is None:
-        counters = _decode_workspace[key] = torch.zeros(_DECODE_COUNTERS, dtype=torch.int32, device=device)
-    return counters
-
-
-def decode_layer(
-    hidden: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    activation: str,
-    swiglu_limit: Optional[float],
-    apply_router_weight_on_input: bool,
-    config: MoEConfig,
-) -> Optional[torch.Tensor]:
-    """One token's bf16/fp16 layer in one launch (``_kernels.decode_layer_kernel``), into ``out`` [1, K]; None where
-    the grid that would run it cannot be on the device at once (the caller then takes the launches it had).
-
-    The tiles are the layer config's (w1's and w2's ``block_n`` and ``block_k``, w1's warps and stages); the grid
-    is ``config.decode_layer_programs`` of what the work and the compiled kernel's occupancy allow
-    (``_runtime.resident_programs``): every program must be resident, since they wait for each other. That bound
-    counts the whole device: a kernel on another stream that holds SMs for as long as this one runs (a persistent
-    communication kernel) could keep programs off them; it is not a cooperative launch, which would make the
-    driver check that. w1's K splits: ``config.decode_layer_w1_splits``. Where ``fused_experts`` takes it by default:
-    ``config.takes_one_launch``."""
-    num_experts, two_n, k_dim = w1.shape
-    n = two_n // 2
-    top_k = topk_ids.shape[1]
-    w1_tiles = top_k * -(-n // config.w1.block_n)
-    w2_column_tiles = -(-k_dim // config.w2.block_n)
-    if w2_column_tiles > _DECODE_COUNTERS:
-        return None
-    inter = torch.empty(top_k, n, dtype=out.dtype, device=out.device)
-    partial = torch.empty(top_k, k_dim, dtype=torch.float32, device=out.device) if top_k > 1 else out
-    if interpreter_enabled():
-        counters = torch.zeros(_DECODE_COUNTERS, dtype=torch.int32, device=out.device)
-    else:
-        counters = _decode_counters(out.device)
-
-    def args(programs: int, splits: int, steps_per_split: int) -> tuple:
-        w1_partial = torch.empty(top_k * splits * two_n if splits > 1 else 1, dtype=torch.float32, device=out.device)
-        return (
-            hidden, w1, w2, inter, partial, w1_partial, out, topk_ids.reshape(-1), topk_weights.reshape(-1),
-            counters[1:], counters[1 + w2_column_tiles:], counters, k_dim, n, num_experts, programs, splits,
-            steps_per_split, float(swiglu_limit) if swiglu_limit is not None else 0.0,
-            hidden.stride(1), *w1.stride(), *w2.stride(),
-        )
-
-    constexprs = dict(
-        TOP_K=top_k, TOPK_POW2=max(2, 1 << (top_k - 1).bit_length()), ACTIVATION=ACTIVATIONS[activation],
-        HAS_LIMIT=swiglu_limit is not None, WEIGHT_ON_INPUT=apply_router_weight_on_input, PHASES=3,
-        EVEN_K=k_dim % config.w1.block_k == 0, EVEN_N=n % config.w2.block_k == 0,
-        BLOCK_N1=config.w1.block_n, BLOCK_K1=config.w1.block_k, BLOCK_N2=config.w2.block_n, BLOCK_K2=config.w2.block_k,
-    )
-    fn = kernels().decode_layer_kernel
-    warps, stages = config.w1.num_warps, config.w1.num_stages
-    k_steps = -(-k_dim // config.w1.block_k)
-    if interpreter_enabled():
-        splits, per_split = decode_layer_w1_splits(w1_tiles, k_steps, INTERPRETER_DECODE_RESIDENT)
-        programs = min(INTERPRETER_DECODE_PROGRAMS, max(w1_tiles * splits, top_k * w2_column_tiles))
-        for phase in (1, 2):
-            launch(fn, (programs,), args(programs, splits, per_split), {**constexprs, "PHASES": phase}, warps, stages)
-        return out
-    resident = resident_programs(fn, args(1, 1, k_steps), constexprs, warps, stages)
-    splits, per_split = decode_layer_w1_splits(w1_tiles, k_steps, resident)
-    if 1 + w2_column_tiles + (w1_tiles if splits > 1 else 0) > _DECODE_COUNTERS:
-        splits, per_split = 1, k_steps
-    programs = decode_layer_programs(max(w1_tiles * splits, top_k * w2_column_tiles), resident)
-    if programs < 1:
-        return None
-    launch(fn, (programs,), args(programs, splits, per_split), constexprs, warps, stages)
-    return out

@@ -257,15 +257,14 @@ def routings(num_tokens: int, num_experts: int, top_k: int, count: int, seed: in
 
 
 def layer_fn(shape: LayerShape, weights, config: Optional[MoEConfig], unsorted: Optional[bool] = None,
-             sum_in_w2: Optional[bool] = None, one_launch: Optional[bool] = None) -> Callable:
+             sum_in_w2: Optional[bool] = None) -> Callable:
     """fn(x, topk_weights, topk_ids) -> the layer's output, with this config (None: the runtime's lookup), row
-    layout (``fused_experts``'s ``unsorted``; None: its rule), top-k sum (``sum_in_w2``; None: its rule) and one
-    token's layer as one launch or not (``one_launch``; None: its rule)."""
+    layout (``fused_experts``'s ``unsorted``; None: its rule) and top-k sum (``sum_in_w2``; None: its rule)."""
     w1, w2, s1, s2 = weights
     spec = shape.spec
     kw = {} if spec is None else {"fp8": spec, "w1_scale": s1, "w2_scale": s2}
     return lambda x, g, ids: fused_experts(x, w1, w2, g, ids, config=config, unsorted=unsorted, sum_in_w2=sum_in_w2,
-                                           one_launch=one_launch, **kw)
+                                           **kw)
 
 
 def replays_per_graph(num_tokens: int) -> int:
