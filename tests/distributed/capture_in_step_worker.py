@@ -14,17 +14,17 @@ eager call (``MOE_FSM_DISPATCH_GRAPHS=0``) up to summation order. Results go to 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moe_fsm.distributed import ExpertPlacement, destroy, init_from_env, rank_trace_path, shard_experts  # noqa: E402
+from dist_harness import worker_main  # noqa: E402
+
+from moe_fsm.distributed import ExpertPlacement, shard_experts  # noqa: E402
 from moe_fsm.engine.distributed_run import capture_in_step  # noqa: E402
 from moe_fsm.engine.run import KernelTimer  # noqa: E402
 from moe_fsm.experts.triton_experts import TritonExperts  # noqa: E402
@@ -91,21 +91,13 @@ def run_layer(index: int, rank: int, world: int, device: torch.device) -> dict:
     }
 
 
+def run_layers(ctx, results: list[dict]) -> None:
+    for index in range(LAYERS):
+        results.append(run_layer(index, ctx.rank, ctx.world_size, ctx.device))
+
+
 def main(argv: list[str]) -> int:
-    out_dir = Path(argv[0])
-    ctx = init_from_env()
-    results: list[dict] = []
-    status = 0
-    try:
-        for index in range(LAYERS):
-            results.append(run_layer(index, ctx.rank, ctx.world_size, ctx.device))
-    except Exception:
-        results.append({"scenario": "capture-in-step", "rank": ctx.rank, "error": traceback.format_exc(limit=8)})
-        status = 1
-    finally:
-        rank_trace_path(out_dir / "results.json", ctx.rank).write_text(json.dumps({"rank": ctx.rank, "results": results}, indent=1))
-        destroy()
-    return status
+    return worker_main(Path(argv[0]), "capture-in-step", run_layers)
 
 
 if __name__ == "__main__":

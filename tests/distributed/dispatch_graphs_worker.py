@@ -18,10 +18,8 @@ every P/F's graphs. Results go to ``OUT_DIR/results.rank{r}.json``.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
 import warnings
 from pathlib import Path
 
@@ -29,7 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moe_fsm.distributed import ExpertPlacement, destroy, init_from_env, rank_trace_path  # noqa: E402
+from dist_harness import worker_main  # noqa: E402
+
+from moe_fsm.distributed import ExpertPlacement  # noqa: E402
 from moe_fsm.modular.interfaces import DynamicFP8RowQuantizer, WeightAndReduce  # noqa: E402
 from moe_fsm.prepare_finalize import all2all as all2all_module  # noqa: E402
 from moe_fsm.prepare_finalize import dispatch_graphs  # noqa: E402
@@ -192,11 +192,7 @@ def run_payload(quant: str, rank: int, world: int, device: torch.device) -> list
 
 
 def main(argv: list[str]) -> int:
-    out_dir = Path(argv[0])
-    ctx = init_from_env()
-    results: list[dict] = []
-    status = 0
-    try:
+    def run_payloads(ctx, results: list[dict]) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for quant in ("none", "group"):
@@ -205,13 +201,8 @@ def main(argv: list[str]) -> int:
         failed = [str(w.message) for w in caught if "could not be captured" in str(w.message)]
         if failed:
             results.append({"scenario": "graphs", "rank": ctx.rank, "error": "; ".join(failed)})
-    except Exception:
-        results.append({"scenario": "graphs", "rank": ctx.rank, "error": traceback.format_exc(limit=8)})
-        status = 1
-    finally:
-        rank_trace_path(out_dir / "results.json", ctx.rank).write_text(json.dumps({"rank": ctx.rank, "results": results}, indent=1))
-        destroy()
-    return status
+
+    return worker_main(Path(argv[0]), "graphs", run_payloads)
 
 
 if __name__ == "__main__":

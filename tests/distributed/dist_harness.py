@@ -20,11 +20,13 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from moe_fsm.distributed import BACKEND_ENV, TIMEOUT_ENV, rank_trace_path
+from moe_fsm.distributed import BACKEND_ENV, TIMEOUT_ENV, DistContext, destroy, init_from_env, rank_trace_path
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "rank_worker.py"
@@ -141,6 +143,24 @@ def run_ranks(
             raise SuiteError(f"world {world}: rank {r} wrote no results (exit {procs[r].returncode}); log:\n{_tail(logs[r])}")
         results.append(json.loads(path.read_text()))
     return results
+
+
+def worker_main(out_dir: Path, scenario: str, run: Callable[[DistContext, list[dict]], None]) -> int:
+    """A worker rank's whole life: init the group from the launcher's environment, ``run(ctx, results)`` appending
+    this rank's results, write them where ``run_ranks`` reads them (those made so far and one naming the scenario
+    with the traceback where ``run`` raised: exit 1) and destroy the group whatever happened."""
+    ctx = init_from_env()
+    results: list[dict] = []
+    status = 0
+    try:
+        run(ctx, results)
+    except Exception:
+        results.append({"scenario": scenario, "rank": ctx.rank, "error": traceback.format_exc(limit=8)})
+        status = 1
+    finally:
+        rank_trace_path(out_dir / "results.json", ctx.rank).write_text(json.dumps({"rank": ctx.rank, "results": results}, indent=1))
+        destroy()
+    return status
 
 
 def main(argv: list[str]) -> int:

@@ -19,16 +19,16 @@ to ``OUT_DIR/results.rank{r}.json``.
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from moe_fsm.distributed import ExpertPlacement, destroy, init_from_env, rank_trace_path, shard_experts  # noqa: E402
+from dist_harness import worker_main  # noqa: E402
+
+from moe_fsm.distributed import ExpertPlacement, shard_experts  # noqa: E402
 from moe_fsm.experts.triton_experts import BatchedTritonExperts, TritonExperts  # noqa: E402
 from moe_fsm.inputs.layer import MoELayer  # noqa: E402
 from moe_fsm.inputs.quant import QuantScheme  # noqa: E402
@@ -141,22 +141,14 @@ def run_case(fmt: str, quant: str, rank: int, world: int, device: torch.device) 
 
 
 def main(argv: list[str]) -> int:
-    out_dir = Path(argv[0])
     quants = argv[1:] or list(QUANT)
-    ctx = init_from_env()
-    results: list[dict] = []
-    status = 0
-    try:
+
+    def run_cases(ctx, results: list[dict]) -> None:
         for fmt in FORMATS:
             for quant in quants:
                 results += run_case(fmt, quant, ctx.rank, ctx.world_size, ctx.device)
-    except Exception:
-        results.append({"scenario": "graph", "rank": ctx.rank, "error": traceback.format_exc(limit=8)})
-        status = 1
-    finally:
-        rank_trace_path(out_dir / "results.json", ctx.rank).write_text(json.dumps({"rank": ctx.rank, "results": results}, indent=1))
-        destroy()
-    return status
+
+    return worker_main(Path(argv[0]), "graph", run_cases)
 
 
 if __name__ == "__main__":
