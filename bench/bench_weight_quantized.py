@@ -34,7 +34,10 @@ TB/s and % of the copy rate measured in the same run, and moe-fsm's bf16 experts
 ``inflight`` (GPU, about 60 s on an H200 for six rows at three token counts): the decode tile moe-fsm serves beside
 one-change variants of the weight bytes an SM keeps in flight (``inflight_variants``), each checked against float64,
 with the read floor of the same bytes (``bench_read_floor.py``), bf16 and, for MXFP4, ``triton_kernels``; every tile
-compiled first in ``--workers`` processes; writes ``<out>/wq_inflight.json`` and ``.md`` after every point.
+compiled first in ``--workers`` processes; writes ``<out>/wq_inflight.json`` and ``.md`` after every point. Its rows
+include zero-point (AWQ) shapes left out of the zero-point decode tile's choice and the same shapes symmetric; at
+decode counts the variants include the decode tile at 64 and 128 weight rows with their own K slices (``--no-floor``
+skips the read floor where only tiles are compared).
 ``prefill`` (GPU, about 45 s on an H200): at 512/2048/8192 tokens on the three rows, the swap-AB kernel with the tile
 moe-fsm takes there now against the bf16 Hopper path (``WqConfig.hopper_bf16``: dequantized scratch, then the bf16
 TMA kernels), the dequantization pass alone (its tile picked from ``DEQUANT_TILES`` at the first count), moe-fsm's
@@ -364,7 +367,7 @@ def bench_row(name, shape, scheme, activation, limit, bias, ceilings, args, tabl
         tried = {}
         # the default tile's split along K where it splits (few tokens), beside the one-pass candidates
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        split_default = default_wq_config(tokens, top_k, e, n, k, sms, quant.kind)
+        split_default = default_wq_config(tokens, top_k, e, n, k, sms, quant.kind, quant=quant)
         split_k_tiles = [split_default] if max(split_default.splits("w1"), split_default.splits("w2")) > 1 else []
         # MXFP4: both dequant paths, SPLIT nibbles + inline PTX and checkpoint order + tl.dot_scaled
         if args.served:  # only what moe-fsm runs at this point: the table's tile, else the default
@@ -636,8 +639,8 @@ def decode(args) -> None:
                         split=True, fast=fast, config=cfg)
                 return fn
 
-            one_pass = default_wq_config(tokens, top_k, e)
-            split_k = default_wq_config(tokens, top_k, e, n, k, sms)
+            one_pass = default_wq_config(tokens, top_k, e, kind=quant.kind, quant=quant)
+            split_k = default_wq_config(tokens, top_k, e, n, k, sms, quant.kind, quant=quant)
             one_us = time_graph(ours(one_pass), routes, args.rep_ms)
             unsplit = (split_k.splits("w1"), split_k.splits("w2")) == (1, 1)  # the same kernels: timed once
             split_us = one_us if unsplit else time_graph(ours(split_k), routes, args.rep_ms)
@@ -736,8 +739,13 @@ def decode_sweep(ours, one_pass, routes, rep_ms: float, time_graph) -> dict:
 
 
 # The held-out decode rows of ``inflight`` beside ``DECODE_ROWS``: a tensor-parallel shard (N = 1440, not a multiple of
-# 64) that no decode rule was looked at with.
-INFLIGHT_ROWS = DECODE_ROWS + ("gpt-oss-120b TP2 MXFP4",)
+# 64) that no decode rule was looked at with; zero-point (AWQ) shapes left out of the choice of the zero-point decode
+# tile (made on "Qwen3-235B-A22B INT4 g128 AWQ" alone), and the same shapes symmetric, to see whether plain INT4 wants
+# the same tile.
+AWQ_HELD_OUT_ROWS = ("Qwen3-30B-A3B INT4 g128 AWQ", "Mixtral-8x7B INT4 g128 AWQ", "Kimi-K2-like EP8 INT4 g32 AWQ",
+                     "Qwen3-235B-A22B TP4 INT4 g128 AWQ")
+INFLIGHT_ROWS = DECODE_ROWS + ("gpt-oss-120b TP2 MXFP4",) + AWQ_HELD_OUT_ROWS + (
+    "Qwen3-30B-A3B INT4 g128", "Qwen3-235B-A22B TP4 INT4 g128")
 
 
 def _inflight_shapes():
@@ -745,21 +753,38 @@ def _inflight_shapes():
 
     from moe_fsm.inputs.quant import QuantScheme
 
-    return {**_decode_shapes(), "gpt-oss-120b TP2 MXFP4": (Shape("gpt-oss-120b-tp2", 128, 2880, 1440, 4),
-                                                          QuantScheme.mxfp4(), "swigluoai", 7.0, True)}
+    int4 = QuantScheme.int_wna16
+    qwen3_30b, mixtral = Shape("qwen3-30b-a3b", 128, 2048, 768, 8), Shape("mixtral-8x7b", 8, 4096, 14336, 2)
+    kimi, qwen3_235b_tp4 = Shape("kimi-k2-ep8", 48, 7168, 2048, 8), Shape("qwen3-235b-a22b-tp4", 128, 4096, 384, 8)
+    return {**_decode_shapes(),
+            "gpt-oss-120b TP2 MXFP4": (Shape("gpt-oss-120b-tp2", 128, 2880, 1440, 4), QuantScheme.mxfp4(),
+                                       "swigluoai", 7.0, True),
+            "Qwen3-30B-A3B INT4 g128 AWQ": (qwen3_30b, int4(4, 128, True, "awq"), "silu", None, False),
+            "Mixtral-8x7B INT4 g128 AWQ": (mixtral, int4(4, 128, True, "awq"), "silu", None, False),
+            "Kimi-K2-like EP8 INT4 g32 AWQ": (kimi, int4(4, 32, True, "awq"), "silu", None, False),
+            "Qwen3-235B-A22B TP4 INT4 g128 AWQ": (qwen3_235b_tp4, int4(4, 128, True, "awq"), "silu", None, False),
+            "Qwen3-30B-A3B INT4 g128": (qwen3_30b, int4(4, 128), "silu", None, False),
+            "Qwen3-235B-A22B TP4 INT4 g128": (qwen3_235b_tp4, int4(4, 128), "silu", None, False)}
 
 
-def inflight_variants(default, labels=None):
+def inflight_variants(default, labels=None, decode_tile=None):
     """(label, config) of the decode tile ``default`` (the tile moe-fsm serves) with ONE thing changed that sets how
     many weight bytes an SM keeps in flight or how much shared memory it holds (the rest of its 256 KB is L1, which
     the pipeliner's 8-byte ``cp.async.ca`` copies of the weight bytes pass through): a deeper or shallower cp.async
     ring of raw 4-bit tiles (stages; the pipeliner loads each weight tile into shared memory ``num_stages - 1`` K
     steps ahead of its dequantization), wider tiles (twice the bytes a stage, half the programs), more or fewer
-    split-K slices. ``labels``: only these beside the default (None: all). Two more knobs were timed the same way
-    and taken out, slower everywhere (docs/perf/weight_quantized.md): a register cap for more programs an SM, and
-    the next K tile loaded into registers instead of the ring."""
+    split-K slices. ``decode_tile`` (block_n -> the decode tile of that width with the split rule's slices for it;
+    given at decode counts): also "rows 64" and "rows 128", the choice the zero-point decode rule makes, and
+    "w1 block_n 128" (w2 kept). ``labels``: only these beside the default (None: all); a variant equal to one
+    listed before it (the default first) is left out. Two more knobs were timed the same way and taken out, slower everywhere
+    (docs/perf/weight_quantized.md): a register cap for more programs an SM, and the next K tile loaded into
+    registers instead of the ring."""
     s1, s2 = default.splits("w1"), default.splits("w2")
-    found = [("default", default), ("stages 2", replace(default, num_stages=2)),
+    found = [("default", default)]
+    if decode_tile is not None:
+        found += [("rows 64", decode_tile(64)), ("rows 128", decode_tile(128)),
+                  ("w1 block_n 128", replace(default, block_n=128, w2_block_n=default.gemm("w2")[0]))]
+    found += [("stages 2", replace(default, num_stages=2)),
              ("stages 4", replace(default, num_stages=4)), ("stages 5", replace(default, num_stages=5)),
              ("block_n 128", replace(default, block_n=128)),
              ("block_n 128, 8 warps", replace(default, block_n=128, num_warps=8)),
@@ -769,7 +794,11 @@ def inflight_variants(default, labels=None):
     if max(s1, s2) > 1:
         found.append(("stages 5, slices / 2", replace(default, num_stages=5, split_k=max(1, s1 // 2),
                                                        w2_split_k=max(1, s2 // 2))))
-    return [(label, cfg) for label, cfg in found if labels is None or label == "default" or label in labels]
+    kept = []
+    for label, cfg in found:
+        if (label == "default" or labels is None or label in labels) and cfg not in [c for _, c in kept]:
+            kept.append((label, cfg))
+    return kept
 
 
 def _inflight_layer(name: str, num_experts: int | None, seed: int):
@@ -833,6 +862,16 @@ def _inflight_compile(jobs: list) -> list[str]:
     return failures
 
 
+def _decode_widths(tokens: int, top_k: int, num_experts: int, n: int, k: int, sms: int):
+    """block_n -> the decode tile of that width (``fused.decode_tile``, its own split slices) where the count takes
+    the decode tile (up to 16 pairs an expert), else None."""
+    from moe_fsm.kernels.triton_wq.fused import decode_tile
+
+    if tokens * top_k > 16 * num_experts:
+        return None
+    return lambda block_n: decode_tile(tokens, top_k, num_experts, n, k, sms, block_n)
+
+
 def inflight(args) -> None:
     """Per row and token count: the decode tile moe-fsm serves against ``inflight_variants`` (one change each to the
     weight bytes an SM keeps in flight), each checked against float64, beside the read floor of the same bytes
@@ -861,9 +900,11 @@ def inflight(args) -> None:
     jobs = []
     for name, tokens in points:
         shape, scheme = shapes[name][:2]
-        kind = WeightQuant.for_scheme(scheme).kind
-        default = default_wq_config(tokens, shape.top_k, shape.num_experts, shape.intermediate, shape.hidden, sms, kind)
-        jobs.append((name, tokens, [c.to_json() for _, c in inflight_variants(default, args.variants)]))
+        quant = WeightQuant.for_scheme(scheme)
+        default = default_wq_config(tokens, shape.top_k, shape.num_experts, shape.intermediate, shape.hidden, sms,
+                                    quant.kind, quant=quant)
+        widths = _decode_widths(tokens, shape.top_k, shape.num_experts, shape.intermediate, shape.hidden, sms)
+        jobs.append((name, tokens, [c.to_json() for _, c in inflight_variants(default, args.variants, widths)]))
     if args.workers > 0:
         chunks = [c for c in (jobs[i::args.workers] for i in range(args.workers)) if c]
         with mp.get_context("spawn").Pool(len(chunks)) as pool:
@@ -917,8 +958,9 @@ def inflight(args) -> None:
             sample = torch.arange(min(tokens, 2), device="cuda")
             g0, ids0 = routes[0]
             ref = _reference(x, w1q, w2q, scales, scheme, g0, ids0, activation, limit, sample)
-            default = default_wq_config(tokens, top_k, e, n, k, sms, quant.kind)
-            floor = read_floor(int(active * per_expert_q), 2 * tokens * k * 2, len(routes), rep_ms=args.rep_ms)
+            default = default_wq_config(tokens, top_k, e, n, k, sms, quant.kind, quant=quant)
+            floor = (read_floor(int(active * per_expert_q), 2 * tokens * k * 2, len(routes), rep_ms=args.rep_ms)
+                     if not args.no_floor else {"one_kernel_us": None, "two_kernels_us": None})
             bf16_us = time_graph(lambda g, ids: fused_experts(x, w1b, w2b, g, ids, activation=activation,
                                                               swiglu_limit=limit), routes, args.rep_ms)
             peer_us = None
@@ -929,7 +971,7 @@ def inflight(args) -> None:
                 except Exception as exc:
                     print(f"  {name} T={tokens} peer failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
             tiles = {}
-            for label, cfg in inflight_variants(default, args.variants):
+            for label, cfg in inflight_variants(default, args.variants, _decode_widths(tokens, top_k, e, n, k, sms)):
                 try:
                     out = call(cfg)(g0, ids0)
                     got = out[sample].double()
@@ -945,9 +987,10 @@ def inflight(args) -> None:
                    "tiles": tiles}
             rows.append(row)
             base = tiles.get("default", {}).get("us")
-            floor_text = (f"{floor['one_kernel_us']:.1f} / {floor['two_kernels_us']:.1f} "
-                          f"({100 * tb(floor['one_kernel_us']) / copy_tbps:.0f}% / "
-                          f"{100 * tb(floor['two_kernels_us']) / copy_tbps:.0f}%)")
+            floor_text = "not timed" if args.no_floor else (
+                f"{floor['one_kernel_us']:.1f} / {floor['two_kernels_us']:.1f} "
+                f"({100 * tb(floor['one_kernel_us']) / copy_tbps:.0f}% / "
+                f"{100 * tb(floor['two_kernels_us']) / copy_tbps:.0f}%)")
             for label, found in tiles.items():
                 line = (f"| {name} | {tokens} | {label} | {found['us']:.1f} | {100 * tb(found['us']) / copy_tbps:.0f}% | "
                         f"{base / found['us'] if base else float('nan'):.2f} | {found['err']:.1e} | "
@@ -1205,6 +1248,7 @@ def main() -> None:
     i.add_argument("--budget-s", type=float, default=240.0, help="no new point starts after this many seconds")
     i.add_argument("--compile-only", action="store_true", help="only fill Triton's cache (the workers' pass)")
     i.add_argument("--variants", nargs="*", help="labels of inflight_variants to time beside the default (default: all)")
+    i.add_argument("--no-floor", action="store_true", help="skip the read floor (a run that compares tiles only)")
     args = parser.parse_args()
     if args.cmd == "inflight":
         inflight(args)

@@ -45,6 +45,7 @@ SCHEMES = {
     "int4 channel": QuantScheme.int_wna16(4, -1),
     "int4 g32 act-order": QuantScheme.int_wna16(4, 32, act_order=True),
     "int4 g128 zp act-order": QuantScheme.int_wna16(4, 128, True, "compressed-tensors", act_order=True),
+    "int4 g128 zp": QuantScheme.int_wna16(4, 128, True, "awq"),
     "int8 channel": QuantScheme.int_wna16(8, -1),
     "int8 g64 zp": QuantScheme.int_wna16(8, 64, True, "compressed-tensors"),
 }
@@ -292,9 +293,11 @@ def test_nvfp4_dequant_paths_and_tiles(cfg, split, fast):
 
 # Split-K decode (few tokens): the default tile's split and a forced one on both GEMMs, at decode shapes with the
 # real K and N (fewer experts than the models, which keeps the float64 reference small): a Kimi-K2-like EP8 shard
-# (K7168, N2048, group 32), Qwen3-235B-A22B (K4096, N1536, g128 zero points), gpt-oss-120b TP2 (MXFP4, N1440).
+# (K7168, N2048, group 32), Qwen3-235B-A22B (K4096, N1536, g128 zero points, with activation order and without: AWQ's
+# default decode tile has 128 weight rows, ``DECODE_ROWS_BY_FORMAT``), gpt-oss-120b TP2 (MXFP4, N1440).
 DECODE = [("int4 g32", dict(num_experts=10, top_k=8, hidden_size=7168, intermediate_size=2048)),
           ("int4 g128 zp act-order", dict(num_experts=10, top_k=8, hidden_size=4096, intermediate_size=1536)),
+          ("int4 g128 zp", dict(num_experts=10, top_k=8, hidden_size=4096, intermediate_size=1536)),  # 128 rows
           ("mxfp4", GPT_OSS_TP2)]
 
 
@@ -313,7 +316,7 @@ def test_split_k_decode_matches_reference(name, shape, fast, tokens):
         perms = dict(w1_perm=p1, w2_perm=p2)
     w1, w2 = relayout_nibbles(w1), relayout_nibbles(w2)
     default = default_wq_config(tokens, layer.top_k, layer.num_experts, layer.intermediate_size, layer.hidden_size,
-                                torch.cuda.get_device_properties(0).multi_processor_count)
+                                torch.cuda.get_device_properties(0).multi_processor_count, quant.kind, quant=quant)
     if tokens == 1:
         assert max(default.splits("w1"), default.splits("w2")) > 1  # few programs at one token: the rule splits
     for cfg in (default, WqConfig(16, 64, 128, 4, 4, split_k=5, w2_split_k=3)):

@@ -38,7 +38,7 @@ from moe_fsm.kernels.reference import moe_reference
 from moe_fsm.kernels.triton_wq import WeightQuant, fused_wq_experts
 from moe_fsm.kernels.triton_wq.fused import (
     MIN_K_TILES_PER_SLICE, MXFP4_MANY_PAIR_TILE, MXFP4_MID_TILE, PROGRAMS_PER_SM, WqConfig, _epilogue_block,
-    default_wq_config, get_wq_config, relayout_nibbles, sort_act_order, split_columns, undo_relayout_nibbles,
+    decode_tile, default_wq_config, get_wq_config, relayout_nibbles, sort_act_order, split_columns, undo_relayout_nibbles,
 )
 from moe_fsm.modular.kernel import ModularKernel
 from moe_fsm.prepare_finalize.local import LocalPrepareFinalize
@@ -55,6 +55,7 @@ SHAPES = {
     "int4 g32 zp": (QuantScheme.int_wna16(4, 32, True, "compressed-tensors"), 96, 224),
     "int4 g64 zp": (QuantScheme.int_wna16(4, 64, True, "compressed-tensors"), 192, 320),
     "int4 g128": (QuantScheme.int_wna16(4, 128), 384, 128),
+    "int4 g128 zp": (QuantScheme.int_wna16(4, 128, True, "awq"), 384, 128),
     "int4 channel": (QuantScheme.int_wna16(4, -1), 80, 48),
     "int8 g32 zp": (QuantScheme.int_wna16(8, 32, True, "compressed-tensors"), 96, 160),
     "int8 channel": (QuantScheme.int_wna16(8, -1), 80, 48),
@@ -213,6 +214,46 @@ def test_mxfp4_takes_its_chained_tiles_from_33_pairs_an_expert(tokens, top_k, ex
         assert not default_wq_config(tokens, top_k, experts, 2880, 2880, 132, "int4").chain_acc
         quant = WeightQuant.for_scheme(QuantScheme.mxfp4())
         assert get_wq_config("NO_TABLE_GPU", quant, experts, 2880, 2880, top_k, tokens, sm_count=132) == expected
+
+
+# (tokens, top_k, experts, N, K) at 0.06-16 pairs an expert: Qwen3-30B-A3B, Mixtral-8x7B, Qwen3-235B-A22B TP4 (the
+# shapes the zero-point decode rule was checked on, left out of its choice), Qwen3-235B-A22B (where it was chosen)
+AWQ_DECODE_POINTS = [(1, 8, 128, 768, 2048), (64, 8, 128, 768, 2048), (1, 2, 8, 14336, 4096), (64, 2, 8, 14336, 4096),
+                     (8, 8, 128, 384, 4096), (32, 8, 128, 1536, 4096)]
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,n,k", AWQ_DECODE_POINTS)
+def test_zero_point_g128_decode_takes_128_weight_rows(tokens, top_k, experts, n, k):
+    """INT4 with zero points in groups of 128 (AWQ) takes 128 weight rows in the decode tile, its K slices ruled for
+    128-row tiles (1.08-1.27x the 64-row tile at 8-64 tokens on three shapes left out of the choice, on an H200:
+    docs/perf/weight_quantized.md); zero points in groups of 32 and symmetric INT4, measured slower at 128 rows, keep
+    64, and so do the formats not timed (activation order among them); from 17 pairs an expert the tiles are every
+    format's. The runtime's lookup (no table for the shape) hands the rule the layer's stored format."""
+    quant = WeightQuant.for_scheme(QuantScheme.int_wna16(4, 128, True, "awq"))
+    awq = default_wq_config(tokens, top_k, experts, n, k, 132, "int4", quant=quant)
+    assert awq == decode_tile(tokens, top_k, experts, n, k, 132, block_n=128) and awq.block_n == 128
+    assert get_wq_config("NO_TABLE_GPU", quant, experts, n, k, top_k, tokens, sm_count=132) == awq
+    for other in (WeightQuant("int4", 32, zero_point=True), WeightQuant("int4", 128), WeightQuant("int4", 32),
+                  WeightQuant("int4", 64, zero_point=True), WeightQuant("int8", 128, zero_point=True),
+                  WeightQuant("int4", -1, zero_point=True), WeightQuant("int4", 128, True, act_order=True)):
+        tile = default_wq_config(tokens, top_k, experts, n, k, 132, other.kind, quant=other)
+        assert tile == decode_tile(tokens, top_k, experts, n, k, 132) and tile.block_n == 64, other
+    past = -(-17 * experts // top_k)  # 17 pairs an expert and more: past the decode tile
+    assert default_wq_config(past, top_k, experts, n, k, 132, "int4", quant=quant) == \
+        default_wq_config(past, top_k, experts, n, k, 132, "int4")
+
+
+@interpreter
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_zero_point_g128_default_decode_tile_matches_reference(poisoned, tokens):
+    """The 128-row decode tile the zero-point g128 rule serves, one pass and split along K (w1 in 3 slices), on a
+    layer whose N (128 rows a GEMM) and K are one and three such tiles, against float64."""
+    scheme, k, n = SHAPES["int4 g128 zp"]
+    quant = WeightQuant.for_scheme(scheme)
+    served = default_wq_config(tokens, 2, 4, n, k, 132, quant.kind, quant=quant)
+    assert served.block_n == 128
+    for cfg in (served, replace(served, split_k=3, w2_split_k=1)):
+        check_every_stored_layout("int4 g128 zp", tokens, cfg)
 
 
 @pytest.mark.parametrize("cols,rows,expected", [(2880, 1, (64, 1)), (2880, 4, (64, 1)), (2880, 64, (1024, 8)),

@@ -304,30 +304,49 @@ MID_TILE = WqConfig(64, 64, 128, 4, 3)
 MANY_PAIR_TILE = WqConfig(128, 128, 64, 8, 3, group_m=8)
 MID_TILE_BY_KIND: dict[str, WqConfig] = {"mxfp4": MXFP4_MID_TILE}
 MANY_PAIR_TILE_BY_KIND: dict[str, WqConfig] = {"mxfp4": MXFP4_MANY_PAIR_TILE}
+# Weight rows of the decode tile (up to 16 pairs an expert) by stored format (``WeightQuant``, matched whole), where
+# the format's own measurement moved them from 64; the tile's K slices follow its rows (``decode_tile``). INT4 with
+# zero points in groups of 128 (AWQ): 128 rows 1.08-1.27x the 64-row tile at 8, 32 and 64 tokens on the three shapes
+# left out of the choice (Qwen3-30B-A3B, Mixtral-8x7B, Qwen3-235B-A22B TP4; 0.06-16 pairs an expert), 0.99-1.22x at
+# one token, on an H200 (docs/perf/weight_quantized.md, "The zero-point decode tile"; compiled for sm_90 its w1 loop
+# takes 6.60 thread-instructions a weight byte, not 9.61, and keeps the dequantized tile out of shared memory). Not
+# taken where measured slower: zero points in groups of 32 (Kimi-K2-like EP8, 0.74-0.92x) and symmetric INT4 g32 /
+# g128 (0.81-0.99x on the same shapes but one point, 1.06x).
+# Other formats (g64, channel-wise, INT8 zero points, activation order) were not timed and keep 64.
+DECODE_ROWS_BY_FORMAT: dict[WeightQuant, int] = {WeightQuant("int4", 128, zero_point=True): 128}
+
+
+def decode_tile(num_tokens: int, top_k: int, num_experts: int, n: Optional[int], k: Optional[int],
+                sm_count: int = FALLBACK_SM_COUNT, block_n: int = 64) -> WqConfig:
+    """The decode tile (up to 16 pairs an expert): 16 pairs by ``block_n`` weight rows, split along K by
+    ``decode_split_k`` for its own row tiles where the layer's shape (``n``, ``k``) is given."""
+    # 3 stages: 1.01-1.08x faster than 4 at 1 and 8 tokens on an H200 (MXFP4 gpt-oss-120b 1.07-1.08x, INT4 g128
+    # Mixtral and Qwen3-235B-A22B 1.01-1.03x; docs/perf/weight_quantized.md)
+    tile = WqConfig(16, block_n, 128, 4, 3)
+    if n is None or k is None:
+        return tile
+    pairs = num_tokens * top_k
+    w1 = decode_split_k(pairs, num_experts, -(-n // tile.block_n), -(-k // tile.block_k), sm_count)
+    w2 = decode_split_k(pairs, num_experts, -(-k // tile.block_n), -(-n // tile.block_k), sm_count)
+    return replace(tile, split_k=w1, w2_split_k=w2)
 
 
 def default_wq_config(num_tokens: int, top_k: int, num_experts: int, n: Optional[int] = None,
                       k: Optional[int] = None, sm_count: int = FALLBACK_SM_COUNT,
-                      kind: Optional[str] = None) -> WqConfig:
+                      kind: Optional[str] = None, *, quant: Optional[WeightQuant] = None) -> WqConfig:
     """Untuned shapes: row blocks sized to the pairs an expert sees on average; small tiles for decode, split
     along K (``decode_split_k``) where the layer's shape (``n``, ``k``) gives too few programs for the SMs; from
     ``PREFILL_ROWS_PER_EXPERT`` pairs an expert (and 256 tokens) the bf16 Hopper path (``hopper_bf16``), its
     swap-AB tile kept for calls that cannot take it. ``kind`` (``WeightQuant.kind``) picks the format's own tiles
-    from 33 pairs an expert where it has them (``MID_TILE_BY_KIND``, ``MANY_PAIR_TILE_BY_KIND``)."""
+    from 33 pairs an expert where it has them (``MID_TILE_BY_KIND``, ``MANY_PAIR_TILE_BY_KIND``); ``quant``, the
+    whole stored format, the decode tile's weight rows where it has its own (``DECODE_ROWS_BY_FORMAT``)."""
     per_expert = num_tokens * top_k / max(num_experts, 1)
     many_pair = MANY_PAIR_TILE_BY_KIND.get(kind, MANY_PAIR_TILE)
     if per_expert >= PREFILL_ROWS_PER_EXPERT and num_tokens >= 256:
         return replace(many_pair, hopper_bf16=True)
     if per_expert <= 16:
-        # 3 stages: 1.01-1.08x faster than 4 at 1 and 8 tokens on an H200 (MXFP4 gpt-oss-120b 1.07-1.08x, INT4 g128
-        # Mixtral and Qwen3-235B-A22B 1.01-1.03x; docs/perf/weight_quantized.md)
-        tile = WqConfig(16, 64, 128, 4, 3)
-        if n is None or k is None:
-            return tile
-        pairs = num_tokens * top_k
-        w1 = decode_split_k(pairs, num_experts, -(-n // tile.block_n), -(-k // tile.block_k), sm_count)
-        w2 = decode_split_k(pairs, num_experts, -(-k // tile.block_n), -(-n // tile.block_k), sm_count)
-        return replace(tile, split_k=w1, w2_split_k=w2)
+        rows = DECODE_ROWS_BY_FORMAT.get(quant, 64)
+        return decode_tile(num_tokens, top_k, num_experts, n, k, sm_count, block_n=rows)
     if per_expert <= 32:
         return WqConfig(32, 64, 128, 4, 4)
     if per_expert <= 96:
@@ -361,7 +380,7 @@ def get_wq_config(device: str, quant: WeightQuant, num_experts: int, n: int, k: 
     key = table_key(quant, num_experts, n, k, top_k, scaled_dot)
     entries = {**_shipped_table(device).get(key, {}), **user_table(device).get(key, {})}
     if not entries:
-        return default_wq_config(num_tokens, top_k, num_experts, n, k, sm_count, quant.kind)
+        return default_wq_config(num_tokens, top_k, num_experts, n, k, sm_count, quant.kind, quant=quant)
     tuned = min(entries, key=lambda t: abs(math.log(int(t)) - math.log(max(num_tokens, 1))))
     return WqConfig.from_json(entries[tuned])
 

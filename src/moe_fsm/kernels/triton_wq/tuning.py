@@ -96,11 +96,11 @@ def _splits(tile: WqConfig, pairs: int, num_experts: int, n: int, k: int, sm_cou
 
 def candidate_wq_configs(num_tokens: int, top_k: int, num_experts: int, n: int, k: int, *,
                          sm_count: int = FALLBACK_SM_COUNT, served: Optional[WqConfig] = None,
-                         kind: Optional[str] = None) -> list[WqConfig]:
+                         kind: Optional[str] = None, quant: Optional[WeightQuant] = None) -> list[WqConfig]:
     """The tiles tried at one token count: the default first (the reference, what an untuned shape of format
-    ``kind`` runs), the tile the tables serve now (``served``), then the grid of the count's row-block size (split
-    along K at decode counts)."""
-    default = default_wq_config(num_tokens, top_k, num_experts, n, k, sm_count, kind)
+    ``kind`` (stored as ``quant``) runs), the tile the tables serve now (``served``), then the grid of the count's
+    row-block size (split along K at decode counts)."""
+    default = default_wq_config(num_tokens, top_k, num_experts, n, k, sm_count, kind, quant=quant)
     found = [default] + ([served] if served is not None else [])
     per_expert = num_tokens * top_k / max(num_experts, 1)
     if per_expert <= 16:
@@ -268,7 +268,7 @@ def tune_and_write_wq(
         plans[shape] = {t: candidate_wq_configs(t, layer.top_k, layer.num_experts, layer.intermediate_size,
                                                 layer.hidden_size, sm_count=sm_count,
                                                 served=served_wq_config(shape, t, device, sm_count),
-                                                kind=shape.quant.kind) for t in tokens}
+                                                kind=shape.quant.kind, quant=shape.quant) for t in tokens}
     count = len({(s, t, c) for s, plan in plans.items() for t, cs in plan.items() for c in cs})
     log(f"tuning {len(shapes)} weight-quantized layer(s) x {len(tokens)} token count(s) on {device}: {count} tile "
         f"candidates (split-K at decode counts), screening in {workers} process(es)"
