@@ -51,7 +51,10 @@ class Engine(LayerDecider):
         ``strict_build`` refuses stand-ins and substitutes (``runtime.build``); ``device`` is where the run computes,
         which decides whether CUDA-only kernels can be built (None: CUDA when torch sees it);
         ``max_tokens_per_rank``, the most tokens any rank passes in one call, makes the all-to-all prepare/finalize
-        send fixed blocks with no host read (``runtime.build``), and is recorded in those layers' traces.
+        send fixed blocks with no host read (``runtime.build``), and is recorded in those layers' traces. On CUDA
+        over NCCL such a P/F replays its eager calls from CUDA graphs of its own, which NCCL waits for before it
+        destroys the process group: end with ``moe_fsm.distributed.destroy()``, or call
+        ``moe_fsm.prepare_finalize.dispatch_graphs.release_graphs()`` before ``destroy_process_group`` yourself.
         """
         super().__init__(**settings)
         if layers is not None and not (isinstance(layers, (list, tuple)) and all(isinstance(s, LayerSpec) for s in layers)):
