@@ -314,10 +314,11 @@ MANY_PAIR_TILE_BY_KIND: dict[str, WqConfig] = {"mxfp4": MXFP4_MANY_PAIR_TILE}
 # g128 (0.81-0.99x on the same shapes but one point, 1.06x).
 # Other formats (g64, channel-wise, INT8 zero points, activation order) were not timed and keep 64.
 DECODE_ROWS_BY_FORMAT: dict[WeightQuant, int] = {WeightQuant("int4", 128, zero_point=True): 128}
+DECODE_ROWS_DEFAULT = 64  # every other format's decode tile rows
 
 
 def decode_tile(num_tokens: int, top_k: int, num_experts: int, n: Optional[int], k: Optional[int],
-                sm_count: int = FALLBACK_SM_COUNT, block_n: int = 64) -> WqConfig:
+                sm_count: int = FALLBACK_SM_COUNT, block_n: int = DECODE_ROWS_DEFAULT) -> WqConfig:
     """The decode tile (up to 16 pairs an expert): 16 pairs by ``block_n`` weight rows, split along K by
     ``decode_split_k`` for its own row tiles where the layer's shape (``n``, ``k``) is given."""
     # 3 stages: 1.01-1.08x faster than 4 at 1 and 8 tokens on an H200 (MXFP4 gpt-oss-120b 1.07-1.08x, INT4 g128
@@ -345,7 +346,7 @@ def default_wq_config(num_tokens: int, top_k: int, num_experts: int, n: Optional
     if per_expert >= PREFILL_ROWS_PER_EXPERT and num_tokens >= 256:
         return replace(many_pair, hopper_bf16=True)
     if per_expert <= 16:
-        rows = DECODE_ROWS_BY_FORMAT.get(quant, 64)
+        rows = DECODE_ROWS_BY_FORMAT.get(quant, DECODE_ROWS_DEFAULT)
         return decode_tile(num_tokens, top_k, num_experts, n, k, sm_count, block_n=rows)
     if per_expert <= 32:
         return WqConfig(32, 64, 128, 4, 4)
